@@ -1,0 +1,22 @@
+# The README's two commands. Each sets itself up: venv, packages, servers.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test clean
+
+# Reinstall when the package metadata changes.
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" scripts/run.sh
+
+test: $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .run *.egg-info

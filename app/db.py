@@ -1,0 +1,72 @@
+"""The PostgreSQL connection pool and the schema, with the `init-db` command."""
+
+import os
+import threading
+from pathlib import Path
+
+import click
+from psycopg_pool import ConnectionPool
+
+# schema.sql lives at the top of the repository (and of the Docker image),
+# beside the package, not inside it; SCHEMA_PATH overrides for other layouts.
+SCHEMA_PATH = Path(os.environ.get("SCHEMA_PATH", Path(__file__).resolve().parent.parent / "schema.sql"))
+
+_open_lock = threading.Lock()
+
+
+def init_app(app):
+    config = app.config
+    # open=False: the pool is opened lazily in the process that uses it, so
+    # a gunicorn master never holds connections that its workers inherit.
+    app.extensions["db_pool"] = ConnectionPool(
+        config["DATABASE_URL"],
+        min_size=1,
+        max_size=config["PG_POOL_SIZE"],
+        timeout=config["PG_POOL_TIMEOUT_MS"] / 1000,
+        open=False,
+        name="webhook-ledger",
+        kwargs={
+            "autocommit": True,  # transactions are explicit: conn.transaction()
+            "connect_timeout": max(1, config["PG_POOL_TIMEOUT_MS"] // 1000),
+            "application_name": "webhook-ledger",
+            "options": (
+                f"-c lock_timeout={config['PG_LOCK_TIMEOUT_MS']}"
+                f" -c statement_timeout={config['PG_STATEMENT_TIMEOUT_MS']}"
+                # A client that vanished mid-transaction frees its locks soon.
+                f" -c idle_in_transaction_session_timeout={config['LOCK_TTL_MS']}"
+            ),
+        },
+        configure=_name_connection,
+    )
+    app.cli.add_command(init_db_command)
+
+
+def _name_connection(conn):
+    # The worker's pid in pg_stat_activity tells an operator (and the crash
+    # test) which gunicorn worker holds a backend.
+    conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
+
+
+def get_pool(app):
+    """Return the app's pool, opening it on first use in this process."""
+    pool = app.extensions["db_pool"]
+    if pool.closed:
+        with _open_lock:
+            if pool.closed:
+                pool.open(wait=False)
+    return pool
+
+
+def apply_schema(conn):
+    """Apply schema.sql; it is written to be safe to apply again."""
+    conn.execute(SCHEMA_PATH.read_text())
+
+
+@click.command("init-db")
+def init_db_command():
+    """Create the tables (idempotent)."""
+    from flask import current_app
+
+    with get_pool(current_app).connection() as conn:
+        apply_schema(conn)
+    click.echo(f"applied {SCHEMA_PATH}")

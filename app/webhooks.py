@@ -1,0 +1,97 @@
+"""The HTTP surface: POST /api/webhooks, GET /health, GET /ready."""
+
+import logging
+import time
+
+import psycopg
+from flask import Blueprint, current_app, g, request
+
+from . import ledger, lock, signature
+from .db import get_pool
+from .errors import ApiError
+from .events import InvalidEvent, InvalidJSON, parse
+
+log = logging.getLogger(__name__)
+bp = Blueprint("webhooks", __name__)
+
+
+@bp.post("/api/webhooks")
+def receive():
+    """Verify, parse, lock, apply in one transaction, release; see DESIGN.md."""
+    g.delivery = {"started": time.perf_counter()}
+    if not _is_json(request.mimetype):
+        raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
+    body = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+
+    try:
+        g.delivery["secret"] = signature.verify(
+            body, request.headers.get(signature.HEADER), current_app.config["WEBHOOK_SECRET"]
+        )
+    except signature.SignatureError as exc:
+        raise ApiError(401, "invalid_signature", str(exc)) from None
+
+    try:
+        event = parse(body)
+    except InvalidJSON as exc:
+        raise ApiError(400, "invalid_json", str(exc)) from None
+    except InvalidEvent as exc:
+        raise ApiError(400, "invalid_event", str(exc)) from None
+    g.delivery.update(event=event.id, type=event.type)
+
+    event_lock = lock.EventLock(current_app.extensions["redis"], event.id, current_app.config["LOCK_TTL_MS"])
+    g.delivery["redis"] = state = event_lock.acquire()
+    if state == lock.HELD_ELSEWHERE:
+        raise ApiError(
+            409, "in_progress", "another delivery of this event is being processed; retry later",
+            retry_after=True, status="in_progress", event_id=event.id,
+        )
+    try:
+        status, problem = ledger.apply_event(get_pool(current_app), event)
+    except InvalidJSON as exc:
+        raise ApiError(400, "invalid_json", str(exc)) from None
+    finally:
+        if state == lock.ACQUIRED:
+            event_lock.release()
+
+    if status == ledger.FAILED:
+        raise ApiError(422, "unprocessable", problem, event_id=event.id)
+    g.delivery["outcome"] = status
+    return {"status": status, "event_id": event.id}
+
+
+def _is_json(mimetype):
+    return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
+@bp.after_app_request
+def _log_delivery(response):
+    """One line per delivery: event id, type, outcome, latency; never the body."""
+    delivery = g.pop("delivery", None)
+    if delivery is not None:
+        outcome = delivery.get("outcome") or (response.json or {}).get("error", "?")
+        log.info(
+            "delivery event=%r type=%r outcome=%s status=%d ms=%.1f secret=%s redis=%s",
+            delivery.get("event"), delivery.get("type"), outcome, response.status_code,
+            (time.perf_counter() - delivery["started"]) * 1000,
+            delivery.get("secret", "-"), delivery.get("redis", "-"),
+        )
+    return response
+
+
+@bp.get("/health")
+def health():
+    """Liveness: touches no dependency."""
+    return {"status": "ok"}
+
+
+@bp.get("/ready")
+def ready():
+    """Readiness: PostgreSQL must answer; Redis is reported, not required."""
+    redis_state = "ok" if lock.redis_ok(current_app.extensions["redis"]) else "degraded"
+    try:
+        with get_pool(current_app).connection() as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        body = {"status": "unavailable", "postgres": "unavailable", "redis": redis_state}
+        return body, 503, {"Retry-After": str(current_app.config["RETRY_AFTER_SECONDS"])}
+    return {"status": "ok", "postgres": "ok", "redis": redis_state}

@@ -1,0 +1,249 @@
+"""POST /api/webhooks: every row of DESIGN.md's answers table."""
+
+import json
+
+import pytest
+
+from .conftest import ALICE, BOB, SECRET, balance, deliver, encode, event_rows, payment, signed_headers
+
+
+def test_new_event_is_processed_and_credited(client, db):
+    event = payment(cents=250)
+    response = deliver(client, event)
+    assert response.status_code == 200
+    assert response.json == {"status": "processed", "event_id": event["id"]}
+    assert balance(db) == 1250
+    row = db.execute("SELECT status, attempts, event_type FROM webhook_events WHERE event_id = %s",
+                     [event["id"]]).fetchone()
+    assert row == ("completed", 1, "payment.succeeded")
+
+
+def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db):
+    event = payment(cents=300)
+    assert deliver(client, event).json["status"] == "processed"
+    second = deliver(client, event)
+    assert second.status_code == 200
+    assert second.json == {"status": "duplicate", "event_id": event["id"]}
+    assert balance(db) == 1300
+    assert event_rows(db) == 1
+
+
+def test_other_event_types_are_stored_without_effect(client, db):
+    event = {"id": "evt_refund_1", "type": "customer.created", "data": {"userId": str(ALICE)}}
+    assert deliver(client, event).json == {"status": "processed", "event_id": "evt_refund_1"}
+    assert balance(db) == 1000
+    assert db.execute("SELECT status FROM webhook_events").fetchone()[0] == "completed"
+
+
+def test_any_rotated_secret_verifies(make_app, config, db):
+    client = make_app({**config, "WEBHOOK_SECRET": f"new-secret, {SECRET}"}).test_client()
+    assert deliver(client, payment(), secret="new-secret").status_code == 200
+    assert deliver(client, payment(), secret=SECRET).status_code == 200
+    assert deliver(client, payment(), secret="retired").status_code == 401
+
+
+def test_digits_only_secret_stays_a_string(make_app, config, db):
+    client = make_app({**config, "WEBHOOK_SECRET": "0012345"}).test_client()
+    assert deliver(client, payment(), secret="0012345").status_code == 200
+
+
+def _post(client, body, headers):
+    return client.post("/api/webhooks", data=body, headers=headers)
+
+
+GOOD = encode(payment("evt_good"))
+SIG = signed_headers(GOOD)["X-Signature"]
+
+
+@pytest.mark.parametrize("signature, why", [
+    (None, "missing"),
+    ("", "empty"),
+    (SIG[:-2], "truncated"),
+    (SIG[:-1] + "g", "non-hex"),
+    ("zz" * 32, "non-hex, right length"),
+    (SIG + "00", "too long"),
+    ("0" * 64, "wrong digest"),
+    ("é" * 64, "non-ascii"),
+])
+def test_bad_signature_is_401_and_writes_nothing(client, db, signature, why):
+    headers = {"Content-Type": "application/json"}
+    if signature is not None:
+        headers["X-Signature"] = signature
+    response = _post(client, GOOD, headers)
+    assert response.status_code == 401, why
+    assert response.json["error"] == "invalid_signature"
+    assert event_rows(db) == 0
+
+
+def test_signature_over_reserialized_json_is_rejected(client, db):
+    event = payment("evt_reserialized")
+    signed_over = json.dumps(event, separators=(",", ":")).encode()
+    sent = json.dumps(event, indent=2).encode()
+    headers = {**signed_headers(signed_over), "Content-Type": "application/json"}
+    response = _post(client, sent, headers)
+    assert response.status_code == 401
+    assert event_rows(db) == 0
+
+
+def test_signature_with_wrong_secret_is_rejected(client, db):
+    response = deliver(client, payment(), secret="not-the-secret")
+    assert response.status_code == 401
+    assert response.json["error"] == "invalid_signature"
+    assert event_rows(db) == 0
+
+
+@pytest.mark.parametrize("body, error", [
+    (b"", "invalid_json"),
+    (b"not json", "invalid_json"),
+    (b"\xff\xfe{}", "invalid_json"),                       # invalid UTF-8
+    ('{"id": "caf\u00e9"}'.encode("latin-1"), "invalid_json"),  # latin-1, not UTF-8
+    (b"[1, 2]", "invalid_json"),
+    (b'"a string"', "invalid_json"),
+    (b"null", "invalid_json"),
+    (b'{"id": "e", "type": "t", "data": {"x": NaN}}', "invalid_json"),
+    (b"[" * 100000 + b"]" * 100000, "invalid_json"),       # nested too deeply
+    (b'{"id": "e", "type": "t", "data": {"s": "\\u0000"}}', "invalid_json"),   # jsonb refuses NUL
+    (b'{"id": "e", "type": "t", "data": {"s": "\\ud800"}}', "invalid_json"),   # lone surrogate
+    (b'{"id": "e", "type": "t", "data": {"n": 1e1000000}}', "invalid_json"),   # beyond numeric
+    (b'{"type": "t", "data": {}}', "invalid_event"),        # id missing
+    (b'{"id": 42, "type": "t", "data": {}}', "invalid_event"),
+    (b'{"id": "", "type": "t", "data": {}}', "invalid_event"),
+    (b'{"id": "e", "data": {}}', "invalid_event"),          # type missing
+    (b'{"id": "e", "type": ["t"], "data": {}}', "invalid_event"),
+    (b'{"id": "e", "type": "t"}', "invalid_event"),         # data missing
+    (b'{"id": "e", "type": "t", "data": [1]}', "invalid_event"),
+    (b'{"id": "e", "type": "t", "data": "x"}', "invalid_event"),
+    (b'{"id": "e\\u0000", "type": "t", "data": {}}', "invalid_event"),
+    (b'{"id": "e\\udc00", "type": "t", "data": {}}', "invalid_event"),
+    (json.dumps({"id": "e" * 129, "type": "t", "data": {}}).encode(), "invalid_event"),
+    (json.dumps({"id": "e", "type": "t" * 65, "data": {}}).encode(), "invalid_event"),
+])
+def test_malformed_body_is_400_and_writes_nothing(client, db, redis_client, body, error):
+    response = _post(client, body, signed_headers(body))
+    assert response.status_code == 400
+    assert response.json["error"] == error
+    assert response.json["message"]
+    assert event_rows(db) == 0
+    assert balance(db) == 1000
+
+
+def test_id_of_128_characters_is_accepted(client, db):
+    assert deliver(client, payment("e" * 128)).status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None,
+                                          "multipart/form-data; boundary=x"])
+def test_non_json_content_type_is_415(client, db, content_type):
+    body = encode(payment())
+    headers = signed_headers(body)
+    headers.pop("Content-Type")
+    if content_type:
+        headers["Content-Type"] = content_type
+    response = _post(client, body, headers)
+    assert response.status_code == 415
+    assert response.json["error"] == "unsupported_media_type"
+    assert event_rows(db) == 0
+
+
+def test_json_with_charset_is_accepted(client, db):
+    body = encode(payment())
+    response = _post(client, body, signed_headers(body, content_type="application/json; charset=utf-8"))
+    assert response.status_code == 200
+
+
+def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
+    client = make_app({**config, "MAX_BODY_BYTES": 1024}).test_client()
+    body = encode(payment(padding="x" * 2000))
+    response = _post(client, body, signed_headers(body))
+    assert response.status_code == 413
+    assert response.json["error"] == "too_large"
+    assert event_rows(db) == 0
+
+
+@pytest.mark.parametrize("data, reason", [
+    ({"userId": "33333333-3333-4333-8333-333333333333", "amountCents": 100}, "unknown user"),
+    ({"userId": "not-a-uuid", "amountCents": 100}, "userId"),
+    ({"userId": 7, "amountCents": 100}, "userId"),
+    ({"amountCents": 100}, "userId"),
+    ({"userId": str(BOB), "amountCents": 0}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": -5}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": 1.5}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": "100"}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": True}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": 2**63}, "amountCents"),
+    ({"userId": str(BOB)}, "amountCents"),
+])
+def test_unprocessable_payment_is_422_and_recorded(client, db, data, reason):
+    event = {"id": "evt_bad_payment", "type": "payment.succeeded", "data": data}
+    response = deliver(client, event)
+    assert response.status_code == 422
+    assert response.json["error"] == "unprocessable"
+    assert reason in response.json["message"]
+    assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
+    status, attempts, last_error = db.execute(
+        "SELECT status, attempts, last_error FROM webhook_events WHERE event_id = 'evt_bad_payment'").fetchone()
+    assert (status, attempts) == ("failed", 1)
+    assert reason in last_error
+
+
+def test_credit_that_would_overflow_is_422(client, db):
+    db.execute("UPDATE user_balances SET balance_cents = %s WHERE user_id = %s", [2**63 - 10, BOB])
+    response = deliver(client, payment("evt_overflow", user=BOB, cents=11))
+    assert response.status_code == 422
+    assert "overflow" in response.json["message"]
+    assert balance(db, BOB) == 2**63 - 10
+
+
+def test_failed_event_is_processed_normally_by_a_later_delivery(client, db):
+    carol = "33333333-3333-4333-8333-333333333333"
+    event = payment("evt_early", user=carol, cents=700)
+    assert deliver(client, event).status_code == 422
+    assert deliver(client, event).status_code == 422
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [carol])
+    response = deliver(client, event)
+    assert response.json == {"status": "processed", "event_id": "evt_early"}
+    assert deliver(client, event).json["status"] == "duplicate"
+    assert balance(db, carol) == 700
+    status, attempts, last_error, completed_at = db.execute(
+        "SELECT status, attempts, last_error, completed_at FROM webhook_events").fetchone()
+    assert (status, attempts) == ("completed", 3)
+    assert "unknown user" in last_error and completed_at is not None
+
+
+def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client):
+    event = payment("evt_busy")
+    redis_client.set("lock:webhook:evt_busy", "held-by-a-twin", px=10000)
+    response = deliver(client, event)
+    assert response.status_code == 409
+    assert response.json["status"] == "in_progress"
+    assert response.json["event_id"] == "evt_busy"
+    assert int(response.headers["Retry-After"]) >= 1
+    assert event_rows(db) == 0
+    assert redis_client.get("lock:webhook:evt_busy") == b"held-by-a-twin"
+
+
+def test_lock_is_released_after_processing(client, db, redis_client):
+    deliver(client, payment("evt_release"))
+    assert redis_client.exists("lock:webhook:evt_release") == 0
+
+
+@pytest.mark.parametrize("method, path, status, error", [
+    ("get", "/api/webhooks", 405, "method_not_allowed"),
+    ("post", "/nowhere", 404, "not_found"),
+])
+def test_other_routes_answer_json(client, method, path, status, error):
+    response = getattr(client, method)(path)
+    assert response.status_code == status
+    assert response.json["error"] == error
+
+
+def test_health_touches_no_dependency(make_app):
+    app = make_app({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+                    "REDIS_URL": "redis://127.0.0.1:1/0", "WEBHOOK_SECRET": "s"})
+    response = app.test_client().get("/health")
+    assert (response.status_code, response.json) == (200, {"status": "ok"})
+
+
+def test_ready_reports_postgres_and_redis(client):
+    response = client.get("/ready")
+    assert (response.status_code, response.json) == (200, {"status": "ok", "postgres": "ok", "redis": "ok"})
