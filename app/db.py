@@ -5,6 +5,8 @@ import threading
 from pathlib import Path
 
 import click
+from flask import current_app
+from flask.cli import with_appcontext
 from psycopg_pool import ConnectionPool
 
 # schema.sql lives at the top of the repository (and of the Docker image),
@@ -63,10 +65,9 @@ def apply_schema(conn):
 
 
 @click.command("init-db")
+@with_appcontext
 def init_db_command():
     """Create the tables (idempotent)."""
-    from flask import current_app
-
     with get_pool(current_app).connection() as conn:
         apply_schema(conn)
     click.echo(f"applied {SCHEMA_PATH}")

@@ -157,3 +157,34 @@ class Gunicorn:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+
+def http_post(base, body, headers, timeout=30):
+    """POST body; return (status, parsed JSON body, headers). Raises on connection errors."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", "/api/webhooks", body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null"), dict(response.getheaders())
+    finally:
+        conn.close()
+
+
+def http_get(base, path, timeout=10):
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()

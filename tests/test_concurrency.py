@@ -1,0 +1,78 @@
+"""Concurrent deliveries against the real gunicorn: exactly one credit per event."""
+
+import random
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from .conftest import ALICE, BOB, assert_ledger_consistent, balance, encode, payment, signed_headers
+from .servers import http_post
+
+
+def _burst(bases, body, copies=50):
+    """Send copies of one delivery at the same instant, spread over bases."""
+    barrier = threading.Barrier(copies)
+    headers = signed_headers(body)
+
+    def send(i):
+        barrier.wait()
+        return http_post(bases[i % len(bases)], body, headers)
+
+    with ThreadPoolExecutor(copies) as pool:
+        return list(pool.map(send, range(copies)))
+
+
+def _assert_one_processed(answers, event_id):
+    outcomes = Counter((status, body.get("status")) for status, body, _ in answers)
+    assert outcomes[(200, "processed")] == 1, outcomes
+    assert set(outcomes) <= {(200, "processed"), (200, "duplicate"), (409, "in_progress")}, outcomes
+    for status, body, headers in answers:
+        assert body["event_id"] == event_id
+        if status == 409:
+            assert int(headers["Retry-After"]) >= 1
+
+
+def test_fifty_concurrent_copies_credit_once(gunicorn, db):
+    server = gunicorn(workers=3, threads=4)
+    event = payment("evt_burst", cents=125)
+    _assert_one_processed(_burst([server.base], encode(event)), "evt_burst")
+    assert balance(db) == 1125
+    assert_ledger_consistent(db)
+
+
+def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db):
+    hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
+    event = payment("evt_two_hosts", user=BOB, cents=990)
+    _assert_one_processed(_burst([h.base for h in hosts], encode(event)), "evt_two_hosts")
+    assert balance(db, BOB) == 990
+    assert_ledger_consistent(db)
+
+
+def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db):
+    """A provider that retries every non-2xx until it gets a 2xx."""
+    hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
+    rng = random.Random(7)
+    events = [payment(f"evt_many_{i}", user=rng.choice([ALICE, BOB]), cents=rng.randint(1, 5000))
+              for i in range(60)]
+    deliveries = [e for e in events for _ in range(rng.randint(1, 6))]
+    rng.shuffle(deliveries)
+
+    def deliver_until_acknowledged(i_event):
+        i, event = i_event
+        body = encode(event)
+        for _ in range(200):
+            status, answer, _ = http_post(hosts[i % 2].base, body, signed_headers(body))
+            if status == 200:
+                return event["id"], answer["status"]
+            assert status == 409, (status, answer)
+        raise AssertionError(f"{event['id']} never acknowledged")
+
+    with ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(deliver_until_acknowledged, enumerate(deliveries)))
+
+    processed = Counter(event_id for event_id, status in results if status == "processed")
+    assert processed == Counter({e["id"]: 1 for e in events})
+    for user, opening in ((ALICE, 1000), (BOB, 0)):
+        expected = opening + sum(e["data"]["amountCents"] for e in events if e["data"]["userId"] == str(user))
+        assert balance(db, user) == expected
+    assert_ledger_consistent(db)
