@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test clean
+.PHONY: run test bench clean
 
 # Reinstall when the package metadata changes.
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -20,3 +20,6 @@ test: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .run *.egg-info
+
+bench: $(VENV)/.installed
+	$(BIN)/python scripts/bench.py
