@@ -13,7 +13,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
-	PATH="$(abspath $(BIN)):$$PATH" scripts/run.sh
+	# exec: a SIGTERM to make reaches run.sh, which stops what it started.
+	PATH="$(abspath $(BIN)):$$PATH" exec scripts/run.sh
 
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ die() { printf 'run: error: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- cleanup
 # Whatever was started is recorded here and stopped by cleanup(), on Ctrl-C,
-# SIGTERM, an error, or gunicorn exiting by itself.
+# SIGTERM, SIGHUP, an error, or gunicorn exiting by itself.
 GUNICORN_PID=""
 REDIS_PID=""
 PG_DATA=""        # set just before `pg_ctl start`: stop it even if interrupted
@@ -34,9 +34,11 @@ PG_BIN=""
 
 cleanup() {
     local status=$?
-    # Finish cleaning up even if Ctrl-C is pressed again.
-    trap '' INT TERM
+    # Finish cleaning up even if Ctrl-C is pressed again, or if the terminal
+    # or pipe that our messages go to is gone.
+    trap '' INT TERM HUP PIPE
     trap - EXIT
+    set +e
     if [[ -n $GUNICORN_PID ]] && kill -0 "$GUNICORN_PID" 2>/dev/null; then
         log "stopping gunicorn (pid $GUNICORN_PID)"
         kill -TERM "$GUNICORN_PID" 2>/dev/null || true
@@ -50,18 +52,21 @@ cleanup() {
     fi
     if [[ -n $PG_DATA ]]; then
         log "stopping PostgreSQL"
-        # It may already be down (Ctrl-C reaches it too); that is fine.
-        "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 || true
+        # pg_ctl starts it in its own session, out of reach of Ctrl-C.
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 || true
     fi
     if ((${#TMP_DIRS[@]})); then
         rm -rf "${TMP_DIRS[@]}"
     fi
-    rm -f "$RUN_DIR/run.pid"
+    if [[ $(cat "$RUN_DIR/run.pid" 2>/dev/null) == "$$" ]]; then
+        rm -f "$RUN_DIR/run.pid"
+    fi
     exit "$status"
 }
 trap cleanup EXIT
 trap 'exit 130' INT    # exit runs the EXIT trap, i.e. cleanup
 trap 'exit 143' TERM
+trap 'exit 129' HUP    # the terminal was closed
 
 # ---------------------------------------------------------------- helpers
 free_port() {
@@ -113,17 +118,30 @@ gunicorn_alive_and_healthy() {
     http_ok "$1"
 }
 
+# as_pg COMMAND...: run a PostgreSQL server command, as the postgres user
+# when we are root; from /, since that user may not be allowed in our cwd.
+as_pg() {
+    (cd / && "${AS_PG[@]}" "$@")
+}
+
+# The folder holding pg_ctl and initdb: pg_ctl's on PATH (through symlinks,
+# e.g. /usr/local/bin/pg_ctl -> /usr/lib/postgresql/15/bin/pg_ctl), else the
+# newest /usr/lib/postgresql/*/bin (Debian and Ubuntu keep them off PATH).
 find_pg_bin() {
-    local found
-    if found=$(command -v pg_ctl); then
-        # Debian's /usr/bin/pg_ctl is a wrapper; follow symlinks to the real bin/.
-        found=$(readlink -f "$found")
-        dirname "$found"
-        return
+    local dir candidates=()
+    if dir=$(command -v pg_ctl); then
+        candidates+=("$(dirname "$(readlink -f "$dir")")")
     fi
-    found=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-    [[ -n $found ]] || die "PostgreSQL server binaries not found (install postgresql, or set DATABASE_URL and REDIS_URL)"
-    printf '%s\n' "$found"
+    while IFS= read -r dir; do
+        candidates+=("$dir")
+    done < <(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV)
+    for dir in "${candidates[@]}"; do
+        if [[ -x $dir/pg_ctl && -x $dir/initdb ]]; then
+            printf '%s\n' "$dir"
+            return
+        fi
+    done
+    die "PostgreSQL server binaries (pg_ctl, initdb) not found: install postgresql, or set DATABASE_URL and REDIS_URL"
 }
 
 # ---------------------------------------------------------------- checks
@@ -191,17 +209,17 @@ else
     # PostgreSQL refuses to run as root: as root, the cluster belongs to (and
     # runs as) the postgres user.
     PG_DIR=$RUN_DIR/pg
+    mkdir -p "$PG_DIR"
+    chmod 700 "$PG_DIR"
     if [[ $(id -u) -eq 0 ]]; then
         id postgres >/dev/null 2>&1 || die "running as root, but there is no 'postgres' user to run PostgreSQL as"
         AS_PG=(runuser -u postgres --)
-        mkdir -p "$PG_DIR"
         chown postgres: "$PG_DIR"
-        chmod 700 "$PG_DIR"
-        if ! "${AS_PG[@]}" test -w "$PG_DIR"; then
+        if ! as_pg test -w "$PG_DIR"; then
             # The checkout is under a folder the postgres user cannot
             # traverse (e.g. /root, mode 700): the cluster goes to a fresh
             # folder in /tmp instead, deleted on exit (so no fast restart).
-            PG_DIR=$(mktemp -d /tmp/webhook-ledger-pg.XXXXXX)
+            PG_DIR=$(mktemp -d /tmp/webhook-ledger-run-pg.XXXXXX)
             TMP_DIRS+=("$PG_DIR")
             chown postgres: "$PG_DIR"
             log "the postgres user cannot reach $RUN_DIR; the throwaway cluster is in $PG_DIR instead"
@@ -211,29 +229,29 @@ else
     # A Unix socket path is limited to ~107 bytes; a deep checkout gets /tmp.
     SOCK_DIR=$PG_DIR
     if (( ${#SOCK_DIR} > 80 )); then
-        SOCK_DIR=$(mktemp -d /tmp/webhook-ledger-sock.XXXXXX)
+        SOCK_DIR=$(mktemp -d /tmp/webhook-ledger-run-sock.XXXXXX)
         TMP_DIRS+=("$SOCK_DIR")
         ((${#AS_PG[@]} == 0)) || chown postgres: "$SOCK_DIR"
     fi
 
-    if "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" status >/dev/null 2>&1; then
+    if as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" status >/dev/null 2>&1; then
         log "stopping a PostgreSQL left over from an earlier run"
-        "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" -m fast -w stop >/dev/null
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" -m fast -w stop >/dev/null
     fi
     if [[ -f $PG_DATA_DIR/PG_VERSION ]]; then
         log "reusing the PostgreSQL cluster in $PG_DATA_DIR"
     else
         log "creating a PostgreSQL cluster in $PG_DATA_DIR"
         rm -rf "$PG_DATA_DIR"
-        "${AS_PG[@]}" "$PG_BIN/initdb" -D "$PG_DATA_DIR" --auth=trust -U postgres -E UTF8 \
+        as_pg "$PG_BIN/initdb" -D "$PG_DATA_DIR" --auth=trust -U postgres -E UTF8 \
             --locale=C --no-sync >"$PG_DIR/initdb.log" 2>&1 \
             || { cat "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
     fi
     PG_PORT=$(free_port)
     PG_DATA=$PG_DATA_DIR
     log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
-    "${AS_PG[@]}" "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" -l "$PG_DIR/postgres.log" -w -t 30 \
-        -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $SOCK_DIR" start >/dev/null \
+    as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA_DIR" -l "$PG_DIR/postgres.log" -w -t 30 \
+        -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k '$SOCK_DIR'" start >/dev/null \
         || { tail -n 20 "$PG_DIR/postgres.log" >&2 || true; die "PostgreSQL did not start (log: $PG_DIR/postgres.log)"; }
     PG_ADMIN_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
     if [[ -z $(psql "$PG_ADMIN_URL" -XtAq -c "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'") ]]; then
@@ -257,7 +275,15 @@ flask --app app init-db >/dev/null
 psql "$DATABASE_URL" -Xq -v ON_ERROR_STOP=1 -c \
     "INSERT INTO user_balances (user_id, balance_cents) VALUES ('$DEMO_USER', 0) ON CONFLICT (user_id) DO NOTHING" \
     >/dev/null
-log "demo user $DEMO_USER exists"
+# The first demo event id this database has not seen yet (evt_demo_1 on a
+# fresh one), so that the pasted command answers "processed" once, then
+# "duplicate", on every start, also with a reused cluster or external URLs.
+DEMO_EVENT=evt_demo_$(psql "$DATABASE_URL" -XtAq -v ON_ERROR_STOP=1 -c \
+    "SELECT coalesce(max(substring(event_id FROM '^evt_demo_([0-9]{1,9})\$')::int), 0) + 1
+     FROM webhook_events WHERE event_id ~ '^evt_demo_[0-9]{1,9}\$'")
+DEMO_BALANCE=$(psql "$DATABASE_URL" -XtAq -v ON_ERROR_STOP=1 -c \
+    "SELECT balance_cents FROM user_balances WHERE user_id = '$DEMO_USER'")
+log "demo user $DEMO_USER exists, balance $DEMO_BALANCE cents"
 
 # ---------------------------------------------------------------- gunicorn
 log "starting gunicorn on $BIND_ADDR"
@@ -287,10 +313,10 @@ $([[ $SECRET_FROM_ENV == 1 ]] || printf '\nWEBHOOK_SECRET = %s  <- a DEMO secret
 Credit the demo user 1000 cents $KEY_NOTE; paste it twice:
 the first answer is "processed", the second "duplicate".
 
-BODY='{"id":"evt_demo_1","type":"payment.succeeded","data":{"userId":"$DEMO_USER","amountCents":1000}}'
-curl -sS -X POST $BASE_URL/api/webhooks -H 'Content-Type: application/json' -H "X-Signature: \$(printf '%s' "\$BODY" | openssl dgst -sha256 -hmac $HMAC_KEY | sed 's/^.* //')" --data-binary "\$BODY"; echo
+BODY='{"id":"$DEMO_EVENT","type":"payment.succeeded","data":{"userId":"$DEMO_USER","amountCents":1000}}'
+curl -sS -w 'HTTP %{http_code}\n' -X POST $BASE_URL/api/webhooks -H 'Content-Type: application/json' -H "X-Signature: \$(printf '%s' "\$BODY" | openssl dgst -sha256 -hmac $HMAC_KEY | sed 's/^.* //')" --data-binary "\$BODY"
 
-The balance:
+The balance ($DEMO_BALANCE cents now, $((DEMO_BALANCE + 1000)) after that):
 
 psql $PSQL_TARGET -c "SELECT user_id, balance_cents FROM user_balances WHERE user_id = '$DEMO_USER'"
 ======================================================================
