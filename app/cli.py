@@ -9,7 +9,6 @@ from flask.cli import AppGroup
 
 from . import ledger, retention, verify
 from .db import get_pool
-from .events import parse
 
 events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = AppGroup("ledger", help="Check the ledger.")
@@ -31,7 +30,7 @@ SHOW_EVENT = """
     FROM webhook_events e LEFT JOIN ledger_credits c USING (event_id)
     WHERE e.event_id = %s
 """
-STORED_EVENT = "SELECT status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
+STORED_EVENT = "SELECT event_type, status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
 FAILED_EVENTS = "SELECT event_id FROM webhook_events WHERE status = 'failed' ORDER BY created_at, id"
 
 
@@ -99,11 +98,12 @@ def replay_one(pool, event_id):
         row = conn.execute(STORED_EVENT, [event_id]).fetchone()
     if row is None:
         return False, f"{event_id}: no such stored event"
-    status, payload, sha256 = row
+    event_type, status, payload, sha256 = row
     if status == "completed":
         return True, f"{event_id}: already completed; nothing changed"
     # The stored hash, not one of the re-serialised jsonb: this is the same body.
-    outcome, problem = ledger.apply_event(pool, parse(payload.encode()), sha256)
+    event = ledger.stored_event(event_id, event_type, payload)
+    outcome, problem = ledger.apply_event(pool, event, sha256)
     if outcome == ledger.PROCESSED:
         return True, f"{event_id}: processed; now completed"
     if outcome == ledger.DUPLICATE:

@@ -5,9 +5,11 @@ Redis lock in front of this only saves work. A crash anywhere before COMMIT
 leaves nothing behind, and a 2xx is answered only after COMMIT returned.
 """
 
+import json
+
 import psycopg
 
-from .events import MAX_CENTS, InvalidJSON, Unprocessable, credit_of
+from .events import MAX_CENTS, Event, InvalidJSON, Unprocessable, credit_of
 
 PROCESSED, DUPLICATE, FAILED, MISMATCH = "processed", "duplicate", "failed", "payload_mismatch"
 
@@ -85,6 +87,15 @@ def apply_event(pool, event, payload_sha256):
             return FAILED, problem
         conn.execute(MARK_COMPLETED, [row_id])
     return PROCESSED, None
+
+
+def stored_event(event_id, event_type, payload):
+    """Rebuild the Event of a stored row (for replay and verify).
+
+    The id and type are the row's, as first parsed: a signature scheme may
+    take them from headers rather than the body.
+    """
+    return Event(id=event_id, type=event_type, data=json.loads(payload)["data"], text=payload)
 
 
 def _record(conn, event, payload_sha256):
