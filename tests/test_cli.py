@@ -1,5 +1,7 @@
 """app/cli.py: `flask events list|show|replay|purge` and `flask ledger verify` on real PostgreSQL."""
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from .conftest import ALICE, BOB, assert_ledger_consistent, balance, deliver, event_rows, payment
@@ -45,7 +47,6 @@ def test_list_shows_a_table_newest_first_and_filters(client, db, run):
     assert _ids(run("events", "list", "--status", "failed", "--status", "completed", "--limit", "2")) == \
         ["evt_c", "evt_b"]
     assert _ids(run("events", "list", "--type", "payment.succeeded")) == ["evt_b", "evt_a"]
-    from datetime import datetime, timedelta, timezone
     yesterday = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S")
     assert _ids(run("events", "list", "--since", yesterday)) == ["evt_c", "evt_b"]
     assert run("events", "list", "--status", "processing").output == "no events\n"
