@@ -106,8 +106,8 @@ def _record(conn, event, payload_sha256):
             return row[0], None
         stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
         if stored is None:
-            # Purged between the two statements, which only happens to old
-            # completed rows: the event was applied.
+            # Purged between the two statements. Purge takes old completed
+            # rows (failed ones only when forced): the event was applied.
             return None, DUPLICATE
         row_id, status, stored_sha256 = stored
         if stored_sha256 is not None and stored_sha256 != payload_sha256:
