@@ -65,3 +65,4 @@ def test_generated_requests_get_only_documented_answers(gunicorn, db, mode):
         run = settings(max_examples=examples, deadline=None, database=None,
                        suppress_health_check=list(HealthCheck))(given(case=operation.as_strategy(mode))(conforms))
         run()
+    session.close()  # an open keep-alive connection would hold up gunicorn's shutdown
