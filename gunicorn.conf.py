@@ -1,7 +1,10 @@
 """gunicorn settings for production; every value can be overridden on the
 command line or through GUNICORN_CMD_ARGS."""
 
+import glob
 import os
+import shutil
+import tempfile
 
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
@@ -16,10 +19,65 @@ threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", 
 timeout = 30
 graceful_timeout = 20
 keepalive = 5
-accesslog = "-"
-errorlog = "-"
 # The app opens its database pool lazily in each worker, after the fork.
 preload_app = False
 # gunicorn 27's control socket defaults to one path per user, shared by every
 # gunicorn on the host (tests, bench, `make run`); this service does not use it.
 control_socket_disable = True
+
+# -- logs: one JSON object per line on stdout, gunicorn's and the app's -----
+# The app's loggers propagate to the root handler; gunicorn's two loggers are
+# sent there too. The formatter's arguments are app/logs.py's FORMAT and
+# RENAME (not imported: importing the app into the master would stop a HUP
+# from loading new code into the new workers).
+accesslog = "-"
+errorlog = "-"
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(process)d %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger", "process": "pid"},
+            "timestamp": True,
+        },
+    },
+    "handlers": {
+        "stdout": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"},
+    },
+    "root": {"level": "INFO", "handlers": ["stdout"]},
+    "loggers": {
+        "gunicorn.error": {"level": "INFO", "handlers": [], "propagate": True},
+        "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": True},
+    },
+}
+
+# -- metrics: prometheus-client's multiprocess mode -------------------------
+# Every worker writes its metrics to files in this folder and a scrape merges
+# them. It must be set before a worker imports prometheus_client; when the
+# environment names none, a private one is made (and removed on exit).
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="webhook-ledger-metrics-")
+    _PRIVATE_METRICS_DIR = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+else:
+    _PRIVATE_METRICS_DIR = None
+
+
+def on_starting(server):
+    # Counts left by an earlier run would be added to this one's.
+    for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "*.db")):
+        os.remove(path)
+
+
+def child_exit(server, worker):
+    # A dead worker's gauges must stop counting; its counters still do.
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    if _PRIVATE_METRICS_DIR:
+        shutil.rmtree(_PRIVATE_METRICS_DIR, ignore_errors=True)

@@ -5,25 +5,36 @@ Redis lock in front of this only saves work. A crash anywhere before COMMIT
 leaves nothing behind, and a 2xx is answered only after COMMIT returned.
 """
 
+import json
+
 import psycopg
 
-from .events import MAX_CENTS, InvalidJSON, Unprocessable, credit_of
+from .events import MAX_CENTS, Event, InvalidJSON, Unprocessable, credit_of
 
-PROCESSED, DUPLICATE, FAILED = "processed", "duplicate", "failed"
+PROCESSED, DUPLICATE, FAILED, MISMATCH = "processed", "duplicate", "failed", "payload_mismatch"
 
 INSERT_EVENT = """
-    INSERT INTO webhook_events (event_id, event_type, payload)
-    VALUES (%s, %s, %s::jsonb)
+    INSERT INTO webhook_events (event_id, event_type, payload, payload_sha256)
+    VALUES (%s, %s, %s::jsonb, %s)
     ON CONFLICT (event_id) DO NOTHING
     RETURNING id
 """
 # A stored event is either completed (nothing more to do) or failed (a new
-# delivery tries again). FOR UPDATE serialises two retries of a failed event.
+# delivery tries again). FOR UPDATE serialises two retries of a failed event,
+# and blocks behind a twin's uncommitted insert until its outcome is known.
 LOCK_STORED_EVENT = """
+    SELECT id, status, payload_sha256 FROM webhook_events WHERE event_id = %s FOR UPDATE
+"""
+RETRY_STORED_EVENT = """
     UPDATE webhook_events
-    SET attempts = attempts + 1, payload = %s::jsonb, updated_at = now()
-    WHERE event_id = %s AND status <> 'completed'
-    RETURNING id
+    SET attempts = attempts + 1, payload = %s::jsonb,
+        payload_sha256 = coalesce(payload_sha256, %s), updated_at = now()
+    WHERE id = %s
+"""
+# A different body under a stored id is only counted: status, attempts and
+# the balance are left as they are.
+RECORD_MISMATCH = """
+    UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = %s
 """
 # The WHERE clause refuses an overflow instead of raising inside the
 # transaction, so a refused credit can still be recorded as a failure.
@@ -33,6 +44,9 @@ CREDIT_USER = """
     WHERE user_id = %(user_id)s AND balance_cents <= %(max)s - %(amount)s
     RETURNING balance_cents
 """
+JOURNAL_CREDIT = "INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES (%s, %s, %s)"
+# Only true for an event whose row was purged and that is now redelivered.
+ALREADY_CREDITED = "SELECT 1 FROM ledger_credits WHERE event_id = %s"
 USER_EXISTS = "SELECT 1 FROM user_balances WHERE user_id = %s"
 MARK_COMPLETED = """
     UPDATE webhook_events
@@ -46,11 +60,13 @@ MARK_FAILED = """
 """
 
 
-def apply_event(pool, event):
+def apply_event(pool, event, payload_sha256):
     """Record event and apply its effect atomically.
 
-    Returns (PROCESSED, None), (DUPLICATE, None) or (FAILED, reason); a
-    failure is committed (attempts, last_error) with no balance change.
+    payload_sha256 is the SHA-256 of the body as received. Returns
+    (PROCESSED, None), (DUPLICATE, None), (MISMATCH, None) or (FAILED,
+    reason); a failure is committed (attempts, last_error) with no balance
+    change, a mismatch is committed as a count and nothing else.
     """
     try:
         credit, problem = credit_of(event), None
@@ -58,11 +74,14 @@ def apply_event(pool, event):
         credit, problem = None, str(exc)
 
     with pool.connection() as conn, conn.transaction():
-        row_id = _record(conn, event)
-        if row_id is None:
-            return DUPLICATE, None
+        row_id, outcome = _record(conn, event, payload_sha256)
+        if outcome is not None:
+            return outcome, None
         if credit is not None:
-            problem = _credit(conn, credit)
+            if conn.execute(ALREADY_CREDITED, [event.id]).fetchone() is not None:
+                conn.execute(MARK_COMPLETED, [row_id])
+                return DUPLICATE, None
+            problem = _credit(conn, event.id, credit)
         if problem:
             conn.execute(MARK_FAILED, [problem, row_id])
             return FAILED, problem
@@ -70,24 +89,45 @@ def apply_event(pool, event):
     return PROCESSED, None
 
 
-def _record(conn, event):
-    """Return the id of the event's row, new or failed before; None if completed."""
+def stored_event(event_id, event_type, payload):
+    """Rebuild the Event of a stored row (for replay and verify).
+
+    The id and type are the row's, as first parsed: a signature scheme may
+    take them from headers rather than the body.
+    """
+    return Event(id=event_id, type=event_type, data=json.loads(payload)["data"], text=payload)
+
+
+def _record(conn, event, payload_sha256):
+    """Return (row id, None) for an event to apply now, or (None, DUPLICATE or MISMATCH)."""
     try:
-        row = conn.execute(INSERT_EVENT, [event.id, event.type, event.text]).fetchone()
-        if row is None:
-            # Blocks behind a twin's uncommitted insert, then sees its outcome.
-            row = conn.execute(LOCK_STORED_EVENT, [event.text, event.id]).fetchone()
+        row = conn.execute(INSERT_EVENT, [event.id, event.type, event.text, payload_sha256]).fetchone()
+        if row is not None:
+            return row[0], None
+        stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
+        if stored is None:
+            # Purged between the two statements. Purge takes old completed
+            # rows (failed ones only when forced): the event was applied.
+            return None, DUPLICATE
+        row_id, status, stored_sha256 = stored
+        if stored_sha256 is not None and stored_sha256 != payload_sha256:
+            conn.execute(RECORD_MISMATCH, [row_id])
+            return None, MISMATCH
+        if status == "completed":
+            return None, DUPLICATE
+        conn.execute(RETRY_STORED_EVENT, [event.text, payload_sha256, row_id])
+        return row_id, None
     except psycopg.errors.DataError:
         # JSON that Python accepts but jsonb does not (\u0000, a lone
         # surrogate escape, a number beyond numeric's range): nothing written.
         raise InvalidJSON("body holds values that cannot be stored") from None
-    return None if row is None else row[0]
 
 
-def _credit(conn, credit):
-    """Credit the user; return None, or why the credit cannot apply."""
+def _credit(conn, event_id, credit):
+    """Credit the user and journal it; return None, or why the credit cannot apply."""
     params = {"amount": credit.amount_cents, "user_id": credit.user_id, "max": MAX_CENTS}
     if conn.execute(CREDIT_USER, params).fetchone() is not None:
+        conn.execute(JOURNAL_CREDIT, [event_id, credit.user_id, credit.amount_cents])
         return None
     if conn.execute(USER_EXISTS, [credit.user_id]).fetchone() is None:
         return f"unknown user {credit.user_id}"

@@ -1,5 +1,6 @@
 """The HTTP surface: POST /api/webhooks, GET /health, GET /ready."""
 
+import hashlib
 import logging
 import time
 
@@ -46,7 +47,7 @@ def receive():
             retry_after=True, status="in_progress", event_id=event.id,
         )
     try:
-        status, problem = ledger.apply_event(get_pool(current_app), event)
+        status, problem = ledger.apply_event(get_pool(current_app), event, hashlib.sha256(body).digest())
     except InvalidJSON as exc:
         raise ApiError(400, "invalid_json", str(exc)) from None
     finally:
@@ -55,6 +56,9 @@ def receive():
 
     if status == ledger.FAILED:
         raise ApiError(422, "unprocessable", problem, event_id=event.id)
+    if status == ledger.MISMATCH:
+        raise ApiError(409, "payload_mismatch", "this event id was delivered before with a different body",
+                       event_id=event.id)
     g.delivery["outcome"] = status
     return {"status": status, "event_id": event.id}
 
@@ -63,18 +67,35 @@ def _is_json(mimetype):
     return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
 
 
+# A delivery's answer -> (outcome, reason) for the log line and the metrics.
+# Rejections (400, 401, 413, 415) keep their error code as the reason.
+_OUTCOMES = {
+    "in_progress": ("in_progress", ""),
+    "payload_mismatch": ("payload_mismatch", ""),
+    "unprocessable": ("failed", ""),
+    "unavailable": ("unavailable", ""),
+    "internal": ("error", ""),
+}
+
+
 @bp.after_app_request
-def _log_delivery(response):
-    """One line per delivery: event id, type, outcome, latency; never the body."""
+def _record_delivery(response):
+    """One log line and the metrics per delivery; never the body, the signature or the secret."""
     delivery = g.pop("delivery", None)
-    if delivery is not None:
-        outcome = delivery.get("outcome") or (response.json or {}).get("error", "?")
-        log.info(
-            "delivery event=%r type=%r outcome=%s status=%d ms=%.1f secret=%s redis=%s",
-            delivery.get("event"), delivery.get("type"), outcome, response.status_code,
-            (time.perf_counter() - delivery["started"]) * 1000,
-            delivery.get("secret", "-"), delivery.get("redis", "-"),
-        )
+    if delivery is None:
+        return response
+    seconds = time.perf_counter() - delivery["started"]
+    if delivery.get("outcome"):
+        outcome, reason = delivery["outcome"], ""
+    else:
+        error = (response.get_json(silent=True) or {}).get("error", "unknown")
+        outcome, reason = _OUTCOMES.get(error, ("rejected", error))
+    current_app.extensions["metrics"].observe_delivery(outcome, reason, seconds, delivery.get("redis"))
+    log.info("delivery", extra={
+        "event_id": delivery.get("event"), "event_type": delivery.get("type"), "outcome": outcome,
+        "reason": reason or None, "status": response.status_code, "latency_ms": round(seconds * 1000, 1),
+        "secret_index": delivery.get("secret"), "redis": delivery.get("redis"),
+    })
     return response
 
 

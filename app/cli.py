@@ -1,0 +1,166 @@
+"""Operator commands: `flask events list|show|replay|purge` and `flask ledger verify`."""
+
+import json
+from datetime import timezone
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from . import ledger, retention, verify
+from .db import get_pool
+
+events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
+ledger_group = AppGroup("ledger", help="Check the ledger.")
+
+STATUSES = ("processing", "completed", "failed")
+LIST_EVENTS = """
+    SELECT event_id, event_type, status, attempts, mismatches, created_at, last_error
+    FROM webhook_events
+    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
+      AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
+      AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+"""
+SHOW_EVENT = """
+    SELECT e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches, e.last_mismatch_at,
+           e.payload_sha256, e.created_at, e.updated_at, e.completed_at, e.payload::text,
+           c.user_id, c.amount_cents, c.created_at
+    FROM webhook_events e LEFT JOIN ledger_credits c USING (event_id)
+    WHERE e.event_id = %s
+"""
+STORED_EVENT = "SELECT event_type, status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
+FAILED_EVENTS = "SELECT event_id FROM webhook_events WHERE status = 'failed' ORDER BY created_at, id"
+
+
+def init_app(app):
+    app.cli.add_command(events)
+    app.cli.add_command(ledger_group)
+
+
+def _utc(moment):
+    return "-" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _table(header, rows):
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@events.command("list")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Repeatable.")
+@click.option("--type", "types", multiple=True, help="Event type; repeatable.")
+@click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+              help="Received at or after this UTC date or time.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+def list_events(statuses, types, since, limit):
+    """List stored events, newest first."""
+    params = {"statuses": list(statuses) or None, "types": list(types) or None, "limit": limit,
+              "since": since.replace(tzinfo=timezone.utc) if since else None}
+    with get_pool(current_app).connection() as conn:
+        rows = conn.execute(LIST_EVENTS, params).fetchall()
+    if not rows:
+        click.echo("no events")
+        return
+    header = ("EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
+    _table(header, [(eid, etype, status, attempts, mismatches, _utc(created), (error or "")[:60])
+                    for eid, etype, status, attempts, mismatches, created, error in rows])
+
+
+@events.command("show")
+@click.argument("event_id")
+def show_event(event_id):
+    """Show one stored event: payload, status, attempts, last error, times."""
+    with get_pool(current_app).connection() as conn:
+        row = conn.execute(SHOW_EVENT, [event_id]).fetchone()
+    if row is None:
+        raise click.ClickException(f"no stored event {event_id!r}")
+    (eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
+     payload, credit_user, credit_cents, credited_at) = row
+    fields = [
+        ("event id", eid), ("type", etype), ("status", status), ("attempts", attempts),
+        ("last error", error or "-"), ("mismatches", f"{mismatches} (last {_utc(mismatch_at)})"),
+        ("payload sha256", sha256.hex() if sha256 else "-"),
+        ("received", _utc(created)), ("updated", _utc(updated)), ("completed", _utc(completed)),
+        ("credit", f"{credit_cents} cents to {credit_user} at {_utc(credited_at)}" if credit_user else "-"),
+    ]
+    for name, value in fields:
+        click.echo(f"{name + ':':<16}{value}")
+    click.echo("payload:")
+    click.echo(json.dumps(json.loads(payload), indent=2, ensure_ascii=False))
+
+
+def replay_one(pool, event_id):
+    """Re-apply a stored event through ledger.apply_event; return (ok, message)."""
+    with pool.connection() as conn:
+        row = conn.execute(STORED_EVENT, [event_id]).fetchone()
+    if row is None:
+        return False, f"{event_id}: no such stored event"
+    event_type, status, payload, sha256 = row
+    if status == "completed":
+        return True, f"{event_id}: already completed; nothing changed"
+    # The stored hash, not one of the re-serialised jsonb: this is the same body.
+    event = ledger.stored_event(event_id, event_type, payload)
+    outcome, problem = ledger.apply_event(pool, event, sha256)
+    if outcome == ledger.PROCESSED:
+        return True, f"{event_id}: processed; now completed"
+    if outcome == ledger.DUPLICATE:
+        return True, f"{event_id}: completed meanwhile by another delivery; nothing changed"
+    return False, f"{event_id}: still failed: {problem}"
+
+
+@events.command("replay")
+@click.argument("event_id", required=False)
+@click.option("--all-failed", is_flag=True, help="Replay every failed event, oldest first.")
+def replay_events(event_id, all_failed):
+    """Re-run stored failed events through the ledger transaction (exactly once, as a delivery would)."""
+    if bool(event_id) == all_failed:
+        raise click.UsageError("give either EVENT_ID or --all-failed")
+    pool = get_pool(current_app)
+    if all_failed:
+        with pool.connection() as conn:
+            event_ids = [r[0] for r in conn.execute(FAILED_EVENTS)]
+    else:
+        event_ids = [event_id]
+    results = [replay_one(pool, eid) for eid in event_ids]
+    for _, message in results:
+        click.echo(message)
+    failures = sum(not ok for ok, _ in results)
+    if all_failed:
+        click.echo(f"replayed {len(results)} failed events: {len(results) - failures} completed, {failures} still failed")
+    if failures:
+        raise click.exceptions.Exit(1)
+
+
+@events.command("purge")
+@click.option("--older-than", "days", default=retention.DEFAULT_DAYS, show_default=True,
+              type=click.IntRange(min=0), help="Delete events received more than DAYS days ago.")
+@click.option("--include-failed", is_flag=True, help="Delete old failed events too (needs --force).")
+@click.option("--force", is_flag=True, help=f"Allow a window under {retention.DEFAULT_DAYS} days, or --include-failed.")
+@click.option("--batch-size", default=retention.BATCH_SIZE, show_default=True, type=click.IntRange(1, 100000))
+def purge_events(days, include_failed, force, batch_size):
+    """Delete old completed events in short batches; ledger credits are kept."""
+    if days < retention.DEFAULT_DAYS and not force:
+        raise click.UsageError(f"--older-than {days} is under {retention.DEFAULT_DAYS} days, the minimum that "
+                               "outlasts providers' resend windows; add --force to purge anyway")
+    if include_failed and not force:
+        raise click.UsageError("--include-failed deletes events that never took effect; add --force")
+    deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size)
+    kinds = "completed and failed" if include_failed else "completed"
+    click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; ledger credits kept")
+
+
+@ledger_group.command("verify")
+def verify_ledger():
+    """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
+    with get_pool(current_app).connection() as conn:
+        problems, (users, stored, credits) = verify.check(conn)
+    if problems:
+        for problem in problems:
+            click.echo(problem)
+        click.echo(f"ledger INCONSISTENT: {len(problems)} problems "
+                   f"({users} users, {stored} stored events, {credits} credits)")
+        raise click.exceptions.Exit(1)
+    click.echo(f"ledger consistent: {users} users, {stored} stored events, {credits} credits")

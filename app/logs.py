@@ -1,0 +1,69 @@
+"""Structured logs: one JSON object per line, each carrying the request id.
+
+Under gunicorn, `logconfig_dict` in gunicorn.conf.py routes gunicorn's and
+the app's loggers to one JSON handler on stdout. Elsewhere (the `flask` CLI,
+`flask run`, the tests) create_app installs the same formatter on stderr,
+so that a command's own output on stdout stays clean.
+"""
+
+import logging
+import re
+import sys
+import uuid
+
+from flask import g, has_request_context, request
+from pythonjsonlogger.json import JsonFormatter
+
+REQUEST_ID_HEADER = "X-Request-ID"
+# What a proxy or the provider may send: a UUID, a trace id, a delivery id.
+# Anything longer or with other characters is replaced, never logged.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+# The fields of every line, renamed like gunicorn.conf.py's logconfig_dict.
+FORMAT = "%(levelname)s %(name)s %(process)d %(message)s"
+RENAME = {"levelname": "level", "name": "logger", "process": "pid"}
+
+
+def init_app(app):
+    _install_record_factory()
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=True))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+    app.before_request(_take_request_id)
+    app.after_request(_echo_request_id)
+
+
+def request_id(header):
+    """Return header if it is a safe request id, else a new random one."""
+    if header and _SAFE_REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
+def _take_request_id():
+    g.request_id = request_id(request.headers.get(REQUEST_ID_HEADER))
+
+
+def _echo_request_id(response):
+    if "request_id" in g:
+        response.headers[REQUEST_ID_HEADER] = g.request_id
+    return response
+
+
+def _install_record_factory():
+    """Stamp the current request's id on every log record made while serving it."""
+    base = logging.getLogRecordFactory()
+    if getattr(base, "adds_request_id", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = base(*args, **kwargs)
+        if has_request_context() and "request_id" in g:
+            record.request_id = g.request_id
+        return record
+
+    factory.adds_request_id = True
+    logging.setLogRecordFactory(factory)

@@ -1,0 +1,78 @@
+"""Prometheus metrics, served at GET /metrics, correct across gunicorn workers.
+
+Under gunicorn, gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR before the
+workers start: each worker writes its values to files there, and a scrape,
+whichever worker answers it, merges the files of all of them. Elsewhere (the
+tests' Flask client) each app counts in a registry of its own.
+"""
+
+import os
+
+from flask import Response, current_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+# A duplicate is answered in about a millisecond, a processed event in a few;
+# the pool acquire timeout (3 s) ends the slowest in a 503.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# psycopg_pool's get_stats() key -> gauge name and help. Each worker sets its
+# own pool's figures; a scrape adds up those of the workers alive now.
+POOL_GAUGES = {
+    "pool_size": ("webhook_ledger_db_pool_connections", "Open database connections"),
+    "pool_available": ("webhook_ledger_db_pool_idle_connections", "Database connections idle in the pool"),
+    "requests_waiting": ("webhook_ledger_db_pool_waiting_requests", "Requests waiting for a database connection"),
+    "pool_max": ("webhook_ledger_db_pool_max_connections", "Most database connections the pools may open"),
+}
+
+
+class Metrics:
+    def __init__(self, registry):
+        self.deliveries = Counter(
+            "webhook_ledger_deliveries", "Deliveries to POST /api/webhooks by outcome; reason names a rejection",
+            ["outcome", "reason"], registry=registry)
+        self.latency = Histogram(
+            "webhook_ledger_delivery_duration_seconds", "Time from request to answer of a delivery, by outcome",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.redis_degraded = Counter(
+            "webhook_ledger_redis_degraded_deliveries", "Deliveries applied without a Redis lock: Redis unreachable",
+            registry=registry)
+        self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
+                     for key, (name, text) in POOL_GAUGES.items()}
+
+    def observe_delivery(self, outcome, reason, seconds, redis_state):
+        self.deliveries.labels(outcome=outcome, reason=reason).inc()
+        self.latency.labels(outcome=outcome).observe(seconds)
+        if redis_state == "degraded":
+            self.redis_degraded.inc()
+
+    def observe_pool(self, pool):
+        # A pool not yet opened (no request in this worker needed it) has none.
+        stats = {"pool_max": pool.max_size} if pool.closed else pool.get_stats()
+        for key, gauge in self.pool.items():
+            gauge.set(stats.get(key, 0))
+
+
+def init_app(app):
+    app.extensions["metrics_registry"] = registry = CollectorRegistry()
+    app.extensions["metrics"] = Metrics(registry)
+    app.add_url_rule("/metrics", "metrics", scrape)
+    app.after_request(_observe_pool)
+
+
+def scrape():
+    """The Prometheus text exposition of every worker's metrics."""
+    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry = current_app.extensions["metrics_registry"]
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _observe_pool(response):
+    # After every request, so that each worker's figures are those of its
+    # last request, not of its last scrape.
+    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
+    return response

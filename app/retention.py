@@ -1,0 +1,41 @@
+"""Retention: `flask events purge` deletes old events in short batches.
+
+Only webhook_events rows go. ledger_credits rows are the ledger and are kept
+for ever: the balances still add up after a purge, and a purged payment
+redelivered later is recognised by its credit and not credited twice.
+"""
+
+# Longer than Stripe's 30-day window for resending an event by hand, so that
+# a resent event still finds its row (and its payload hash) in the table.
+DEFAULT_DAYS = 35
+# Rows per transaction: each batch holds its row locks for milliseconds, well
+# inside the statement timeout, and never locks the table.
+BATCH_SIZE = 1000
+
+CUTOFF = "SELECT now() - make_interval(days => %s)"
+# SKIP LOCKED: a row that a delivery or a replay holds now is left for the
+# next purge instead of being waited for.
+DELETE_BATCH = """
+    DELETE FROM webhook_events WHERE id IN (
+        SELECT id FROM webhook_events
+        WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s)
+        ORDER BY created_at
+        LIMIT %(batch)s
+        FOR UPDATE SKIP LOCKED)
+"""
+
+
+def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE):
+    """Delete the events received more than days ago; return (rows deleted, cutoff).
+
+    Completed events only, and failed ones too when include_failed.
+    """
+    statuses = ["completed", "failed"] if include_failed else ["completed"]
+    deleted = 0
+    with pool.connection() as conn:  # autocommit: each batch is its own transaction
+        cutoff = conn.execute(CUTOFF, [days]).fetchone()[0]
+        while True:
+            count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size}).rowcount
+            deleted += count
+            if count < batch_size:
+                return deleted, cutoff

@@ -1,0 +1,68 @@
+"""app/ledger.py: the one transaction, its journal of credits and its payload check."""
+
+import hashlib
+import json
+
+import pytest
+
+from .conftest import ALICE, assert_ledger_consistent, balance, deliver, encode, payment, signed_headers
+
+CAROL = "33333333-3333-4333-8333-333333333333"
+
+
+def _row(db, event_id):
+    return db.execute("SELECT status, attempts, mismatches, last_mismatch_at IS NOT NULL, payload_sha256 "
+                      "FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+
+
+def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
+    body = encode(payment("evt_journal", cents=250))
+    client.post("/api/webhooks", data=body, headers=signed_headers(body))
+    assert db.execute("SELECT event_id, user_id, amount_cents FROM ledger_credits").fetchall() == \
+        [("evt_journal", ALICE, 250)]
+    assert _row(db, "evt_journal")[4] == hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize("first_cents, stored_status", [(250, "completed"), (0, "failed")])
+def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client, db, first_cents, stored_status):
+    original = payment("evt_twice", cents=first_cents)
+    deliver(client, original)
+    before = (balance(db), _row(db, "evt_twice")[:2])
+
+    forged = payment("evt_twice", cents=99999)
+    response = deliver(client, forged)
+    assert response.status_code == 409
+    assert response.json["error"] == "payload_mismatch"
+    assert response.json["event_id"] == "evt_twice"
+    assert (balance(db), _row(db, "evt_twice")[:2]) == before
+    assert before[1][0] == stored_status
+    assert _row(db, "evt_twice")[2:4] == (1, True)
+    stored = db.execute("SELECT payload FROM webhook_events WHERE event_id = 'evt_twice'").fetchone()[0]
+    assert stored["data"]["amountCents"] == first_cents  # the stored payload is not overwritten
+    assert_ledger_consistent(db)
+
+
+def test_same_json_in_other_bytes_is_a_mismatch(client, db):
+    event = payment("evt_bytes", cents=5)
+    deliver(client, event)
+    response = deliver(client, json.dumps(event, indent=1).encode())
+    assert (response.status_code, response.json["error"]) == (409, "payload_mismatch")
+    assert balance(db) == 1005
+
+
+def test_identical_redelivery_is_still_a_duplicate(client, db):
+    event = payment("evt_same", cents=5)
+    deliver(client, event)
+    assert deliver(client, event).json == {"status": "duplicate", "event_id": "evt_same"}
+    assert _row(db, "evt_same")[2] == 0
+
+
+def test_rows_stored_before_the_hash_existed_are_not_compared(client, db):
+    deliver(client, payment("evt_legacy", user=CAROL, cents=5))
+    db.execute("UPDATE webhook_events SET payload_sha256 = NULL")
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [CAROL])
+    retried = encode(payment("evt_legacy", user=CAROL, cents=6))
+    response = client.post("/api/webhooks", data=retried, headers=signed_headers(retried))
+    assert response.json["status"] == "processed"
+    assert balance(db, CAROL) == 6
+    assert _row(db, "evt_legacy")[4] == hashlib.sha256(retried).digest()  # compared from now on

@@ -1,0 +1,85 @@
+"""app/logs.py and gunicorn.conf.py's logconfig_dict: JSON lines, the request id."""
+
+import json
+import re
+
+import pytest
+
+from .conftest import SECRET, deliver, encode, payment, signed_headers
+from .servers import http_get, http_post
+
+
+@pytest.mark.parametrize("sent, kept", [
+    ("req-42", True),
+    ("0f9c2a4e-1b7d-4c51-9a0e-2d6f3b8c7a15", True),
+    ("trace:abc.DEF_1", True),
+    ("x" * 128, True),
+    ("x" * 129, False),
+    ("has space", False),
+    ("quote\"", False),
+    ("", False),
+])
+def test_request_id_is_echoed_when_safe_and_replaced_otherwise(client, db, sent, kept):
+    response = deliver(client, payment(), **{"X-Request-ID": sent})
+    echoed = response.headers["X-Request-ID"]
+    if kept:
+        assert echoed == sent
+    else:
+        assert re.fullmatch(r"[0-9a-f]{32}", echoed)
+
+
+def test_request_id_is_generated_for_every_answer(client):
+    ids = {client.get("/health").headers["X-Request-ID"], client.get("/nowhere").headers["X-Request-ID"],
+           client.post("/api/webhooks", data=b"{}").headers["X-Request-ID"]}
+    assert len(ids) == 3
+
+
+def _lines(path):
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]  # raises on any line that is not JSON
+
+
+def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn, db, tmp_path):
+    server = gunicorn(workers=2, threads=2)
+    marker = "BODY-MARKER-must-not-be-logged"
+    bodies = [encode(payment("evt_logged", cents=7, note=marker)),    # processed
+              encode(payment("evt_logged", cents=7, note=marker)),    # duplicate
+              encode(payment("evt_logged", cents=8, note=marker)),    # payload_mismatch
+              encode(payment(user="33333333-3333-4333-8333-333333333333", note=marker)),  # failed
+              b'{"id": "evt_broken", "note": "' + marker.encode() + b'"',  # invalid_json
+              ]
+    signatures = []
+    for i, body in enumerate(bodies):
+        headers = {**signed_headers(body), "X-Request-ID": f"req-{i}"}
+        signatures.append(headers["X-Signature"])
+        status, _, answer_headers = http_post(server.base, body, headers)
+        assert status < 500 and answer_headers["X-Request-ID"] == f"req-{i}"
+    forged = encode(payment(note=marker))
+    forged_signature = signed_headers(forged, secret="not-the-secret")["X-Signature"]
+    assert http_post(server.base, forged, {"Content-Type": "application/json", "X-Signature": forged_signature})[0] == 401
+    assert http_get(server.base, "/ready")[0] == 200
+    server.stop()  # flushes everything, including the shutdown lines
+
+    log_path = tmp_path / "gunicorn-0.log"
+    lines = _lines(log_path)
+    raw = log_path.read_text()
+    for secret_or_body in [SECRET, marker, forged_signature, *signatures]:
+        assert secret_or_body not in raw
+
+    deliveries = [line for line in lines if line.get("message") == "delivery"]
+    assert [(d["request_id"], d["event_id"], d["outcome"], d["status"]) for d in deliveries[:5]] == [
+        ("req-0", "evt_logged", "processed", 200),
+        ("req-1", "evt_logged", "duplicate", 200),
+        ("req-2", "evt_logged", "payload_mismatch", 409),
+        ("req-3", deliveries[3]["event_id"], "failed", 422),
+        ("req-4", None, "rejected", 400),
+    ]
+    assert deliveries[4]["reason"] == "invalid_json"
+    assert (deliveries[5]["outcome"], deliveries[5]["reason"]) == ("rejected", "invalid_signature")
+    for delivery in deliveries:
+        assert delivery["level"] == "INFO" and delivery["logger"] == "app.webhooks"
+        assert isinstance(delivery["latency_ms"], float) and delivery["timestamp"]
+        assert "event_type" in delivery
+    loggers = {line["logger"] for line in lines}
+    assert {"gunicorn.error", "gunicorn.access", "app.webhooks"} <= loggers

@@ -1,0 +1,148 @@
+"""app/metrics.py: GET /metrics in one process (Flask client) and across
+gunicorn workers (multiprocess mode, child_exit, the directory wiped at start)."""
+
+import json
+import os
+import signal
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import SECRET, deliver, encode, payment, signed_headers
+from .servers import http_post, wait_until
+
+CAROL = "33333333-3333-4333-8333-333333333333"
+
+
+def samples(text):
+    """{(sample name, sorted labels): value} of a Prometheus text exposition."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def deliveries(scraped, outcome, reason=""):
+    return scraped.get(("webhook_ledger_deliveries_total", (("outcome", outcome), ("reason", reason))), 0)
+
+
+def latency_count(scraped):
+    return sum(v for (name, _), v in scraped.items() if name == "webhook_ledger_delivery_duration_seconds_count")
+
+
+# -- one process ------------------------------------------------------------------
+
+def test_each_outcome_is_counted(client, db, redis_client):
+    deliver(client, payment("evt_1"))
+    deliver(client, payment("evt_1"))
+    deliver(client, payment("evt_1", cents=1))                     # payload_mismatch
+    deliver(client, payment(user=CAROL))                           # failed (422)
+    redis_client.set("lock:webhook:evt_busy", "twin", px=10000)
+    deliver(client, payment("evt_busy"))                           # in_progress
+    deliver(client, payment(), secret="wrong")                     # rejected
+    client.post("/api/webhooks", data=b"{", headers=signed_headers(b"{"))
+    client.post("/api/webhooks", data=b"{}", headers={"Content-Type": "text/plain"})
+    client.get("/health")                                          # not a delivery
+
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.content_type.startswith("text/plain")
+    scraped = samples(response.text)
+    assert {outcome: deliveries(scraped, outcome) for outcome in
+            ("processed", "duplicate", "payload_mismatch", "failed", "in_progress")} == \
+        {"processed": 1, "duplicate": 1, "payload_mismatch": 1, "failed": 1, "in_progress": 1}
+    assert deliveries(scraped, "rejected", "invalid_signature") == 1
+    assert deliveries(scraped, "rejected", "invalid_json") == 1
+    assert deliveries(scraped, "rejected", "unsupported_media_type") == 1
+    assert latency_count(scraped) == 8
+    assert scraped[("webhook_ledger_redis_degraded_deliveries_total", ())] == 0
+    assert scraped[("webhook_ledger_db_pool_max_connections", ())] == 4
+    assert scraped[("webhook_ledger_db_pool_waiting_requests", ())] == 0
+    assert 1 <= scraped[("webhook_ledger_db_pool_connections", ())] <= 4
+
+
+def test_unavailable_and_redis_degraded_are_counted(make_app, config, db):
+    app = make_app({**config, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+                    "REDIS_URL": "redis://127.0.0.1:1/0", "PG_POOL_TIMEOUT_MS": 300})
+    client = app.test_client()
+    assert deliver(client, payment()).status_code == 503
+    scraped = samples(client.get("/metrics").text)
+    assert deliveries(scraped, "unavailable") == 1
+    assert scraped[("webhook_ledger_redis_degraded_deliveries_total", ())] == 1
+
+
+# -- across gunicorn workers ----------------------------------------------------------
+
+def _scrape(base):
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        return samples(response.read().decode())
+
+
+def _delivery_pids(log_path):
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    return {line["pid"] for line in lines if line.get("message") == "delivery"}
+
+
+def _one_round(base, redis_client, n):
+    """Send one known mix of deliveries at once; return how many of each were sent."""
+    def post(event, secret=SECRET):
+        body = encode(event)
+        return http_post(base, body, signed_headers(body, secret))
+
+    redis_client.set(f"lock:webhook:evt_busy_{n}", "twin", px=60000)
+    sends = [lambda: post(payment(f"evt_{n}_a")), lambda: post(payment(f"evt_{n}_b", cents=2)),
+             lambda: post(payment(user=CAROL)), lambda: post(payment(f"evt_busy_{n}")),
+             lambda: post(payment(), secret="wrong")]
+    barrier = threading.Barrier(len(sends))
+
+    def run(send):
+        barrier.wait()
+        return send()
+
+    with ThreadPoolExecutor(len(sends)) as pool:
+        statuses = sorted(status for status, _, _ in pool.map(run, sends))
+    assert statuses == [200, 200, 401, 409, 422]
+    # Then a duplicate and a mismatch of this round's first event.
+    assert post(payment(f"evt_{n}_a"))[1]["status"] == "duplicate"
+    assert post(payment(f"evt_{n}_a", cents=3))[1]["error"] == "payload_mismatch"
+    return {"processed": 2, "failed": 1, "in_progress": 1, "rejected": 1, "duplicate": 1, "payload_mismatch": 1}
+
+
+def test_totals_add_up_across_workers_whichever_answers_the_scrape(gunicorn, db, redis_client, tmp_path):
+    server = gunicorn(workers=2, threads=2)
+    log_path = tmp_path / "gunicorn-0.log"
+    sent, rounds = {}, 0
+    # Rounds until the log shows two workers served deliveries.
+    while rounds < 30 and len(_delivery_pids(log_path)) < 2:
+        for outcome, count in _one_round(server.base, redis_client, rounds).items():
+            sent[outcome] = sent.get(outcome, 0) + count
+        rounds += 1
+    assert len(_delivery_pids(log_path)) >= 2, "every delivery went to one worker"
+
+    for _ in range(6):
+        scraped = _scrape(server.base)
+        for outcome, count in sent.items():
+            reason = "invalid_signature" if outcome == "rejected" else ""
+            assert deliveries(scraped, outcome, reason) == count, (outcome, scraped)
+        assert latency_count(scraped) == sum(sent.values())
+        assert scraped[("webhook_ledger_db_pool_max_connections", ())] in (4, 8)  # per live worker, 2 at most
+
+
+def test_metrics_directory_is_wiped_at_start_and_dead_workers_gauges_dropped(gunicorn, db, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    (metrics_dir / "counter_999999.db").write_bytes(b"left over from an earlier run")
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    assert not (metrics_dir / "counter_999999.db").exists()
+
+    body = encode(payment())
+    assert http_post(server.base, body, signed_headers(body))[0] == 200
+    assert deliveries(_scrape(server.base), "processed") == 1
+    live = {int(p.stem.rsplit("_", 1)[1]) for p in metrics_dir.glob("gauge_livesum_*.db")}
+    assert live and live <= set(server.worker_pids())
+
+    victim = live.pop()
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not (metrics_dir / f"gauge_livesum_{victim}.db").exists(), what="child_exit hook")
+    wait_until(lambda: len(server.worker_pids()) == 2, what="replacement worker")
+    assert deliveries(_scrape(server.base), "processed") == 1  # a dead worker's counts still count
