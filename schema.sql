@@ -1,6 +1,5 @@
--- webhook-ledger schema. Safe to apply twice: every statement is IF NOT EXISTS,
--- OR REPLACE, or guarded, and a database made by an earlier version of this
--- file is brought up to date in place.
+-- webhook-ledger schema. Safe to apply twice: every statement is IF NOT EXISTS
+-- or OR REPLACE. Needs PostgreSQL 14 or later (CREATE OR REPLACE TRIGGER).
 
 -- The ledger: one row per user, credited by payment events. The opening
 -- balance is the balance the row was created with (set by the trigger below
@@ -32,18 +31,13 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     last_error       TEXT,                    -- why the last attempt failed, if one did
     created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
-    completed_at     TIMESTAMPTZ
+    completed_at     TIMESTAMPTZ,
+    -- SHA-256 of the raw request body: a later delivery with the same id and
+    -- different bytes is refused (409 payload_mismatch) and only counted.
+    payload_sha256   BYTEA NOT NULL CHECK (octet_length(payload_sha256) = 32),
+    mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
+    last_mismatch_at TIMESTAMPTZ
 );
-
--- Columns added after the first release, so also on existing tables.
--- SHA-256 of the raw request body. A later delivery with the same id and
--- different bytes is refused (409 payload_mismatch) and only counted here.
--- NULL on rows stored before the column existed: those are not compared.
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS payload_sha256 BYTEA
-    CHECK (payload_sha256 IS NULL OR octet_length(payload_sha256) = 32);
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS mismatches INTEGER NOT NULL DEFAULT 0
-    CHECK (mismatches >= 0);
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS last_mismatch_at TIMESTAMPTZ;
 
 -- Operators look for failed events.
 CREATE INDEX IF NOT EXISTS webhook_events_status_idx
@@ -77,26 +71,3 @@ $$;
 CREATE OR REPLACE TRIGGER user_balances_set_opening
     BEFORE INSERT ON user_balances
     FOR EACH ROW EXECUTE FUNCTION user_balances_set_opening();
-
--- Upgrade of a database made before opening balances and ledger_credits
--- existed, once: journal the completed payments that are still stored, and
--- take the opening balance to be what the balance was before them.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-                   WHERE table_schema = current_schema() AND table_name = 'user_balances'
-                     AND column_name = 'opening_balance_cents') THEN
-        ALTER TABLE user_balances ADD COLUMN opening_balance_cents BIGINT;
-        INSERT INTO ledger_credits (event_id, user_id, amount_cents, created_at)
-        SELECT event_id, (payload->'data'->>'userId')::uuid,
-               (payload->'data'->>'amountCents')::bigint, coalesce(completed_at, updated_at)
-        FROM webhook_events
-        WHERE status = 'completed' AND event_type = 'payment.succeeded'
-        ON CONFLICT (event_id) DO NOTHING;
-        UPDATE user_balances u
-        SET opening_balance_cents = u.balance_cents
-            - coalesce((SELECT sum(c.amount_cents) FROM ledger_credits c WHERE c.user_id = u.user_id), 0);
-        ALTER TABLE user_balances ALTER COLUMN opening_balance_cents SET NOT NULL;
-    END IF;
-END
-$$;

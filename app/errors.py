@@ -11,6 +11,8 @@ import psycopg
 from flask import current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
+from .ledger import RetryLater
+
 log = logging.getLogger(__name__)
 
 # Werkzeug's own exceptions, by status, in this API's vocabulary.
@@ -34,6 +36,7 @@ class ApiError(HTTPException):
 def init_app(app):
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(psycopg.OperationalError, _database_unavailable)
+    app.register_error_handler(RetryLater, _database_unavailable)
     app.register_error_handler(Exception, _internal_error)
 
 

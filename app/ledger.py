@@ -13,6 +13,11 @@ from .events import MAX_CENTS, Event, InvalidJSON, Unprocessable, credit_of
 
 PROCESSED, DUPLICATE, FAILED, MISMATCH = "processed", "duplicate", "failed", "payload_mismatch"
 
+
+class RetryLater(RuntimeError):
+    """Nothing was committed and a retry will succeed: answered 503."""
+
+
 INSERT_EVENT = """
     INSERT INTO webhook_events (event_id, event_type, payload, payload_sha256)
     VALUES (%s, %s, %s::jsonb, %s)
@@ -27,8 +32,7 @@ LOCK_STORED_EVENT = """
 """
 RETRY_STORED_EVENT = """
     UPDATE webhook_events
-    SET attempts = attempts + 1, payload = %s::jsonb,
-        payload_sha256 = coalesce(payload_sha256, %s), updated_at = now()
+    SET attempts = attempts + 1, updated_at = now()
     WHERE id = %s
 """
 # A different body under a stored id is only counted: status, attempts and
@@ -106,16 +110,16 @@ def _record(conn, event, payload_sha256):
             return row[0], None
         stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
         if stored is None:
-            # Purged between the two statements. Purge takes old completed
-            # rows (failed ones only when forced): the event was applied.
-            return None, DUPLICATE
+            # Purged between the two statements: whether it was applied is
+            # for ledger_credits to say on the sender's retry, not a guess now.
+            raise RetryLater("the event's row was purged while this delivery ran")
         row_id, status, stored_sha256 = stored
-        if stored_sha256 is not None and stored_sha256 != payload_sha256:
+        if stored_sha256 != payload_sha256:
             conn.execute(RECORD_MISMATCH, [row_id])
             return None, MISMATCH
         if status == "completed":
             return None, DUPLICATE
-        conn.execute(RETRY_STORED_EVENT, [event.text, payload_sha256, row_id])
+        conn.execute(RETRY_STORED_EVENT, [row_id])
         return row_id, None
     except psycopg.errors.DataError:
         # JSON that Python accepts but jsonb does not (\u0000, a lone

@@ -6,7 +6,6 @@ import shutil
 import tempfile
 import uuid
 
-import psycopg
 import pytest
 import redis
 from pytest_postgresql import factories

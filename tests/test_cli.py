@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from .conftest import ALICE, BOB, assert_ledger_consistent, balance, deliver, event_rows, payment
+from .conftest import BOB, assert_ledger_consistent, balance, deliver, event_rows, payment
 
 CAROL = "33333333-3333-4333-8333-333333333333"
 
@@ -209,8 +209,8 @@ def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run)
     ("DELETE FROM ledger_credits", "completed event 'evt_v': no credit in ledger_credits"),
     ("UPDATE ledger_credits SET amount_cents = 11", "completed event 'evt_v': credit of 11 cents"),
     ("ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_event_id_key;"
-     " INSERT INTO webhook_events (event_id, event_type, status, payload, completed_at)"
-     " SELECT event_id, event_type, status, payload, now() FROM webhook_events",
+     " INSERT INTO webhook_events (event_id, event_type, status, payload, payload_sha256, completed_at)"
+     " SELECT event_id, event_type, status, payload, payload_sha256, now() FROM webhook_events",
      "duplicated event id 'evt_v': stored 2 times"),
 ])
 def test_verify_names_the_offending_event(client, db, run, corruption, expected):

@@ -13,7 +13,7 @@ import pytest
 
 from app.db import apply_schema
 
-from .conftest import ALICE, OPENING, SECRET, assert_ledger_consistent, balance, deliver, encode, event_rows, payment, signed_headers
+from .conftest import ALICE, OPENING, assert_ledger_consistent, balance, deliver, encode, event_rows, payment, signed_headers
 from .servers import Postgres, Redis, http_get, http_post, wait_until
 
 LOCK_KEY = "lock:webhook:{}"
