@@ -148,6 +148,11 @@ def encode(event):
     return event if isinstance(event, bytes) else json.dumps(event).encode()
 
 
+def secret_for(scheme, seed):
+    """A secret for scheme, written as its provider issues one (e.g. for rotation tests)."""
+    return "whsec_" + base64.b64encode(seed.encode()).decode() if scheme == "standard-webhooks" else seed
+
+
 def signing_key(secret, scheme):
     """The HMAC key of a secret as configured: Standard Webhooks' is base64 after whsec_."""
     if scheme == "standard-webhooks":
