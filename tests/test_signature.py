@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 import pytest
 import standardwebhooks
 import stripe
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.signature import (SCHEMES, SignatureError, generate_github, generate_hmac_sha256,
                            generate_standard_webhooks, generate_stripe, verify)
@@ -257,3 +259,59 @@ def test_github_documented_example_is_reproduced_and_verified():
 def test_github_malformed_headers(header, message):
     with pytest.raises(SignatureError, match=message):
         check("github", {"X-Hub-Signature-256": header})
+
+
+# -- property-based: no header string and no body raises anything else ---------
+
+any_text = st.text(st.characters(exclude_categories=()), max_size=120)  # lone surrogates too
+timestamps = st.integers(NOW - 2 * TOLERANCE, NOW + 2 * TOLERANCE).map(str) | st.integers().map(str)
+fragments = st.one_of(
+    any_text, timestamps, st.binary(min_size=32, max_size=32).map(bytes.hex),
+    st.binary(min_size=31, max_size=33).map(lambda b: base64.b64encode(b).decode()),
+    st.sampled_from(["", " ", "=", ",", "t", "v1", "v0", "v1a", "sha256", "sha1", "\t", "\x00", "٣", "+1", "1_0",
+                     "é", "\ud800"]),
+)
+
+
+def _items(keys, separators):
+    return st.tuples(st.sampled_from(keys) | any_text, st.sampled_from(separators), fragments).map("".join)
+
+
+HEADERS = {
+    "hmac-sha256": {"X-Signature": fragments},
+    "stripe": {"Stripe-Signature": st.lists(_items(["t", "v1", "v0", " t", "x"], ["=", "", "=="]), max_size=6)
+               .map(",".join)},
+    "standard-webhooks": {
+        "webhook-id": fragments,
+        "webhook-timestamp": timestamps | fragments,
+        "webhook-signature": st.lists(_items(["v1", "v1a", "v2"], [",", "", ",,"]), max_size=6).map(" ".join),
+    },
+    "github": {"X-Hub-Signature-256": _items(["sha256", "sha1", "SHA256"], ["=", "", "=="])},
+}
+PROPERTY = settings(max_examples=400, deadline=None)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@PROPERTY
+@given(data=st.data(), body=st.binary(max_size=256))
+def test_arbitrary_headers_and_bodies_raise_only_signature_error(scheme, data, body):
+    headers = data.draw(st.fixed_dictionaries({}, optional={name: strategy | any_text
+                                                            for name, strategy in HEADERS[scheme].items()}))
+    with pytest.raises(SignatureError):
+        check(scheme, headers, secrets=(KEY, OLD_KEY), body=body)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@PROPERTY
+@given(data=st.data(), body=st.binary(max_size=256))
+def test_valid_headers_with_one_edit_verify_or_raise_only_signature_error(scheme, data, body):
+    headers = sign(scheme, body)
+    name = data.draw(st.sampled_from(sorted(headers)))
+    value = headers[name]
+    start = data.draw(st.integers(0, len(value)))
+    end = data.draw(st.integers(start, len(value)))
+    headers[name] = value[:start] + data.draw(fragments) + value[end:]
+    try:
+        assert check(scheme, headers, body=body) == 0
+    except SignatureError:
+        pass
