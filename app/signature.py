@@ -118,7 +118,7 @@ def _hex(value, header):
 def _check_timestamp(value, header, tolerance, now):
     """Refuse a delivery signed too long ago (a replay) or too far ahead (a skewed or forged clock)."""
     if not _UNIX_SECONDS.fullmatch(value):
-        raise SignatureError(f"malformed {header} timestamp: expected Unix seconds")
+        raise SignatureError(f"malformed {header} header: expected a timestamp in Unix seconds")
     age = now - int(value)
     if age > tolerance:
         raise SignatureError("timestamp is too old: outside the tolerance window")
