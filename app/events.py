@@ -129,7 +129,8 @@ def _payment_intent(data):
     """Stripe's payment_intent.succeeded; the amount is in the currency's smallest unit."""
     intent = _object(data.get("object"))
     user_id = _object(intent.get("metadata")).get("user_id")
-    return _credit(user_id, "data.object.metadata.user_id", intent.get("amount_received"), "data.object.amount_received")
+    amount = intent.get("amount_received")
+    return _credit(user_id, "data.object.metadata.user_id", amount, "data.object.amount_received")
 
 
 def _object(value):

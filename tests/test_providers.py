@@ -10,7 +10,8 @@ import pytest
 import standardwebhooks
 import stripe
 
-from .conftest import ALICE, BOB, SECRETS, balance, deliver, encode, event_rows, payment, secret_for, signed_headers
+from .conftest import (ALICE, BOB, SECRETS, assert_ledger_consistent, balance, deliver, encode, event_rows, payment,
+                       secret_for, signed_headers)
 from .servers import wait_until
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
@@ -68,6 +69,7 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
     assert _post(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
     assert balance(db, BOB) == 4200
     assert _row(db, event["id"])[:3] == ("payment_intent.succeeded", "completed", 1)
+    assert_ledger_consistent(db)
 
 
 @STRIPE
