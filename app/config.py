@@ -1,8 +1,13 @@
 """Typed configuration: environment variables parsed once, failing fast."""
 
+import base64
+import binascii
 import os
 
-SCHEMES = ("hmac-sha256",)
+from .signature import SCHEMES
+
+# Standard Webhooks secrets are written whsec_<base64 of the key>.
+WHSEC_PREFIX = "whsec_"
 
 
 class ConfigError(RuntimeError):
@@ -12,14 +17,14 @@ class ConfigError(RuntimeError):
 # name -> (parser, default). A default of None means the setting is required.
 # The timeouts nest so that the inner one fails first with a clean answer:
 # lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
-def _int(minimum):
+def _int(minimum, why=""):
     def parse(name, raw):
         try:
             value = int(raw)
         except ValueError:
             raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
         if value < minimum:
-            raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+            raise ConfigError(f"{name} must be >= {minimum}, got {value}{why}")
         return value
 
     return parse
@@ -50,6 +55,10 @@ SETTINGS = {
     "REDIS_URL": (_text, None),
     "WEBHOOK_SECRET": (_secrets, None),
     "WEBHOOK_SIGNATURE_SCHEME": (_scheme, "hmac-sha256"),
+    # Stripe's and Standard Webhooks' own default: a signed timestamp older
+    # (or further ahead) than this is a replay (or a forged clock).
+    # stripe-python reads 0 as "do not check"; here the window is never off.
+    "WEBHOOK_TOLERANCE_SECONDS": (_int(1, ": the replay window cannot be switched off"), "300"),
     # Long enough to cover a delivery's whole transaction (see the nesting above).
     "LOCK_TTL_MS": (_int(1), "10000"),
     "MAX_BODY_BYTES": (_int(1), "1048576"),
@@ -76,7 +85,25 @@ def from_env(environ=None):
         if raw is None:
             raise ConfigError(f"{name} is required but not set")
         config[name] = parse(name, raw)
+    if config["WEBHOOK_SIGNATURE_SCHEME"] == "standard-webhooks":
+        config["WEBHOOK_SECRET"] = tuple(_whsec_key(i, s) for i, s in enumerate(config["WEBHOOK_SECRET"]))
     return config
+
+
+def _whsec_key(index, secret):
+    """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
+    where = f"WEBHOOK_SECRET entry {index} (counted from 0)"
+    if not secret.startswith(WHSEC_PREFIX.encode()):
+        raise ConfigError(f"{where} must be written {WHSEC_PREFIX}<base64> under standard-webhooks")
+    encoded = secret[len(WHSEC_PREFIX):]
+    try:
+        # Padding is often left off; validate=True refuses anything outside the alphabet.
+        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ConfigError(f"{where} is not valid base64 after {WHSEC_PREFIX}") from None
+    if not key:
+        raise ConfigError(f"{where} has an empty key after {WHSEC_PREFIX}")
+    return key
 
 
 def parse(mapping):

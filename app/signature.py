@@ -1,42 +1,175 @@
-"""Webhook signature checking: bytes in, one exception type out, no Flask.
+"""Webhook signature checking: bytes and headers in, one exception type out, no Flask.
 
-Scheme `hmac-sha256` (seed 000): header `X-Signature: <hex>`, the
-HMAC-SHA256 of the exact raw request body.
+One scheme per deployment, never guessed from the request (so a sender
+cannot pick the weakest). Each is an HMAC-SHA256 over the exact raw bytes,
+which are never decoded to text, compared timing-safe with every secret:
+
+- `hmac-sha256` (seed 000): `X-Signature: <hex>` of the body.
+- `stripe`: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]` of `<t>.<body>`.
+- `standard-webhooks`: `webhook-signature: v1,<base64>[ v1,<base64>...]` of
+  `<webhook-id>.<webhook-timestamp>.<body>`.
+- `github`: `X-Hub-Signature-256: sha256=<hex>` of the body.
+
+A missing or malformed header raises SignatureError, as a wrong signature
+does; no input raises anything else.
 """
 
+import base64
 import hashlib
 import hmac
+import re
+import time
+from collections.abc import Mapping
 
-HEADER = "X-Signature"
-_HEX_DIGEST_LEN = hashlib.sha256().digest_size * 2
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
+_BASE64_DIGEST = re.compile(r"[A-Za-z0-9+/]{43}=")  # 32 bytes, standard alphabet
+# Plain ASCII digits: int() would also take "+1", " 1", "1_0" or "١", and a
+# ten-thousand-digit string would make it raise. Twelve digits reach year 33000.
+_UNIX_SECONDS = re.compile(r"[0-9]{1,12}")
+# webhook-id is signed material and becomes the event id (at most 128 chars).
+_WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 class SignatureError(ValueError):
     """The delivery is not authentic; the message says why in general terms."""
 
 
-def generate_signature(body: bytes, secret: bytes) -> str:
-    """Return the header value a sender puts on body (the tests' signer)."""
-    return hmac.new(secret, body, hashlib.sha256).hexdigest()
+def verify(scheme, body: bytes, headers: Mapping, secrets, tolerance: int, now: float | None = None) -> int:
+    """Return the index of the secret that signed the delivery, or raise SignatureError."""
+    lowered = {str(name).lower(): value for name, value in headers.items()}
+    return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)
 
 
-def verify(body: bytes, header: str | None, secrets) -> int:
-    """Return the index of the secret that signed body, or raise SignatureError."""
-    if not header:
-        raise SignatureError(f"missing {HEADER} header")
-    header = header.strip()
-    if len(header) != _HEX_DIGEST_LEN:
-        raise SignatureError(f"malformed {HEADER} header: expected {_HEX_DIGEST_LEN} hex digits")
-    try:
-        received = bytes.fromhex(header)
-    except ValueError:
-        raise SignatureError(f"malformed {HEADER} header: not hexadecimal") from None
-    # Every secret is tried, so the time taken does not depend on which matched.
+def _hmac_sha256(body, headers, secrets, tolerance, now):
+    return _match(secrets, [body], [_hex(_required(headers, "X-Signature").strip(), "X-Signature")])
+
+
+def _stripe(body, headers, secrets, tolerance, now):
+    name = "Stripe-Signature"
+    stamps, signatures = [], []
+    for item in _required(headers, name).split(","):
+        key, equals, value = item.strip().partition("=")
+        if not equals:
+            raise SignatureError(f"malformed {name} header: expected comma-separated key=value pairs")
+        if key == "t":
+            stamps.append(value)
+        elif key == "v1":
+            signatures.append(_hex(value, name))
+        # v0 (Stripe's test scheme) and keys added later are ignored, as Stripe's own verifier does.
+    if len(stamps) != 1:
+        raise SignatureError(f"malformed {name} header: expected exactly one t=<timestamp>")
+    if not signatures:
+        raise SignatureError(f"{name} header has no v1 signature")
+    _check_timestamp(stamps[0], name, tolerance, now)
+    return _match(secrets, [stamps[0].encode(), b".", body], signatures)
+
+
+def _standard_webhooks(body, headers, secrets, tolerance, now):
+    msg_id = _required(headers, "webhook-id")
+    if not _WEBHOOK_ID.fullmatch(msg_id):
+        raise SignatureError("malformed webhook-id header: expected 1 to 128 visible ASCII characters")
+    stamp = _required(headers, "webhook-timestamp").strip()
+    signatures = []
+    for item in _required(headers, "webhook-signature").split():
+        version, comma, value = item.partition(",")
+        if not comma:
+            raise SignatureError("malformed webhook-signature header: expected space-separated v1,<base64>")
+        if version == "v1":
+            if not _BASE64_DIGEST.fullmatch(value):
+                raise SignatureError("malformed webhook-signature header: v1 must be a base64 SHA-256 digest")
+            signatures.append(base64.b64decode(value))
+        # v1a (asymmetric) and later versions are ignored, as the specification says.
+    if not signatures:
+        raise SignatureError("webhook-signature header has no v1 signature")
+    _check_timestamp(stamp, "webhook-timestamp", tolerance, now)
+    return _match(secrets, [msg_id.encode(), b".", stamp.encode(), b".", body], signatures)
+
+
+def _github(body, headers, secrets, tolerance, now):
+    name = "X-Hub-Signature-256"
+    algorithm, equals, digest = _required(headers, name).strip().partition("=")
+    if algorithm != "sha256" or not equals:
+        raise SignatureError(f"malformed {name} header: expected sha256=<hex>")
+    return _match(secrets, [body], [_hex(digest, name)])
+
+
+_VERIFIERS = {
+    "hmac-sha256": _hmac_sha256,
+    "stripe": _stripe,
+    "standard-webhooks": _standard_webhooks,
+    "github": _github,
+}
+SCHEMES = tuple(_VERIFIERS)
+
+
+def _required(headers, name):
+    value = headers.get(name.lower())
+    if not isinstance(value, str) or not value.strip():
+        raise SignatureError(f"missing {name} header")
+    return value
+
+
+def _hex(value, header):
+    if not _HEX_DIGEST.fullmatch(value):
+        raise SignatureError(f"malformed {header} header: expected 64 hex digits")
+    return bytes.fromhex(value)
+
+
+def _check_timestamp(value, header, tolerance, now):
+    """Refuse a delivery signed too long ago (a replay) or too far ahead (a skewed or forged clock)."""
+    if not _UNIX_SECONDS.fullmatch(value):
+        raise SignatureError(f"malformed {header} header: expected a timestamp in Unix seconds")
+    age = now - int(value)
+    if age > tolerance:
+        raise SignatureError("timestamp is too old: outside the tolerance window")
+    if age < -tolerance:
+        raise SignatureError("timestamp is too far in the future: outside the tolerance window")
+
+
+def _match(secrets, signed_parts, received):
+    """Return the index of the first secret whose HMAC of signed_parts is among received."""
+    # Every secret and every candidate is compared, so the time taken does not tell which matched.
     matched = -1
     for index, secret in enumerate(secrets):
-        expected = hmac.new(secret, body, hashlib.sha256).digest()
-        if hmac.compare_digest(expected, received) and matched < 0:
-            matched = index
+        expected = _mac(secret, *signed_parts)
+        for candidate in received:
+            if hmac.compare_digest(expected, candidate) and matched < 0:
+                matched = index
     if matched < 0:
         raise SignatureError("signature does not match")
     return matched
+
+
+def _mac(secret, *parts):
+    # Fed part by part: the body is never copied into a bigger buffer.
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
+
+
+# -- the senders' side, for the tests and the docs' recipes -------------------
+
+
+def generate_hmac_sha256(body: bytes, secret: bytes) -> dict:
+    return {"X-Signature": _mac(secret, body).hex()}
+
+
+def generate_stripe(body: bytes, secrets, timestamp: int) -> dict:
+    """One v1 per secret, as Stripe sends while an endpoint's secret is being rolled."""
+    t = str(int(timestamp))
+    v1 = ",".join(f"v1={_mac(s, t.encode(), b'.', body).hex()}" for s in secrets)
+    return {"Stripe-Signature": f"t={t},{v1}"}
+
+
+def generate_standard_webhooks(body: bytes, secrets, msg_id: str, timestamp: int) -> dict:
+    """`secrets` are the decoded keys (the bytes after `whsec_`), one v1 each."""
+    t = str(int(timestamp))
+    signatures = " ".join(
+        "v1," + base64.b64encode(_mac(s, msg_id.encode(), b".", t.encode(), b".", body)).decode() for s in secrets
+    )
+    return {"webhook-id": msg_id, "webhook-timestamp": t, "webhook-signature": signatures}
+
+
+def generate_github(body: bytes, secret: bytes) -> dict:
+    return {"X-Hub-Signature-256": "sha256=" + _mac(secret, body).hex()}

@@ -24,15 +24,17 @@ def receive():
         raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
     body = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
 
+    config = current_app.config
+    scheme = config["WEBHOOK_SIGNATURE_SCHEME"]
     try:
         g.delivery["secret"] = signature.verify(
-            body, request.headers.get(signature.HEADER), current_app.config["WEBHOOK_SECRET"]
+            scheme, body, request.headers, config["WEBHOOK_SECRET"], config["WEBHOOK_TOLERANCE_SECONDS"]
         )
     except signature.SignatureError as exc:
         raise ApiError(401, "invalid_signature", str(exc)) from None
 
     try:
-        event = parse(body)
+        event = parse(body, scheme, request.headers)
     except InvalidJSON as exc:
         raise ApiError(400, "invalid_json", str(exc)) from None
     except InvalidEvent as exc:

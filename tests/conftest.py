@@ -1,22 +1,33 @@
 """Fixtures: real PostgreSQL (pytest-postgresql on a private cluster), real
 Redis, the app, and a signer that builds deliveries the way a provider does."""
 
+import base64
+import functools
 import json
 import shutil
 import tempfile
+import time
 import uuid
 
 import pytest
 import redis
 from pytest_postgresql import factories
 
-from app import create_app
+from app import create_app, signature
 from app.db import SCHEMA_PATH
-from app.signature import generate_signature
 
 from .servers import Gunicorn, Postgres, Redis
 
-SECRET = "whsec-test-0123456789"
+SCHEMES = signature.SCHEMES
+# Each scheme's secret, written the way its provider issues it.
+SECRETS = {
+    "hmac-sha256": "whsec-test-0123456789",
+    "stripe": "whsec_test_5tr1pe5ecretF0rTheTests",  # Stripe uses the whole string as the key
+    "standard-webhooks": "whsec_" + base64.b64encode(b"a-standard-webhooks-test-key").decode(),
+    "github": "github-test-secret-0123456789",
+}
+# The exactly-once tests run once per scheme: the signing helper is what changes.
+EVERY_SCHEME = pytest.mark.parametrize("scheme", SCHEMES)
 ALICE = uuid.UUID("11111111-1111-4111-8111-111111111111")
 BOB = uuid.UUID("22222222-2222-4222-8222-222222222222")
 OPENING = {ALICE: 1000, BOB: 0}
@@ -68,11 +79,18 @@ def db_url(conn):
 
 
 @pytest.fixture
-def config(db, redis_server, redis_client):
+def scheme():
+    """The deployment's signature scheme; EVERY_SCHEME parametrizes it."""
+    return "hmac-sha256"
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, scheme):
     return {
         "DATABASE_URL": db_url(db),
         "REDIS_URL": redis_server.url,
-        "WEBHOOK_SECRET": SECRET,
+        "WEBHOOK_SECRET": SECRETS[scheme],
+        "WEBHOOK_SIGNATURE_SCHEME": scheme,
     }
 
 
@@ -128,13 +146,61 @@ def encode(event):
     return event if isinstance(event, bytes) else json.dumps(event).encode()
 
 
-def signed_headers(body, secret=SECRET, content_type="application/json"):
-    return {"Content-Type": content_type, "X-Signature": generate_signature(body, secret.encode())}
+def secret_for(scheme, seed):
+    """A secret for scheme, written as its provider issues one (e.g. for rotation tests)."""
+    return "whsec_" + base64.b64encode(seed.encode()).decode() if scheme == "standard-webhooks" else seed
 
 
-def deliver(client, event, secret=SECRET, **headers):
+def signing_key(secret, scheme):
+    """The HMAC key of a secret as configured: Standard Webhooks' is base64 after whsec_."""
+    if scheme == "standard-webhooks":
+        return base64.b64decode(secret.removeprefix("whsec_"))
+    return secret.encode()
+
+
+def _body_id(body):
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return document.get("id") if isinstance(document, dict) and isinstance(document.get("id"), str) else None
+
+
+def signed_headers(body, secret=None, content_type="application/json", *, scheme="hmac-sha256",
+                   timestamp=None, event_id=None, github_event="ping"):
+    """The headers a provider of scheme sends with body.
+
+    secret may be a list (a sender rolling its secret signs with each);
+    timestamp defaults to now; event_id (webhook-id, X-GitHub-Delivery) to the body's id.
+    """
+    secrets = [secret or SECRETS[scheme]] if not isinstance(secret, list) else secret
+    keys = [signing_key(s, scheme) for s in secrets]
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    event_id = event_id or _body_id(body) or f"msg_{uuid.uuid4().hex}"
+    if scheme == "hmac-sha256":
+        signed = signature.generate_hmac_sha256(body, keys[0])
+    elif scheme == "stripe":
+        signed = signature.generate_stripe(body, keys, timestamp)
+    elif scheme == "standard-webhooks":
+        signed = signature.generate_standard_webhooks(body, keys, event_id, timestamp)
+    else:
+        signed = {**signature.generate_github(body, keys[0]),
+                  "X-GitHub-Delivery": event_id, "X-GitHub-Event": github_event}
+    return {"Content-Type": content_type, **signed}
+
+
+@pytest.fixture
+def sign(scheme):
+    """signed_headers for the test's scheme, for deliveries sent to gunicorn."""
+    return functools.partial(signed_headers, scheme=scheme)
+
+
+def deliver(client, event, secret=None, **headers):
+    """POST event, signed the way the client's app expects."""
     body = encode(event)
-    return client.post("/api/webhooks", data=body, headers={**signed_headers(body, secret), **headers})
+    scheme = client.application.config["WEBHOOK_SIGNATURE_SCHEME"]
+    return client.post("/api/webhooks", data=body,
+                       headers={**signed_headers(body, secret, scheme=scheme), **headers})
 
 
 def balance(conn, user=ALICE):
@@ -150,9 +216,14 @@ def assert_ledger_consistent(conn):
     assert conn.execute(
         "SELECT event_id FROM webhook_events GROUP BY event_id HAVING count(*) > 1").fetchall() == []
     credits = dict(conn.execute("""
-        SELECT (payload->'data'->>'userId')::uuid, sum((payload->'data'->>'amountCents')::bigint)
-        FROM webhook_events WHERE status = 'completed' AND event_type = 'payment.succeeded'
-        GROUP BY 1""").fetchall())
+        SELECT user_id, sum(cents) FROM (
+            SELECT (payload->'data'->>'userId')::uuid, (payload->'data'->>'amountCents')::bigint
+            FROM webhook_events WHERE status = 'completed' AND event_type = 'payment.succeeded'
+            UNION ALL
+            SELECT (payload #>> '{data,object,metadata,user_id}')::uuid,
+                   (payload #>> '{data,object,amount_received}')::bigint
+            FROM webhook_events WHERE status = 'completed' AND event_type = 'payment_intent.succeeded'
+        ) AS credit (user_id, cents) GROUP BY 1""").fetchall())
     for user, opening in OPENING.items():
         assert balance(conn, user) == opening + credits.get(user, 0), user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0

@@ -1,18 +1,20 @@
-"""Concurrent deliveries against the real gunicorn: exactly one credit per event."""
+"""Concurrent deliveries against the real gunicorn: exactly one credit per
+event, under every signature scheme."""
 
 import random
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from .conftest import ALICE, BOB, assert_ledger_consistent, balance, encode, payment, signed_headers
+from .conftest import ALICE, BOB, EVERY_SCHEME, assert_ledger_consistent, balance, encode, payment
 from .servers import http_post
 
+pytestmark = EVERY_SCHEME
 
-def _burst(bases, body, copies=50):
+
+def _burst(bases, body, headers, copies=50):
     """Send copies of one delivery at the same instant, spread over bases."""
     barrier = threading.Barrier(copies)
-    headers = signed_headers(body)
 
     def send(i):
         barrier.wait()
@@ -32,23 +34,23 @@ def _assert_one_processed(answers, event_id):
             assert int(headers["Retry-After"]) >= 1
 
 
-def test_fifty_concurrent_copies_credit_once(gunicorn, db):
+def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign):
     server = gunicorn(workers=3, threads=4)
-    event = payment("evt_burst", cents=125)
-    _assert_one_processed(_burst([server.base], encode(event)), "evt_burst")
+    body = encode(payment("evt_burst", cents=125))
+    _assert_one_processed(_burst([server.base], body, sign(body)), "evt_burst")
     assert balance(db) == 1125
     assert_ledger_consistent(db)
 
 
-def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db):
+def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign):
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
-    event = payment("evt_two_hosts", user=BOB, cents=990)
-    _assert_one_processed(_burst([h.base for h in hosts], encode(event)), "evt_two_hosts")
+    body = encode(payment("evt_two_hosts", user=BOB, cents=990))
+    _assert_one_processed(_burst([h.base for h in hosts], body, sign(body)), "evt_two_hosts")
     assert balance(db, BOB) == 990
     assert_ledger_consistent(db)
 
 
-def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db):
+def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db, sign):
     """A provider that retries every non-2xx until it gets a 2xx."""
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
     rng = random.Random(7)
@@ -61,7 +63,7 @@ def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db):
         i, event = i_event
         body = encode(event)
         for _ in range(200):
-            status, answer, _ = http_post(hosts[i % 2].base, body, signed_headers(body))
+            status, answer, _ = http_post(hosts[i % 2].base, body, sign(body))
             if status == 200:
                 return event["id"], answer["status"]
             assert status == 409, (status, answer)

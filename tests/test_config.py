@@ -1,5 +1,6 @@
 """app/config.py and the factory: typed settings, fail fast, clear messages."""
 
+import base64
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ def test_defaults_match_the_readme():
     assert parsed["MAX_BODY_BYTES"] == 1048576
     assert parsed["WEBHOOK_SIGNATURE_SCHEME"] == "hmac-sha256"
     assert parsed["WEBHOOK_SECRET"] == (b"s",)
+    assert parsed["WEBHOOK_TOLERANCE_SECONDS"] == 300
     assert config.check_nesting(parsed) == []
 
 
@@ -32,6 +34,10 @@ def test_defaults_match_the_readme():
     ({"LOCK_TTL_MS": "0"}, "LOCK_TTL_MS must be >= 1"),
     ({"MAX_BODY_BYTES": "-1"}, "MAX_BODY_BYTES must be >= 1"),
     ({"WEBHOOK_SIGNATURE_SCHEME": "md5"}, "WEBHOOK_SIGNATURE_SCHEME must be one of"),
+    ({"WEBHOOK_SIGNATURE_SCHEME": "Stripe"}, "WEBHOOK_SIGNATURE_SCHEME must be one of"),
+    ({"WEBHOOK_TOLERANCE_SECONDS": "0"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1, got 0: the replay window"),
+    ({"WEBHOOK_TOLERANCE_SECONDS": "-300"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1, got -300"),
+    ({"WEBHOOK_TOLERANCE_SECONDS": "5m"}, "WEBHOOK_TOLERANCE_SECONDS must be an integer"),
 ])
 def test_invalid_settings_are_refused_with_their_name(override, message):
     environ = {**BASE, **override}
@@ -44,14 +50,46 @@ def test_secrets_are_comma_separated_and_stripped():
     assert config.from_env({**BASE, "WEBHOOK_SECRET": " a ,b,"})["WEBHOOK_SECRET"] == (b"a", b"b")
 
 
+@pytest.mark.parametrize("scheme", ["hmac-sha256", "stripe", "github"])
+def test_secrets_are_used_as_written_outside_standard_webhooks(scheme):
+    # Stripe's whsec_ secret is itself the HMAC key; it is not base64-decoded.
+    parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": scheme, "WEBHOOK_SECRET": "whsec_abc=,k"})
+    assert parsed["WEBHOOK_SECRET"] == (b"whsec_abc=", b"k")
+
+
+def test_standard_webhooks_secrets_are_decoded_at_start_up():
+    parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks",
+                              "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_YWI"})
+    assert parsed["WEBHOOK_SECRET"] == (base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), b"ab")
+
+
+@pytest.mark.parametrize("secrets, message", [
+    ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "entry 0 .* must be written whsec_<base64>"),
+    ("whsec_YWI, c2VjcmV0", "entry 1 .* must be written whsec_<base64>"),
+    ("whsec_not*base64", "entry 0 .* is not valid base64"),
+    ("whsec_YWJjZ", "entry 0 .* is not valid base64"),
+    ("whsec_", "entry 0 .* empty key"),
+])
+def test_bad_standard_webhooks_secret_is_refused_without_echoing_it(secrets, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks", "WEBHOOK_SECRET": secrets})
+    for key in (s.strip().removeprefix("whsec_") for s in secrets.split(",")):
+        assert not key or key not in str(refused.value)
+
+
 def test_timeouts_that_do_not_nest_are_reported():
     warnings = config.check_nesting(config.from_env({**BASE, "LOCK_TTL_MS": "500"}))
     assert warnings == ["PG_POOL_TIMEOUT_MS (3000) should be below LOCK_TTL_MS (500)"]
 
 
-def test_gunicorn_refuses_to_start_without_secret():
-    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": BASE["DATABASE_URL"], "REDIS_URL": BASE["REDIS_URL"]}
+@pytest.mark.parametrize("override, message", [
+    ({}, "WEBHOOK_SECRET is required but not set"),
+    ({"WEBHOOK_SECRET": "s", "WEBHOOK_TOLERANCE_SECONDS": "0"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
+    ({"WEBHOOK_SECRET": "plain", "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks"}, "must be written whsec_"),
+])
+def test_gunicorn_refuses_to_start_with_a_clear_message(override, message):
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": BASE["DATABASE_URL"], "REDIS_URL": BASE["REDIS_URL"], **override}
     result = subprocess.run([sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
-    assert "WEBHOOK_SECRET is required but not set" in result.stderr
+    assert message in result.stderr

@@ -13,7 +13,8 @@ import pytest
 
 from app.db import apply_schema
 
-from .conftest import ALICE, OPENING, assert_ledger_consistent, balance, deliver, encode, event_rows, payment, signed_headers
+from .conftest import (ALICE, EVERY_SCHEME, OPENING, assert_ledger_consistent, balance, deliver, encode, event_rows,
+                       payment)
 from .servers import Postgres, Redis, http_get, http_post, wait_until
 
 LOCK_KEY = "lock:webhook:{}"
@@ -57,16 +58,17 @@ def _in_thread(fn, *args):
 
 # -- a lock that expires while its delivery is still inside the transaction --
 
-def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client):
+@EVERY_SCHEME
+def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client, sign):
     # A long lock wait keeps the first delivery in its transaction well past the TTL.
     server = gunicorn(workers=2, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
     body = encode(payment("evt_slow", cents=40))
     with RowLock(config["DATABASE_URL"]):
-        first, first_result = _in_thread(http_post, server.base, body, signed_headers(body))
+        first, first_result = _in_thread(http_post, server.base, body, sign(body))
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="first delivery blocked")
         wait_until(lambda: not redis_client.exists(LOCK_KEY.format("evt_slow")), what="lock expiry")
-        second, second_result = _in_thread(http_post, server.base, body, signed_headers(body))
+        second, second_result = _in_thread(http_post, server.base, body, sign(body))
         # The second copy took the expired lock and now waits on the first's insert.
         wait_until(lambda: len(_app_backends_waiting(db)) == 2, what="second delivery blocked")
         assert redis_client.exists(LOCK_KEY.format("evt_slow"))
@@ -77,13 +79,14 @@ def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
     assert_ledger_consistent(db)
 
 
-def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, config, redis_client):
+@EVERY_SCHEME
+def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, config, redis_client, sign):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
     key = LOCK_KEY.format("evt_owner")
     body = encode(payment("evt_owner", cents=60))
     with RowLock(config["DATABASE_URL"]):
-        first, result = _in_thread(http_post, server.base, body, signed_headers(body))
+        first, result = _in_thread(http_post, server.base, body, sign(body))
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery blocked")
         wait_until(lambda: not redis_client.exists(key), what="lock expiry")
         # Another delivery (played by the test) now owns the lock.
@@ -96,11 +99,12 @@ def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, 
 
 # -- a gunicorn worker killed mid-transaction ---------------------------------
 
-def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_once(gunicorn, db, config):
+@EVERY_SCHEME
+def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_once(gunicorn, db, config, sign):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=1000)
     body = encode(payment("evt_crash", cents=333))
     with RowLock(config["DATABASE_URL"]):
-        thread, result = _in_thread(http_post, server.base, body, signed_headers(body))
+        thread, result = _in_thread(http_post, server.base, body, sign(body))
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery inside its transaction")
         (backend_pid, worker_pid), = _app_backends_waiting(db)
         assert worker_pid in server.worker_pids()
@@ -116,10 +120,10 @@ def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_on
     # The provider retries; the dead worker's lock expires after LOCK_TTL_MS.
     wait_until(lambda: server.worker_pids(), what="replacement worker")
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, signed_headers(body))) or answers[-1][0] != 409,
+    wait_until(lambda: answers.append(http_post(server.base, body, sign(body))) or answers[-1][0] != 409,
                timeout=10, interval=0.2, what="lock expiry")
     assert answers[-1][:2] == (200, {"status": "processed", "event_id": "evt_crash"})
-    assert http_post(server.base, body, signed_headers(body))[1]["status"] == "duplicate"
+    assert http_post(server.base, body, sign(body))[1]["status"] == "duplicate"
     assert balance(db) == 1333
     assert_ledger_consistent(db)
 
@@ -168,12 +172,14 @@ def test_redis_hung_degrades_within_its_socket_timeout(make_app, config, db, own
     assert deliver(client, event).json["status"] == "duplicate"
 
 
-def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis):
+@EVERY_SCHEME
+def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis, sign):
     server = gunicorn(workers=2, threads=4, REDIS_URL=own_redis.url)
     own_redis.stop()
     from .test_concurrency import _burst
 
-    answers = _burst([server.base], encode(payment("evt_burst_no_redis", cents=70)), copies=30)
+    body = encode(payment("evt_burst_no_redis", cents=70))
+    answers = _burst([server.base], body, sign(body), copies=30)
     outcomes = sorted(body["status"] for _, body, _ in answers)
     assert outcomes == ["duplicate"] * 29 + ["processed"]
     assert balance(db) == 1070
@@ -218,13 +224,14 @@ def own_postgres():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, own_postgres, redis_client):
+@EVERY_SCHEME
+def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, own_postgres, redis_client, sign):
     server = gunicorn(workers=1, threads=2, DATABASE_URL=own_postgres.url())
     body = encode(payment("evt_pg_outage", cents=10))
     assert http_get(server.base, "/ready")[0] == 200
     own_postgres.stop()
 
-    (status, answer, headers), seconds = _timed(http_post, server.base, body, signed_headers(body))
+    (status, answer, headers), seconds = _timed(http_post, server.base, body, sign(body))
     assert (status, answer["error"]) == (503, "unavailable")
     assert int(headers["Retry-After"]) >= 1
     assert seconds < 10, seconds  # within the pool timeout, before a sender's timeout
@@ -235,11 +242,11 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
 
     own_postgres.start()
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, signed_headers(body))) or answers[-1][0] == 200,
+    wait_until(lambda: answers.append(http_post(server.base, body, sign(body))) or answers[-1][0] == 200,
                timeout=20, interval=0.2, what="recovery")
     assert {a[0] for a in answers[:-1]} <= {503}
     assert answers[-1][1]["status"] == "processed"
-    assert http_post(server.base, body, signed_headers(body))[1]["status"] == "duplicate"
+    assert http_post(server.base, body, sign(body))[1]["status"] == "duplicate"
     with psycopg.connect(own_postgres.url()) as conn:
         assert balance(conn) == 1010
         assert_ledger_consistent(conn)

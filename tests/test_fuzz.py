@@ -1,30 +1,61 @@
 """Property-based: whatever bytes and headers arrive, never a 5xx, and an
 unsigned body never writes a row."""
 
+import base64
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import ALICE, event_rows, signed_headers
+from .conftest import ALICE, EVERY_SCHEME, event_rows, signed_headers
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
+# What an HTTP header can carry: Latin-1 text without control characters.
 header_text = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=80)
 content_types = st.one_of(st.sampled_from(["application/json", "application/json; charset=utf-8",
                                            "text/plain", "application/cloudevents+json", ""]), header_text)
+hex64 = st.binary(min_size=32, max_size=32).map(bytes.hex)
+unix_seconds = st.integers(0, 2**40).map(str)
+# Each scheme's headers: arbitrary text, or text shaped like the real thing.
+SIGNATURE_HEADERS = {
+    "hmac-sha256": {"X-Signature": hex64},
+    "stripe": {"Stripe-Signature": st.builds("t={},v1={}".format, unix_seconds, hex64)},
+    "standard-webhooks": {"webhook-id": st.just("msg_1"), "webhook-timestamp": unix_seconds,
+                          "webhook-signature": st.binary(min_size=32, max_size=32).map(
+                              lambda b: "v1," + base64.b64encode(b).decode())},
+    "github": {"X-Hub-Signature-256": hex64.map("sha256={}".format),
+               "X-GitHub-Delivery": st.uuids().map(str), "X-GitHub-Event": st.just("ping")},
+}
 
 
+@EVERY_SCHEME
 @FUZZ
-@given(body=st.binary(max_size=2048), signature=st.one_of(st.none(), header_text), content_type=content_types)
-def test_unsigned_bytes_never_5xx_and_never_write(client, db, body, signature, content_type):
-    headers = {"Content-Type": content_type}
-    if signature is not None:
-        headers["X-Signature"] = signature
-    response = client.post("/api/webhooks", data=body, headers=headers)
+@given(data=st.data(), body=st.binary(max_size=2048), content_type=content_types)
+def test_unsigned_bytes_never_5xx_and_never_write(client, db, scheme, data, body, content_type):
+    headers = data.draw(st.fixed_dictionaries({}, optional={
+        name: st.one_of(header_text, shaped) for name, shaped in SIGNATURE_HEADERS[scheme].items()}))
+    response = client.post("/api/webhooks", data=body, headers={"Content-Type": content_type, **headers})
     assert response.status_code in (400, 401, 413, 415), response.status_code
     assert response.is_json and "error" in response.json
     assert event_rows(db) == 0
+
+
+@pytest.mark.parametrize("scheme", ["standard-webhooks", "github"])
+@FUZZ
+@given(data=st.data())
+def test_arbitrary_event_id_headers_never_5xx(client, db, scheme, data):
+    """webhook-id, X-GitHub-Delivery and X-GitHub-Event become the event's id and type."""
+    body = json.dumps({"hook_id": 1} if scheme == "github" else
+                      {"type": "t", "data": {}}).encode()
+    event_id = data.draw(header_text.filter(bool))
+    headers = signed_headers(body, scheme=scheme, event_id=event_id, github_event=data.draw(header_text))
+    response = client.post("/api/webhooks", data=body, headers=headers)
+    assert response.status_code in (200, 400, 401), (response.status_code, response.json)
+    assert response.is_json
+    if response.status_code == 200:
+        assert response.json["event_id"] == event_id
 
 
 json_values = st.recursive(

@@ -1,13 +1,16 @@
 """POST /api/webhooks: every row of DESIGN.md's answers table."""
 
 import json
+import logging
 
 import pytest
 
-from .conftest import ALICE, BOB, SECRET, balance, deliver, encode, event_rows, payment, signed_headers
+from .conftest import (ALICE, BOB, EVERY_SCHEME, balance, deliver, encode, event_rows, payment, secret_for,
+                       signed_headers, signing_key)
 
 
-def test_new_event_is_processed_and_credited(client, db):
+@EVERY_SCHEME
+def test_new_event_is_processed_and_credited(client, db, scheme):
     event = payment(cents=250)
     response = deliver(client, event)
     assert response.status_code == 200
@@ -18,7 +21,8 @@ def test_new_event_is_processed_and_credited(client, db):
     assert row == ("completed", 1, "payment.succeeded")
 
 
-def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db):
+@EVERY_SCHEME
+def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db, scheme):
     event = payment(cents=300)
     assert deliver(client, event).json["status"] == "processed"
     second = deliver(client, event)
@@ -28,18 +32,27 @@ def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db):
     assert event_rows(db) == 1
 
 
-def test_other_event_types_are_stored_without_effect(client, db):
+@EVERY_SCHEME
+def test_other_event_types_are_stored_without_effect(client, db, scheme):
     event = {"id": "evt_refund_1", "type": "customer.created", "data": {"userId": str(ALICE)}}
     assert deliver(client, event).json == {"status": "processed", "event_id": "evt_refund_1"}
     assert balance(db) == 1000
     assert db.execute("SELECT status FROM webhook_events").fetchone()[0] == "completed"
 
 
-def test_any_rotated_secret_verifies(make_app, config, db):
-    client = make_app({**config, "WEBHOOK_SECRET": f"new-secret, {SECRET}"}).test_client()
-    assert deliver(client, payment(), secret="new-secret").status_code == 200
-    assert deliver(client, payment(), secret=SECRET).status_code == 200
-    assert deliver(client, payment(), secret="retired").status_code == 401
+@EVERY_SCHEME
+def test_any_rotated_secret_verifies_and_the_log_names_it_by_index(make_app, config, db, scheme, caplog):
+    new, old, retired = (secret_for(scheme, name) for name in ("new-secret", "old-secret", "retired-secret"))
+    client = make_app({**config, "WEBHOOK_SECRET": f"{new}, {old}"}).test_client()
+    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+        assert deliver(client, payment(), secret=old).status_code == 200
+        assert deliver(client, payment(), secret=new).status_code == 200
+        assert deliver(client, payment(), secret=retired).status_code == 401
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("delivery ")]
+    assert [line.split(" secret=")[1].split()[0] for line in lines] == ["1", "0", "-"]
+    for secret in (new, old):
+        assert secret not in caplog.text
+        assert signing_key(secret, scheme).decode() not in caplog.text
 
 
 def test_digits_only_secret_stays_a_string(make_app, config, db):
@@ -194,7 +207,8 @@ def test_credit_that_would_overflow_is_422(client, db):
     assert balance(db, BOB) == 2**63 - 10
 
 
-def test_failed_event_is_processed_normally_by_a_later_delivery(client, db):
+@EVERY_SCHEME
+def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, scheme):
     carol = "33333333-3333-4333-8333-333333333333"
     event = payment("evt_early", user=carol, cents=700)
     assert deliver(client, event).status_code == 422
@@ -210,7 +224,8 @@ def test_failed_event_is_processed_normally_by_a_later_delivery(client, db):
     assert "unknown user" in last_error and completed_at is not None
 
 
-def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client):
+@EVERY_SCHEME
+def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client, scheme):
     event = payment("evt_busy")
     redis_client.set("lock:webhook:evt_busy", "held-by-a-twin", px=10000)
     response = deliver(client, event)
@@ -222,7 +237,8 @@ def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client):
     assert redis_client.get("lock:webhook:evt_busy") == b"held-by-a-twin"
 
 
-def test_lock_is_released_after_processing(client, db, redis_client):
+@EVERY_SCHEME
+def test_lock_is_released_after_processing(client, db, redis_client, scheme):
     deliver(client, payment("evt_release"))
     assert redis_client.exists("lock:webhook:evt_release") == 0
 

@@ -1,0 +1,244 @@
+"""Each provider end to end: deliveries signed by its own library, read in its
+own event shape, and refused outside the replay window. Real PostgreSQL and Redis."""
+
+import logging
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+import standardwebhooks
+import stripe
+
+from .conftest import (ALICE, BOB, SECRETS, assert_ledger_consistent, balance, deliver, encode, event_rows, payment,
+                       secret_for, signed_headers)
+from .servers import wait_until
+
+STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
+STANDARD_WEBHOOKS = pytest.mark.parametrize("scheme", ["standard-webhooks"])
+GITHUB = pytest.mark.parametrize("scheme", ["github"])
+TIMESTAMPED = pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
+UNKNOWN_USER = "33333333-3333-4333-8333-333333333333"
+
+
+def _post(client, body, headers):
+    return client.post("/api/webhooks", data=body, headers=headers)
+
+
+def stripe_event(event_id=None, user=ALICE, cents=250, **intent):
+    """A payment_intent.succeeded event as Stripe sends it, trimmed around the fields the ledger reads."""
+    payment_intent = {"id": "pi_3PtestIntent", "object": "payment_intent", "amount": cents,
+                      "amount_received": cents, "currency": "usd", "status": "succeeded",
+                      "metadata": {"user_id": str(user)}, **intent}
+    return {"id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "api_version": "2024-06-20",
+            "type": "payment_intent.succeeded", "livemode": False, "data": {"object": payment_intent}}
+
+
+def standard_event(user=ALICE, cents=250, event_type="payment.succeeded"):
+    """The Standard Webhooks payload shape: type, timestamp, data; the id travels in webhook-id."""
+    return {"type": event_type, "timestamp": "2024-05-01T12:00:00.000000Z",
+            "data": {"userId": str(user), "amountCents": cents}}
+
+
+def signed_by_the_provider(scheme, body, timestamp=None, msg_id=None):
+    """Headers made by stripe-python or the standardwebhooks package, not by our signer."""
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    if scheme == "stripe":
+        header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], timestamp)
+        return {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
+    msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
+    signed_at = datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    signature = standardwebhooks.Webhook(SECRETS["standard-webhooks"]).sign(msg_id, signed_at, body.decode())
+    return {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature}
+
+
+def _row(db, event_id):
+    return db.execute("SELECT event_type, status, attempts, updated_at FROM webhook_events WHERE event_id = %s",
+                      [event_id]).fetchone()
+
+
+# -- stripe ---------------------------------------------------------------------
+
+@STRIPE
+def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, scheme):
+    event = stripe_event(user=BOB, cents=4200)
+    body = encode(event)
+    assert _post(client, body, signed_by_the_provider(scheme, body)).json == {
+        "status": "processed", "event_id": event["id"]}
+    assert _post(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
+    assert balance(db, BOB) == 4200
+    assert _row(db, event["id"])[:3] == ("payment_intent.succeeded", "completed", 1)
+    assert_ledger_consistent(db)
+
+
+@STRIPE
+@pytest.mark.parametrize("intent, reason", [
+    ({"metadata": {}}, "data.object.metadata.user_id"),
+    ({"metadata": {"user_id": UNKNOWN_USER}}, "unknown user"),
+    ({"amount_received": 0}, "data.object.amount_received"),
+    ({"amount_received": "4200"}, "data.object.amount_received"),
+])
+def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db, scheme, intent, reason):
+    body = encode(stripe_event("evt_bad_intent", **intent))
+    response = _post(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert reason in response.json["message"]
+    assert _row(db, "evt_bad_intent")[1:3] == ("failed", 1)
+    assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
+
+
+# -- standard-webhooks ----------------------------------------------------------
+
+@STANDARD_WEBHOOKS
+def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, db, scheme):
+    body = encode(standard_event(cents=75))
+    first = _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_2b3c4d"))
+    assert first.json == {"status": "processed", "event_id": "msg_2b3c4d"}
+    # A sender's retry: same message id, a new timestamp and signature.
+    retry = _post(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
+    assert retry.json == {"status": "duplicate", "event_id": "msg_2b3c4d"}
+    assert balance(db) == 1075
+    assert _row(db, "msg_2b3c4d")[:3] == ("payment.succeeded", "completed", 1)
+
+
+@STANDARD_WEBHOOKS
+def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db, scheme):
+    body = encode({"id": "evt_in_body", **standard_event(cents=5)})
+    assert _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
+    assert _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
+    assert event_rows(db) == 2 and _row(db, "evt_in_body") is None
+
+
+@STANDARD_WEBHOOKS
+@pytest.mark.parametrize("document, error", [
+    ({"timestamp": "2024-05-01T12:00:00Z", "data": {}}, "invalid_event"),
+    ({"type": "payment.succeeded", "data": [1]}, "invalid_event"),
+    ([standard_event()], "invalid_json"),
+])
+def test_standard_webhooks_body_must_still_have_type_and_data(client, db, scheme, document, error):
+    body = encode(document)
+    response = _post(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status_code, response.json["error"]) == (400, error)
+    assert event_rows(db) == 0
+
+
+# -- github -----------------------------------------------------------------------
+
+PING = {"zen": "Design for failure.", "hook_id": 109948940,
+        "hook": {"type": "Repository", "id": 109948940, "events": ["*"], "active": True}}
+
+
+@GITHUB
+def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, db, scheme):
+    body, delivery = encode(PING), str(uuid.uuid4())
+    headers = signed_headers(body, scheme=scheme, event_id=delivery, github_event="ping")
+    assert _post(client, body, headers).json == {"status": "processed", "event_id": delivery}
+    assert _post(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
+    assert _row(db, delivery)[:3] == ("ping", "completed", 1)
+    assert db.execute("SELECT payload->>'zen' FROM webhook_events").fetchone()[0] == "Design for failure."
+    assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
+
+
+@GITHUB
+def test_github_seed_event_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
+    # X-GitHub-Delivery is not signed; a body that has its own id keeps it.
+    body = encode(payment("evt_gh_1", cents=10))
+    assert _post(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+        "status": "processed", "event_id": "evt_gh_1"}
+    assert _post(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+        "status": "duplicate", "event_id": "evt_gh_1"}
+    assert balance(db) == 1010
+
+
+@GITHUB
+@pytest.mark.parametrize("change, document, message", [
+    ({"X-GitHub-Delivery": None}, PING, "X-GitHub-Delivery header is missing"),
+    ({"X-GitHub-Delivery": "d" * 129}, PING, "X-GitHub-Delivery header must be 1 to 128"),
+    ({"X-GitHub-Event": None}, PING, "X-GitHub-Event header is missing"),
+    ({"X-GitHub-Event": "e" * 65}, PING, "X-GitHub-Event header must be 1 to 64"),
+    # Unsigned headers cannot turn an authentic body into a payment.
+    ({"X-GitHub-Event": "payment.succeeded"}, {"userId": str(ALICE), "amountCents": 9}, "signed body"),
+    ({"X-GitHub-Event": "payment_intent.succeeded"}, PING, "signed body"),
+])
+def test_github_headers_that_cannot_name_the_event_are_400(client, db, scheme, change, document, message):
+    body = encode(document)
+    headers = signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))
+    headers.update({k: v for k, v in change.items() if v is not None})
+    for name in (k for k, v in change.items() if v is None):
+        del headers[name]
+    response = _post(client, body, headers)
+    assert (response.status_code, response.json["error"]) == (400, "invalid_event")
+    assert message in response.json["message"]
+    assert event_rows(db) == 0 and balance(db) == 1000
+
+
+@GITHUB
+def test_github_documented_example_passes_the_signature_check(make_app, config, db, scheme):
+    client = make_app({**config, "WEBHOOK_SECRET": "It's a Secret to Everybody"}).test_client()
+    header = {"Content-Type": "application/json",
+              "X-Hub-Signature-256": "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"}
+    # Authentic, but not JSON: 400 after the signature check, not 401.
+    assert _post(client, b"Hello, World!", header).json["error"] == "invalid_json"
+    assert _post(client, b"Hello, World?", header).json["error"] == "invalid_signature"
+
+
+# -- every scheme: malformed headers, rotation ------------------------------------
+
+@pytest.mark.parametrize("scheme, headers, message", [
+    ("hmac-sha256", {"X-Signature": "sha256=abc"}, "malformed X-Signature header"),
+    ("stripe", {"X-Signature": "0" * 64}, "missing Stripe-Signature header"),
+    ("stripe", {"Stripe-Signature": "v1=" + "0" * 64}, "malformed Stripe-Signature header"),
+    ("stripe", {"Stripe-Signature": "t=9" + "9" * 4000 + ",v1=" + "0" * 64}, "in Unix seconds"),
+    ("standard-webhooks", {"webhook-id": "msg_1", "webhook-timestamp": "1", "webhook-signature": "v1,=="},
+     "malformed webhook-signature header"),
+    ("standard-webhooks", {"webhook-id": "m" * 129, "webhook-timestamp": "1",
+                           "webhook-signature": "v1," + "A" * 43 + "="}, "malformed webhook-id header"),
+    ("github", {"X-Hub-Signature-256": "sha1=" + "0" * 40}, "malformed X-Hub-Signature-256 header"),
+    ("github", {"X-Signature": "0" * 64}, "missing X-Hub-Signature-256 header"),
+])
+def test_malformed_signature_headers_are_401_in_general_terms(client, db, scheme, headers, message):
+    response = _post(client, encode(payment()), {"Content-Type": "application/json", **headers})
+    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    assert message in response.json["message"]
+    assert event_rows(db) == 0
+
+
+@TIMESTAMPED
+def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, caplog):
+    new, old = secret_for(scheme, "new-secret"), secret_for(scheme, "old-secret")
+    client = make_app({**config, "WEBHOOK_SECRET": f"{new},{old}"}).test_client()
+    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+        assert deliver(client, payment(cents=1), secret=[old, new]).json["status"] == "processed"
+    assert " secret=0 " in caplog.text
+    assert balance(db) == 1001
+
+
+# -- the replay window -------------------------------------------------------------
+
+@TIMESTAMPED
+@pytest.mark.parametrize("offset, message", [(-360, "too old"), (360, "too far in the future")])
+def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db, scheme, offset, message):
+    body = encode(payment("evt_captured"))
+    response = _post(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
+    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    assert message in response.json["message"]
+    assert event_rows(db) == 0 and balance(db) == 1000
+
+
+@TIMESTAMPED
+def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(make_app, config, db, scheme):
+    tolerance = 3
+    client = make_app({**config, "WEBHOOK_TOLERANCE_SECONDS": tolerance}).test_client()
+    body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted copy writes
+    signed_at = int(time.time())
+    captured = signed_by_the_provider(scheme, body, signed_at, msg_id="evt_replayed")
+    assert _post(client, body, captured).status_code == 422
+    assert _post(client, body, captured).status_code == 422  # inside the window: a retry, recorded
+    before = _row(db, "evt_replayed")
+    assert before[1:3] == ("failed", 2)
+    wait_until(lambda: time.time() > signed_at + tolerance + 0.5, timeout=10, what="the window to pass")
+    replay = _post(client, body, captured)
+    assert (replay.status_code, replay.json["error"]) == (401, "invalid_signature")
+    assert "too old" in replay.json["message"]
+    assert _row(db, "evt_replayed") == before  # attempts and updated_at untouched
