@@ -97,9 +97,12 @@ def stored_event(event_id, event_type, payload):
     """Rebuild the Event of a stored row (for replay and verify).
 
     The id and type are the row's, as first parsed: a signature scheme may
-    take them from headers rather than the body.
+    take them from headers rather than the body (and a GitHub event's data
+    is its whole body).
     """
-    return Event(id=event_id, type=event_type, data=json.loads(payload)["data"], text=payload)
+    document = json.loads(payload)
+    data = document["data"] if isinstance(document.get("data"), dict) else document
+    return Event(id=event_id, type=event_type, data=data, text=payload)
 
 
 def _record(conn, event, payload_sha256):

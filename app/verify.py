@@ -9,11 +9,11 @@
 Purged events leave their credits behind, so 3 holds after a purge.
 """
 
-from .events import PAYMENT_SUCCEEDED, credit_of
+from .events import CREDITS, credit_of
 from .ledger import stored_event
 
 # Every event type that credit_of credits.
-CREDITING_TYPES = [PAYMENT_SUCCEEDED]
+CREDITING_TYPES = list(CREDITS)
 
 DUPLICATED_IDS = """
     SELECT event_id, count(*) FROM webhook_events GROUP BY event_id HAVING count(*) > 1 ORDER BY event_id

@@ -24,7 +24,7 @@ import psycopg  # noqa: E402
 
 from app import verify  # noqa: E402
 from app.db import apply_schema  # noqa: E402
-from app.signature import generate_signature  # noqa: E402
+from app.signature import generate_hmac_sha256  # noqa: E402
 from tests.servers import Gunicorn, Postgres, Redis  # noqa: E402
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
@@ -67,7 +67,8 @@ def write_requests(path, events):
     with open(path, "w") as f:
         for e in events:
             body = json.dumps(e, separators=(",", ":"))
-            f.write(f"{generate_signature(body.encode(), SECRET.encode())}\t{body}\n")
+            signature = generate_hmac_sha256(body.encode(), SECRET.encode())["X-Signature"]
+            f.write(f"{signature}\t{body}\n")
     return path
 
 

@@ -26,6 +26,7 @@ SECRETS = {
     "standard-webhooks": "whsec_" + base64.b64encode(b"a-standard-webhooks-test-key").decode(),
     "github": "github-test-secret-0123456789",
 }
+SECRET = SECRETS["hmac-sha256"]  # the default scheme's
 # The exactly-once tests run once per scheme: the signing helper is what changes.
 EVERY_SCHEME = pytest.mark.parametrize("scheme", SCHEMES)
 ALICE = uuid.UUID("11111111-1111-4111-8111-111111111111")

@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.openapi import DOCUMENT_PATH
-from app.signature import HEADER, generate_signature
+from app.signature import generate_hmac_sha256
 
 from .conftest import SECRET
 
@@ -41,7 +41,7 @@ def sign(kwargs):
     if isinstance(kwargs.get("data"), str):
         kwargs["data"] = kwargs["data"].encode()
     if isinstance(kwargs.get("data"), bytes):
-        headers[HEADER] = generate_signature(kwargs["data"], SECRET.encode())
+        headers.update(generate_hmac_sha256(kwargs["data"], SECRET.encode()))
     return kwargs
 
 
