@@ -71,6 +71,9 @@ SETTINGS = {
     "PG_POOL_SIZE": (_int(1), "4"),
     # Well under a second, so a dead Redis degrades the service, not stalls it.
     "REDIS_TIMEOUT_MS": (_int(1), "250"),
+    # How long Redis remembers a committed event, so that its re-deliveries
+    # skip PostgreSQL; older ones are answered by PostgreSQL, as after a flush.
+    "REDIS_DONE_TTL_SECONDS": (_int(1), "86400"),
     # Told to a 409/503 sender: the twin's transaction or an outage is short.
     "RETRY_AFTER_SECONDS": (_int(1), "1"),
 }

@@ -1,27 +1,47 @@
-"""The per-event Redis lock: an accelerator, never the source of truth.
+"""The per-event Redis lock, and the "done" marker: accelerators, never the
+source of truth.
 
-`SET lock:webhook:<id> <token> NX PX <ttl>` via redis-py's Lock, released by
-its compare-and-delete script, so only the delivery that took it frees it.
-When Redis is unreachable the lock is skipped (degraded) and PostgreSQL's
-unique constraint alone decides.
+Taking the lock is `SET lock:webhook:<id> <token> NX PX <ttl>`; releasing it
+is a compare-and-delete on the token, so only the delivery that took it
+frees it. After a commit, the release also leaves `done:webhook:<id>` = the
+body's SHA-256, so that a re-delivery of the same bytes is answered
+`duplicate` by Redis alone, without reaching PostgreSQL. The marker is
+written only after PostgreSQL committed; when Redis forgot it (flushed,
+restarted, expired), PostgreSQL's unique constraint answers instead. When
+Redis is unreachable the lock is skipped (degraded).
 """
 
 import logging
+import secrets
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "lock:webhook:"
-ACQUIRED, HELD_ELSEWHERE, DEGRADED = "acquired", "held_elsewhere", "degraded"
+LOCK_PREFIX, DONE_PREFIX = "lock:webhook:", "done:webhook:"
+ACQUIRED, HELD_ELSEWHERE, DONE, DEGRADED = "acquired", "held_elsewhere", "done", "degraded"
+
+# KEYS: lock, done marker. ARGV: token, lock TTL (ms), body SHA-256 (hex).
+# 2: these bytes were committed before; 1: lock taken; 0: held by a twin.
+ACQUIRE = """
+if redis.call('get', KEYS[2]) == ARGV[3] then return 2 end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+# KEYS: lock, done marker. ARGV: token, body SHA-256 or '' (not committed), marker TTL (ms).
+RELEASE = """
+if ARGV[2] ~= '' then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 def init_app(app):
     timeout = app.config["REDIS_TIMEOUT_MS"] / 1000
-    app.extensions["redis"] = redis.Redis.from_url(
+    client = redis.Redis.from_url(
         app.config["REDIS_URL"],
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
@@ -29,31 +49,39 @@ def init_app(app):
         # stall per delivery when Redis is down. One try, then degrade.
         retry=Retry(NoBackoff(), 0),
     )
+    app.extensions["redis"] = client
+    # Script objects run EVALSHA and load the script again after a restart.
+    app.extensions["redis_scripts"] = (client.register_script(ACQUIRE), client.register_script(RELEASE))
 
 
 class EventLock:
-    """The lock of one event id, taken with a fresh random token."""
+    """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, client, event_id, ttl_ms):
-        self._lock = client.lock(KEY_PREFIX + event_id, timeout=ttl_ms / 1000)
+    def __init__(self, scripts, event_id, body_sha256, ttl_ms, done_ttl_ms):
+        self._acquire, self._release = scripts
+        self._keys = [LOCK_PREFIX + event_id, DONE_PREFIX + event_id]
+        self._token = secrets.token_hex(16)
+        self._sha256 = body_sha256.hex()
+        self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event_id
 
     def acquire(self):
-        """Return ACQUIRED, HELD_ELSEWHERE, or DEGRADED when Redis is unreachable."""
+        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis is unreachable."""
         try:
-            return ACQUIRED if self._lock.acquire(blocking=False) else HELD_ELSEWHERE
+            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._sha256])
         except RedisError as exc:
-            log.warning("redis unavailable, event %s proceeds unlocked: %s", self.event_id, type(exc).__name__)
+            log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
             return DEGRADED
+        return {2: DONE, 1: ACQUIRED}.get(taken, HELD_ELSEWHERE)
 
-    def release(self):
-        """Delete the lock if this delivery still owns it; never someone else's."""
+    def release(self, committed):
+        """Delete the lock if this delivery still owns it; mark the event done if committed."""
+        args = [self._token, self._sha256 if committed else "", self._done_ttl_ms]
         try:
-            self._lock.release()
-        except LockError:
-            log.warning("lock of event %s expired before release; left to its new owner", self.event_id)
+            if not self._release(keys=self._keys, args=args):
+                log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
         except RedisError as exc:
-            log.warning("redis unavailable, lock of event %s left to expire: %s", self.event_id, type(exc).__name__)
+            log.warning("redis unavailable, lock of event %r left to expire: %s", self.event_id, type(exc).__name__)
 
 
 def redis_ok(client):

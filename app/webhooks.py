@@ -41,20 +41,28 @@ def receive():
         raise ApiError(400, "invalid_event", str(exc)) from None
     g.delivery.update(event=event.id, type=event.type)
 
-    event_lock = lock.EventLock(current_app.extensions["redis"], event.id, current_app.config["LOCK_TTL_MS"])
+    body_sha256 = hashlib.sha256(body).digest()
+    event_lock = lock.EventLock(current_app.extensions["redis_scripts"], event.id, body_sha256,
+                                config["LOCK_TTL_MS"], config["REDIS_DONE_TTL_SECONDS"] * 1000)
     g.delivery["redis"] = state = event_lock.acquire()
+    if state == lock.DONE:
+        # These bytes were committed before (the marker is set only after
+        # COMMIT): a duplicate, answered without touching PostgreSQL.
+        g.delivery["outcome"] = ledger.DUPLICATE
+        return {"status": ledger.DUPLICATE, "event_id": event.id}
     if state == lock.HELD_ELSEWHERE:
         raise ApiError(
             409, "in_progress", "another delivery of this event is being processed; retry later",
             retry_after=True, status="in_progress", event_id=event.id,
         )
+    status = None
     try:
-        status, problem = ledger.apply_event(get_pool(current_app), event, hashlib.sha256(body).digest())
+        status, problem = ledger.apply_event(get_pool(current_app), event, body_sha256)
     except InvalidJSON as exc:
         raise ApiError(400, "invalid_json", str(exc)) from None
     finally:
         if state == lock.ACQUIRED:
-            event_lock.release()
+            event_lock.release(committed=status in (ledger.PROCESSED, ledger.DUPLICATE))
 
     if status == ledger.FAILED:
         raise ApiError(422, "unprocessable", problem, event_id=event.id)
