@@ -40,18 +40,26 @@ RETRY_STORED_EVENT = """
 RECORD_MISMATCH = """
     UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = %s
 """
-# The WHERE clause refuses an overflow instead of raising inside the
-# transaction, so a refused credit can still be recorded as a failure.
-CREDIT_USER = """
-    UPDATE user_balances
-    SET balance_cents = balance_cents + %(amount)s, updated_at = now()
-    WHERE user_id = %(user_id)s AND balance_cents <= %(max)s - %(amount)s
-    RETURNING balance_cents
+# Credits the user and journals the credit, in one statement (one round
+# trip). The overflow test refuses a credit instead of raising, so that the
+# refusal can be recorded; NOT EXISTS skips an event whose row was purged and
+# that is now delivered again (ledger_credits is never purged).
+CREDIT = """
+    WITH credited AS (
+        UPDATE user_balances
+        SET balance_cents = balance_cents + %(amount)s, updated_at = now()
+        WHERE user_id = %(user_id)s AND balance_cents <= %(max)s - %(amount)s
+          AND NOT EXISTS (SELECT 1 FROM ledger_credits WHERE event_id = %(event_id)s)
+        RETURNING user_id
+    )
+    INSERT INTO ledger_credits (event_id, user_id, amount_cents)
+    SELECT %(event_id)s, user_id, %(amount)s FROM credited
+    RETURNING id
 """
-JOURNAL_CREDIT = "INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES (%s, %s, %s)"
-# Only true for an event whose row was purged and that is now redelivered.
-ALREADY_CREDITED = "SELECT 1 FROM ledger_credits WHERE event_id = %s"
-USER_EXISTS = "SELECT 1 FROM user_balances WHERE user_id = %s"
+WHY_NOT_CREDITED = """
+    SELECT EXISTS (SELECT 1 FROM ledger_credits WHERE event_id = %(event_id)s),
+           EXISTS (SELECT 1 FROM user_balances WHERE user_id = %(user_id)s)
+"""
 MARK_COMPLETED = """
     UPDATE webhook_events
     SET status = 'completed', completed_at = now(), updated_at = now()
@@ -76,16 +84,19 @@ def apply_event(pool, event, payload_sha256):
         credit, problem = credit_of(event), None
     except Unprocessable as exc:
         credit, problem = None, str(exc)
+    params = credit and {"amount": credit.amount_cents, "user_id": credit.user_id,
+                         "event_id": event.id, "max": MAX_CENTS}
 
     with pool.connection() as conn, conn.transaction():
         row_id, outcome = _record(conn, event, payload_sha256)
         if outcome is not None:
             return outcome, None
-        if credit is not None:
-            if conn.execute(ALREADY_CREDITED, [event.id]).fetchone() is not None:
+        if credit is not None and conn.execute(CREDIT, params).fetchone() is None:
+            already_credited, user_exists = conn.execute(WHY_NOT_CREDITED, params).fetchone()
+            if already_credited:
                 conn.execute(MARK_COMPLETED, [row_id])
                 return DUPLICATE, None
-            problem = _credit(conn, event.id, credit)
+            problem = "credit would overflow the balance" if user_exists else f"unknown user {credit.user_id}"
         if problem:
             conn.execute(MARK_FAILED, [problem, row_id])
             return FAILED, problem
@@ -109,33 +120,25 @@ def _record(conn, event, payload_sha256):
     """Return (row id, None) for an event to apply now, or (None, DUPLICATE or MISMATCH)."""
     try:
         row = conn.execute(INSERT_EVENT, [event.id, event.type, event.text, payload_sha256]).fetchone()
-        if row is not None:
-            return row[0], None
-        stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
-        if stored is None:
-            # Purged between the two statements: whether it was applied is
-            # for ledger_credits to say on the sender's retry, not a guess now.
-            raise RetryLater("the event's row was purged while this delivery ran")
-        row_id, status, stored_sha256 = stored
-        if stored_sha256 != payload_sha256:
-            conn.execute(RECORD_MISMATCH, [row_id])
-            return None, MISMATCH
-        if status == "completed":
-            return None, DUPLICATE
-        conn.execute(RETRY_STORED_EVENT, [row_id])
-        return row_id, None
     except psycopg.errors.DataError:
         # JSON that Python accepts but jsonb does not (\u0000, a lone
         # surrogate escape, a number beyond numeric's range): nothing written.
         raise InvalidJSON("body holds values that cannot be stored") from None
+    return (row[0], None) if row is not None else _stored(conn, event, payload_sha256)
 
 
-def _credit(conn, event_id, credit):
-    """Credit the user and journal it; return None, or why the credit cannot apply."""
-    params = {"amount": credit.amount_cents, "user_id": credit.user_id, "max": MAX_CENTS}
-    if conn.execute(CREDIT_USER, params).fetchone() is not None:
-        conn.execute(JOURNAL_CREDIT, [event_id, credit.user_id, credit.amount_cents])
-        return None
-    if conn.execute(USER_EXISTS, [credit.user_id]).fetchone() is None:
-        return f"unknown user {credit.user_id}"
-    return "credit would overflow the balance"
+def _stored(conn, event, payload_sha256):
+    """Return (row id, None) for a failed event to retry now, or (None, DUPLICATE or MISMATCH)."""
+    stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
+    if stored is None:
+        # Purged between the two statements: whether it was applied is
+        # for ledger_credits to say on the sender's retry, not a guess now.
+        raise RetryLater("the event's row was purged while this delivery ran")
+    row_id, status, stored_sha256 = stored
+    if stored_sha256 != payload_sha256:
+        conn.execute(RECORD_MISMATCH, [row_id])
+        return None, MISMATCH
+    if status == "completed":
+        return None, DUPLICATE
+    conn.execute(RETRY_STORED_EVENT, [row_id])
+    return row_id, None

@@ -7,6 +7,7 @@ tests' Flask client) each app counts in a registry of its own.
 """
 
 import os
+import time
 
 from flask import Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -15,6 +16,9 @@ from prometheus_client import multiprocess
 # A duplicate is answered in about a millisecond, a processed event in a few;
 # the pool acquire timeout (3 s) ends the slowest in a 503.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Seconds between two readings of a worker's pool figures outside a scrape.
+POOL_INTERVAL = 1.0
 
 # psycopg_pool's get_stats() key -> gauge name and help. Each worker sets its
 # own pool's figures; a scrape adds up those of the workers alive now.
@@ -39,6 +43,7 @@ class Metrics:
             registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
+        self._pool_observed_at = 0.0
 
     def observe_delivery(self, outcome, reason, seconds, redis_state):
         self.deliveries.labels(outcome=outcome, reason=reason).inc()
@@ -46,7 +51,11 @@ class Metrics:
         if redis_state == "degraded":
             self.redis_degraded.inc()
 
-    def observe_pool(self, pool):
+    def observe_pool(self, pool, at_most_every=0.0):
+        now = time.monotonic()
+        if now - self._pool_observed_at < at_most_every:
+            return
+        self._pool_observed_at = now
         # A pool not yet opened (no request in this worker needed it) has none.
         stats = {"pool_max": pool.max_size} if pool.closed else pool.get_stats()
         for key, gauge in self.pool.items():
@@ -72,7 +81,8 @@ def scrape():
 
 
 def _observe_pool(response):
-    # After every request, so that each worker's figures are those of its
-    # last request, not of its last scrape.
-    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
+    # After requests, so that each worker's figures are recent even when
+    # another worker answers the scrapes; at most once a second, since
+    # reading and writing the figures costs more than the rest of a duplicate.
+    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
     return response

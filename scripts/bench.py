@@ -28,6 +28,8 @@ from app.signature import generate_hmac_sha256  # noqa: E402
 from tests.servers import Gunicorn, Postgres, Redis  # noqa: E402
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
+# BENCH_ONLY="new events" (a scenario name) measures one scenario, for comparing settings.
+ONLY = os.environ.get("BENCH_ONLY")
 DURATION = 3 if QUICK else 8  # seconds per wrk run
 CONNECTIONS = [32] if QUICK else [8, 32, 64]
 SECRET = "bench-secret"
@@ -174,9 +176,7 @@ def app_tx():
     sha = f"sha256(convert_to({EVENT_ID}, 'UTF8'))"
     statements = [
         inline(ledger.INSERT_EVENT, EVENT_ID, "'payment.succeeded'", PAYLOAD, sha),
-        inline(ledger.ALREADY_CREDITED, EVENT_ID),
-        inline(ledger.CREDIT_USER, amount="7", max=str(2**63 - 1), user_id=USER_ID),
-        inline(ledger.JOURNAL_CREDIT, EVENT_ID, USER_ID, "7"),
+        inline(ledger.CREDIT, amount="7", max=str(2**63 - 1), user_id=USER_ID, event_id=EVENT_ID),
         inline(ledger.MARK_COMPLETED, row_id),
     ]
     return "\n".join(["\\set n random(1, 1000000000000)", "\\set u random(1, 100)", "BEGIN;",
@@ -227,7 +227,6 @@ def main():
         workers = int(os.environ.get("WEB_CONCURRENCY", os.cpu_count()))
         threads = int(os.environ.get("GUNICORN_THREADS", "4"))
         server = Gunicorn(env, workers=workers, threads=threads, log_path=work / "gunicorn.log")
-        server.env["GUNICORN_CMD_ARGS"] = "--access-logfile=/dev/null"  # the access log is not what we measure
         server.start()
         worker_pids = children(server.proc.pid)
         pg_pids = [int(Path(pg.data / "postmaster.pid").read_text().split()[0])]
@@ -240,6 +239,8 @@ def main():
         rows = []
         for connections in CONNECTIONS:
             for scenario in scenarios(f"c{connections}", completed):
+                if ONLY and scenario.name != ONLY:
+                    continue
                 requests = write_requests(work / "req.tsv", scenario.events)
                 before = [cpu_ms([server.proc.pid] + worker_pids), cpu_ms(pg_pids + children(pg_pids[0])),
                           cpu_ms([redis.proc.pid])]
@@ -254,6 +255,8 @@ def main():
                 print(f"  done: {scenario.name} c={connections}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
 
         rss = peak_rss_mb(worker_pids)
+        if ONLY:
+            return report(rows, rss, {}, workers, threads)
         seed_script, app_script = work / "seed.sql", work / "app.sql"
         seed_script.write_text(SEED_TX)
         app_script.write_text(app_tx())
