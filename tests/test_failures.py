@@ -250,3 +250,17 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
     with psycopg.connect(own_postgres.url()) as conn:
         assert balance(conn) == 1010
         assert_ledger_consistent(conn)
+
+
+def test_postgres_slow_is_503_after_the_lock_timeout_and_commits_nothing(client, db, config, redis_client):
+    """A row held elsewhere past PG_LOCK_TIMEOUT_MS: a clean 503, not a hung sender."""
+    event = payment("evt_pg_slow", cents=20)
+    with RowLock(config["DATABASE_URL"]):
+        response, seconds = _timed(deliver, client, event)
+        assert (response.status_code, response.json["error"]) == (503, "unavailable")
+        assert int(response.headers["Retry-After"]) >= 1
+        assert seconds < 10, seconds  # the lock timeout (1 s), well before a sender's timeout
+        assert event_rows(db) == 0
+        assert not redis_client.exists(LOCK_KEY.format("evt_pg_slow"))
+    assert deliver(client, event).json["status"] == "processed"
+    assert balance(db) == 1020
