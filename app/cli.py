@@ -82,7 +82,7 @@ def show_event(event_id):
     fields = [
         ("event id", eid), ("type", etype), ("status", status), ("attempts", attempts),
         ("last error", error or "-"), ("mismatches", f"{mismatches} (last {_utc(mismatch_at)})"),
-        ("payload sha256", sha256.hex() if sha256 else "-"),
+        ("payload sha256", sha256.hex()),
         ("received", _utc(created)), ("updated", _utc(updated)), ("completed", _utc(completed)),
         ("credit", f"{credit_cents} cents to {credit_user} at {_utc(credited_at)}" if credit_user else "-"),
     ]

@@ -1,6 +1,8 @@
 """Throwaway servers for the tests: a private PostgreSQL cluster, redis-server
 and gunicorn, each on a free loopback port, each stopped by its owner."""
 
+import http.client
+import json
 import os
 import pwd
 import shutil
@@ -11,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,32 +162,22 @@ class Gunicorn:
                 self.proc.wait(5)
 
 
-def http_post(base, body, headers, timeout=30):
-    """POST body; return (status, parsed JSON body, headers). Raises on connection errors."""
-    import http.client
-    import json
-    from urllib.parse import urlsplit
-
+def _request(base, method, path, body=None, headers=None, timeout=30):
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        conn.request("POST", "/api/webhooks", body=body, headers=headers)
+        conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, json.loads(response.read() or b"null"), dict(response.getheaders())
     finally:
         conn.close()
 
 
-def http_get(base, path, timeout=10):
-    import http.client
-    import json
-    from urllib.parse import urlsplit
+def http_post(base, body, headers, timeout=30):
+    """POST body; return (status, parsed JSON body, headers). Raises on connection errors."""
+    return _request(base, "POST", "/api/webhooks", body, headers, timeout)
 
-    parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read() or b"null")
-    finally:
-        conn.close()
+
+def http_get(base, path, timeout=10):
+    """GET path; return (status, parsed JSON body)."""
+    return _request(base, "GET", path, timeout=timeout)[:2]
