@@ -1,4 +1,4 @@
-# webhook-ledger: gunicorn serving the Flask app (see README "With Docker").
+# webhook-ledger: gunicorn serving the Flask app (see docs/deploying.md, "With Docker").
 #   docker build -t webhook-ledger .
 #   docker run --rm -p 8000:8000 -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger
 #   docker run --rm -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger flask --app app init-db
@@ -25,7 +25,7 @@ RUN python -c "import configparser; c = configparser.RawConfigParser(); c.read('
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 
 COPY app/ ./app/
-COPY wsgi.py gunicorn.conf.py schema.sql ./
+COPY wsgi.py logformat.py gunicorn.conf.py schema.sql ./
 
 USER app
 

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean
+.PHONY: run test lint bench clean
 
 # Reinstall when the package metadata changes.
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -12,12 +12,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# exec: make passes a SIGTERM on to run.py (not to a shell), which stops what it started.
 run: $(VENV)/.installed
-	# exec: a SIGTERM to make reaches run.sh, which stops what it started.
-	PATH="$(abspath $(BIN)):$$PATH" exec scripts/run.sh
+	exec $(BIN)/python scripts/run.py
 
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) .run *.egg-info

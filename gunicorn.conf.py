@@ -10,7 +10,7 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
 # the host's); threads overlap each delivery's waits on PostgreSQL and Redis.
 # The database pool has one connection per thread (PG_POOL_SIZE). On 2 cores,
-# 2 workers x 4 threads measured best (README, "Performance": 1x8, 2x8, 3x4
+# 2 workers x 4 threads measured best (docs/performance.md: 1x8, 2x8, 3x4
 # and 4x2 were slower).
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 worker_class = "gthread"
@@ -27,27 +27,20 @@ preload_app = False
 # gunicorn on the host (tests, bench, `make run`); this service does not use it.
 control_socket_disable = True
 
-# -- logs: one JSON object per line on stdout, gunicorn's and the app's -----
+# -- logs: one line per record on stdout, gunicorn's and the app's ----------
 # The app's loggers propagate to the root handler; gunicorn's two loggers are
-# sent there too. The formatter's arguments are app/logs.py's FORMAT and
-# RENAME (not imported: importing the app into the master would stop a HUP
-# from loading new code into the new workers).
+# sent there too. logformat.py (not the app: importing the app into the
+# master would stop a HUP from loading new code into the new workers) writes
+# JSON lines, or human lines when stdout is a terminal (`make run`).
 accesslog = "-"
 errorlog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {
-        "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": "%(levelname)s %(name)s %(process)d %(message)s",
-            "rename_fields": {"levelname": "level", "name": "logger", "process": "pid"},
-            "timestamp": True,
-        },
-    },
+    "formatters": {"stdout": {"()": "logformat.stdout_formatter"}},
     "handlers": {
-        "stdout": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"},
+        "stdout": {"class": "logging.StreamHandler", "formatter": "stdout", "stream": "ext://sys.stdout"},
     },
     "root": {"level": "INFO", "handlers": ["stdout"]},
     "loggers": {

@@ -2,7 +2,7 @@
 
 from flask import Flask
 
-from . import cli, db, errors, lock, logs, metrics, openapi, webhooks
+from . import cli, db, delivery, errors, lock, logs, metrics, openapi, webhooks
 from . import config as settings
 
 
@@ -17,6 +17,7 @@ def create_app(test_config=None):
         app.logger.warning("timeouts do not nest: %s", warning)
 
     errors.init_app(app)
+    delivery.init_app(app)
     db.init_app(app)
     lock.init_app(app)
     metrics.init_app(app)

@@ -1,7 +1,7 @@
 """Operator commands: `flask events list|show|replay|purge` and `flask ledger verify`."""
 
 import json
-from datetime import timezone
+from datetime import UTC
 
 import click
 from flask import current_app
@@ -9,6 +9,7 @@ from flask.cli import AppGroup
 
 from . import ledger, retention, verify
 from .db import get_pool
+from .delivery import Outcome
 
 events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = AppGroup("ledger", help="Check the ledger.")
@@ -30,7 +31,6 @@ SHOW_EVENT = """
     FROM webhook_events e LEFT JOIN ledger_credits c USING (event_id)
     WHERE e.event_id = %s
 """
-STORED_EVENT = "SELECT event_type, status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
 FAILED_EVENTS = "SELECT event_id FROM webhook_events WHERE status = 'failed' ORDER BY created_at, id"
 
 
@@ -40,13 +40,13 @@ def init_app(app):
 
 
 def _utc(moment):
-    return "-" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _table(header, rows):
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
 
 
 @events.command("list")
@@ -58,7 +58,7 @@ def _table(header, rows):
 def list_events(statuses, types, since, limit):
     """List stored events, newest first."""
     params = {"statuses": list(statuses) or None, "types": list(types) or None, "limit": limit,
-              "since": since.replace(tzinfo=timezone.utc) if since else None}
+              "since": since.replace(tzinfo=UTC) if since else None}
     with get_pool(current_app).connection() as conn:
         rows = conn.execute(LIST_EVENTS, params).fetchall()
     if not rows:
@@ -92,23 +92,15 @@ def show_event(event_id):
     click.echo(json.dumps(json.loads(payload), indent=2, ensure_ascii=False))
 
 
-def replay_one(pool, event_id):
-    """Re-apply a stored event through ledger.apply_event; return (ok, message)."""
-    with pool.connection() as conn:
-        row = conn.execute(STORED_EVENT, [event_id]).fetchone()
-    if row is None:
+def _replayed(event_id, result):
+    """Return (ok, the line that tells what replaying event_id did)."""
+    if result is None:
         return False, f"{event_id}: no such stored event"
-    event_type, status, payload, sha256 = row
-    if status == "completed":
-        return True, f"{event_id}: already completed; nothing changed"
-    # The stored hash, not one of the re-serialised jsonb: this is the same body.
-    event = ledger.stored_event(event_id, event_type, payload)
-    outcome, problem = ledger.apply_event(pool, event, sha256)
-    if outcome == ledger.PROCESSED:
+    if result.outcome == Outcome.PROCESSED:
         return True, f"{event_id}: processed; now completed"
-    if outcome == ledger.DUPLICATE:
-        return True, f"{event_id}: completed meanwhile by another delivery; nothing changed"
-    return False, f"{event_id}: still failed: {problem}"
+    if result.outcome == Outcome.DUPLICATE:
+        return True, f"{event_id}: {result.problem}; nothing changed"
+    return False, f"{event_id}: still failed: {result.problem or result.outcome}"
 
 
 @events.command("replay")
@@ -124,12 +116,13 @@ def replay_events(event_id, all_failed):
             event_ids = [r[0] for r in conn.execute(FAILED_EVENTS)]
     else:
         event_ids = [event_id]
-    results = [replay_one(pool, eid) for eid in event_ids]
+    results = [_replayed(eid, ledger.replay(pool, eid)) for eid in event_ids]
     for _, message in results:
         click.echo(message)
     failures = sum(not ok for ok, _ in results)
     if all_failed:
-        click.echo(f"replayed {len(results)} failed events: {len(results) - failures} completed, {failures} still failed")
+        completed = len(results) - failures
+        click.echo(f"replayed {len(results)} failed events: {completed} completed, {failures} still failed")
     if failures:
         raise click.exceptions.Exit(1)
 

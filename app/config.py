@@ -3,11 +3,19 @@
 import base64
 import binascii
 import os
+from pathlib import Path
 
 from .signature import SCHEMES
 
 # Standard Webhooks secrets are written whsec_<base64 of the key>.
 WHSEC_PREFIX = "whsec_"
+
+
+# schema.sql lives at the top of the repository (and of the Docker image),
+# beside the package, not inside it; SCHEMA_PATH overrides for other layouts,
+# a relative one taken from there too.
+TOP = Path(__file__).resolve().parent.parent
+DEFAULT_SCHEMA_PATH = TOP / "schema.sql"
 
 
 class ConfigError(RuntimeError):
@@ -76,6 +84,8 @@ SETTINGS = {
     "REDIS_DONE_TTL_SECONDS": (_int(1), "86400"),
     # Told to a 409/503 sender: the twin's transaction or an outage is short.
     "RETRY_AFTER_SECONDS": (_int(1), "1"),
+    # Where `flask init-db` reads the schema.
+    "SCHEMA_PATH": (lambda name, raw: TOP / _text(name, raw), "schema.sql"),
 }
 
 
@@ -119,6 +129,6 @@ def check_nesting(config):
     chain = ["PG_LOCK_TIMEOUT_MS", "PG_STATEMENT_TIMEOUT_MS", "PG_POOL_TIMEOUT_MS", "LOCK_TTL_MS"]
     return [
         f"{inner} ({config[inner]}) should be below {outer} ({config[outer]})"
-        for inner, outer in zip(chain, chain[1:])
+        for inner, outer in zip(chain, chain[1:], strict=False)
         if config[inner] >= config[outer]
     ]

@@ -2,16 +2,13 @@
 
 import os
 import threading
-from pathlib import Path
 
 import click
 from flask import current_app
 from flask.cli import with_appcontext
 from psycopg_pool import ConnectionPool
 
-# schema.sql lives at the top of the repository (and of the Docker image),
-# beside the package, not inside it; SCHEMA_PATH overrides for other layouts.
-SCHEMA_PATH = Path(os.environ.get("SCHEMA_PATH", Path(__file__).resolve().parent.parent / "schema.sql"))
+from .config import DEFAULT_SCHEMA_PATH
 
 _open_lock = threading.Lock()
 
@@ -59,15 +56,16 @@ def get_pool(app):
     return pool
 
 
-def apply_schema(conn):
+def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):
     """Apply schema.sql; it is written to be safe to apply again."""
-    conn.execute(SCHEMA_PATH.read_text())
+    conn.execute(path.read_text())
 
 
 @click.command("init-db")
 @with_appcontext
 def init_db_command():
     """Create the tables (idempotent)."""
+    path = current_app.config["SCHEMA_PATH"]
     with get_pool(current_app).connection() as conn:
-        apply_schema(conn)
-    click.echo(f"applied {SCHEMA_PATH}")
+        apply_schema(conn, path)
+    click.echo(f"applied {path}")

@@ -1,21 +1,55 @@
 """One JSON error shape for every answer that is not a success.
 
-Views raise; the handlers here turn every exception into
-`{"error": <code>, "message": <text>}`. A PostgreSQL outage becomes 503
-here and nowhere else. No stack trace or secret ever reaches a body.
+Views raise; the table below turns each domain exception into its answer,
+`{"error": <code>, "message": <text>}` (with the event id once it is known),
+and its delivery outcome. A PostgreSQL outage becomes 503 here and nowhere
+else. No stack trace or secret ever reaches a body.
 """
 
 import logging
+from typing import NamedTuple
 
 import psycopg
 from flask import current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
-from .ledger import RetryLater
+from . import delivery
+from .delivery import Outcome
+from .events import InvalidEvent, InvalidJSON, Unprocessable
+from .ledger import PayloadMismatch, RetryLater
+from .lock import InProgress
+from .signature import SignatureError
 
 log = logging.getLogger(__name__)
 
-# Werkzeug's own exceptions, by status, in this API's vocabulary.
+
+class Answer(NamedTuple):
+    status: int
+    error: str
+    outcome: Outcome
+    message: str | None = None  # None: the exception's own message, written to be shown
+    retry_after: bool = False
+
+
+_UNAVAILABLE = Answer(503, "unavailable", Outcome.UNAVAILABLE, "the database is unavailable; retry later", True)
+
+# Domain exception -> its answer. Looked up along the exception's class
+# hierarchy, so a subclass answers as its base does.
+ANSWERS = {
+    SignatureError: Answer(401, "invalid_signature", Outcome.REJECTED),
+    InvalidJSON: Answer(400, "invalid_json", Outcome.REJECTED),
+    InvalidEvent: Answer(400, "invalid_event", Outcome.REJECTED),
+    Unprocessable: Answer(422, "unprocessable", Outcome.FAILED),
+    PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH),
+    InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True),
+    # Connection refused, pool timeout, statement or lock timeout, a row
+    # purged under the delivery: nothing was committed, and the sender's
+    # retry will find the event as it was.
+    RetryLater: _UNAVAILABLE,
+    psycopg.OperationalError: _UNAVAILABLE,
+}
+
+# Werkzeug's own exceptions (routing, 413, 415), by status, in this API's vocabulary.
 _CODES = {
     400: "bad_request",
     404: "not_found",
@@ -25,18 +59,10 @@ _CODES = {
 }
 
 
-class ApiError(HTTPException):
-    """An answer of DESIGN.md's table: status, error code, message."""
-
-    def __init__(self, code, error, message, retry_after=False, **extra):
-        super().__init__(message)
-        self.code, self.error, self.retry_after, self.extra = code, error, retry_after, extra
-
-
 def init_app(app):
     app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(psycopg.OperationalError, _database_unavailable)
-    app.register_error_handler(RetryLater, _database_unavailable)
+    for exception in ANSWERS:
+        app.register_error_handler(exception, _domain_error)
     app.register_error_handler(Exception, _internal_error)
 
 
@@ -48,18 +74,27 @@ def _answer(status, body, retry_after=False):
     return response
 
 
+def _domain_error(exc):
+    answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
+    if answer.status == 503:
+        log.warning("database unavailable: %s", type(exc).__name__)
+    body = {"error": answer.error, "message": answer.message or str(exc)}
+    record = delivery.current()
+    if record is not None:
+        record.outcome, record.reason = answer.outcome, answer.error if answer.outcome == Outcome.REJECTED else None
+        if record.event_id is not None and answer.status in (409, 422):
+            body["event_id"] = record.event_id
+    if isinstance(exc, InProgress):
+        body["status"] = "in_progress"
+    return _answer(answer.status, body, answer.retry_after)
+
+
 def _http_error(exc):
-    if isinstance(exc, ApiError):
-        return _answer(exc.code, {"error": exc.error, "message": exc.description, **exc.extra}, exc.retry_after)
     error = _CODES.get(exc.code, "http_error")
+    record = delivery.current()
+    if record is not None:
+        record.outcome, record.reason = Outcome.REJECTED, error
     return _answer(exc.code, {"error": error, "message": exc.description}, exc.code == 503)
-
-
-def _database_unavailable(exc):
-    # Connection refused, pool timeout, statement or lock timeout: nothing
-    # was committed, and the sender's retry will find the event new.
-    log.warning("database unavailable: %s", type(exc).__name__)
-    return _answer(503, {"error": "unavailable", "message": "the database is unavailable; retry later"}, True)
 
 
 def _internal_error(exc):

@@ -78,6 +78,18 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers=None) -> Event:
     return Event(event_id, event_type, _data_field(document), text)
 
 
+def stored_event(event_id: str, event_type: str, payload: str) -> Event:
+    """Rebuild the Event of a stored row (for replay and verify): parse's inverse.
+
+    The id and type are the row's, as first parsed: a signature scheme may
+    take them from headers rather than the body (and a GitHub event's data
+    is its whole body).
+    """
+    document = json.loads(payload)
+    data = document["data"] if isinstance(document.get("data"), dict) else document
+    return Event(id=event_id, type=event_type, data=data, text=payload)
+
+
 def _github_event(document, text, headers):
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
     if event_type in CREDITS:

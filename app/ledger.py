@@ -5,17 +5,40 @@ Redis lock in front of this only saves work. A crash anywhere before COMMIT
 leaves nothing behind, and a 2xx is answered only after COMMIT returned.
 """
 
-import json
+from typing import NamedTuple
 
 import psycopg
 
-from .events import MAX_CENTS, Event, InvalidJSON, Unprocessable, credit_of
-
-PROCESSED, DUPLICATE, FAILED, MISMATCH = "processed", "duplicate", "failed", "payload_mismatch"
+from .delivery import Outcome
+from .events import MAX_CENTS, InvalidJSON, Unprocessable, credit_of, stored_event
 
 
 class RetryLater(RuntimeError):
     """Nothing was committed and a retry will succeed: answered 503."""
+
+
+class PayloadMismatch(ValueError):
+    """This event id was stored before with a different body: answered 409."""
+
+
+class Result(NamedTuple):
+    """What applying an event came to: PROCESSED, DUPLICATE, MISMATCH, or FAILED with its reason."""
+
+    outcome: Outcome
+    problem: str | None = None
+
+    @property
+    def committed(self):
+        """Whether the event's effect is committed (by this delivery or an earlier one)."""
+        return self.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE)
+
+    def raise_for_outcome(self):
+        """Raise the exception that answers a FAILED or MISMATCH result; return self otherwise."""
+        if self.outcome == Outcome.FAILED:
+            raise Unprocessable(self.problem)
+        if self.outcome == Outcome.MISMATCH:
+            raise PayloadMismatch("this event id was delivered before with a different body")
+        return self
 
 
 INSERT_EVENT = """
@@ -75,10 +98,9 @@ MARK_FAILED = """
 def apply_event(pool, event, payload_sha256):
     """Record event and apply its effect atomically.
 
-    payload_sha256 is the SHA-256 of the body as received. Returns
-    (PROCESSED, None), (DUPLICATE, None), (MISMATCH, None) or (FAILED,
-    reason); a failure is committed (attempts, last_error) with no balance
-    change, a mismatch is committed as a count and nothing else.
+    payload_sha256 is the SHA-256 of the body as received. Returns a Result;
+    a failure is committed (attempts, last_error) with no balance change, a
+    mismatch is committed as a count and nothing else.
     """
     try:
         credit, problem = credit_of(event), None
@@ -90,30 +112,18 @@ def apply_event(pool, event, payload_sha256):
     with pool.connection() as conn, conn.transaction():
         row_id, outcome = _record(conn, event, payload_sha256)
         if outcome is not None:
-            return outcome, None
+            return Result(outcome)
         if credit is not None and conn.execute(CREDIT, params).fetchone() is None:
             already_credited, user_exists = conn.execute(WHY_NOT_CREDITED, params).fetchone()
             if already_credited:
                 conn.execute(MARK_COMPLETED, [row_id])
-                return DUPLICATE, None
+                return Result(Outcome.DUPLICATE)
             problem = "credit would overflow the balance" if user_exists else f"unknown user {credit.user_id}"
         if problem:
             conn.execute(MARK_FAILED, [problem, row_id])
-            return FAILED, problem
+            return Result(Outcome.FAILED, problem)
         conn.execute(MARK_COMPLETED, [row_id])
-    return PROCESSED, None
-
-
-def stored_event(event_id, event_type, payload):
-    """Rebuild the Event of a stored row (for replay and verify).
-
-    The id and type are the row's, as first parsed: a signature scheme may
-    take them from headers rather than the body (and a GitHub event's data
-    is its whole body).
-    """
-    document = json.loads(payload)
-    data = document["data"] if isinstance(document.get("data"), dict) else document
-    return Event(id=event_id, type=event_type, data=data, text=payload)
+    return Result(Outcome.PROCESSED)
 
 
 def _record(conn, event, payload_sha256):
@@ -137,8 +147,30 @@ def _stored(conn, event, payload_sha256):
     row_id, status, stored_sha256 = stored
     if stored_sha256 != payload_sha256:
         conn.execute(RECORD_MISMATCH, [row_id])
-        return None, MISMATCH
+        return None, Outcome.MISMATCH
     if status == "completed":
-        return None, DUPLICATE
+        return None, Outcome.DUPLICATE
     conn.execute(RETRY_STORED_EVENT, [row_id])
     return row_id, None
+
+
+STORED_EVENT = "SELECT event_type, status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
+
+
+def replay(pool, event_id):
+    """Re-apply a stored event as a new delivery of it would; None if no such event is stored.
+
+    A completed event is left as it is: Result(DUPLICATE, "already completed").
+    """
+    with pool.connection() as conn:
+        row = conn.execute(STORED_EVENT, [event_id]).fetchone()
+    if row is None:
+        return None
+    event_type, status, payload, sha256 = row
+    if status == "completed":
+        return Result(Outcome.DUPLICATE, "already completed")
+    # The stored hash, not one of the re-serialised jsonb: this is the same body.
+    result = apply_event(pool, stored_event(event_id, event_type, payload), sha256)
+    if result.outcome == Outcome.DUPLICATE:
+        return Result(Outcome.DUPLICATE, "completed meanwhile by another delivery")
+    return result

@@ -13,6 +13,7 @@ Redis is unreachable the lock is skipped (degraded).
 
 import logging
 import secrets
+from enum import StrEnum
 
 import redis
 from redis.backoff import NoBackoff
@@ -22,7 +23,27 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 LOCK_PREFIX, DONE_PREFIX = "lock:webhook:", "done:webhook:"
-ACQUIRED, HELD_ELSEWHERE, DONE, DEGRADED = "acquired", "held_elsewhere", "done", "degraded"
+
+
+class LockState(StrEnum):
+    """What taking an event's lock found; logged and counted under these names."""
+
+    ACQUIRED = "acquired"  # this delivery holds the lock
+    HELD_ELSEWHERE = "held_elsewhere"  # a twin delivery holds it now
+    DONE = "done"  # these bytes were committed before: a duplicate
+    DEGRADED = "degraded"  # Redis did not answer: PostgreSQL alone decides
+
+
+class InProgress(RuntimeError):
+    """Another delivery of the event holds its lock now: answered 409, retry later."""
+
+
+def lock_key(event_id):
+    return LOCK_PREFIX + event_id
+
+
+def done_key(event_id):
+    return DONE_PREFIX + event_id
 
 # KEYS: lock, done marker. ARGV: token, lock TTL (ms), body SHA-256 (hex).
 # 2: these bytes were committed before; 1: lock taken; 0: held by a twin.
@@ -59,7 +80,7 @@ class EventLock:
 
     def __init__(self, scripts, event_id, body_sha256, ttl_ms, done_ttl_ms):
         self._acquire, self._release = scripts
-        self._keys = [LOCK_PREFIX + event_id, DONE_PREFIX + event_id]
+        self._keys = [lock_key(event_id), done_key(event_id)]
         self._token = secrets.token_hex(16)
         self._sha256 = body_sha256.hex()
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
@@ -71,8 +92,8 @@ class EventLock:
             taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._sha256])
         except RedisError as exc:
             log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
-            return DEGRADED
-        return {2: DONE, 1: ACQUIRED}.get(taken, HELD_ELSEWHERE)
+            return LockState.DEGRADED
+        return {2: LockState.DONE, 1: LockState.ACQUIRED}.get(taken, LockState.HELD_ELSEWHERE)
 
     def release(self, committed):
         """Delete the lock if this delivery still owns it; mark the event done if committed."""

@@ -1,9 +1,11 @@
-"""Structured logs: one JSON object per line, each carrying the request id.
+"""Structured logs: one line per record, each carrying the request id, and
+the one line per delivery.
 
 Under gunicorn, `logconfig_dict` in gunicorn.conf.py routes gunicorn's and
-the app's loggers to one JSON handler on stdout. Elsewhere (the `flask` CLI,
-`flask run`, the tests) create_app installs the same formatter on stderr,
-so that a command's own output on stdout stays clean.
+the app's loggers to one handler on stdout. Elsewhere (the `flask` CLI,
+`flask run`, the tests) create_app installs one on stderr, so that a
+command's own output on stdout stays clean. Both format with logformat.py:
+JSON lines, or human lines on a terminal.
 """
 
 import logging
@@ -12,16 +14,16 @@ import sys
 import uuid
 
 from flask import g, has_request_context, request
-from pythonjsonlogger.json import JsonFormatter
+
+from logformat import formatter_for
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # What a proxy or the provider may send: a UUID, a trace id, a delivery id.
 # Anything longer or with other characters is replaced, never logged.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
-# The fields of every line, renamed like gunicorn.conf.py's logconfig_dict.
-FORMAT = "%(levelname)s %(name)s %(process)d %(message)s"
-RENAME = {"levelname": "level", "name": "logger", "process": "pid"}
+# Named for the endpoint whose deliveries it logs (operators filter on it).
+delivery_log = logging.getLogger("app.webhooks")
 
 
 def init_app(app):
@@ -29,11 +31,20 @@ def init_app(app):
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=True))
+        handler.setFormatter(formatter_for(sys.stderr))
         root.addHandler(handler)
         root.setLevel(logging.INFO)
     app.before_request(_take_request_id)
     app.after_request(_echo_request_id)
+
+
+def log_delivery(delivery, status, seconds):
+    """The one line per delivery (an app.delivery.Delivery); never the body, the signature or the secret."""
+    delivery_log.info("delivery", extra={
+        "event_id": delivery.event_id, "event_type": delivery.event_type, "outcome": delivery.outcome,
+        "reason": delivery.reason, "status": status, "latency_ms": round(seconds * 1000, 1),
+        "secret_index": delivery.secret_index, "redis": delivery.redis,
+    })
 
 
 def request_id(header):

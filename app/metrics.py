@@ -10,8 +10,15 @@ import os
 import time
 
 from flask import Response, current_app
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 # A duplicate is answered in about a millisecond, a processed event in a few;
 # the pool acquire timeout (3 s) ends the slowest in a 503.
@@ -45,10 +52,11 @@ class Metrics:
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
 
-    def observe_delivery(self, outcome, reason, seconds, redis_state):
-        self.deliveries.labels(outcome=outcome, reason=reason).inc()
-        self.latency.labels(outcome=outcome).observe(seconds)
-        if redis_state == "degraded":
+    def observe_delivery(self, delivery, seconds):
+        """Count one delivery (an app.delivery.Delivery record) by outcome, and its latency."""
+        self.deliveries.labels(outcome=delivery.outcome, reason=delivery.reason or "").inc()
+        self.latency.labels(outcome=delivery.outcome).observe(seconds)
+        if delivery.redis == "degraded":
             self.redis_degraded.inc()
 
     def observe_pool(self, pool, at_most_every=0.0):

@@ -9,8 +9,7 @@
 Purged events leave their credits behind, so 3 holds after a purge.
 """
 
-from .events import CREDITS, credit_of
-from .ledger import stored_event
+from .events import CREDITS, credit_of, stored_event
 
 # Every event type that credit_of credits.
 CREDITING_TYPES = list(CREDITS)

@@ -17,15 +17,14 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import psycopg
+
+from app import verify
+from app.db import apply_schema
+from app.signature import sign
+from devservers import Gunicorn, Postgres, Redis
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import psycopg  # noqa: E402
-
-from app import verify  # noqa: E402
-from app.db import apply_schema  # noqa: E402
-from app.signature import generate_hmac_sha256  # noqa: E402
-from tests.servers import Gunicorn, Postgres, Redis  # noqa: E402
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 # BENCH_ONLY="new events" (a scenario name) measures one scenario, for comparing settings.
@@ -69,7 +68,7 @@ def write_requests(path, events):
     with open(path, "w") as f:
         for e in events:
             body = json.dumps(e, separators=(",", ":"))
-            signature = generate_hmac_sha256(body.encode(), SECRET.encode())["X-Signature"]
+            signature = sign("hmac-sha256", body.encode(), [SECRET.encode()])["X-Signature"]
             f.write(f"{signature}\t{body}\n")
     return path
 
@@ -120,7 +119,8 @@ def peak_rss_mb(pids):
 def run_wrk(base, requests_file, connections):
     threads = min(2, connections)
     out = sh("wrk", "-t", str(threads), "-c", str(connections), "-d", f"{DURATION}s", "--timeout", "10s",
-             "-s", str(WRK_LUA), f"{base}/api/webhooks", env={**os.environ, "BENCH_REQUESTS": str(requests_file), "BENCH_THREADS": str(threads)})
+             "-s", str(WRK_LUA), f"{base}/api/webhooks",
+             env={**os.environ, "BENCH_REQUESTS": str(requests_file), "BENCH_THREADS": str(threads)})
     result = json.loads(out[out.index("BENCH_JSON ") + len("BENCH_JSON "):].splitlines()[0])
     return result
 
@@ -249,12 +249,14 @@ def main():
                          cpu_ms([redis.proc.pid])]
                 n = max(result["requests"], 1)
                 result.update(connections=connections, scenario=scenario.name,
-                              cpu=[(a - b) / n for a, b in zip(after, before)],
+                              cpu=[(a - b) / n for a, b in zip(after, before, strict=False)],
                               invariants=check_invariants(conn),
                               # Re-deliveries repeat by design; for the others, a wrap would repeat an event.
-                              wrapped=scenario.name != "100% re-deliveries" and result["requests"] > len(scenario.events))
+                              wrapped=(scenario.name != "100% re-deliveries"
+                                       and result["requests"] > len(scenario.events)))
                 rows.append(result)
-                print(f"  done: {scenario.name} c={connections}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
+                print(f"  done: {scenario.name} c={connections}: {result['rps']:.0f} req/s",
+                      file=sys.stderr, flush=True)
 
         rss = peak_rss_mb(worker_pids)
         if ONLY:
@@ -276,7 +278,8 @@ def main():
 def report(rows, rss, pgb, workers, threads):
     print(f"\nwebhook-ledger bench: gunicorn {workers} workers x {threads} threads, {os.cpu_count()} cores, "
           f"{DURATION}s per run{' (BENCH_QUICK)' if QUICK else ''}\n")
-    print("| scenario | conns | req/s | p50 ms | p90 ms | p99 ms | non-2xx | errors | CPU ms/req app / pg / redis | invariants |")
+    print("| scenario | conns | req/s | p50 ms | p90 ms | p99 ms | non-2xx | errors "
+          "| CPU ms/req app / pg / redis | invariants |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cpu = " / ".join(f"{x:.2f}" for x in r["cpu"])

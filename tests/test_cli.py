@@ -1,12 +1,10 @@
 """app/cli.py: `flask events list|show|replay|purge` and `flask ledger verify` on real PostgreSQL."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from .conftest import BOB, assert_ledger_consistent, balance, deliver, event_rows, payment
-
-CAROL = "33333333-3333-4333-8333-333333333333"
+from .helpers import BOB, UNKNOWN_USER, assert_ledger_consistent, balance, deliver, event_rows, payment
 
 
 @pytest.fixture
@@ -32,7 +30,7 @@ def _status(db, event_id):
 
 def test_list_shows_a_table_newest_first_and_filters(client, db, run):
     deliver(client, payment("evt_a", cents=10))
-    deliver(client, payment("evt_b", user=CAROL))  # unknown user: failed
+    deliver(client, payment("evt_b", user=UNKNOWN_USER))  # unknown user: failed
     deliver(client, {"id": "evt_c", "type": "customer.created", "data": {}})
     _age(db, "evt_a", 3)
 
@@ -47,7 +45,7 @@ def test_list_shows_a_table_newest_first_and_filters(client, db, run):
     assert _ids(run("events", "list", "--status", "failed", "--status", "completed", "--limit", "2")) == \
         ["evt_c", "evt_b"]
     assert _ids(run("events", "list", "--type", "payment.succeeded")) == ["evt_b", "evt_a"]
-    yesterday = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S")
+    yesterday = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S")
     assert _ids(run("events", "list", "--since", yesterday)) == ["evt_c", "evt_b"]
     assert run("events", "list", "--status", "processing").output == "no events\n"
 
@@ -64,7 +62,7 @@ def test_list_refuses_an_unknown_status(run):
 
 
 def test_show_prints_payload_status_attempts_error_and_times(client, db, run):
-    event = payment("evt_show", user=CAROL, cents=77)
+    event = payment("evt_show", user=UNKNOWN_USER, cents=77)
     deliver(client, event)
     deliver(client, event)
     result = run("events", "show", "evt_show")
@@ -72,7 +70,7 @@ def test_show_prints_payload_status_attempts_error_and_times(client, db, run):
     out = result.output
     assert "status:         failed" in out
     assert "attempts:       2" in out
-    assert f"last error:     unknown user {CAROL}" in out
+    assert f"last error:     unknown user {UNKNOWN_USER}" in out
     assert '"amountCents": 77' in out  # the stored payload, pretty-printed
     assert "received:       20" in out and "completed:      -" in out
     assert "credit:         -" in out
@@ -87,35 +85,35 @@ def test_show_of_an_unknown_event_fails(run):
 # -- replay ---------------------------------------------------------------------
 
 def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, run):
-    event = payment("evt_replay", user=CAROL, cents=700)
+    event = payment("evt_replay", user=UNKNOWN_USER, cents=700)
     assert deliver(client, event).status_code == 422
     result = run("events", "replay", "evt_replay")
     assert result.exit_code == 1
     assert "still failed: unknown user" in result.output
     assert _status(db, "evt_replay") == ("failed", 2)
 
-    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [CAROL])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     result = run("events", "replay", "evt_replay")
     assert result.exit_code == 0, result.output
     assert result.output == "evt_replay: processed; now completed\n"
     assert _status(db, "evt_replay") == ("completed", 3)
-    assert balance(db, CAROL) == 700
+    assert balance(db, UNKNOWN_USER) == 700
 
     # Replaying again, and the provider's own retry, change nothing.
     result = run("events", "replay", "evt_replay")
     assert (result.exit_code, result.output) == (0, "evt_replay: already completed; nothing changed\n")
     assert deliver(client, event).json["status"] == "duplicate"
-    assert balance(db, CAROL) == 700
+    assert balance(db, UNKNOWN_USER) == 700
     assert db.execute("SELECT count(*) FROM ledger_credits WHERE event_id = 'evt_replay'").fetchone()[0] == 1
     assert run("ledger", "verify").exit_code == 0
     assert_ledger_consistent(db)
 
 
 def test_replay_all_failed_reports_each_event(client, db, run):
-    deliver(client, payment("evt_f1", user=CAROL, cents=5))
+    deliver(client, payment("evt_f1", user=UNKNOWN_USER, cents=5))
     deliver(client, payment("evt_f2", user=BOB, cents=0))  # amount 0 stays unprocessable
     deliver(client, payment("evt_ok", cents=1))
-    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [CAROL])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     result = run("events", "replay", "--all-failed")
     assert result.exit_code == 1
     assert result.output.splitlines() == [
@@ -123,7 +121,7 @@ def test_replay_all_failed_reports_each_event(client, db, run):
         "evt_f2: still failed: data.amountCents must be a positive integer",
         "replayed 2 failed events: 1 completed, 1 still failed",
     ]
-    assert balance(db, CAROL) == 5 and balance(db, BOB) == 0 and balance(db) == 1001
+    assert balance(db, UNKNOWN_USER) == 5 and balance(db, BOB) == 0 and balance(db) == 1001
 
 
 @pytest.mark.parametrize("args", [(), ("evt_x", "--all-failed")])
@@ -142,7 +140,7 @@ def test_purge_deletes_old_completed_events_in_batches_and_keeps_the_ledger(clie
     for i in range(5):
         deliver(client, payment(f"evt_old_{i}", cents=10))
         _age(db, f"evt_old_{i}", 40)
-    deliver(client, payment("evt_old_failed", user=CAROL))
+    deliver(client, payment("evt_old_failed", user=UNKNOWN_USER))
     _age(db, "evt_old_failed", 40)
     deliver(client, payment("evt_recent", cents=10))
 
@@ -172,7 +170,7 @@ def test_purge_refuses_a_window_under_35_days_without_force(client, db, run):
 
 
 def test_purge_keeps_failed_events_unless_forced(client, db, run):
-    deliver(client, payment("evt_old_failed", user=CAROL))
+    deliver(client, payment("evt_old_failed", user=UNKNOWN_USER))
     _age(db, "evt_old_failed", 400)
     assert run("events", "purge").output.startswith("purged 0 completed events")
     assert run("events", "purge", "--include-failed").exit_code == 2
@@ -186,7 +184,7 @@ def test_purge_keeps_failed_events_unless_forced(client, db, run):
 def test_verify_passes_on_a_consistent_ledger(client, db, run):
     deliver(client, payment(cents=10))
     deliver(client, payment(user=BOB, cents=20))
-    deliver(client, payment(user=CAROL))
+    deliver(client, payment(user=UNKNOWN_USER))
     result = run("ledger", "verify")
     assert result.exit_code == 0, result.output
     assert result.output == "ledger consistent: 2 users, 3 stored events, 2 credits\n"

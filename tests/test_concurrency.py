@@ -2,26 +2,12 @@
 event, under every signature scheme."""
 
 import random
-import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from .conftest import ALICE, BOB, EVERY_SCHEME, assert_ledger_consistent, balance, encode, payment
-from .servers import http_post
+from .helpers import ALICE, BOB, EVERY_SCHEME, assert_ledger_consistent, balance, burst, encode, http_post, payment
 
 pytestmark = EVERY_SCHEME
-
-
-def _burst(bases, body, headers, copies=50):
-    """Send copies of one delivery at the same instant, spread over bases."""
-    barrier = threading.Barrier(copies)
-
-    def send(i):
-        barrier.wait()
-        return http_post(bases[i % len(bases)], body, headers)
-
-    with ThreadPoolExecutor(copies) as pool:
-        return list(pool.map(send, range(copies)))
 
 
 def _assert_one_processed(answers, event_id):
@@ -37,7 +23,7 @@ def _assert_one_processed(answers, event_id):
 def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign):
     server = gunicorn(workers=3, threads=4)
     body = encode(payment("evt_burst", cents=125))
-    _assert_one_processed(_burst([server.base], body, sign(body)), "evt_burst")
+    _assert_one_processed(burst([server.base], body, sign(body)), "evt_burst")
     assert balance(db) == 1125
     assert_ledger_consistent(db)
 
@@ -45,7 +31,7 @@ def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign):
 def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign):
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
     body = encode(payment("evt_two_hosts", user=BOB, cents=990))
-    _assert_one_processed(_burst([h.base for h in hosts], body, sign(body)), "evt_two_hosts")
+    _assert_one_processed(burst([h.base for h in hosts], body, sign(body)), "evt_two_hosts")
     assert balance(db, BOB) == 990
     assert_ledger_consistent(db)
 

@@ -8,8 +8,7 @@ import pytest
 
 from app import config
 from app.config import ConfigError
-
-from .servers import ROOT
+from devservers import ROOT
 
 BASE = {"DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0",
         "WEBHOOK_SECRET": "s"}

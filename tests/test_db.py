@@ -3,9 +3,9 @@
 import psycopg
 import pytest
 
-from app.db import SCHEMA_PATH, apply_schema
+from app.db import DEFAULT_SCHEMA_PATH, apply_schema
 
-from .conftest import ALICE, OPENING
+from .helpers import ALICE, OPENING
 
 
 def test_schema_applies_twice_without_error(db):
@@ -23,7 +23,7 @@ def test_opening_balance_is_the_balance_at_insert(db):
 
 
 def test_schema_has_no_psql_meta_commands():
-    assert not any(line.lstrip().startswith("\\") for line in SCHEMA_PATH.read_text().splitlines())
+    assert not any(line.lstrip().startswith("\\") for line in DEFAULT_SCHEMA_PATH.read_text().splitlines())
 
 
 def test_event_id_is_unique_by_construction(db):

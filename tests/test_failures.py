@@ -12,12 +12,23 @@ import psycopg
 import pytest
 
 from app.db import apply_schema
+from app.lock import lock_key
+from devservers import Postgres, Redis, wait_until
 
-from .conftest import (ALICE, EVERY_SCHEME, OPENING, assert_ledger_consistent, balance, deliver, encode, event_rows,
-                       payment)
-from .servers import Postgres, Redis, http_get, http_post, wait_until
-
-LOCK_KEY = "lock:webhook:{}"
+from .helpers import (
+    ALICE,
+    EVERY_SCHEME,
+    OPENING,
+    assert_ledger_consistent,
+    balance,
+    burst,
+    deliver,
+    encode,
+    event_rows,
+    http_get,
+    http_post,
+    payment,
+)
 
 
 def _app_backends_waiting(conn):
@@ -67,11 +78,11 @@ def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
     with RowLock(config["DATABASE_URL"]):
         first, first_result = _in_thread(http_post, server.base, body, sign(body))
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="first delivery blocked")
-        wait_until(lambda: not redis_client.exists(LOCK_KEY.format("evt_slow")), what="lock expiry")
+        wait_until(lambda: not redis_client.exists(lock_key("evt_slow")), what="lock expiry")
         second, second_result = _in_thread(http_post, server.base, body, sign(body))
         # The second copy took the expired lock and now waits on the first's insert.
         wait_until(lambda: len(_app_backends_waiting(db)) == 2, what="second delivery blocked")
-        assert redis_client.exists(LOCK_KEY.format("evt_slow"))
+        assert redis_client.exists(lock_key("evt_slow"))
     first.join(30), second.join(30)
     answers = sorted((r["value"][0], r["value"][1]["status"]) for r in (first_result, second_result))
     assert answers == [(200, "duplicate"), (200, "processed")]
@@ -83,7 +94,7 @@ def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
 def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, config, redis_client, sign):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
-    key = LOCK_KEY.format("evt_owner")
+    key = lock_key("evt_owner")
     body = encode(payment("evt_owner", cents=60))
     with RowLock(config["DATABASE_URL"]):
         first, result = _in_thread(http_post, server.base, body, sign(body))
@@ -176,10 +187,8 @@ def test_redis_hung_degrades_within_its_socket_timeout(make_app, config, db, own
 def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis, sign):
     server = gunicorn(workers=2, threads=4, REDIS_URL=own_redis.url)
     own_redis.stop()
-    from .test_concurrency import _burst
-
     body = encode(payment("evt_burst_no_redis", cents=70))
-    answers = _burst([server.base], body, sign(body), copies=30)
+    answers = burst([server.base], body, sign(body), copies=30)
     outcomes = sorted(body["status"] for _, body, _ in answers)
     assert outcomes == ["duplicate"] * 29 + ["processed"]
     assert balance(db) == 1070
@@ -202,9 +211,9 @@ def test_redis_restarted_locks_resume(make_app, config, db, own_redis):
     import redis as redis_lib
 
     watcher = redis_lib.Redis.from_url(own_redis.url)
-    watcher.set(LOCK_KEY.format(event["id"]), "twin", px=10000)
+    watcher.set(lock_key(event["id"]), "twin", px=10000)
     assert deliver(client, event).status_code == 409  # the lock is honoured again
-    watcher.delete(LOCK_KEY.format(event["id"]))
+    watcher.delete(lock_key(event["id"]))
     assert deliver(client, event).json["status"] == "processed"
     assert client.get("/ready").json["redis"] == "ok"
 
@@ -238,7 +247,7 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
     assert http_get(server.base, "/ready")[0] == 503
     assert http_get(server.base, "/health") == (200, {"status": "ok"})
     # Every answer while down was a 503 and released its lock.
-    assert not redis_client.exists(LOCK_KEY.format("evt_pg_outage"))
+    assert not redis_client.exists(lock_key("evt_pg_outage"))
 
     own_postgres.start()
     answers = []
@@ -261,6 +270,6 @@ def test_postgres_slow_is_503_after_the_lock_timeout_and_commits_nothing(client,
         assert int(response.headers["Retry-After"]) >= 1
         assert seconds < 10, seconds  # the lock timeout (1 s), well before a sender's timeout
         assert event_rows(db) == 0
-        assert not redis_client.exists(LOCK_KEY.format("evt_pg_slow"))
+        assert not redis_client.exists(lock_key("evt_pg_slow"))
     assert deliver(client, event).json["status"] == "processed"
     assert balance(db) == 1020

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import ALICE, EVERY_SCHEME, event_rows, signed_headers
+from .helpers import ALICE, EVERY_SCHEME, event_rows, signed_headers
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

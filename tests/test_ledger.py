@@ -5,9 +5,7 @@ import json
 
 import pytest
 
-from .conftest import ALICE, assert_ledger_consistent, balance, deliver, encode, payment, signed_headers
-
-CAROL = "33333333-3333-4333-8333-333333333333"
+from .helpers import ALICE, assert_ledger_consistent, balance, deliver, encode, payment, signed_headers
 
 
 def _row(db, event_id):

@@ -7,15 +7,15 @@ import threading
 import psycopg
 import pytest
 
-from .conftest import ALICE, balance, deliver, encode, payment
+from app.lock import EventLock, LockState, done_key, lock_key
 
-DONE_KEY = "done:webhook:{}"
+from .helpers import ALICE, UNKNOWN_USER, balance, deliver, encode, payment
 
 
 def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client, db, redis_client):
     event = payment("evt_fast")
     assert deliver(client, event).json["status"] == "processed"
-    assert redis_client.get(DONE_KEY.format("evt_fast")) == hashlib.sha256(encode(event)).hexdigest().encode()
+    assert redis_client.get(done_key("evt_fast")) == hashlib.sha256(encode(event)).hexdigest().encode()
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails
     again = deliver(client, event)
     assert (again.status_code, again.json) == (200, {"status": "duplicate", "event_id": "evt_fast"})
@@ -30,12 +30,12 @@ def test_different_bytes_under_a_done_id_still_reach_postgres(client, db, redis_
     assert balance(db) == 1005
 
 
-@pytest.mark.parametrize("event", [payment("evt_unknown_user", user="33333333-3333-4333-8333-333333333333"),
+@pytest.mark.parametrize("event", [payment("evt_unknown_user", user=UNKNOWN_USER),
                                    payment("evt_zero", cents=0)])
 def test_failed_events_are_not_marked_done(client, db, redis_client, event):
     assert deliver(client, event).status_code == 422
-    assert not redis_client.exists(DONE_KEY.format(event["id"]))
-    assert not redis_client.exists("lock:webhook:" + event["id"])
+    assert not redis_client.exists(done_key(event["id"]))
+    assert not redis_client.exists(lock_key(event["id"]))
 
 
 def test_marker_is_written_only_after_commit(make_app, config, db, redis_client):
@@ -48,12 +48,12 @@ def test_marker_is_written_only_after_commit(make_app, config, db, redis_client)
         thread.start()
         thread.join(1.0)  # the delivery is now waiting on the row lock, inside its transaction
         assert thread.is_alive()
-        assert redis_client.exists("lock:webhook:evt_in_flight")
-        assert not redis_client.exists(DONE_KEY.format("evt_in_flight"))
+        assert redis_client.exists(lock_key("evt_in_flight"))
+        assert not redis_client.exists(done_key("evt_in_flight"))
         blocker.rollback()
     thread.join(10)
     assert answer["r"].json["status"] == "processed"
-    assert redis_client.exists(DONE_KEY.format("evt_in_flight"))
+    assert redis_client.exists(done_key("evt_in_flight"))
 
 
 def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_client):
@@ -61,18 +61,16 @@ def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_cli
     deliver(client, event)
     redis_client.flushall()
     assert deliver(client, event).json["status"] == "duplicate"  # PostgreSQL decided
-    assert redis_client.exists(DONE_KEY.format("evt_restored"))
+    assert redis_client.exists(done_key("evt_restored"))
     assert balance(db) == 1250
 
 
 def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
-    from app.lock import ACQUIRED, HELD_ELSEWHERE, EventLock
-
     scripts = app.extensions["redis_scripts"]
     first = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
-    assert first.acquire() == ACQUIRED
-    redis_client.delete("lock:webhook:evt_tokens")  # as if it expired
+    assert first.acquire() == LockState.ACQUIRED
+    redis_client.delete(lock_key("evt_tokens"))  # as if it expired
     second = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
-    assert second.acquire() == ACQUIRED
+    assert second.acquire() == LockState.ACQUIRED
     first.release(committed=False)
-    assert EventLock(scripts, "evt_tokens", b"\x01" * 32, 10000, 1000).acquire() == HELD_ELSEWHERE
+    assert EventLock(scripts, "evt_tokens", b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE

@@ -5,8 +5,7 @@ import re
 
 import pytest
 
-from .conftest import SECRET, deliver, encode, payment, signed_headers
-from .servers import http_get, http_post
+from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, signed_headers
 
 
 @pytest.mark.parametrize("sent, kept", [
@@ -46,7 +45,7 @@ def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn,
     bodies = [encode(payment("evt_logged", cents=7, note=marker)),    # processed
               encode(payment("evt_logged", cents=7, note=marker)),    # duplicate
               encode(payment("evt_logged", cents=8, note=marker)),    # payload_mismatch
-              encode(payment(user="33333333-3333-4333-8333-333333333333", note=marker)),  # failed
+              encode(payment(user=UNKNOWN_USER, note=marker)),        # failed
               b'{"id": "evt_broken", "note": "' + marker.encode() + b'"',  # invalid_json
               ]
     signatures = []
@@ -57,7 +56,8 @@ def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn,
         assert status < 500 and answer_headers["X-Request-ID"] == f"req-{i}"
     forged = encode(payment(note=marker))
     forged_signature = signed_headers(forged, secret="not-the-secret")["X-Signature"]
-    assert http_post(server.base, forged, {"Content-Type": "application/json", "X-Signature": forged_signature})[0] == 401
+    forged_headers = {"Content-Type": "application/json", "X-Signature": forged_signature}
+    assert http_post(server.base, forged, forged_headers)[0] == 401
     assert http_get(server.base, "/ready")[0] == 200
     server.stop()  # flushes everything, including the shutdown lines
 
@@ -83,3 +83,21 @@ def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn,
         assert "event_type" in delivery
     loggers = {line["logger"] for line in lines}
     assert {"gunicorn.error", "gunicorn.access", "app.webhooks"} <= loggers
+
+
+def test_a_terminal_gets_human_lines_from_the_same_records():
+    import io
+    import logging
+
+    from logformat import HumanFormatter, formatter_for
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    record = logging.LogRecord("app.webhooks", logging.INFO, __file__, 1, "delivery", None, None)
+    record.event_id, record.outcome, record.reason = "evt_1", "processed", None
+    assert isinstance(formatter_for(Terminal()), HumanFormatter)
+    line = formatter_for(Terminal()).format(record)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO  app\.webhooks: delivery event_id=evt_1 outcome=processed", line)
+    assert json.loads(formatter_for(io.StringIO()).format(record))["outcome"] == "processed"

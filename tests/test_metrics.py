@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import SECRET, deliver, encode, payment, signed_headers
-from .servers import http_post, wait_until
+from app.lock import lock_key
+from devservers import wait_until
 
-CAROL = "33333333-3333-4333-8333-333333333333"
+from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_post, payment, signed_headers
 
 
 def samples(text):
@@ -36,8 +36,8 @@ def test_each_outcome_is_counted(client, db, redis_client):
     deliver(client, payment("evt_1"))
     deliver(client, payment("evt_1"))
     deliver(client, payment("evt_1", cents=1))                     # payload_mismatch
-    deliver(client, payment(user=CAROL))                           # failed (422)
-    redis_client.set("lock:webhook:evt_busy", "twin", px=10000)
+    deliver(client, payment(user=UNKNOWN_USER))                    # failed (422)
+    redis_client.set(lock_key("evt_busy"), "twin", px=10000)
     deliver(client, payment("evt_busy"))                           # in_progress
     deliver(client, payment(), secret="wrong")                     # rejected
     client.post("/api/webhooks", data=b"{", headers=signed_headers(b"{"))
@@ -89,9 +89,9 @@ def _one_round(base, redis_client, n):
         body = encode(event)
         return http_post(base, body, signed_headers(body, secret))
 
-    redis_client.set(f"lock:webhook:evt_busy_{n}", "twin", px=60000)
+    redis_client.set(lock_key(f"evt_busy_{n}"), "twin", px=60000)
     sends = [lambda: post(payment(f"evt_{n}_a")), lambda: post(payment(f"evt_{n}_b", cents=2)),
-             lambda: post(payment(user=CAROL)), lambda: post(payment(f"evt_busy_{n}")),
+             lambda: post(payment(user=UNKNOWN_USER)), lambda: post(payment(f"evt_busy_{n}")),
              lambda: post(payment(), secret="wrong")]
     barrier = threading.Barrier(len(sends))
 

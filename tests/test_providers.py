@@ -4,25 +4,34 @@ own event shape, and refused outside the replay window. Real PostgreSQL and Redi
 import logging
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import standardwebhooks
 import stripe
 
-from .conftest import (ALICE, BOB, SECRETS, assert_ledger_consistent, balance, deliver, encode, event_rows, payment,
-                       secret_for, signed_headers)
-from .servers import wait_until
+from devservers import wait_until
+
+from .helpers import (
+    ALICE,
+    BOB,
+    SECRETS,
+    UNKNOWN_USER,
+    assert_ledger_consistent,
+    balance,
+    deliver,
+    encode,
+    event_rows,
+    payment,
+    post_delivery,
+    secret_for,
+    signed_headers,
+)
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
 STANDARD_WEBHOOKS = pytest.mark.parametrize("scheme", ["standard-webhooks"])
 GITHUB = pytest.mark.parametrize("scheme", ["github"])
 TIMESTAMPED = pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
-UNKNOWN_USER = "33333333-3333-4333-8333-333333333333"
-
-
-def _post(client, body, headers):
-    return client.post("/api/webhooks", data=body, headers=headers)
 
 
 def stripe_event(event_id=None, user=ALICE, cents=250, **intent):
@@ -47,7 +56,7 @@ def signed_by_the_provider(scheme, body, timestamp=None, msg_id=None):
         header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], timestamp)
         return {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
     msg_id = msg_id or f"msg_{uuid.uuid4().hex}"
-    signed_at = datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    signed_at = datetime.fromtimestamp(timestamp, tz=UTC)
     signature = standardwebhooks.Webhook(SECRETS["standard-webhooks"]).sign(msg_id, signed_at, body.decode())
     return {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
             "webhook-signature": signature}
@@ -64,9 +73,9 @@ def _row(db, event_id):
 def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, scheme):
     event = stripe_event(user=BOB, cents=4200)
     body = encode(event)
-    assert _post(client, body, signed_by_the_provider(scheme, body)).json == {
+    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json == {
         "status": "processed", "event_id": event["id"]}
-    assert _post(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
+    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
     assert balance(db, BOB) == 4200
     assert _row(db, event["id"])[:3] == ("payment_intent.succeeded", "completed", 1)
     assert_ledger_consistent(db)
@@ -75,13 +84,13 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
 @STRIPE
 @pytest.mark.parametrize("intent, reason", [
     ({"metadata": {}}, "data.object.metadata.user_id"),
-    ({"metadata": {"user_id": UNKNOWN_USER}}, "unknown user"),
+    ({"metadata": {"user_id": str(UNKNOWN_USER)}}, "unknown user"),
     ({"amount_received": 0}, "data.object.amount_received"),
     ({"amount_received": "4200"}, "data.object.amount_received"),
 ])
 def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db, scheme, intent, reason):
     body = encode(stripe_event("evt_bad_intent", **intent))
-    response = _post(client, body, signed_by_the_provider(scheme, body))
+    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
     assert (response.status_code, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert _row(db, "evt_bad_intent")[1:3] == ("failed", 1)
@@ -93,10 +102,10 @@ def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db,
 @STANDARD_WEBHOOKS
 def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, db, scheme):
     body = encode(standard_event(cents=75))
-    first = _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_2b3c4d"))
+    first = post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_2b3c4d"))
     assert first.json == {"status": "processed", "event_id": "msg_2b3c4d"}
     # A sender's retry: same message id, a new timestamp and signature.
-    retry = _post(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
+    retry = post_delivery(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
     assert retry.json == {"status": "duplicate", "event_id": "msg_2b3c4d"}
     assert balance(db) == 1075
     assert _row(db, "msg_2b3c4d")[:3] == ("payment.succeeded", "completed", 1)
@@ -105,8 +114,8 @@ def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, d
 @STANDARD_WEBHOOKS
 def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db, scheme):
     body = encode({"id": "evt_in_body", **standard_event(cents=5)})
-    assert _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
-    assert _post(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
+    assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
+    assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
     assert event_rows(db) == 2 and _row(db, "evt_in_body") is None
 
 
@@ -118,7 +127,7 @@ def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db
 ])
 def test_standard_webhooks_body_must_still_have_type_and_data(client, db, scheme, document, error):
     body = encode(document)
-    response = _post(client, body, signed_by_the_provider(scheme, body))
+    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
     assert (response.status_code, response.json["error"]) == (400, error)
     assert event_rows(db) == 0
 
@@ -133,8 +142,8 @@ PING = {"zen": "Design for failure.", "hook_id": 109948940,
 def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, db, scheme):
     body, delivery = encode(PING), str(uuid.uuid4())
     headers = signed_headers(body, scheme=scheme, event_id=delivery, github_event="ping")
-    assert _post(client, body, headers).json == {"status": "processed", "event_id": delivery}
-    assert _post(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
+    assert post_delivery(client, body, headers).json == {"status": "processed", "event_id": delivery}
+    assert post_delivery(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
     assert _row(db, delivery)[:3] == ("ping", "completed", 1)
     assert db.execute("SELECT payload->>'zen' FROM webhook_events").fetchone()[0] == "Design for failure."
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
@@ -144,9 +153,9 @@ def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, d
 def test_github_seed_event_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
     # X-GitHub-Delivery is not signed; a body that has its own id keeps it.
     body = encode(payment("evt_gh_1", cents=10))
-    assert _post(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+    assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
         "status": "processed", "event_id": "evt_gh_1"}
-    assert _post(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+    assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
         "status": "duplicate", "event_id": "evt_gh_1"}
     assert balance(db) == 1010
 
@@ -167,7 +176,7 @@ def test_github_headers_that_cannot_name_the_event_are_400(client, db, scheme, c
     headers.update({k: v for k, v in change.items() if v is not None})
     for name in (k for k, v in change.items() if v is None):
         del headers[name]
-    response = _post(client, body, headers)
+    response = post_delivery(client, body, headers)
     assert (response.status_code, response.json["error"]) == (400, "invalid_event")
     assert message in response.json["message"]
     assert event_rows(db) == 0 and balance(db) == 1000
@@ -179,8 +188,8 @@ def test_github_documented_example_passes_the_signature_check(make_app, config, 
     header = {"Content-Type": "application/json",
               "X-Hub-Signature-256": "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"}
     # Authentic, but not JSON: 400 after the signature check, not 401.
-    assert _post(client, b"Hello, World!", header).json["error"] == "invalid_json"
-    assert _post(client, b"Hello, World?", header).json["error"] == "invalid_signature"
+    assert post_delivery(client, b"Hello, World!", header).json["error"] == "invalid_json"
+    assert post_delivery(client, b"Hello, World?", header).json["error"] == "invalid_signature"
 
 
 # -- every scheme: malformed headers, rotation ------------------------------------
@@ -198,7 +207,7 @@ def test_github_documented_example_passes_the_signature_check(make_app, config, 
     ("github", {"X-Signature": "0" * 64}, "missing X-Hub-Signature-256 header"),
 ])
 def test_malformed_signature_headers_are_401_in_general_terms(client, db, scheme, headers, message):
-    response = _post(client, encode(payment()), {"Content-Type": "application/json", **headers})
+    response = post_delivery(client, encode(payment()), {"Content-Type": "application/json", **headers})
     assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
     assert event_rows(db) == 0
@@ -220,7 +229,7 @@ def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, ca
 @pytest.mark.parametrize("offset, message", [(-360, "too old"), (360, "too far in the future")])
 def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db, scheme, offset, message):
     body = encode(payment("evt_captured"))
-    response = _post(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
+    response = post_delivery(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
     assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
     assert event_rows(db) == 0 and balance(db) == 1000
@@ -233,12 +242,12 @@ def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(m
     body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted copy writes
     signed_at = int(time.time())
     captured = signed_by_the_provider(scheme, body, signed_at, msg_id="evt_replayed")
-    assert _post(client, body, captured).status_code == 422
-    assert _post(client, body, captured).status_code == 422  # inside the window: a retry, recorded
+    assert post_delivery(client, body, captured).status_code == 422
+    assert post_delivery(client, body, captured).status_code == 422  # inside the window: a retry, recorded
     before = _row(db, "evt_replayed")
     assert before[1:3] == ("failed", 2)
     wait_until(lambda: time.time() > signed_at + tolerance + 0.5, timeout=10, what="the window to pass")
-    replay = _post(client, body, captured)
+    replay = post_delivery(client, body, captured)
     assert (replay.status_code, replay.json["error"]) == (401, "invalid_signature")
     assert "too old" in replay.json["message"]
     assert _row(db, "evt_replayed") == before  # attempts and updated_at untouched

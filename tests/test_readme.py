@@ -3,8 +3,7 @@
 import re
 
 from app.config import SETTINGS
-
-from .servers import ROOT
+from devservers import ROOT
 
 README = (ROOT / "README.md").read_text()
 
@@ -25,6 +24,6 @@ def test_every_setting_is_documented_with_its_default():
 
 
 def test_readme_curl_example_matches_make_run():
-    script = (ROOT / "scripts" / "run.sh").read_text()
+    script = (ROOT / "scripts" / "run.py").read_text()
     assert "dev-secret-change-me" in script and "dev-secret-change-me" in README
     assert "00000000-0000-4000-8000-000000000001" in script

@@ -5,8 +5,23 @@ import logging
 
 import pytest
 
-from .conftest import (ALICE, BOB, EVERY_SCHEME, balance, deliver, encode, event_rows, payment, secret_for,
-                       signed_headers, signing_key)
+from app.lock import lock_key
+
+from .helpers import (
+    ALICE,
+    BOB,
+    EVERY_SCHEME,
+    UNKNOWN_USER,
+    balance,
+    deliver,
+    encode,
+    event_rows,
+    payment,
+    post_delivery,
+    secret_for,
+    signed_headers,
+    signing_key,
+)
 
 
 @EVERY_SCHEME
@@ -61,10 +76,6 @@ def test_digits_only_secret_stays_a_string(make_app, config, db):
     assert deliver(client, payment(), secret="0012345").status_code == 200
 
 
-def _post(client, body, headers):
-    return client.post("/api/webhooks", data=body, headers=headers)
-
-
 GOOD = encode(payment("evt_good"))
 SIG = signed_headers(GOOD)["X-Signature"]
 
@@ -83,7 +94,7 @@ def test_bad_signature_is_401_and_writes_nothing(client, db, signature, why):
     headers = {"Content-Type": "application/json"}
     if signature is not None:
         headers["X-Signature"] = signature
-    response = _post(client, GOOD, headers)
+    response = post_delivery(client, GOOD, headers)
     assert response.status_code == 401, why
     assert response.json["error"] == "invalid_signature"
     assert event_rows(db) == 0
@@ -94,7 +105,7 @@ def test_signature_over_reserialized_json_is_rejected(client, db):
     signed_over = json.dumps(event, separators=(",", ":")).encode()
     sent = json.dumps(event, indent=2).encode()
     headers = {**signed_headers(signed_over), "Content-Type": "application/json"}
-    response = _post(client, sent, headers)
+    response = post_delivery(client, sent, headers)
     assert response.status_code == 401
     assert event_rows(db) == 0
 
@@ -133,7 +144,7 @@ def test_signature_with_wrong_secret_is_rejected(client, db):
     (json.dumps({"id": "e", "type": "t" * 65, "data": {}}).encode(), "invalid_event"),
 ])
 def test_malformed_body_is_400_and_writes_nothing(client, db, redis_client, body, error):
-    response = _post(client, body, signed_headers(body))
+    response = post_delivery(client, body, signed_headers(body))
     assert response.status_code == 400
     assert response.json["error"] == error
     assert response.json["message"]
@@ -153,7 +164,7 @@ def test_non_json_content_type_is_415(client, db, content_type):
     headers.pop("Content-Type")
     if content_type:
         headers["Content-Type"] = content_type
-    response = _post(client, body, headers)
+    response = post_delivery(client, body, headers)
     assert response.status_code == 415
     assert response.json["error"] == "unsupported_media_type"
     assert event_rows(db) == 0
@@ -161,21 +172,21 @@ def test_non_json_content_type_is_415(client, db, content_type):
 
 def test_json_with_charset_is_accepted(client, db):
     body = encode(payment())
-    response = _post(client, body, signed_headers(body, content_type="application/json; charset=utf-8"))
+    response = post_delivery(client, body, signed_headers(body, content_type="application/json; charset=utf-8"))
     assert response.status_code == 200
 
 
 def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
     client = make_app({**config, "MAX_BODY_BYTES": 1024}).test_client()
     body = encode(payment(padding="x" * 2000))
-    response = _post(client, body, signed_headers(body))
+    response = post_delivery(client, body, signed_headers(body))
     assert response.status_code == 413
     assert response.json["error"] == "too_large"
     assert event_rows(db) == 0
 
 
 @pytest.mark.parametrize("data, reason", [
-    ({"userId": "33333333-3333-4333-8333-333333333333", "amountCents": 100}, "unknown user"),
+    ({"userId": str(UNKNOWN_USER), "amountCents": 100}, "unknown user"),
     ({"userId": "not-a-uuid", "amountCents": 100}, "userId"),
     ({"userId": 7, "amountCents": 100}, "userId"),
     ({"amountCents": 100}, "userId"),
@@ -210,15 +221,14 @@ def test_credit_that_would_overflow_is_422(client, db):
 
 @EVERY_SCHEME
 def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, scheme):
-    carol = "33333333-3333-4333-8333-333333333333"
-    event = payment("evt_early", user=carol, cents=700)
+    event = payment("evt_early", user=UNKNOWN_USER, cents=700)
     assert deliver(client, event).status_code == 422
     assert deliver(client, event).status_code == 422
-    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [carol])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     response = deliver(client, event)
     assert response.json == {"status": "processed", "event_id": "evt_early"}
     assert deliver(client, event).json["status"] == "duplicate"
-    assert balance(db, carol) == 700
+    assert balance(db, UNKNOWN_USER) == 700
     status, attempts, last_error, completed_at = db.execute(
         "SELECT status, attempts, last_error, completed_at FROM webhook_events").fetchone()
     assert (status, attempts) == ("completed", 3)
@@ -228,20 +238,20 @@ def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, sche
 @EVERY_SCHEME
 def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client, scheme):
     event = payment("evt_busy")
-    redis_client.set("lock:webhook:evt_busy", "held-by-a-twin", px=10000)
+    redis_client.set(lock_key("evt_busy"), "held-by-a-twin", px=10000)
     response = deliver(client, event)
     assert response.status_code == 409
     assert response.json["status"] == "in_progress"
     assert response.json["event_id"] == "evt_busy"
     assert int(response.headers["Retry-After"]) >= 1
     assert event_rows(db) == 0
-    assert redis_client.get("lock:webhook:evt_busy") == b"held-by-a-twin"
+    assert redis_client.get(lock_key("evt_busy")) == b"held-by-a-twin"
 
 
 @EVERY_SCHEME
 def test_lock_is_released_after_processing(client, db, redis_client, scheme):
     deliver(client, payment("evt_release"))
-    assert redis_client.exists("lock:webhook:evt_release") == 0
+    assert redis_client.exists(lock_key("evt_release")) == 0
 
 
 @pytest.mark.parametrize("method, path, status, error", [

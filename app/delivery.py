@@ -1,0 +1,63 @@
+"""A delivery's record: what its log line and its metrics need, and nothing else.
+
+The view fills it in as the delivery goes (event, secret, lock state,
+outcome); errors.py sets the outcome of a delivery that ends in an error.
+After the answer, one log line and the metrics are taken from it.
+"""
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from flask import current_app, g
+
+from . import logs
+
+
+class Outcome(StrEnum):
+    """What a delivery came to: the `outcome` of its log line and metrics."""
+
+    PROCESSED = "processed"  # effects committed by this delivery
+    DUPLICATE = "duplicate"  # committed before; nothing changed
+    FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
+    MISMATCH = "payload_mismatch"  # this id was stored with a different body (409)
+    IN_PROGRESS = "in_progress"  # a twin delivery holds the lock (409)
+    UNAVAILABLE = "unavailable"  # the database did not answer; nothing committed (503)
+    REJECTED = "rejected"  # refused before the ledger: 400, 401, 404, 413, 415
+    ERROR = "error"  # a bug (500)
+
+
+@dataclass
+class Delivery:
+    started: float = field(default_factory=time.perf_counter)
+    event_id: str | None = None
+    event_type: str | None = None
+    secret_index: int | None = None  # which of the rotated secrets verified it
+    redis: str | None = None  # the lock's LockState
+    outcome: Outcome | None = None
+    reason: str | None = None  # a rejection's error code
+
+
+def begin():
+    """Start the record of the delivery that the current request is."""
+    g.delivery = Delivery()
+    return g.delivery
+
+
+def current():
+    """The current request's delivery record, or None if it is not a delivery."""
+    return g.get("delivery")
+
+
+def init_app(app):
+    app.after_request(_finish)
+
+
+def _finish(response):
+    delivery = g.pop("delivery", None)
+    if delivery is not None:
+        seconds = time.perf_counter() - delivery.started
+        delivery.outcome = delivery.outcome or Outcome.ERROR
+        current_app.extensions["metrics"].observe_delivery(delivery, seconds)
+        logs.log_delivery(delivery, response.status_code, seconds)
+    return response

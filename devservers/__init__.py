@@ -1,0 +1,197 @@
+"""Throwaway servers on loopback, for the tests, `make run` and `make bench`:
+a private PostgreSQL cluster, redis-server and gunicorn, each on a free port,
+each stopped by its owner."""
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout=15.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pg_bindir():
+    """The folder of pg_ctl and initdb: pg_ctl's on PATH, else the newest
+    /usr/lib/postgresql/<version>/bin (Debian keeps them off PATH)."""
+    found = shutil.which("pg_ctl")
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                      key=lambda d: [int(n) for n in d.parent.name.split(".") if n.isdigit()], reverse=True)
+    for bindir in ([Path(found).resolve().parent] if found else []) + versions:
+        if (bindir / "pg_ctl").exists() and (bindir / "initdb").exists():
+            return bindir
+    raise RuntimeError("PostgreSQL server binaries not found (apt-get install postgresql)")
+
+
+class Postgres:
+    """A private cluster under base_dir; run as `postgres` when we are root.
+    Its Unix socket goes to socket_dir (default base_dir): ~100 bytes at most."""
+
+    def __init__(self, base_dir, socket_dir=None):
+        self.dir = Path(base_dir)
+        self.socket_dir = Path(socket_dir or base_dir)
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.host, self.user, self.password, self.options = "127.0.0.1", "postgres", "", ""
+        self.bindir = pg_bindir()
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _run(self, *args, **kw):
+        # From /: the postgres user may not be allowed into our working directory.
+        return subprocess.run(self._as + list(args), check=True, capture_output=True, cwd="/", **kw)
+
+    def init(self, reuse=False):
+        """initdb; with reuse, keep the cluster that an earlier init left in data."""
+        for folder in {self.dir, self.socket_dir}:
+            folder.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                pw = pwd.getpwnam("postgres")
+                os.chown(folder, pw.pw_uid, pw.pw_gid)
+        if reuse and (self.data / "PG_VERSION").exists():
+            return self
+        if reuse:
+            shutil.rmtree(self.data, ignore_errors=True)  # an interrupted initdb's leftovers
+        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+        return self
+
+    def start(self):
+        # fsync stays on: the crash tests rely on COMMIT meaning durable.
+        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k '{self.socket_dir}'"
+                " -c max_connections=200 -c shared_buffers=64MB")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts,
+                  "-l", str(self.dir / "log"), "-w", "-t", "30", "start")
+        return self
+
+    def running(self):
+        """Whether a server runs on data (e.g. one left by a killed owner)."""
+        status = subprocess.run(self._as + [str(self.bindir / "pg_ctl"), "-D", str(self.data), "status"],
+                                capture_output=True, cwd="/")
+        return status.returncode == 0
+
+    def stop(self, mode="fast"):
+        try:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+        except subprocess.CalledProcessError:
+            pass
+
+    def url(self, dbname="postgres"):
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{dbname}"
+
+
+class Redis:
+    """redis-server without persistence. With workdir, its pid file (redis.pid)
+    and log (redis.log) are kept there; with new_session, the terminal's
+    Ctrl-C does not reach it: its owner stops it."""
+
+    def __init__(self, workdir=None, new_session=False):
+        self.port = free_port()
+        self.workdir = Path(workdir) if workdir else None
+        self.new_session = new_session
+        self.proc = None
+
+    def start(self):
+        files = ["--loglevel", "warning"]
+        if self.workdir:
+            files = ["--dir", str(self.workdir), "--pidfile", str(self.workdir / "redis.pid"),
+                     "--logfile", str(self.workdir / "redis.log"), "--loglevel", "notice"]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", *files],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=self.new_session,
+        )
+        wait_until(self._answers, what="redis-server")
+        return self
+
+    def _answers(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+class Gunicorn:
+    """The real server, with the committed gunicorn.conf.py, in a session of
+    its own. workers or threads None leaves them to gunicorn.conf.py; log_path
+    "-" sends its output to ours (a terminal gets human-readable logs); port
+    None picks a free one, and host is where /health is asked."""
+
+    def __init__(self, env, workers=2, threads=4, log_path=None, port=None, host="127.0.0.1"):
+        self.port = port or free_port()
+        self.host = host
+        sizes = {"WEB_CONCURRENCY": workers, "GUNICORN_THREADS": threads}
+        self.env = {**os.environ, **env, "PORT": str(self.port),
+                    **{name: str(value) for name, value in sizes.items() if value is not None}}
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self):
+        if self.log_path == "-":
+            out = err = None
+        else:
+            out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+            err = subprocess.STDOUT
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "wsgi:app"],
+            cwd=ROOT, env=self.env, stdout=out, stderr=err, start_new_session=True,
+        )
+        wait_until(self._healthy, timeout=20, what="gunicorn /health")
+        return self
+
+    def _healthy(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {self.proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{self.base}/health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def base(self):
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def worker_pids(self):
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
