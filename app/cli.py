@@ -1,6 +1,6 @@
 """Operator commands: `flask events list|show|replay|purge` and `flask ledger verify`."""
 
-import json
+import hashlib
 from datetime import UTC
 
 import click
@@ -8,6 +8,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from . import ledger, retention, verify
+from .config import DEFAULT_SOURCE
 from .db import get_pool
 from .delivery import Outcome
 
@@ -16,22 +17,29 @@ ledger_group = AppGroup("ledger", help="Check the ledger.")
 
 STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """
-    SELECT event_id, event_type, status, attempts, mismatches, created_at, last_error
+    SELECT source, event_id, event_type, status, attempts, mismatches, created_at, last_error
     FROM webhook_events
-    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
+    WHERE (%(sources)s::text[] IS NULL OR source = ANY(%(sources)s))
+      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
       AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
       AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
 """
 SHOW_EVENT = """
-    SELECT e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches, e.last_mismatch_at,
-           e.payload_sha256, e.created_at, e.updated_at, e.completed_at, e.payload::text,
+    SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
+           e.last_mismatch_at, e.payload_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
            c.user_id, c.amount_cents, c.created_at
-    FROM webhook_events e LEFT JOIN ledger_credits c USING (event_id)
-    WHERE e.event_id = %s
+    FROM webhook_events e LEFT JOIN ledger_credits c USING (source, event_id)
+    WHERE e.source = %s AND e.event_id = %s
 """
-FAILED_EVENTS = "SELECT event_id FROM webhook_events WHERE status = 'failed' ORDER BY created_at, id"
+FAILED_EVENTS = """
+    SELECT source, event_id FROM webhook_events
+    WHERE status = 'failed' AND (%(source)s::text IS NULL OR source = %(source)s)
+    ORDER BY created_at, id
+"""
+SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
+                      help="The event's source (a name from WEBHOOK_SOURCES).")
 
 
 def init_app(app):
@@ -50,50 +58,60 @@ def _table(header, rows):
 
 
 @events.command("list")
+@click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
 @click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Repeatable.")
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
-def list_events(statuses, types, since, limit):
+def list_events(sources, statuses, types, since, limit):
     """List stored events, newest first."""
-    params = {"statuses": list(statuses) or None, "types": list(types) or None, "limit": limit,
-              "since": since.replace(tzinfo=UTC) if since else None}
+    params = {"sources": list(sources) or None, "statuses": list(statuses) or None, "types": list(types) or None,
+              "limit": limit, "since": since.replace(tzinfo=UTC) if since else None}
     with get_pool(current_app).connection() as conn:
         rows = conn.execute(LIST_EVENTS, params).fetchall()
     if not rows:
         click.echo("no events")
         return
-    header = ("EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
-    _table(header, [(eid, etype, status, attempts, mismatches, _utc(created), (error or "")[:60])
-                    for eid, etype, status, attempts, mismatches, created, error in rows])
+    header = ("SOURCE", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
+    _table(header, [(src, eid, etype, status, attempts, mismatches, _utc(created), (error or "")[:60])
+                    for src, eid, etype, status, attempts, mismatches, created, error in rows])
 
 
 @events.command("show")
 @click.argument("event_id")
-def show_event(event_id):
-    """Show one stored event: payload, status, attempts, last error, times."""
+@SOURCE
+def show_event(event_id, source):
+    """Show one stored event: the bytes received, status, attempts, last error, times."""
     with get_pool(current_app).connection() as conn:
-        row = conn.execute(SHOW_EVENT, [event_id]).fetchone()
+        row = conn.execute(SHOW_EVENT, [source, event_id]).fetchone()
     if row is None:
-        raise click.ClickException(f"no stored event {event_id!r}")
-    (eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
-     payload, credit_user, credit_cents, credited_at) = row
+        raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
+    (src, eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
+     body, credit_user, credit_cents, credited_at) = row
+    if body is None:
+        kept = "not kept (stored before the upgrade that keeps them)"
+    else:
+        kept = "match" if hashlib.sha256(body).digest() == sha256 else "DO NOT MATCH their SHA-256"
     fields = [
-        ("event id", eid), ("type", etype), ("status", status), ("attempts", attempts),
+        ("source", src), ("event id", eid), ("type", etype), ("status", status), ("attempts", attempts),
         ("last error", error or "-"), ("mismatches", f"{mismatches} (last {_utc(mismatch_at)})"),
-        ("payload sha256", sha256.hex()),
+        ("payload sha256", sha256.hex()), ("stored bytes", kept),
         ("received", _utc(created)), ("updated", _utc(updated)), ("completed", _utc(completed)),
         ("credit", f"{credit_cents} cents to {credit_user} at {_utc(credited_at)}" if credit_user else "-"),
     ]
     for name, value in fields:
         click.echo(f"{name + ':':<16}{value}")
-    click.echo("payload:")
-    click.echo(json.dumps(json.loads(payload), indent=2, ensure_ascii=False))
+    if body is not None:
+        # The bytes as received, not re-serialised: the event of record.
+        click.echo(f"payload ({len(body)} bytes, as received):")
+        click.echo(bytes(body).decode("utf-8", errors="backslashreplace"))
 
 
-def _replayed(event_id, result):
+def _replayed(source, event_id, result):
     """Return (ok, the line that tells what replaying event_id did)."""
+    if source != DEFAULT_SOURCE:
+        event_id = f"{source}/{event_id}"
     if result is None:
         return False, f"{event_id}: no such stored event"
     if result.outcome == Outcome.PROCESSED:
@@ -106,17 +124,20 @@ def _replayed(event_id, result):
 @events.command("replay")
 @click.argument("event_id", required=False)
 @click.option("--all-failed", is_flag=True, help="Replay every failed event, oldest first.")
-def replay_events(event_id, all_failed):
-    """Re-run stored failed events through the ledger transaction (exactly once, as a delivery would)."""
+@click.option("--source", help=f"The event's source [default: {DEFAULT_SOURCE}]; with --all-failed, "
+                                "only this source's events [default: every source's].")
+def replay_events(event_id, all_failed, source):
+    """Re-run stored failed events, from their stored bytes, through the ledger transaction (exactly once)."""
     if bool(event_id) == all_failed:
         raise click.UsageError("give either EVENT_ID or --all-failed")
     pool = get_pool(current_app)
     if all_failed:
         with pool.connection() as conn:
-            event_ids = [r[0] for r in conn.execute(FAILED_EVENTS)]
+            keys = conn.execute(FAILED_EVENTS, {"source": source}).fetchall()
     else:
-        event_ids = [event_id]
-    results = [_replayed(eid, ledger.replay(pool, eid)) for eid in event_ids]
+        keys = [(source or DEFAULT_SOURCE, event_id)]
+    policy = current_app.config["POLICY"]
+    results = [_replayed(src, eid, ledger.replay(pool, src, eid, policy)) for src, eid in keys]
     for _, message in results:
         click.echo(message)
     failures = sum(not ok for ok, _ in results)
@@ -133,14 +154,15 @@ def replay_events(event_id, all_failed):
 @click.option("--include-failed", is_flag=True, help="Delete old failed events too (needs --force).")
 @click.option("--force", is_flag=True, help=f"Allow a window under {retention.DEFAULT_DAYS} days, or --include-failed.")
 @click.option("--batch-size", default=retention.BATCH_SIZE, show_default=True, type=click.IntRange(1, 100000))
-def purge_events(days, include_failed, force, batch_size):
+@click.option("--source", help="Only this source's events [default: every source's].")
+def purge_events(days, include_failed, force, batch_size, source):
     """Delete old completed events in short batches; ledger credits are kept."""
     if days < retention.DEFAULT_DAYS and not force:
         raise click.UsageError(f"--older-than {days} is under {retention.DEFAULT_DAYS} days, the minimum that "
                                "outlasts providers' resend windows; add --force to purge anyway")
     if include_failed and not force:
         raise click.UsageError("--include-failed deletes events that never took effect; add --force")
-    deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size)
+    deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source)
     kinds = "completed and failed" if include_failed else "completed"
     click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; ledger credits kept")
 
@@ -149,7 +171,7 @@ def purge_events(days, include_failed, force, batch_size):
 def verify_ledger():
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     with get_pool(current_app).connection() as conn:
-        problems, (users, stored, credits) = verify.check(conn)
+        problems, (users, stored, credits) = verify.check(conn, current_app.config["POLICY"])
     if problems:
         for problem in problems:
             click.echo(problem)

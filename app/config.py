@@ -3,8 +3,11 @@
 import base64
 import binascii
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from .events import Policy
 from .signature import SCHEMES
 
 # Standard Webhooks secrets are written whsec_<base64 of the key>.
@@ -20,6 +23,26 @@ DEFAULT_SCHEMA_PATH = TOP / "schema.sql"
 
 class ConfigError(RuntimeError):
     """A setting is missing or invalid; the message names it."""
+
+
+class UnknownSource(LookupError):
+    """No source of that name is configured: answered 404."""
+
+
+# The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
+DEFAULT_SOURCE = "default"
+# Also in schema.sql's CHECK on webhook_events.source.
+SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window."""
+
+    name: str
+    scheme: str
+    secrets: tuple
+    tolerance: int
 
 
 # name -> (parser, default). A default of None means the setting is required.
@@ -52,6 +75,31 @@ def _scheme(name, raw):
     return raw
 
 
+def _currency(name, raw):
+    # ISO 4217, written as Stripe writes it: three lowercase letters.
+    if not re.fullmatch(r"[A-Za-z]{3}", raw.strip()):
+        raise ConfigError(f"{name} must be a three-letter ISO 4217 currency code, got {raw!r}")
+    return raw.strip().lower()
+
+
+def _bool(name, raw):
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{name} must be true or false, got {raw!r}")
+    return value == "true"
+
+
+def _source_names(name, raw):
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    for source in names:
+        if not SOURCE_NAME.fullmatch(source) or source == DEFAULT_SOURCE:
+            raise ConfigError(f"{name}: {source!r} is not a source name (1-64 lowercase letters, digits and -; "
+                              f"not {DEFAULT_SOURCE!r})")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{name} names a source twice")
+    return tuple(names)
+
+
 def _text(name, raw):
     if not raw.strip():
         raise ConfigError(f"{name} is empty")
@@ -61,8 +109,10 @@ def _text(name, raw):
 SETTINGS = {
     "DATABASE_URL": (_text, None),
     "REDIS_URL": (_text, None),
+    # Required unless WEBHOOK_SOURCES names sources (then the default source is off).
     "WEBHOOK_SECRET": (_secrets, None),
     "WEBHOOK_SIGNATURE_SCHEME": (_scheme, "hmac-sha256"),
+    "WEBHOOK_SOURCES": (_source_names, ""),
     # Stripe's and Standard Webhooks' own default: a signed timestamp older
     # (or further ahead) than this is a replay (or a forged clock).
     # stripe-python reads 0 as "do not check"; here the window is never off.
@@ -84,6 +134,10 @@ SETTINGS = {
     "REDIS_DONE_TTL_SECONDS": (_int(1), "86400"),
     # Told to a 409/503 sender: the twin's transaction or an outage is short.
     "RETRY_AFTER_SECONDS": (_int(1), "1"),
+    # Payments in another currency are refused (422), never credited as if in this one.
+    "LEDGER_CURRENCY": (_currency, "usd"),
+    # Stripe's test-mode events (livemode false) are refused (422) unless this is true.
+    "STRIPE_ACCEPT_TEST_EVENTS": (_bool, "false"),
     # Where `flask init-db` reads the schema.
     "SCHEMA_PATH": (lambda name, raw: TOP / _text(name, raw), "schema.sql"),
 }
@@ -93,19 +147,51 @@ def from_env(environ=None):
     """Return the settings parsed from environ (default os.environ)."""
     environ = os.environ if environ is None else environ
     config = {}
+    named = _source_names("WEBHOOK_SOURCES", environ.get("WEBHOOK_SOURCES", ""))
     for name, (parse, default) in SETTINGS.items():
         raw = environ.get(name, default)
+        if raw is None and name == "WEBHOOK_SECRET" and named:
+            config[name] = None  # the default source is off: POST /api/webhooks answers 404
+            continue
         if raw is None:
             raise ConfigError(f"{name} is required but not set")
         config[name] = parse(name, raw)
-    if config["WEBHOOK_SIGNATURE_SCHEME"] == "standard-webhooks":
-        config["WEBHOOK_SECRET"] = tuple(_whsec_key(i, s) for i, s in enumerate(config["WEBHOOK_SECRET"]))
+    if config["WEBHOOK_SECRET"] is not None and config["WEBHOOK_SIGNATURE_SCHEME"] == "standard-webhooks":
+        config["WEBHOOK_SECRET"] = _whsec_keys("WEBHOOK_SECRET", config["WEBHOOK_SECRET"])
+    config["SOURCES"] = _sources(config, named, environ)
+    config["POLICY"] = Policy(config["LEDGER_CURRENCY"], config["STRIPE_ACCEPT_TEST_EVENTS"])
     return config
 
 
-def _whsec_key(index, secret):
+def _sources(config, named, environ):
+    """Every source served, by name: the default one (when it has a secret), then the named ones."""
+    sources = {}
+    if config["WEBHOOK_SECRET"] is not None:
+        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, config["WEBHOOK_SIGNATURE_SCHEME"],
+                                         config["WEBHOOK_SECRET"], config["WEBHOOK_TOLERANCE_SECONDS"])
+    for name in named:
+        prefix = f"WEBHOOK_{name.upper().replace('-', '_')}_"
+        raw_secret = environ.get(prefix + "SECRET")
+        if raw_secret is None:
+            raise ConfigError(f"{prefix}SECRET is required for source {name!r} (named in WEBHOOK_SOURCES)")
+        scheme = _scheme(prefix + "SCHEME", environ.get(prefix + "SCHEME", name if name in SCHEMES else "hmac-sha256"))
+        secrets = _secrets(prefix + "SECRET", raw_secret)
+        if scheme == "standard-webhooks":
+            secrets = _whsec_keys(prefix + "SECRET", secrets)
+        tolerance = environ.get(prefix + "TOLERANCE_SECONDS")
+        tolerance = (config["WEBHOOK_TOLERANCE_SECONDS"] if tolerance is None
+                     else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", tolerance))
+        sources[name] = Source(name, scheme, secrets, tolerance)
+    return sources
+
+
+def _whsec_keys(name, secrets):
+    return tuple(_whsec_key(i, s, name) for i, s in enumerate(secrets))
+
+
+def _whsec_key(index, secret, name="WEBHOOK_SECRET"):
     """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
-    where = f"WEBHOOK_SECRET entry {index} (counted from 0)"
+    where = f"{name} entry {index} (counted from 0)"
     if not secret.startswith(WHSEC_PREFIX.encode()):
         raise ConfigError(f"{where} must be written {WHSEC_PREFIX}<base64> under standard-webhooks")
     encoded = secret[len(WHSEC_PREFIX):]

@@ -29,6 +29,7 @@ class Outcome(StrEnum):
 
 @dataclass
 class Delivery:
+    source: str
     started: float = field(default_factory=time.perf_counter)
     event_id: str | None = None
     event_type: str | None = None
@@ -36,11 +37,18 @@ class Delivery:
     redis: str | None = None  # the lock's LockState
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
+    body_sha256: bytes | None = None  # of the bytes received
+    stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
+
+    @property
+    def reserialised(self):
+        """The same effect arrived in other bytes than the stored ones (a provider re-serialising)."""
+        return None not in (self.body_sha256, self.stored_sha256) and self.body_sha256 != self.stored_sha256
 
 
-def begin():
-    """Start the record of the delivery that the current request is."""
-    g.delivery = Delivery()
+def begin(source):
+    """Start the record of the delivery to source that the current request is."""
+    g.delivery = Delivery(source)
     return g.delivery
 
 

@@ -14,6 +14,7 @@ from flask import current_app, jsonify
 from werkzeug.exceptions import HTTPException
 
 from . import delivery
+from .config import UnknownSource
 from .delivery import Outcome
 from .events import InvalidEvent, InvalidJSON, Unprocessable
 from .ledger import PayloadMismatch, RetryLater
@@ -42,6 +43,8 @@ ANSWERS = {
     Unprocessable: Answer(422, "unprocessable", Outcome.FAILED),
     PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH),
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True),
+    # DESIGN.md's body is the code alone: nothing about what is configured.
+    UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Connection refused, pool timeout, statement or lock timeout, a row
     # purged under the delivery: nothing was committed, and the sender's
     # retry will find the event as it was.
@@ -78,7 +81,10 @@ def _domain_error(exc):
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
     if answer.status == 503:
         log.warning("database unavailable: %s", type(exc).__name__)
-    body = {"error": answer.error, "message": answer.message or str(exc)}
+    body = {"error": answer.error}
+    message = str(exc) if answer.message is None else answer.message
+    if message:
+        body["message"] = message
     record = delivery.current()
     if record is not None:
         record.outcome, record.reason = answer.outcome, answer.error if answer.outcome == Outcome.REJECTED else None

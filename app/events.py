@@ -12,6 +12,8 @@ event id is taken from what the scheme signs:
   payment.
 """
 
+import functools
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -36,12 +38,23 @@ class Unprocessable(ValueError):
     """Authentic and well-formed, but the business effect cannot apply."""
 
 
+class StoredBodyError(ValueError):
+    """A stored event's bytes are missing, do not match their hash, or no longer parse."""
+
+
 @dataclass(frozen=True)
 class Event:
     id: str
     type: str
     data: dict
-    text: str  # the body as received, stored as the event's payload
+    document: dict  # the whole body, parsed
+    body: bytes  # the bytes received: the event of record
+    source: str = "default"  # with id, what identifies the event
+
+    @functools.cached_property
+    def effect(self) -> bytes:
+        """effect_of(self), computed once."""
+        return effect_of(self)
 
 
 @dataclass(frozen=True)
@@ -50,15 +63,25 @@ class Credit:
     amount_cents: int
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What the ledger accepts beyond the event's shape (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS)."""
+
+    currency: str = "usd"
+    accept_test_events: bool = False
+
+
+DEFAULT_POLICY = Policy()
+
+
 def _reject_constant(name):
     raise InvalidJSON(f"{name} is not valid JSON")
 
 
-def parse(body: bytes, scheme: str = "hmac-sha256", headers=None) -> Event:
-    """Return the event in body (and, per scheme, headers), or raise InvalidJSON / InvalidEvent."""
+def load(body: bytes) -> dict:
+    """Return the JSON object in body, or raise InvalidJSON: the live path's and replay's one decoder."""
     try:
-        text = body.decode("utf-8")
-        document = json.loads(text, parse_constant=_reject_constant)
+        document = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise InvalidJSON("body is not valid UTF-8") from None
     except RecursionError:
@@ -67,35 +90,50 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers=None) -> Event:
         raise InvalidJSON("body is not valid JSON") from exc
     if not isinstance(document, dict):
         raise InvalidJSON("body must be a JSON object")
+    return document
+
+
+def parse(body: bytes, scheme: str = "hmac-sha256", headers=None, source: str = "default") -> Event:
+    """Return the event in body (and, per scheme, headers), or raise InvalidJSON / InvalidEvent."""
+    document = load(body)
     headers = {} if headers is None else headers
     if scheme == "github" and "type" not in document:
-        return _github_event(document, text, headers)
+        return _github_event(document, body, headers, source)
     if scheme == "standard-webhooks":
         event_id = _text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
         event_id = _text(document.get("id"), "'id'", MAX_ID_CHARS)
     event_type = _text(document.get("type"), "'type'", MAX_TYPE_CHARS)
-    return Event(event_id, event_type, _data_field(document), text)
+    return Event(event_id, event_type, _data_field(document), document, body, source)
 
 
-def stored_event(event_id: str, event_type: str, payload: str) -> Event:
-    """Rebuild the Event of a stored row (for replay and verify): parse's inverse.
+def stored_event(source: str, event_id: str, event_type: str, body: bytes | None, sha256: bytes | None) -> Event:
+    """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
-    The id and type are the row's, as first parsed: a signature scheme may
-    take them from headers rather than the body (and a GitHub event's data
-    is its whole body).
+    The bytes are checked against their SHA-256 and decoded by the live
+    path's own function, so that both decide alike; StoredBodyError says why
+    they cannot be. The id and type are the row's, as first parsed: a
+    signature scheme may take them from headers rather than the body (and a
+    GitHub event's data is its whole body).
     """
-    document = json.loads(payload)
+    if body is None:
+        raise StoredBodyError("its bytes were not kept (stored before the upgrade that keeps them)")
+    if sha256 is not None and hashlib.sha256(body).digest() != bytes(sha256):
+        raise StoredBodyError("its stored bytes do not match their SHA-256")
+    try:
+        document = load(body)
+    except InvalidJSON as exc:
+        raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
     data = document["data"] if isinstance(document.get("data"), dict) else document
-    return Event(id=event_id, type=event_type, data=data, text=payload)
+    return Event(id=event_id, type=event_type, data=data, document=document, body=body, source=source)
 
 
-def _github_event(document, text, headers):
+def _github_event(document, body, headers, source):
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
     if event_type in CREDITS:
         raise InvalidEvent("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
-    return Event(event_id, event_type, document, text)
+    return Event(event_id, event_type, document, document, body, source)
 
 
 def _text(value, label, max_chars):
@@ -126,27 +164,61 @@ def _data_field(document):
     return data
 
 
-def credit_of(event: Event) -> Credit | None:
+def credit_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Credit | None:
     """Return the balance effect of event, None if it has none, or raise Unprocessable."""
     rule = CREDITS.get(event.type)
-    return None if rule is None else rule(event.data)
+    return None if rule is None else rule(event, policy)
 
 
-def _payment(data):
-    """Seed 000's payment.succeeded."""
+def effect_of(event: Event) -> bytes:
+    """The SHA-256 of what applying event does: its type and, for a payment, the fields its credit reads.
+
+    Two deliveries of one id with the same effect in other bytes (a provider
+    re-serialising, Stripe's pending_webhooks changing) are the same event;
+    a different effect is a payload mismatch. The raw values are hashed, so
+    that 100 and 1e2 (which do not credit alike) are different effects.
+    """
+    rule = EFFECTS.get(event.type)
+    fields = [event.type] if rule is None else [event.type, *rule(event)]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+def _payment(event, policy):
+    """Seed 000's payment.succeeded; a `currency`, when given, must be the ledger's."""
+    data = event.data
+    _check_currency(data.get("currency", policy.currency), "data.currency", policy)
     return _credit(data.get("userId"), "data.userId", data.get("amountCents"), "data.amountCents")
 
 
-def _payment_intent(data):
+def _payment_intent(event, policy):
     """Stripe's payment_intent.succeeded; the amount is in the currency's smallest unit."""
-    intent = _object(data.get("object"))
+    intent = _object(event.data.get("object"))
+    if event.document.get("livemode") is not True and not policy.accept_test_events:
+        raise Unprocessable("a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept")
+    _check_currency(intent.get("currency"), "data.object.currency", policy)
     user_id = _object(intent.get("metadata")).get("user_id")
     amount = intent.get("amount_received")
     return _credit(user_id, "data.object.metadata.user_id", amount, "data.object.amount_received")
 
 
+def _payment_effect(event):
+    data = event.data
+    return [data.get("userId"), data.get("amountCents"), data.get("currency")]
+
+
+def _payment_intent_effect(event):
+    intent = _object(event.data.get("object"))
+    user_id = _object(intent.get("metadata")).get("user_id")
+    return [user_id, intent.get("amount_received"), intent.get("currency"), event.document.get("livemode")]
+
+
 def _object(value):
     return value if isinstance(value, dict) else {}
+
+
+def _check_currency(currency, label, policy):
+    if not isinstance(currency, str) or currency.lower() != policy.currency:
+        raise Unprocessable(f"{label} must be the ledger's currency, {policy.currency!r}")
 
 
 def _credit(user_id, user_label, amount, amount_label):
@@ -165,3 +237,5 @@ def _credit(user_id, user_label, amount, amount_label):
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still credits.
 CREDITS = {PAYMENT_SUCCEEDED: _payment, PAYMENT_INTENT_SUCCEEDED: _payment_intent}
+# The fields each credit reads, for effect_of.
+EFFECTS = {PAYMENT_SUCCEEDED: _payment_effect, PAYMENT_INTENT_SUCCEEDED: _payment_intent_effect}

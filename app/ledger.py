@@ -1,8 +1,9 @@
 """The ledger's unit of work: one event applied in ONE PostgreSQL transaction.
 
-The unique constraint on webhook_events.event_id decides idempotency; the
-Redis lock in front of this only saves work. A crash anywhere before COMMIT
-leaves nothing behind, and a 2xx is answered only after COMMIT returned.
+The unique constraint on webhook_events (source, event_id) decides
+idempotency; the Redis lock in front of this only saves work. A crash
+anywhere before COMMIT leaves nothing behind, and a 2xx is answered only
+after COMMIT returned.
 """
 
 from typing import NamedTuple
@@ -10,7 +11,7 @@ from typing import NamedTuple
 import psycopg
 
 from .delivery import Outcome
-from .events import MAX_CENTS, InvalidJSON, Unprocessable, credit_of, stored_event
+from .events import DEFAULT_POLICY, MAX_CENTS, InvalidJSON, StoredBodyError, Unprocessable, credit_of, stored_event
 
 
 class RetryLater(RuntimeError):
@@ -18,14 +19,20 @@ class RetryLater(RuntimeError):
 
 
 class PayloadMismatch(ValueError):
-    """This event id was stored before with a different body: answered 409."""
+    """This event id was stored before with a different effect: answered 409."""
 
 
 class Result(NamedTuple):
-    """What applying an event came to: PROCESSED, DUPLICATE, MISMATCH, or FAILED with its reason."""
+    """What applying an event came to: PROCESSED, DUPLICATE, MISMATCH, or FAILED with its reason.
+
+    stored_sha256 is the SHA-256 of the bytes the stored row holds, when it
+    was read: on a DUPLICATE it may differ from the delivery's (the same
+    effect in other bytes).
+    """
 
     outcome: Outcome
     problem: str | None = None
+    stored_sha256: bytes | None = None
 
     @property
     def committed(self):
@@ -37,55 +44,68 @@ class Result(NamedTuple):
         if self.outcome == Outcome.FAILED:
             raise Unprocessable(self.problem)
         if self.outcome == Outcome.MISMATCH:
-            raise PayloadMismatch("this event id was delivered before with a different body")
+            raise PayloadMismatch("this event id was delivered before with a different effect")
         return self
 
 
+# A purged event that was credited keeps its ledger_credits row: it is not
+# inserted again, so that no delivery of it, whatever its bytes, can credit
+# it twice or record it as failed. jsonb is derived from the same bytes.
 INSERT_EVENT = """
-    INSERT INTO webhook_events (event_id, event_type, payload, payload_sha256)
-    VALUES (%s, %s, %s::jsonb, %s)
-    ON CONFLICT (event_id) DO NOTHING
+    INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256)
+    SELECT %(source)s, %(event_id)s, %(type)s, %(body)s, convert_from(%(body)s, 'UTF8')::jsonb, %(sha)s, %(effect)s
+    WHERE NOT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s)
+    ON CONFLICT (source, event_id) DO NOTHING
     RETURNING id
 """
 # A stored event is either completed (nothing more to do) or failed (a new
 # delivery tries again). FOR UPDATE serialises two retries of a failed event,
 # and blocks behind a twin's uncommitted insert until its outcome is known.
 LOCK_STORED_EVENT = """
-    SELECT id, status, payload_sha256 FROM webhook_events WHERE event_id = %s FOR UPDATE
+    SELECT id, status, payload_sha256, effect_sha256 FROM webhook_events
+    WHERE source = %(source)s AND event_id = %(event_id)s
+    FOR UPDATE
 """
+IS_CREDITED = """
+    SELECT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s)
+"""
+# A failed event is tried again from the new delivery, whose bytes (with the
+# same effect) become the stored ones.
 RETRY_STORED_EVENT = """
     UPDATE webhook_events
-    SET attempts = attempts + 1, updated_at = now()
-    WHERE id = %s
+    SET attempts = attempts + 1, updated_at = now(), body = %(body)s,
+        payload = convert_from(%(body)s, 'UTF8')::jsonb, payload_sha256 = %(sha)s, effect_sha256 = %(effect)s
+    WHERE id = %(row_id)s
 """
-# A different body under a stored id is only counted: status, attempts and
+# A different effect under a stored id is only counted: status, attempts and
 # the balance are left as they are.
 RECORD_MISMATCH = """
     UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = %s
 """
 # Credits the user and journals the credit, in one statement (one round
 # trip). The overflow test refuses a credit instead of raising, so that the
-# refusal can be recorded; NOT EXISTS skips an event whose row was purged and
-# that is now delivered again (ledger_credits is never purged).
+# refusal can be recorded; NOT EXISTS skips an event already credited.
 CREDIT = """
     WITH credited AS (
         UPDATE user_balances
         SET balance_cents = balance_cents + %(amount)s, updated_at = now()
         WHERE user_id = %(user_id)s AND balance_cents <= %(max)s - %(amount)s
-          AND NOT EXISTS (SELECT 1 FROM ledger_credits WHERE event_id = %(event_id)s)
+          AND NOT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s)
         RETURNING user_id
     )
-    INSERT INTO ledger_credits (event_id, user_id, amount_cents)
-    SELECT %(event_id)s, user_id, %(amount)s FROM credited
+    INSERT INTO ledger_credits (source, event_id, user_id, amount_cents)
+    SELECT %(source)s, %(event_id)s, user_id, %(amount)s FROM credited
     RETURNING id
 """
 WHY_NOT_CREDITED = """
-    SELECT EXISTS (SELECT 1 FROM ledger_credits WHERE event_id = %(event_id)s),
+    SELECT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s),
            EXISTS (SELECT 1 FROM user_balances WHERE user_id = %(user_id)s)
 """
+# last_error tells why the event is failed; a completed one is not. How many
+# attempts it took stays in attempts (and each one in the logs).
 MARK_COMPLETED = """
     UPDATE webhook_events
-    SET status = 'completed', completed_at = now(), updated_at = now()
+    SET status = 'completed', completed_at = now(), updated_at = now(), last_error = NULL
     WHERE id = %s
 """
 MARK_FAILED = """
@@ -95,7 +115,7 @@ MARK_FAILED = """
 """
 
 
-def apply_event(pool, event, payload_sha256):
+def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
     """Record event and apply its effect atomically.
 
     payload_sha256 is the SHA-256 of the body as received. Returns a Result;
@@ -103,74 +123,87 @@ def apply_event(pool, event, payload_sha256):
     mismatch is committed as a count and nothing else.
     """
     try:
-        credit, problem = credit_of(event), None
+        credit, problem = credit_of(event, policy), None
     except Unprocessable as exc:
         credit, problem = None, str(exc)
-    params = credit and {"amount": credit.amount_cents, "user_id": credit.user_id,
-                         "event_id": event.id, "max": MAX_CENTS}
+    key = {"source": event.source, "event_id": event.id}
+    params = credit and {**key, "amount": credit.amount_cents, "user_id": credit.user_id, "max": MAX_CENTS}
 
     with pool.connection() as conn, conn.transaction():
-        row_id, outcome = _record(conn, event, payload_sha256)
-        if outcome is not None:
-            return Result(outcome)
+        row_id, done = _record(conn, event, payload_sha256)
+        if done is not None:
+            return done
         if credit is not None and conn.execute(CREDIT, params).fetchone() is None:
             already_credited, user_exists = conn.execute(WHY_NOT_CREDITED, params).fetchone()
             if already_credited:
                 conn.execute(MARK_COMPLETED, [row_id])
-                return Result(Outcome.DUPLICATE)
+                return Result(Outcome.DUPLICATE, stored_sha256=payload_sha256)
             problem = "credit would overflow the balance" if user_exists else f"unknown user {credit.user_id}"
         if problem:
             conn.execute(MARK_FAILED, [problem, row_id])
-            return Result(Outcome.FAILED, problem)
+            return Result(Outcome.FAILED, problem, payload_sha256)
         conn.execute(MARK_COMPLETED, [row_id])
-    return Result(Outcome.PROCESSED)
+    return Result(Outcome.PROCESSED, stored_sha256=payload_sha256)
 
 
 def _record(conn, event, payload_sha256):
-    """Return (row id, None) for an event to apply now, or (None, DUPLICATE or MISMATCH)."""
+    """Return (row id, None) for an event to apply now, or (None, the Result of a delivery that ends here)."""
+    params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
+              "sha": payload_sha256, "effect": event.effect}
     try:
-        row = conn.execute(INSERT_EVENT, [event.id, event.type, event.text, payload_sha256]).fetchone()
+        row = conn.execute(INSERT_EVENT, params).fetchone()
     except psycopg.errors.DataError:
         # JSON that Python accepts but jsonb does not (\u0000, a lone
         # surrogate escape, a number beyond numeric's range): nothing written.
         raise InvalidJSON("body holds values that cannot be stored") from None
-    return (row[0], None) if row is not None else _stored(conn, event, payload_sha256)
+    return (row[0], None) if row is not None else _stored(conn, params)
 
 
-def _stored(conn, event, payload_sha256):
-    """Return (row id, None) for a failed event to retry now, or (None, DUPLICATE or MISMATCH)."""
-    stored = conn.execute(LOCK_STORED_EVENT, [event.id]).fetchone()
+def _stored(conn, params):
+    """Return (row id, None) for a failed event to retry now, or (None, the Result of a delivery that ends here)."""
+    stored = conn.execute(LOCK_STORED_EVENT, params).fetchone()
     if stored is None:
+        if conn.execute(IS_CREDITED, params).fetchone()[0]:
+            # Purged after it was credited: the journal says it is done.
+            return None, Result(Outcome.DUPLICATE)
         # Purged between the two statements: whether it was applied is
         # for ledger_credits to say on the sender's retry, not a guess now.
         raise RetryLater("the event's row was purged while this delivery ran")
-    row_id, status, stored_sha256 = stored
-    if stored_sha256 != payload_sha256:
+    row_id, status, stored_sha256, stored_effect = stored
+    # Rows stored before effects were kept are compared by their bytes.
+    same = stored_effect == params["effect"] if stored_effect is not None else stored_sha256 == params["sha"]
+    if not same:
         conn.execute(RECORD_MISMATCH, [row_id])
-        return None, Outcome.MISMATCH
+        return None, Result(Outcome.MISMATCH, stored_sha256=stored_sha256)
     if status == "completed":
-        return None, Outcome.DUPLICATE
-    conn.execute(RETRY_STORED_EVENT, [row_id])
+        return None, Result(Outcome.DUPLICATE, stored_sha256=stored_sha256)
+    conn.execute(RETRY_STORED_EVENT, {**params, "row_id": row_id})
     return row_id, None
 
 
-STORED_EVENT = "SELECT event_type, status, payload::text, payload_sha256 FROM webhook_events WHERE event_id = %s"
+STORED_EVENT = """
+    SELECT event_type, status, body, payload_sha256 FROM webhook_events WHERE source = %s AND event_id = %s
+"""
 
 
-def replay(pool, event_id):
-    """Re-apply a stored event as a new delivery of it would; None if no such event is stored.
+def replay(pool, source, event_id, policy=DEFAULT_POLICY):
+    """Re-apply a stored event from its stored bytes, as a new delivery of them would; None if none is stored.
 
     A completed event is left as it is: Result(DUPLICATE, "already completed").
+    Stored bytes that cannot be replayed are a FAILED result saying why.
     """
     with pool.connection() as conn:
-        row = conn.execute(STORED_EVENT, [event_id]).fetchone()
+        row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None
-    event_type, status, payload, sha256 = row
+    event_type, status, body, sha256 = row
     if status == "completed":
         return Result(Outcome.DUPLICATE, "already completed")
-    # The stored hash, not one of the re-serialised jsonb: this is the same body.
-    result = apply_event(pool, stored_event(event_id, event_type, payload), sha256)
+    try:
+        event = stored_event(source, event_id, event_type, body, sha256)
+    except StoredBodyError as exc:
+        return Result(Outcome.FAILED, f"not replayed: {exc}")
+    result = apply_event(pool, event, sha256, policy)
     if result.outcome == Outcome.DUPLICATE:
         return Result(Outcome.DUPLICATE, "completed meanwhile by another delivery")
     return result

@@ -38,21 +38,28 @@ class InProgress(RuntimeError):
     """Another delivery of the event holds its lock now: answered 409, retry later."""
 
 
-def lock_key(event_id):
-    return LOCK_PREFIX + event_id
+def lock_key(event_id, source="default"):
+    # The braces are a hash tag: on a Redis Cluster both keys of an event
+    # fall in one slot, so that one script may touch both.
+    return f"{LOCK_PREFIX}{{{source}:{event_id}}}"
 
 
-def done_key(event_id):
-    return DONE_PREFIX + event_id
+def done_key(event_id, source="default"):
+    return f"{DONE_PREFIX}{{{source}:{event_id}}}"
 
-# KEYS: lock, done marker. ARGV: token, lock TTL (ms), body SHA-256 (hex).
-# 2: these bytes were committed before; 1: lock taken; 0: held by a twin.
+
+# The done marker's value: the committed effect's SHA-256, ':', and that of
+# the stored bytes (hex), so that the same effect in other bytes is a
+# duplicate answered here, and its log line can name both bodies.
+# KEYS: lock, done marker. ARGV: token, lock TTL (ms), effect SHA-256 (hex).
+# The marker: this effect was committed before; 1: lock taken; 0: held by a twin.
 ACQUIRE = """
-if redis.call('get', KEYS[2]) == ARGV[3] then return 2 end
+local done = redis.call('get', KEYS[2])
+if done and string.sub(done, 1, 64) == ARGV[3] then return done end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0
 """
-# KEYS: lock, done marker. ARGV: token, body SHA-256 or '' (not committed), marker TTL (ms).
+# KEYS: lock, done marker. ARGV: token, the marker or '' (not committed), marker TTL (ms).
 RELEASE = """
 if ARGV[2] ~= '' then redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -78,28 +85,35 @@ def init_app(app):
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, scripts, event_id, body_sha256, ttl_ms, done_ttl_ms):
+    def __init__(self, scripts, event, body_sha256, ttl_ms, done_ttl_ms):
         self._acquire, self._release = scripts
-        self._keys = [lock_key(event_id), done_key(event_id)]
+        self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
-        self._sha256 = body_sha256.hex()
+        self._effect = event.effect.hex()
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
-        self.event_id = event_id
+        self.event_id = event.id
+        self.stored_sha256 = None  # of the committed bytes, when the marker answered
 
     def acquire(self):
         """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis is unreachable."""
         try:
-            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._sha256])
+            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._effect])
         except RedisError as exc:
             log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
             return LockState.DEGRADED
-        return {2: LockState.DONE, 1: LockState.ACQUIRED}.get(taken, LockState.HELD_ELSEWHERE)
+        if isinstance(taken, bytes):
+            stored = taken[65:]
+            self.stored_sha256 = bytes.fromhex(stored.decode()) if stored else None
+            return LockState.DONE
+        return LockState.ACQUIRED if taken == 1 else LockState.HELD_ELSEWHERE
 
-    def release(self, committed):
-        """Delete the lock if this delivery still owns it; mark the event done if committed."""
-        args = [self._token, self._sha256 if committed else "", self._done_ttl_ms]
+    def release(self, result):
+        """Delete the lock if this delivery still owns it; mark the event done if result is committed."""
+        marker = ""
+        if result is not None and result.committed:
+            marker = self._effect + ":" + (result.stored_sha256.hex() if result.stored_sha256 else "")
         try:
-            if not self._release(keys=self._keys, args=args):
+            if not self._release(keys=self._keys, args=[self._token, marker, self._done_ttl_ms]):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
         except RedisError as exc:
             log.warning("redis unavailable, lock of event %r left to expire: %s", self.event_id, type(exc).__name__)

@@ -39,12 +39,20 @@ POOL_GAUGES = {
 
 class Metrics:
     def __init__(self, registry):
+        # source: a configured name only (never a name taken from a request).
         self.deliveries = Counter(
             "webhook_ledger_deliveries", "Deliveries to POST /api/webhooks by outcome; reason names a rejection",
-            ["outcome", "reason"], registry=registry)
+            ["source", "outcome", "reason"], registry=registry)
         self.latency = Histogram(
             "webhook_ledger_delivery_duration_seconds", "Time from request to answer of a delivery, by outcome",
-            ["outcome"], buckets=LATENCY_BUCKETS, registry=registry)
+            ["source", "outcome"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.unknown_source = Counter(
+            "webhook_ledger_unknown_source_requests", "Requests to /api/webhooks/<source> naming no configured source",
+            registry=registry)
+        self.reserialised = Counter(
+            "webhook_ledger_reserialised_deliveries",
+            "Re-deliveries of a stored event's effect in other bytes: duplicate, or processed after failing",
+            ["source", "outcome"], registry=registry)
         self.redis_degraded = Counter(
             "webhook_ledger_redis_degraded_deliveries", "Deliveries applied without a Redis lock: Redis unreachable",
             registry=registry)
@@ -54,8 +62,13 @@ class Metrics:
 
     def observe_delivery(self, delivery, seconds):
         """Count one delivery (an app.delivery.Delivery record) by outcome, and its latency."""
-        self.deliveries.labels(outcome=delivery.outcome, reason=delivery.reason or "").inc()
-        self.latency.labels(outcome=delivery.outcome).observe(seconds)
+        if delivery.source is None:
+            self.unknown_source.inc()
+            return
+        self.deliveries.labels(source=delivery.source, outcome=delivery.outcome, reason=delivery.reason or "").inc()
+        self.latency.labels(source=delivery.source, outcome=delivery.outcome).observe(seconds)
+        if delivery.reserialised:
+            self.reserialised.labels(source=delivery.source, outcome=delivery.outcome).inc()
         if delivery.redis == "degraded":
             self.redis_degraded.inc()
 

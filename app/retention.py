@@ -19,23 +19,26 @@ DELETE_BATCH = """
     DELETE FROM webhook_events WHERE id IN (
         SELECT id FROM webhook_events
         WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s)
+          AND (%(source)s::text IS NULL OR source = %(source)s)
         ORDER BY created_at
         LIMIT %(batch)s
         FOR UPDATE SKIP LOCKED)
 """
 
 
-def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE):
+def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE, source=None):
     """Delete the events received more than days ago; return (rows deleted, cutoff).
 
-    Completed events only, and failed ones too when include_failed.
+    Completed events only, and failed ones too when include_failed; every
+    source's, or source's only.
     """
     statuses = ["completed", "failed"] if include_failed else ["completed"]
     deleted = 0
     with pool.connection() as conn:  # autocommit: each batch is its own transaction
         cutoff = conn.execute(CUTOFF, [days]).fetchone()[0]
         while True:
-            count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size}).rowcount
+            count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size,
+                                                "source": source}).rowcount
             deleted += count
             if count < batch_size:
                 return deleted, cutoff

@@ -37,8 +37,8 @@ def test_list_shows_a_table_newest_first_and_filters(client, db, run):
     result = run("events", "list")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split()[:3] == ["EVENT", "ID", "TYPE"]
-    assert [line.split()[0] for line in lines[1:]] == ["evt_c", "evt_b", "evt_a"]
+    assert lines[0].split()[:4] == ["SOURCE", "EVENT", "ID", "TYPE"]
+    assert [line.split()[:2] for line in lines[1:]] == [["default", eid] for eid in ("evt_c", "evt_b", "evt_a")]
     assert "unknown user" in lines[2]
 
     assert _ids(run("events", "list", "--status", "failed")) == ["evt_b"]
@@ -52,7 +52,7 @@ def test_list_shows_a_table_newest_first_and_filters(client, db, run):
 
 def _ids(result):
     assert result.exit_code == 0, result.output
-    return [line.split()[0] for line in result.output.splitlines()[1:]]
+    return [line.split()[1] for line in result.output.splitlines()[1:]]
 
 
 def test_list_refuses_an_unknown_status(run):
@@ -206,10 +206,10 @@ def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run)
     ("UPDATE webhook_events SET status = 'failed'", "credit of event 'evt_v': the event is 'failed'"),
     ("DELETE FROM ledger_credits", "completed event 'evt_v': no credit in ledger_credits"),
     ("UPDATE ledger_credits SET amount_cents = 11", "completed event 'evt_v': credit of 11 cents"),
-    ("ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_event_id_key;"
-     " INSERT INTO webhook_events (event_id, event_type, status, payload, payload_sha256, completed_at)"
-     " SELECT event_id, event_type, status, payload, payload_sha256, now() FROM webhook_events",
-     "duplicated event id 'evt_v': stored 2 times"),
+    ("ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_source_event_id_key;"
+     " INSERT INTO webhook_events (event_id, event_type, status, body, payload, payload_sha256, completed_at)"
+     " SELECT event_id, event_type, status, body, payload, payload_sha256, now() FROM webhook_events",
+     "duplicated event id 'evt_v' of source 'default': stored 2 times"),
 ])
 def test_verify_names_the_offending_event(client, db, run, corruption, expected):
     deliver(client, payment("evt_v", cents=10))

@@ -7,6 +7,7 @@ import threading
 import psycopg
 import pytest
 
+from app.events import parse
 from app.lock import EventLock, LockState, done_key, lock_key
 
 from .helpers import ALICE, UNKNOWN_USER, balance, deliver, encode, payment
@@ -15,7 +16,9 @@ from .helpers import ALICE, UNKNOWN_USER, balance, deliver, encode, payment
 def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client, db, redis_client):
     event = payment("evt_fast")
     assert deliver(client, event).json["status"] == "processed"
-    assert redis_client.get(done_key("evt_fast")) == hashlib.sha256(encode(event)).hexdigest().encode()
+    # The marker: the effect's SHA-256, then that of the bytes stored.
+    effect, stored = redis_client.get(done_key("evt_fast")).decode().split(":")
+    assert (len(effect), stored) == (64, hashlib.sha256(encode(event)).hexdigest())
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails
     again = deliver(client, event)
     assert (again.status_code, again.json) == (200, {"status": "duplicate", "event_id": "evt_fast"})
@@ -67,10 +70,11 @@ def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_cli
 
 def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
     scripts = app.extensions["redis_scripts"]
-    first = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
+    event = parse(encode(payment("evt_tokens")))
+    first = EventLock(scripts, event, b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
     assert first.acquire() == LockState.ACQUIRED
     redis_client.delete(lock_key("evt_tokens"))  # as if it expired
-    second = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
+    second = EventLock(scripts, event, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
     assert second.acquire() == LockState.ACQUIRED
-    first.release(committed=False)
-    assert EventLock(scripts, "evt_tokens", b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+    first.release(None)  # not committed
+    assert EventLock(scripts, event, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE

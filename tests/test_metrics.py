@@ -22,8 +22,9 @@ def samples(text):
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def deliveries(scraped, outcome, reason=""):
-    return scraped.get(("webhook_ledger_deliveries_total", (("outcome", outcome), ("reason", reason))), 0)
+def deliveries(scraped, outcome, reason="", source="default"):
+    labels = (("outcome", outcome), ("reason", reason), ("source", source))
+    return scraped.get(("webhook_ledger_deliveries_total", labels), 0)
 
 
 def latency_count(scraped):

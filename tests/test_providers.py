@@ -34,13 +34,13 @@ GITHUB = pytest.mark.parametrize("scheme", ["github"])
 TIMESTAMPED = pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
 
 
-def stripe_event(event_id=None, user=ALICE, cents=250, **intent):
+def stripe_event(event_id=None, user=ALICE, cents=250, livemode=True, **intent):
     """A payment_intent.succeeded event as Stripe sends it, trimmed around the fields the ledger reads."""
     payment_intent = {"id": "pi_3PtestIntent", "object": "payment_intent", "amount": cents,
                       "amount_received": cents, "currency": "usd", "status": "succeeded",
                       "metadata": {"user_id": str(user)}, **intent}
     return {"id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "api_version": "2024-06-20",
-            "type": "payment_intent.succeeded", "livemode": False, "data": {"object": payment_intent}}
+            "type": "payment_intent.succeeded", "livemode": livemode, "data": {"object": payment_intent}}
 
 
 def standard_event(user=ALICE, cents=250, event_type="payment.succeeded"):

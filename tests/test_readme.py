@@ -17,7 +17,9 @@ def test_every_setting_is_documented_with_its_default():
     documented = _table_defaults()
     for name, (_, default) in SETTINGS.items():
         assert name in documented, f"{name} missing from README's configuration table"
-        if default is not None:
+        if default == "":
+            assert "none" in documented[name], name
+        elif default is not None:
             assert f"`{default}`" in documented[name], (name, default, documented[name])
         else:
             assert "required" in documented[name], name
