@@ -25,9 +25,11 @@ class PayloadMismatch(ValueError):
 class Result(NamedTuple):
     """What applying an event came to: PROCESSED, DUPLICATE, MISMATCH, or FAILED with its reason.
 
-    stored_sha256 is the SHA-256 of the bytes the stored row holds, when it
-    was read: on a DUPLICATE it may differ from the delivery's (the same
-    effect in other bytes).
+    stored_sha256 is the SHA-256 of the bytes the event's row held when this
+    delivery found it (None when it inserted the row): on a DUPLICATE the
+    bytes still stored, on a PROCESSED retry of a failed event those it
+    replaced. When it differs from the delivery's own, the same effect came
+    in other bytes.
     """
 
     outcome: Outcome
@@ -130,24 +132,25 @@ def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
     params = credit and {**key, "amount": credit.amount_cents, "user_id": credit.user_id, "max": MAX_CENTS}
 
     with pool.connection() as conn, conn.transaction():
-        row_id, done = _record(conn, event, payload_sha256)
+        row_id, stored_sha256, done = _record(conn, event, payload_sha256)
         if done is not None:
             return done
         if credit is not None and conn.execute(CREDIT, params).fetchone() is None:
             already_credited, user_exists = conn.execute(WHY_NOT_CREDITED, params).fetchone()
             if already_credited:
                 conn.execute(MARK_COMPLETED, [row_id])
-                return Result(Outcome.DUPLICATE, stored_sha256=payload_sha256)
+                return Result(Outcome.DUPLICATE, stored_sha256=stored_sha256)
             problem = "credit would overflow the balance" if user_exists else f"unknown user {credit.user_id}"
         if problem:
             conn.execute(MARK_FAILED, [problem, row_id])
-            return Result(Outcome.FAILED, problem, payload_sha256)
+            return Result(Outcome.FAILED, problem, stored_sha256)
         conn.execute(MARK_COMPLETED, [row_id])
-    return Result(Outcome.PROCESSED, stored_sha256=payload_sha256)
+    return Result(Outcome.PROCESSED, stored_sha256=stored_sha256)
 
 
 def _record(conn, event, payload_sha256):
-    """Return (row id, None) for an event to apply now, or (None, the Result of a delivery that ends here)."""
+    """Return (row id, the hash of the bytes it held or None, None) for an event to apply now,
+    or (None, None, the Result of a delivery that ends here)."""
     params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
               "sha": payload_sha256, "effect": event.effect}
     try:
@@ -156,16 +159,16 @@ def _record(conn, event, payload_sha256):
         # JSON that Python accepts but jsonb does not (\u0000, a lone
         # surrogate escape, a number beyond numeric's range): nothing written.
         raise InvalidJSON("body holds values that cannot be stored") from None
-    return (row[0], None) if row is not None else _stored(conn, params)
+    return (row[0], None, None) if row is not None else _stored(conn, params)
 
 
 def _stored(conn, params):
-    """Return (row id, None) for a failed event to retry now, or (None, the Result of a delivery that ends here)."""
+    """Return (row id, its bytes' hash, None) for a failed event to retry now, or (None, None, a Result)."""
     stored = conn.execute(LOCK_STORED_EVENT, params).fetchone()
     if stored is None:
         if conn.execute(IS_CREDITED, params).fetchone()[0]:
             # Purged after it was credited: the journal says it is done.
-            return None, Result(Outcome.DUPLICATE)
+            return None, None, Result(Outcome.DUPLICATE)
         # Purged between the two statements: whether it was applied is
         # for ledger_credits to say on the sender's retry, not a guess now.
         raise RetryLater("the event's row was purged while this delivery ran")
@@ -174,11 +177,11 @@ def _stored(conn, params):
     same = stored_effect == params["effect"] if stored_effect is not None else stored_sha256 == params["sha"]
     if not same:
         conn.execute(RECORD_MISMATCH, [row_id])
-        return None, Result(Outcome.MISMATCH, stored_sha256=stored_sha256)
+        return None, None, Result(Outcome.MISMATCH, stored_sha256=stored_sha256)
     if status == "completed":
-        return None, Result(Outcome.DUPLICATE, stored_sha256=stored_sha256)
+        return None, None, Result(Outcome.DUPLICATE, stored_sha256=stored_sha256)
     conn.execute(RETRY_STORED_EVENT, {**params, "row_id": row_id})
-    return row_id, None
+    return row_id, stored_sha256, None
 
 
 STORED_EVENT = """

@@ -90,6 +90,7 @@ class EventLock:
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
         self._effect = event.effect.hex()
+        self._sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
         self.stored_sha256 = None  # of the committed bytes, when the marker answered
@@ -111,7 +112,9 @@ class EventLock:
         """Delete the lock if this delivery still owns it; mark the event done if result is committed."""
         marker = ""
         if result is not None and result.committed:
-            marker = self._effect + ":" + (result.stored_sha256.hex() if result.stored_sha256 else "")
+            # A duplicate leaves the bytes stored before; a processed event stored these.
+            stored = result.stored_sha256 if result.outcome == "duplicate" and result.stored_sha256 else self._sha256
+            marker = self._effect + ":" + stored.hex()
         try:
             if not self._release(keys=self._keys, args=[self._token, marker, self._done_ttl_ms]):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)

@@ -1,0 +1,300 @@
+"""The bytes received are the event of record (DESIGN.md, "The event"): stored
+exactly, read back by replay, verify and show through the live path's own
+decoder, and judged on their effect, not their bytes."""
+
+import hashlib
+import http.client
+import json
+import logging
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import ledger, verify
+from app.db import get_pool
+from app.events import (
+    DEFAULT_POLICY,
+    InvalidEvent,
+    InvalidJSON,
+    StoredBodyError,
+    Unprocessable,
+    credit_of,
+    parse,
+    stored_event,
+)
+from app.lock import done_key
+
+from .helpers import (
+    ALICE,
+    UNKNOWN_USER,
+    balance,
+    deliver,
+    encode,
+    event_rows,
+    payment,
+    post_delivery,
+    signed_headers,
+)
+
+
+@pytest.fixture
+def run(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def _stored(db, event_id):
+    return db.execute("SELECT status, body, payload_sha256, attempts, last_error FROM webhook_events "
+                      "WHERE event_id = %s", [event_id]).fetchone()
+
+
+def _payment_text(event_id, amount_json, extra=""):
+    """A payment body written by hand, so that its numbers are spelled exactly as given."""
+    return (f'{{"id": "{event_id}", "type": "payment.succeeded", "data": {{"userId": "{ALICE}", '
+            f'"amountCents": {amount_json}{extra}}}}}').encode()
+
+
+def test_the_exact_bytes_are_stored_with_their_hash(client, db):
+    body = b'{"type":"payment.succeeded",  "id":"evt_exact","data":{"amountCents":250,"userId":"' + \
+        str(ALICE).encode() + b'"}}  \n'
+    assert post_delivery(client, body, signed_headers(body)).json["status"] == "processed"
+    status, stored, sha256, _, _ = _stored(db, "evt_exact")
+    assert (status, bytes(stored), bytes(sha256)) == ("completed", body, hashlib.sha256(body).digest())
+
+
+# -- replay and verify decide as the live path did --------------------------------
+
+def test_an_exponent_amount_fails_live_and_on_replay(client, db, run):
+    body = _payment_text("evt_exponent", "1e2")  # jsonb would give it back as 100
+    response = post_delivery(client, body, signed_headers(body))
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    result = run("events", "replay", "evt_exponent")
+    assert (result.exit_code, result.output) == \
+        (1, "evt_exponent: still failed: data.amountCents must be a positive integer\n")
+    assert balance(db) == 1000 and _stored(db, "evt_exponent")[0] == "failed"
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_a_very_long_number_is_shown_replayed_and_verified_without_crashing(client, db, run):
+    # 1e4400 is a float (inf) to Python; jsonb keeps it as a 4401-digit
+    # integer, which Python's json refuses to read back.
+    credited = _payment_text("evt_long_ok", "250", ', "note": 1e4400')
+    failed = _payment_text("evt_long_bad", "1e4400")
+    assert post_delivery(client, credited, signed_headers(credited)).json["status"] == "processed"
+    assert post_delivery(client, failed, signed_headers(failed)).status_code == 422
+
+    shown = run("events", "show", "evt_long_ok")
+    assert shown.exit_code == 0 and "stored bytes:   match" in shown.output
+    assert shown.output.rstrip("\n").endswith(credited.decode())  # the bytes as received
+    replayed = run("events", "replay", "--all-failed")
+    assert replayed.output.splitlines() == [
+        "evt_long_bad: still failed: data.amountCents must be a positive integer",
+        "replayed 1 failed events: 0 completed, 1 still failed",
+    ]
+    verified = run("ledger", "verify")
+    assert (verified.exit_code, verified.output) == (0, "ledger consistent: 2 users, 2 stored events, 1 credits\n")
+    assert balance(db) == 1250
+
+
+def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a_batch(client, db, run):
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    for event_id in ("evt_tampered", "evt_legacy", "evt_fine"):
+        db.execute("DELETE FROM user_balances WHERE user_id = %s", [UNKNOWN_USER])
+        deliver(client, payment(event_id, user=UNKNOWN_USER, cents=5))
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    db.execute("UPDATE webhook_events SET body = body || ' '::bytea WHERE event_id = 'evt_tampered'")
+    db.execute("UPDATE webhook_events SET body = NULL WHERE event_id = 'evt_legacy'")  # as before the upgrade
+
+    result = run("events", "replay", "--all-failed")
+    assert result.output.splitlines() == [
+        "evt_tampered: still failed: not replayed: its stored bytes do not match their SHA-256",
+        "evt_legacy: still failed: not replayed: its bytes were not kept (stored before the upgrade that keeps them)",
+        "evt_fine: processed; now completed",
+        "replayed 3 failed events: 1 completed, 2 still failed",
+    ]
+    assert balance(db, UNKNOWN_USER) == 5
+    assert "stored bytes:   DO NOT MATCH their SHA-256" in run("events", "show", "evt_tampered").output
+
+
+def test_verify_reports_a_completed_event_whose_bytes_were_altered(client, db, run):
+    deliver(client, payment("evt_altered", cents=5))
+    db.execute("UPDATE webhook_events SET body = convert_to(replace(convert_from(body, 'UTF8'), '5}', '6}'), 'UTF8') "
+               "WHERE event_id = 'evt_altered'")
+    result = run("ledger", "verify")
+    assert result.exit_code == 1
+    assert "completed event 'evt_altered': its stored bytes do not match their SHA-256" in result.output
+
+
+# One number in every spelling JSON allows, and some it does not.
+NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["1e2", "1E2", "100.0", "-0", "0", "1e4400", "1" * 5000, "2.5e-3", "9223372036854775808",
+                     "NaN", "Infinity", "01", "true", '"250"', "null"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(amount=NUMBERS, currency=st.sampled_from(["", ', "currency": "usd"', ', "currency": "JPY"']))
+def test_for_any_body_the_live_and_the_stored_reading_agree(amount, currency):
+    body = _payment_text("evt_any", amount, currency)
+    try:
+        live = parse(body)
+    except (InvalidJSON, InvalidEvent):
+        return  # 400: nothing is stored, so nothing is ever replayed
+    replayed = stored_event("default", live.id, live.type, body, hashlib.sha256(body).digest())
+    assert replayed.effect == live.effect
+    assert _verdict(replayed) == _verdict(live)
+
+
+def _verdict(event):
+    try:
+        return credit_of(event, DEFAULT_POLICY)
+    except Unprocessable as exc:
+        return str(exc)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(amount=NUMBERS)
+def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, client, db, amount):
+    event_id = f"evt_{uuid.uuid4().hex}"
+    body = _payment_text(event_id, amount)
+    live = post_delivery(client, body, signed_headers(body)).status_code
+    pool = get_pool(app)
+    if live >= 400 and live != 422:
+        assert _stored(db, event_id) is None
+        return
+    replayed = ledger.replay(pool, "default", event_id)
+    if live == 200:
+        assert replayed.problem == "already completed"
+    else:
+        assert replayed.outcome == "failed" and replayed.problem == _stored(db, event_id)[4]
+    with pool.connection() as conn:
+        assert verify.check(conn)[0] == []
+
+
+# -- the effect, not the bytes ---------------------------------------------------
+
+def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed_from_them(app, client, db, caplog):
+    event = payment("evt_retry_bytes", user=UNKNOWN_USER, cents=40)
+    assert deliver(client, event).status_code == 422
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    first_sha = bytes(_stored(db, "evt_retry_bytes")[2])
+    resent = json.dumps(event, indent=2).encode()
+    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+        assert post_delivery(client, resent, signed_headers(resent)).json["status"] == "processed"
+    status, stored, sha256, attempts, last_error = _stored(db, "evt_retry_bytes")
+    assert (status, bytes(stored), attempts, last_error) == ("completed", resent, 2, None)
+    assert bytes(sha256) == hashlib.sha256(resent).digest() != first_sha
+    line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
+    assert (line.body_sha256, line.stored_sha256) == (hashlib.sha256(resent).hexdigest(), first_sha.hex())
+    counted = app.extensions["metrics"].reserialised.labels(source="default", outcome="processed")._value.get()
+    assert (counted, balance(db, UNKNOWN_USER)) == (1, 40)
+
+
+def test_same_effect_in_other_bytes_is_answered_by_redis_and_logged_with_both_hashes(app, client, db, caplog):
+    event = payment("evt_fast_bytes", cents=5)
+    body = encode(event)
+    assert deliver(client, event).json["status"] == "processed"
+    app.extensions["db_pool"].close()  # any use of PostgreSQL now fails: Redis alone answers
+    resent = json.dumps(event, separators=(",", ":")).encode()
+    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+        again = post_delivery(client, resent, signed_headers(resent))
+    assert again.json == {"status": "duplicate", "event_id": "evt_fast_bytes"}
+    line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
+    assert (line.redis, line.body_sha256, line.stored_sha256) == \
+        ("done", hashlib.sha256(resent).hexdigest(), hashlib.sha256(body).hexdigest())
+    counted = app.extensions["metrics"].reserialised.labels(source="default", outcome="duplicate")._value.get()
+    assert counted == 1
+
+
+def test_same_effect_in_other_bytes_after_a_redis_flush_is_a_duplicate_from_postgres(client, db, redis_client):
+    event = payment("evt_pg_bytes", cents=5)
+    deliver(client, event)
+    redis_client.flushall()
+    resent = json.dumps(event, indent=3).encode()
+    assert post_delivery(client, resent, signed_headers(resent)).json["status"] == "duplicate"
+    assert redis_client.get(done_key("evt_pg_bytes")).decode().endswith(hashlib.sha256(encode(event)).hexdigest())
+    assert balance(db) == 1005
+
+
+@pytest.mark.parametrize("change", [
+    {"cents": 6}, {"user": UNKNOWN_USER}, {"currency": "eur"}, {"event_type": "payment.refunded"},
+])
+def test_a_different_effect_is_a_mismatch_whatever_the_stored_status(client, db, change):
+    deliver(client, payment("evt_effect", cents=5))
+    changed = payment("evt_effect", cents=change.get("cents", 5), user=change.get("user", ALICE),
+                      **({"currency": change["currency"]} if "currency" in change else {}))
+    if "event_type" in change:
+        changed["type"] = change["event_type"]
+    response = deliver(client, changed)
+    assert (response.status_code, response.json["error"]) == (409, "payload_mismatch")
+    assert balance(db) == 1005
+
+
+# -- purge keeps what the ledger needs -------------------------------------------------
+
+@pytest.mark.parametrize("resent", [
+    payment("evt_purged", cents=10, note="re-serialised by the provider"),
+    payment("evt_purged", cents=99),                          # another effect
+    payment("evt_purged", user=UNKNOWN_USER, cents=10),       # would fail validation now
+    {"id": "evt_purged", "type": "customer.created", "data": {}},
+])
+def test_a_purged_credited_event_resent_in_any_bytes_is_a_duplicate_and_never_failed(client, db, run, resent):
+    deliver(client, payment("evt_purged", cents=10))
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    assert run("events", "purge").exit_code == 0
+    assert deliver(client, resent).json == {"status": "duplicate", "event_id": "evt_purged"}
+    assert event_rows(db) == 0  # nothing re-inserted: no failed row beside a credit
+    assert balance(db) == 1010
+    # The journal, not the purged rows, holds its credit: verify checks balances against it.
+    assert run("ledger", "verify").exit_code == 0
+
+
+# -- the body's size ----------------------------------------------------------------------
+
+def _post_chunked(base, body, headers):
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        chunks = (body[i:i + 1000] for i in range(0, len(body), 1000))
+        conn.request("POST", "/api/webhooks", body=chunks, headers=headers, encode_chunked=True)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_one_within_it_is_processed(gunicorn, db):
+    server = gunicorn(workers=1, threads=2, MAX_BODY_BYTES=2000)
+    big = encode(payment("evt_chunked_big", note="x" * 2500))
+    status, answer = _post_chunked(server.base, big, {**signed_headers(big), "Transfer-Encoding": "chunked"})
+    assert (status, answer["error"]) == (413, "too_large")
+    exactly = encode(payment("evt_chunked_fits", note=""))
+    exactly = encode(payment("evt_chunked_fits", note="y" * (2000 - len(exactly))))
+    assert len(exactly) == 2000
+    status, answer = _post_chunked(server.base, exactly, {**signed_headers(exactly), "Transfer-Encoding": "chunked"})
+    assert (status, answer["status"]) == (200, "processed")
+    assert [r[0] for r in db.execute("SELECT event_id FROM webhook_events")] == ["evt_chunked_fits"]
+
+
+def test_a_declared_length_one_byte_over_the_limit_is_413(make_app, config, db):
+    client = make_app({**config, "MAX_BODY_BYTES": 300}).test_client()
+    body = encode(payment("evt_301"))
+    body = encode(payment("evt_301", note="z" * (301 - len(body) - len(', "note": ""'))))
+    assert len(body) == 301
+    response = post_delivery(client, body, signed_headers(body))
+    assert (response.status_code, response.json["error"]) == (413, "too_large")
+    assert event_rows(db) == 0
+
+
+def test_stored_event_refuses_missing_altered_or_unreadable_bytes():
+    body = encode(payment("evt_x"))
+    with pytest.raises(StoredBodyError, match="not kept"):
+        stored_event("default", "evt_x", "payment.succeeded", None, b"")
+    with pytest.raises(StoredBodyError, match="do not match"):
+        stored_event("default", "evt_x", "payment.succeeded", body + b" ", hashlib.sha256(body).digest())
+    with pytest.raises(StoredBodyError, match="do not parse"):
+        stored_event("default", "evt_x", "payment.succeeded", b"[1]", hashlib.sha256(b"[1]").digest())
