@@ -97,6 +97,53 @@ def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db,
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
 
+@STRIPE
+def test_a_failed_stripe_payment_retried_with_changed_pending_webhooks_is_processed_once_the_user_exists(
+        client, db, scheme):
+    event = {**stripe_event("evt_retried_by_stripe", user=UNKNOWN_USER, cents=900), "pending_webhooks": 1}
+    first = encode(event)
+    assert post_delivery(client, first, signed_by_the_provider(scheme, first)).status_code == 422
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    # Stripe's next attempt: the Event as its API serialises it, pending_webhooks changed.
+    for pending in (2, 3):
+        retried = str(stripe.Event.construct_from({**event, "pending_webhooks": pending}, "sk_test")).encode()
+        assert retried != first
+        answer = post_delivery(client, retried, signed_by_the_provider(scheme, retried))
+        assert answer.json["status"] == ("processed" if pending == 2 else "duplicate")
+    assert balance(db, UNKNOWN_USER) == 900
+    assert _row(db, "evt_retried_by_stripe")[1:3] == ("completed", 2)
+
+
+@STRIPE
+@pytest.mark.parametrize("event, setting, reason", [
+    (stripe_event("evt_yen", currency="jpy"), {}, "data.object.currency must be the ledger's currency, 'usd'"),
+    (stripe_event("evt_test_mode", livemode=False), {}, "a test-mode event (livemode is not true)"),
+    (stripe_event("evt_euro", currency="eur"), {"LEDGER_CURRENCY": "JPY"}, "currency, 'jpy'"),
+])
+def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config, db, scheme, event, setting, reason):
+    client = make_app({**config, **setting}).test_client()
+    body = encode(event)
+    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert reason in response.json["message"]
+    assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
+
+
+@STRIPE
+def test_stripe_test_mode_and_another_ledger_currency_credit_when_configured(make_app, config, db, scheme):
+    client = make_app({**config, "STRIPE_ACCEPT_TEST_EVENTS": "true", "LEDGER_CURRENCY": "EUR"}).test_client()
+    body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, livemode=False, currency="eur"))
+    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"
+    assert balance(db, BOB) == 300
+
+
+@pytest.mark.parametrize("currency, status", [("eur", 422), ("USD", 200), (7, 422)])
+def test_a_seed_payment_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
+    response = deliver(client, payment("evt_currency", cents=10, currency=currency))
+    assert response.status_code == status
+    assert balance(db) == (1010 if status == 200 else 1000)
+
+
 # -- standard-webhooks ----------------------------------------------------------
 
 @STANDARD_WEBHOOKS
