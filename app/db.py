@@ -12,6 +12,11 @@ from .config import DEFAULT_SCHEMA_PATH
 
 _open_lock = threading.Lock()
 
+# How often a running statement checks that its client is still connected
+# (a poll on the socket: cheap). Well under LOCK_TTL_MS, so that a dead
+# worker's transaction is gone before another delivery may take its lock.
+CLIENT_CHECK_MS = 500
+
 
 def init_app(app):
     config = app.config
@@ -33,6 +38,10 @@ def init_app(app):
                 f" -c statement_timeout={config['PG_STATEMENT_TIMEOUT_MS']}"
                 # A client that vanished mid-transaction frees its locks soon.
                 f" -c idle_in_transaction_session_timeout={config['LOCK_TTL_MS']}"
+                # A delivery's statements are sent in one go (ledger._apply_new):
+                # a client that died while they wait on a lock gets them
+                # rolled back, not committed after it is gone.
+                f" -c client_connection_check_interval={CLIENT_CHECK_MS}"
             ),
         },
         configure=_name_connection,

@@ -50,15 +50,48 @@ class Result(NamedTuple):
         return self
 
 
-# A purged event that was credited keeps its ledger_credits row: it is not
-# inserted again, so that no delivery of it, whatever its bytes, can credit
-# it twice or record it as failed. jsonb is derived from the same bytes.
-INSERT_EVENT = """
-    INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256)
-    SELECT %(source)s, %(event_id)s, %(type)s, %(body)s, convert_from(%(body)s, 'UTF8')::jsonb, %(sha)s, %(effect)s
-    WHERE NOT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s)
-    ON CONFLICT (source, event_id) DO NOTHING
-    RETURNING id
+# A new event, in one statement: stored, credited and journaled; its final
+# status is written at once unless a credit is to be made ('processing'),
+# when FINISH_NEW writes it in the same transaction. A purged event that was
+# credited keeps its ledger_credits row: it is not inserted again, so that no
+# delivery of it, whatever its bytes, can credit it twice or record it as
+# failed. Nothing is inserted when the event is already stored: its delivery
+# goes on in _stored. jsonb is derived from the same bytes.
+RECORD_NEW = """
+    WITH inserted AS (
+        INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
+                                    status, completed_at, last_error)
+        SELECT %(source)s, %(event_id)s, %(type)s, %(body)s, convert_from(%(body)s, 'UTF8')::jsonb, %(sha)s,
+               %(effect)s, %(status)s, CASE WHEN %(status)s = 'completed' THEN now() END, %(problem)s
+        WHERE NOT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s)
+        ON CONFLICT (source, event_id) DO NOTHING
+        RETURNING id
+    ), credited AS (
+        UPDATE user_balances
+        SET balance_cents = balance_cents + %(amount)s, updated_at = now()
+        WHERE user_id = %(user_id)s AND balance_cents <= %(max)s - %(amount)s AND EXISTS (SELECT 1 FROM inserted)
+        RETURNING user_id
+    ), journaled AS (
+        INSERT INTO ledger_credits (source, event_id, user_id, amount_cents)
+        SELECT %(source)s, %(event_id)s, user_id, %(amount)s FROM credited
+        RETURNING id
+    )
+    SELECT id FROM inserted
+"""
+# Completes the event RECORD_NEW left 'processing' when its credit was
+# journaled, or records why it was not. Rows committed are never
+# 'processing', so this touches the row of this transaction only.
+FINISH_NEW = """
+    UPDATE webhook_events e
+    SET status = CASE WHEN c.credited THEN 'completed' ELSE 'failed' END,
+        completed_at = CASE WHEN c.credited THEN now() END,
+        last_error = CASE WHEN c.credited THEN NULL
+                          WHEN c.user_exists THEN 'credit would overflow the balance'
+                          ELSE 'unknown user ' || %(user_id)s::text END
+    FROM (SELECT EXISTS (SELECT 1 FROM ledger_credits WHERE source = %(source)s AND event_id = %(event_id)s),
+                 EXISTS (SELECT 1 FROM user_balances WHERE user_id = %(user_id)s)) AS c (credited, user_exists)
+    WHERE e.source = %(source)s AND e.event_id = %(event_id)s AND e.status = 'processing'
+    RETURNING e.status, e.last_error
 """
 # A stored event is either completed (nothing more to do) or failed (a new
 # delivery tries again). FOR UPDATE serialises two retries of a failed event,
@@ -128,11 +161,40 @@ def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
         credit, problem = credit_of(event, policy), None
     except Unprocessable as exc:
         credit, problem = None, str(exc)
-    key = {"source": event.source, "event_id": event.id}
-    params = credit and {**key, "amount": credit.amount_cents, "user_id": credit.user_id, "max": MAX_CENTS}
+    params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
+              "sha": payload_sha256, "effect": event.effect, "problem": problem, "max": MAX_CENTS,
+              "status": "failed" if problem else "processing" if credit else "completed",
+              "amount": credit and credit.amount_cents, "user_id": credit and credit.user_id}
+    return _apply_new(pool, params) or _apply_stored(pool, params, credit, problem)
 
+
+def _apply_new(pool, params):
+    """Store, credit, journal and complete a new event in one round trip; None if it is stored already.
+
+    The statements are pipelined: until the Sync they are one implicit
+    transaction, committed at the Sync, or rolled back whole by any error.
+    """
+    try:
+        with pool.connection() as conn, conn.pipeline() as pipeline:
+            inserted = conn.execute(RECORD_NEW, params)
+            finished = conn.execute(FINISH_NEW, params) if params["status"] == "processing" else None
+            pipeline.sync()
+            if inserted.fetchone() is None:
+                return None
+            status, problem = finished.fetchone() if finished else (params["status"], params["problem"])
+    except psycopg.errors.DataError:
+        # JSON that Python accepts but jsonb does not (\u0000, a lone
+        # surrogate escape, a number beyond numeric's range): nothing written.
+        raise InvalidJSON("body holds values that cannot be stored") from None
+    if status == "failed":
+        return Result(Outcome.FAILED, problem)
+    return Result(Outcome.PROCESSED)
+
+
+def _apply_stored(pool, params, credit, problem):
+    """Go on with an event that RECORD_NEW found stored: a duplicate, a mismatch, or a failed one to retry."""
     with pool.connection() as conn, conn.transaction():
-        row_id, stored_sha256, done = _record(conn, event, payload_sha256)
+        row_id, stored_sha256, done = _stored(conn, params)
         if done is not None:
             return done
         if credit is not None and conn.execute(CREDIT, params).fetchone() is None:
@@ -146,20 +208,6 @@ def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
             return Result(Outcome.FAILED, problem, stored_sha256)
         conn.execute(MARK_COMPLETED, [row_id])
     return Result(Outcome.PROCESSED, stored_sha256=stored_sha256)
-
-
-def _record(conn, event, payload_sha256):
-    """Return (row id, the hash of the bytes it held or None, None) for an event to apply now,
-    or (None, None, the Result of a delivery that ends here)."""
-    params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-              "sha": payload_sha256, "effect": event.effect}
-    try:
-        row = conn.execute(INSERT_EVENT, params).fetchone()
-    except psycopg.errors.DataError:
-        # JSON that Python accepts but jsonb does not (\u0000, a lone
-        # surrogate escape, a number beyond numeric's range): nothing written.
-        raise InvalidJSON("body holds values that cannot be stored") from None
-    return (row[0], None, None) if row is not None else _stored(conn, params)
 
 
 def _stored(conn, params):
