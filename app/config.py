@@ -33,6 +33,8 @@ class UnknownSource(LookupError):
 DEFAULT_SOURCE = "default"
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
+# Each named source's settings: WEBHOOK_<NAME>_<key>.
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS")
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,16 @@ def _source_names(name, raw):
                               f"not {DEFAULT_SOURCE!r})")
     if len(set(names)) != len(names):
         raise ConfigError(f"{name} names a source twice")
+    for source in names:
+        # "signature" would read its scheme from WEBHOOK_SIGNATURE_SCHEME, the default source's.
+        taken = [f"{_prefix(source)}{key}" for key in SOURCE_SETTINGS if f"{_prefix(source)}{key}" in SETTINGS]
+        if taken:
+            raise ConfigError(f"{name}: source {source!r} would be configured by {taken[0]}, another setting")
     return tuple(names)
+
+
+def _prefix(source):
+    return f"WEBHOOK_{source.upper().replace('-', '_')}_"
 
 
 def _text(name, raw):
@@ -170,7 +181,7 @@ def _sources(config, named, environ):
         sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, config["WEBHOOK_SIGNATURE_SCHEME"],
                                          config["WEBHOOK_SECRET"], config["WEBHOOK_TOLERANCE_SECONDS"])
     for name in named:
-        prefix = f"WEBHOOK_{name.upper().replace('-', '_')}_"
+        prefix = _prefix(name)
         raw_secret = environ.get(prefix + "SECRET")
         if raw_secret is None:
             raise ConfigError(f"{prefix}SECRET is required for source {name!r} (named in WEBHOOK_SOURCES)")

@@ -16,12 +16,15 @@ from .lock import LockState
 bp = Blueprint("webhooks", __name__)
 
 
-@bp.post("/api/webhooks", defaults={"source": DEFAULT_SOURCE})
+# The default source's route passes None, not its name: with its name as the
+# default, Werkzeug would answer /api/webhooks/default with a redirect there.
+@bp.post("/api/webhooks", defaults={"source": None})
 @bp.post("/api/webhooks/<source>")
 def receive(source):
     """Verify, parse, lock, apply in one transaction, answer; see DESIGN.md. Errors raise (errors.py)."""
     config = current_app.config
-    sender = config["SOURCES"].get(source)
+    # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<source>.
+    sender = None if source == DEFAULT_SOURCE else config["SOURCES"].get(source or DEFAULT_SOURCE)
     record = delivery.begin(sender and sender.name)
     if sender is None:
         # Before anything is read: an unknown source costs a dict lookup.

@@ -11,10 +11,11 @@ import redis
 from pytest_postgresql import factories
 
 from app import create_app
+from app.config import DEFAULT_SOURCE
 from app.db import DEFAULT_SCHEMA_PATH
 from devservers import Gunicorn, Postgres, Redis
 
-from .helpers import OPENING, SECRETS, db_url, signed_headers
+from .helpers import OPENING, SECRETS, db_url, signed_headers, source_secret, sources_config
 
 
 @pytest.fixture(scope="session")
@@ -64,13 +65,22 @@ def scheme():
 
 
 @pytest.fixture
-def config(db, redis_server, redis_client, scheme):
-    return {
+def source():
+    """The source the test's deliveries go to; EVERY_SCHEME_AND_A_NAMED_SOURCE parametrizes it."""
+    return DEFAULT_SOURCE
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, scheme, source):
+    config = {
         "DATABASE_URL": db_url(db),
         "REDIS_URL": redis_server.url,
         "WEBHOOK_SECRET": SECRETS[scheme],
         "WEBHOOK_SIGNATURE_SCHEME": scheme,
     }
+    # A named source is served beside the default one, under a secret of its
+    # own: a delivery sent to the wrong path is refused.
+    return config if source == DEFAULT_SOURCE else sources_config(config, {source: scheme})
 
 
 @pytest.fixture
@@ -115,6 +125,7 @@ def gunicorn(config, tmp_path):
 
 
 @pytest.fixture
-def sign(scheme):
-    """signed_headers for the test's scheme, for deliveries sent to gunicorn."""
-    return functools.partial(signed_headers, scheme=scheme)
+def sign(scheme, source):
+    """signed_headers for the test's scheme and source, for deliveries sent to gunicorn."""
+    secret = None if source == DEFAULT_SOURCE else source_secret(source, scheme)
+    return functools.partial(signed_headers, scheme=scheme, secret=secret)

@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app import signature
+from app.config import DEFAULT_SOURCE
 
 SCHEMES = signature.SCHEMES
 # Each scheme's secret, written the way its provider issues it.
@@ -25,6 +27,12 @@ SECRETS = {
 SECRET = SECRETS["hmac-sha256"]  # the default scheme's
 # The exactly-once tests run once per scheme: the signing helper is what changes.
 EVERY_SCHEME = pytest.mark.parametrize("scheme", SCHEMES)
+# The key ones run once more on a named source (the `source` fixture): its path,
+# its secret, its keys in Redis and its rows. One scheme is enough there; the
+# source changes none of the scheme's code.
+NAMED_SOURCE = "billing"
+EVERY_SCHEME_AND_A_NAMED_SOURCE = pytest.mark.parametrize(
+    ("scheme", "source"), [*((scheme, DEFAULT_SOURCE) for scheme in SCHEMES), ("standard-webhooks", NAMED_SOURCE)])
 ALICE = uuid.UUID("11111111-1111-4111-8111-111111111111")
 BOB = uuid.UUID("22222222-2222-4222-8222-222222222222")
 # No balance row: a payment to this user fails until a test inserts one.
@@ -85,17 +93,61 @@ def signed_headers(body, secret=None, content_type="application/json", *, scheme
     return headers
 
 
-def deliver(client, event, secret=None, **headers):
-    """POST event, signed the way the client's app expects."""
+def deliver(client, event, secret=None, source=None, **headers):
+    """POST event to source (default: the default one), signed the way the client's app expects.
+
+    A named source is signed with its scheme and source_secret unless secret is given.
+    """
     body = encode(event)
-    scheme = client.application.config["WEBHOOK_SIGNATURE_SCHEME"]
-    return client.post("/api/webhooks", data=body,
+    config = client.application.config
+    if source in (None, DEFAULT_SOURCE):
+        scheme = config["WEBHOOK_SIGNATURE_SCHEME"]
+    else:
+        sender = config["SOURCES"].get(source)
+        scheme = sender.scheme if sender else "hmac-sha256"  # an unknown source: signed all the same
+        secret = secret or source_secret(source, scheme)
+    return client.post(source_path(source), data=body,
                        headers={**signed_headers(body, secret, scheme=scheme), **headers})
 
 
-def post_delivery(client, body, headers):
+def post_delivery(client, body, headers, source=None):
     """POST body with exactly these headers, signed or not, through the Flask client."""
-    return client.post("/api/webhooks", data=body, headers=headers)
+    return client.post(source_path(source), data=body, headers=headers)
+
+
+# -- named sources (WEBHOOK_SOURCES) ---------------------------------------------
+
+def source_path(source=None):
+    """Where a source's deliveries are posted: /api/webhooks for the default one."""
+    return "/api/webhooks" if source in (None, DEFAULT_SOURCE) else f"/api/webhooks/{source}"
+
+
+def source_prefix(name):
+    """The prefix of a named source's settings, WEBHOOK_<NAME>_ (a - becomes _)."""
+    return f"WEBHOOK_{name.upper().replace('-', '_')}_"
+
+
+def source_secret(name, scheme):
+    """A named source's own test secret, shared with no other source, written as its provider issues one."""
+    return secret_for(scheme, f"{name}-test-secret-0123456789")
+
+
+def sources_config(config, sources, **settings):
+    """config that also serves named sources.
+
+    sources maps each name to its scheme, or to None to leave WEBHOOK_<NAME>_SCHEME
+    unset (then it is the name when the name is a scheme, else hmac-sha256, as
+    the README says); each source gets source_secret(name, scheme). settings come
+    last; a None removes a setting (WEBHOOK_SECRET=None turns the default source off).
+    """
+    merged = {**config, "WEBHOOK_SOURCES": ",".join(sources)}
+    for name, scheme in sources.items():
+        if scheme is not None:
+            merged[source_prefix(name) + "SCHEME"] = scheme
+        merged[source_prefix(name) + "SECRET"] = source_secret(
+            name, scheme or (name if name in SCHEMES else "hmac-sha256"))
+    merged.update(settings)
+    return {name: value for name, value in merged.items() if value is not None}
 
 
 # -- HTTP to a real server ------------------------------------------------------
@@ -111,9 +163,9 @@ def _request(base, method, path, body=None, headers=None, timeout=30):
         conn.close()
 
 
-def http_post(base, body, headers, timeout=30):
-    """POST body; return (status, parsed JSON body, headers). Raises on connection errors."""
-    return _request(base, "POST", "/api/webhooks", body, headers, timeout)
+def http_post(base, body, headers, timeout=30, source=None):
+    """POST body to source's path; return (status, parsed JSON body, headers). Raises on connection errors."""
+    return _request(base, "POST", source_path(source), body, headers, timeout)
 
 
 def http_get(base, path, timeout=10):
@@ -121,13 +173,13 @@ def http_get(base, path, timeout=10):
     return _request(base, "GET", path, timeout=timeout)[:2]
 
 
-def burst(bases, body, headers, copies=50):
-    """Send copies of one delivery at the same instant, spread over bases; return every answer."""
+def burst(bases, body, headers, copies=50, source=None):
+    """Send copies of one delivery to source at the same instant, spread over bases; return every answer."""
     barrier = threading.Barrier(copies)
 
     def send(i):
         barrier.wait()
-        return http_post(bases[i % len(bases)], body, headers)
+        return http_post(bases[i % len(bases)], body, headers, source=source)
 
     with ThreadPoolExecutor(copies) as pool:
         return list(pool.map(send, range(copies)))
@@ -139,14 +191,16 @@ def balance(conn, user=ALICE):
     return conn.execute("SELECT balance_cents FROM user_balances WHERE user_id = %s", [user]).fetchone()[0]
 
 
-def event_rows(conn):
-    return conn.execute("SELECT count(*) FROM webhook_events").fetchone()[0]
+def event_rows(conn, source=None):
+    """How many events are stored: all of them, or source's."""
+    return conn.execute("SELECT count(*) FROM webhook_events WHERE %(source)s::text IS NULL OR source = %(source)s",
+                        {"source": source}).fetchone()[0]
 
 
 def assert_ledger_consistent(conn):
-    """DESIGN.md invariant 5: no duplicated id; balance = opening + completed credits."""
+    """DESIGN.md invariant 5: no (source, id) stored twice; balance = opening + completed credits."""
     assert conn.execute(
-        "SELECT event_id FROM webhook_events GROUP BY event_id HAVING count(*) > 1").fetchall() == []
+        "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
     credits = dict(conn.execute("""
         SELECT user_id, sum(cents) FROM (
             SELECT (payload->'data'->>'userId')::uuid, (payload->'data'->>'amountCents')::bigint
@@ -159,3 +213,9 @@ def assert_ledger_consistent(conn):
     for user, opening in OPENING.items():
         assert balance(conn, user) == opening + credits.get(user, 0), user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
+
+
+def samples(text):
+    """{(sample name, sorted labels): value} of a Prometheus text exposition."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -1,13 +1,27 @@
 """Concurrent deliveries against the real gunicorn: exactly one credit per
-event, under every signature scheme."""
+event, under every signature scheme, on the default source and a named one."""
 
 import random
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from .helpers import ALICE, BOB, EVERY_SCHEME, assert_ledger_consistent, balance, burst, encode, http_post, payment
-
-pytestmark = EVERY_SCHEME
+from .helpers import (
+    ALICE,
+    BOB,
+    EVERY_SCHEME,
+    EVERY_SCHEME_AND_A_NAMED_SOURCE,
+    assert_ledger_consistent,
+    balance,
+    burst,
+    encode,
+    event_rows,
+    http_post,
+    payment,
+    signed_headers,
+    source_secret,
+    sources_config,
+)
 
 
 def _assert_one_processed(answers, event_id):
@@ -20,22 +34,52 @@ def _assert_one_processed(answers, event_id):
             assert int(headers["Retry-After"]) >= 1
 
 
-def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign, source):
     server = gunicorn(workers=3, threads=4)
     body = encode(payment("evt_burst", cents=125))
-    _assert_one_processed(burst([server.base], body, sign(body)), "evt_burst")
+    _assert_one_processed(burst([server.base], body, sign(body), source=source), "evt_burst")
     assert balance(db) == 1125
+    assert event_rows(db, source) == event_rows(db) == 1
     assert_ledger_consistent(db)
 
 
-def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign, source):
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
     body = encode(payment("evt_two_hosts", user=BOB, cents=990))
-    _assert_one_processed(burst([h.base for h in hosts], body, sign(body)), "evt_two_hosts")
+    _assert_one_processed(burst([h.base for h in hosts], body, sign(body), source=source), "evt_two_hosts")
     assert balance(db, BOB) == 990
+    assert event_rows(db, source) == event_rows(db) == 1
     assert_ledger_consistent(db)
 
 
+def test_concurrent_copies_of_one_id_on_two_sources_credit_once_each(gunicorn, db, config):
+    """Two providers that happen to use one id, each sending copies at the same instant: two events, two credits."""
+    named = sources_config(config, {"billing": None, "stripe": None})
+    hosts = [gunicorn(workers=2, threads=4, **named), gunicorn(workers=2, threads=4, **named)]
+    body = encode(payment("evt_shared", cents=70))
+    sends = [(source, signed_headers(body, source_secret(source, scheme), scheme=scheme))
+             for source, scheme in (("billing", "hmac-sha256"), ("stripe", "stripe"))] * 25
+    barrier = threading.Barrier(len(sends))
+
+    def send(i):
+        source, headers = sends[i]
+        barrier.wait()
+        # Each source's copies are spread over both hosts.
+        return source, http_post(hosts[i // 2 % 2].base, body, headers, source=source)
+
+    with ThreadPoolExecutor(len(sends)) as pool:
+        answers = list(pool.map(send, range(len(sends))))
+    for source in ("billing", "stripe"):
+        _assert_one_processed([answer for sent_to, answer in answers if sent_to == source], "evt_shared")
+        assert event_rows(db, source) == 1
+    assert balance(db) == 1140
+    assert db.execute("SELECT source FROM ledger_credits ORDER BY source").fetchall() == [("billing",), ("stripe",)]
+    assert_ledger_consistent(db)
+
+
+@EVERY_SCHEME
 def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db, sign):
     """A provider that retries every non-2xx until it gets a 2xx."""
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from app import config
-from app.config import ConfigError
+from app import config, create_app
+from app.config import ConfigError, Source
 from devservers import ROOT
 
 BASE = {"DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0",
@@ -76,6 +76,51 @@ def test_bad_standard_webhooks_secret_is_refused_without_echoing_it(secrets, mes
         assert not key or key not in str(refused.value)
 
 
+def test_named_sources_are_parsed_with_their_own_settings():
+    parsed = config.from_env({**BASE, "WEBHOOK_SOURCES": " stripe , billing-eu ,", "WEBHOOK_TOLERANCE_SECONDS": "60",
+                              "WEBHOOK_STRIPE_SECRET": "whsec_new, whsec_old", "WEBHOOK_BILLING_EU_SECRET": "0042",
+                              "WEBHOOK_BILLING_EU_SCHEME": "github", "WEBHOOK_BILLING_EU_TOLERANCE_SECONDS": "9"})
+    assert parsed["SOURCES"] == {
+        "default": Source("default", "hmac-sha256", (b"s",), 60),
+        "stripe": Source("stripe", "stripe", (b"whsec_new", b"whsec_old"), 60),
+        "billing-eu": Source("billing-eu", "github", (b"0042",), 9),
+    }
+
+
+def test_without_its_secret_the_default_source_is_off_when_named_sources_are_set():
+    environ = {name: value for name, value in BASE.items() if name != "WEBHOOK_SECRET"}
+    parsed = config.from_env({**environ, "WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "b"})
+    assert parsed["WEBHOOK_SECRET"] is None
+    assert set(parsed["SOURCES"]) == {"billing"}
+
+
+NAMED = {"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "b"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
+    ({"WEBHOOK_SOURCES": "billing,pay_outs"}, "WEBHOOK_SOURCES: 'pay_outs' is not a source name"),
+    ({"WEBHOOK_SOURCES": "a b"}, "WEBHOOK_SOURCES: 'a b' is not a source name"),
+    ({"WEBHOOK_SOURCES": "x" * 65}, "WEBHOOK_SOURCES: 'x{65}' is not a source name"),
+    ({"WEBHOOK_SOURCES": "default"}, "WEBHOOK_SOURCES: 'default' is not a source name .*not 'default'"),
+    ({"WEBHOOK_SOURCES": "billing,billing"}, "WEBHOOK_SOURCES names a source twice"),
+    ({"WEBHOOK_SOURCES": "signature", "WEBHOOK_SIGNATURE_SECRET": "s"},
+     "source 'signature' would be configured by WEBHOOK_SIGNATURE_SCHEME"),
+    ({"WEBHOOK_SOURCES": "stripe"}, "WEBHOOK_STRIPE_SECRET is required for source 'stripe'"),
+    ({**NAMED, "WEBHOOK_SOURCES": "billing,stripe-eu"}, "WEBHOOK_STRIPE_EU_SECRET is required for source 'stripe-eu'"),
+    ({**NAMED, "WEBHOOK_BILLING_SECRET": " , "}, "WEBHOOK_BILLING_SECRET is empty"),
+    ({**NAMED, "WEBHOOK_BILLING_SCHEME": "md5"}, "WEBHOOK_BILLING_SCHEME must be one of"),
+    ({**NAMED, "WEBHOOK_BILLING_TOLERANCE_SECONDS": "0"}, "WEBHOOK_BILLING_TOLERANCE_SECONDS must be >= 1"),
+    ({**NAMED, "WEBHOOK_BILLING_SCHEME": "standard-webhooks"}, "WEBHOOK_BILLING_SECRET entry 0 .* whsec_"),
+    ({"WEBHOOK_SECRET": None, "WEBHOOK_SOURCES": " , "}, "WEBHOOK_SECRET is required but not set"),
+])
+def test_bad_sources_stop_create_app_with_one_line_naming_the_setting(override, message):
+    environ = {k: v for k, v in {**BASE, **override}.items() if v is not None}
+    with pytest.raises(ConfigError, match=message) as refused:
+        create_app(environ)
+    assert "\n" not in str(refused.value)
+
+
 def test_timeouts_that_do_not_nest_are_reported():
     warnings = config.check_nesting(config.from_env({**BASE, "LOCK_TTL_MS": "500"}))
     assert warnings == ["PG_POOL_TIMEOUT_MS (3000) should be below LOCK_TTL_MS (500)"]
@@ -85,6 +130,8 @@ def test_timeouts_that_do_not_nest_are_reported():
     ({}, "WEBHOOK_SECRET is required but not set"),
     ({"WEBHOOK_SECRET": "s", "WEBHOOK_TOLERANCE_SECONDS": "0"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
     ({"WEBHOOK_SECRET": "plain", "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks"}, "must be written whsec_"),
+    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "s"}, "WEBHOOK_GITHUB_SECRET is required"),
+    ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
 ])
 def test_gunicorn_refuses_to_start_with_a_clear_message(override, message):
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": BASE["DATABASE_URL"], "REDIS_URL": BASE["REDIS_URL"], **override}

@@ -17,7 +17,7 @@ from devservers import Postgres, Redis, wait_until
 
 from .helpers import (
     ALICE,
-    EVERY_SCHEME,
+    EVERY_SCHEME_AND_A_NAMED_SOURCE,
     OPENING,
     assert_ledger_consistent,
     balance,
@@ -53,12 +53,12 @@ class RowLock:
         self.conn.close()
 
 
-def _in_thread(fn, *args):
+def _in_thread(fn, *args, **kwargs):
     result = {}
 
     def run():
         try:
-            result["value"] = fn(*args)
+            result["value"] = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             result["error"] = exc
 
@@ -69,20 +69,20 @@ def _in_thread(fn, *args):
 
 # -- a lock that expires while its delivery is still inside the transaction --
 
-@EVERY_SCHEME
-def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client, sign, source):
     # A long lock wait keeps the first delivery in its transaction well past the TTL.
     server = gunicorn(workers=2, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
     body = encode(payment("evt_slow", cents=40))
     with RowLock(config["DATABASE_URL"]):
-        first, first_result = _in_thread(http_post, server.base, body, sign(body))
+        first, first_result = _in_thread(http_post, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="first delivery blocked")
-        wait_until(lambda: not redis_client.exists(lock_key("evt_slow")), what="lock expiry")
-        second, second_result = _in_thread(http_post, server.base, body, sign(body))
+        wait_until(lambda: not redis_client.exists(lock_key("evt_slow", source)), what="lock expiry")
+        second, second_result = _in_thread(http_post, server.base, body, sign(body), source=source)
         # The second copy took the expired lock and now waits on the first's insert.
         wait_until(lambda: len(_app_backends_waiting(db)) == 2, what="second delivery blocked")
-        assert redis_client.exists(lock_key("evt_slow"))
+        assert redis_client.exists(lock_key("evt_slow", source))
     first.join(30), second.join(30)
     answers = sorted((r["value"][0], r["value"][1]["status"]) for r in (first_result, second_result))
     assert answers == [(200, "duplicate"), (200, "processed")]
@@ -90,14 +90,14 @@ def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
     assert_ledger_consistent(db)
 
 
-@EVERY_SCHEME
-def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, config, redis_client, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, config, redis_client, sign, source):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
-    key = lock_key("evt_owner")
+    key = lock_key("evt_owner", source)
     body = encode(payment("evt_owner", cents=60))
     with RowLock(config["DATABASE_URL"]):
-        first, result = _in_thread(http_post, server.base, body, sign(body))
+        first, result = _in_thread(http_post, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery blocked")
         wait_until(lambda: not redis_client.exists(key), what="lock expiry")
         # Another delivery (played by the test) now owns the lock.
@@ -110,32 +110,36 @@ def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, 
 
 # -- a gunicorn worker killed mid-transaction ---------------------------------
 
-@EVERY_SCHEME
-def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_once(gunicorn, db, config, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_once(gunicorn, db, config, sign, source):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=1000)
     body = encode(payment("evt_crash", cents=333))
     with RowLock(config["DATABASE_URL"]):
-        thread, result = _in_thread(http_post, server.base, body, sign(body))
+        thread, result = _in_thread(http_post, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery inside its transaction")
         (backend_pid, worker_pid), = _app_backends_waiting(db)
         assert worker_pid in server.worker_pids()
         # The INSERT is done, the credit waits on the row lock: kill the worker now.
         os.kill(worker_pid, signal.SIGKILL)
         thread.join(30)
+        # The delivery's statements were sent in one go: PostgreSQL rolls them
+        # back when it sees its client gone (client_connection_check_interval,
+        # 500 ms) or, at the latest, when the lock wait times out (1 s).
+        wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                      [backend_pid]).fetchone()[0] == 0, what="backend gone")
     assert "error" in result or result["value"][0] >= 500  # the sender saw no 2xx
-    wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
-                                  [backend_pid]).fetchone()[0] == 0, what="backend gone")
     assert event_rows(db) == 0
     assert balance(db) == 1000
 
     # The provider retries; the dead worker's lock expires after LOCK_TTL_MS.
     wait_until(lambda: server.worker_pids(), what="replacement worker")
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, sign(body))) or answers[-1][0] != 409,
+    wait_until(lambda: answers.append(http_post(server.base, body, sign(body), source=source)) or answers[-1][0] != 409,
                timeout=10, interval=0.2, what="lock expiry")
     assert answers[-1][:2] == (200, {"status": "processed", "event_id": "evt_crash"})
-    assert http_post(server.base, body, sign(body))[1]["status"] == "duplicate"
+    assert http_post(server.base, body, sign(body), source=source)[1]["status"] == "duplicate"
     assert balance(db) == 1333
+    assert event_rows(db, source) == 1
     assert_ledger_consistent(db)
 
 
@@ -150,9 +154,9 @@ def own_redis():
     server.stop()
 
 
-def _timed(fn, *args):
+def _timed(fn, *args, **kwargs):
     started = time.monotonic()
-    value = fn(*args)
+    value = fn(*args, **kwargs)
     return value, time.monotonic() - started
 
 
@@ -183,15 +187,16 @@ def test_redis_hung_degrades_within_its_socket_timeout(make_app, config, db, own
     assert deliver(client, event).json["status"] == "duplicate"
 
 
-@EVERY_SCHEME
-def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis, sign, source):
     server = gunicorn(workers=2, threads=4, REDIS_URL=own_redis.url)
     own_redis.stop()
     body = encode(payment("evt_burst_no_redis", cents=70))
-    answers = burst([server.base], body, sign(body), copies=30)
+    answers = burst([server.base], body, sign(body), copies=30, source=source)
     outcomes = sorted(body["status"] for _, body, _ in answers)
     assert outcomes == ["duplicate"] * 29 + ["processed"]
     assert balance(db) == 1070
+    assert event_rows(db, source) == 1
 
 
 def test_redis_flushed_redelivery_is_duplicate(client, db, redis_client):
@@ -233,31 +238,32 @@ def own_postgres():
     shutil.rmtree(base, ignore_errors=True)
 
 
-@EVERY_SCHEME
-def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, own_postgres, redis_client, sign):
+@EVERY_SCHEME_AND_A_NAMED_SOURCE
+def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, own_postgres, redis_client, sign, source):
     server = gunicorn(workers=1, threads=2, DATABASE_URL=own_postgres.url())
     body = encode(payment("evt_pg_outage", cents=10))
     assert http_get(server.base, "/ready")[0] == 200
     own_postgres.stop()
 
-    (status, answer, headers), seconds = _timed(http_post, server.base, body, sign(body))
+    (status, answer, headers), seconds = _timed(http_post, server.base, body, sign(body), source=source)
     assert (status, answer["error"]) == (503, "unavailable")
     assert int(headers["Retry-After"]) >= 1
     assert seconds < 10, seconds  # within the pool timeout, before a sender's timeout
     assert http_get(server.base, "/ready")[0] == 503
     assert http_get(server.base, "/health") == (200, {"status": "ok"})
     # Every answer while down was a 503 and released its lock.
-    assert not redis_client.exists(lock_key("evt_pg_outage"))
+    assert not redis_client.exists(lock_key("evt_pg_outage", source))
 
     own_postgres.start()
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, sign(body))) or answers[-1][0] == 200,
+    wait_until(lambda: answers.append(http_post(server.base, body, sign(body), source=source)) or answers[-1][0] == 200,
                timeout=20, interval=0.2, what="recovery")
     assert {a[0] for a in answers[:-1]} <= {503}
     assert answers[-1][1]["status"] == "processed"
-    assert http_post(server.base, body, sign(body))[1]["status"] == "duplicate"
+    assert http_post(server.base, body, sign(body), source=source)[1]["status"] == "duplicate"
     with psycopg.connect(own_postgres.url()) as conn:
         assert balance(conn) == 1010
+        assert event_rows(conn, source) == 1
         assert_ledger_consistent(conn)
 
 

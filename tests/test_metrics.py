@@ -8,18 +8,10 @@ import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from app.lock import lock_key
 from devservers import wait_until
 
-from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_post, payment, signed_headers
-
-
-def samples(text):
-    """{(sample name, sorted labels): value} of a Prometheus text exposition."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_post, payment, samples, signed_headers
 
 
 def deliveries(scraped, outcome, reason="", source="default"):
