@@ -25,6 +25,16 @@ from . import ROOT, Gunicorn, Postgres, Redis, free_port, wait_until
 DEPLOY = ROOT / "deploy"
 DB_NAME = "webhook_ledger"  # the database deploy/pgbouncer.ini serves
 APP_USER, STATS_USER = "ledger", "pgbouncer"  # the roles deploy/pgbouncer.ini names
+PACKAGES = {"redis-server": "redis-server", "redis-cli": "redis-tools"}  # the others' packages bear their names
+
+
+def program(name):
+    """Path of a server's executable: Debian keeps haproxy and pgbouncer in
+    /usr/sbin, which is not on a non-root user's PATH."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if not found:
+        raise RuntimeError(f"{name} not found (Debian: apt-get install {PACKAGES.get(name, name)})")
+    return found
 
 
 def _answers_tcp(port):
@@ -79,7 +89,7 @@ class PgBouncer:
         for path in (self.dir, userlist, self.dir / "pgbouncer.ini"):
             _give(path, self.RUN_AS)
         with open(self.dir / "pgbouncer.log", "ab") as log:
-            self.proc = subprocess.Popen(["pgbouncer", str(self.dir / "pgbouncer.ini")], stdout=log,
+            self.proc = subprocess.Popen([program("pgbouncer"), str(self.dir / "pgbouncer.ini")], stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True, **_as_user(self.RUN_AS))
         wait_until(self._listening, what="pgbouncer")
         return self
@@ -133,7 +143,7 @@ class HAProxy:
             user = _as_user("haproxy")
             _give(self.dir, "haproxy")
         with open(self.dir / "haproxy.log", "ab") as log:
-            self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)], env=env, stdout=log,
+            self.proc = subprocess.Popen([program("haproxy"), "-db", "-f", str(config)], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True, **user)
         wait_until(lambda: self._states() and set(self.states().values()) == {"UP"}, timeout=20,
                    what="haproxy with every host UP")
@@ -197,7 +207,7 @@ class RedisCluster:
         for node in self.nodes:
             node.workdir.mkdir(parents=True, exist_ok=True)
             node.start()
-        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+        subprocess.run([program("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
                         "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                        check=True, capture_output=True, timeout=60)
         self.wait_healthy()

@@ -24,7 +24,7 @@ from run import DEMO_SECRET, DEMO_USER, STOP_SIGNALS, Failed, Stopped, banner, s
 
 from app.config import ConfigError, from_env
 from app.db import apply_schema
-from devservers.topology import Topology
+from devservers.topology import Topology, program
 
 # 3 app hosts share this machine: gunicorn.conf.py's one worker per core on
 # each would be 3x the cores; 2 workers x 4 threads each is what the
@@ -55,9 +55,11 @@ def main():
 
 
 def run(cleanup):
-    missing = [name for name in NEEDED if not shutil.which(name)]
-    if missing:
-        raise Failed(f"not found: {', '.join(missing)} (Debian: apt-get install haproxy pgbouncer redis-server)")
+    for name in NEEDED:
+        try:
+            program(name)
+        except RuntimeError as exc:
+            raise Failed(str(exc)) from None
     secret_from_env = bool(os.environ.get("WEBHOOK_SECRET"))
     if not secret_from_env:
         os.environ["WEBHOOK_SECRET"] = DEMO_SECRET
