@@ -8,7 +8,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from . import ledger, retention, verify
-from .db import get_pool
+from .db import get_pool, transaction
 from .delivery import Outcome
 
 events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
@@ -59,7 +59,7 @@ def list_events(statuses, types, since, limit):
     """List stored events, newest first."""
     params = {"statuses": list(statuses) or None, "types": list(types) or None, "limit": limit,
               "since": since.replace(tzinfo=UTC) if since else None}
-    with get_pool(current_app).connection() as conn:
+    with transaction(get_pool(current_app)) as conn:
         rows = conn.execute(LIST_EVENTS, params).fetchall()
     if not rows:
         click.echo("no events")
@@ -73,7 +73,7 @@ def list_events(statuses, types, since, limit):
 @click.argument("event_id")
 def show_event(event_id):
     """Show one stored event: payload, status, attempts, last error, times."""
-    with get_pool(current_app).connection() as conn:
+    with transaction(get_pool(current_app)) as conn:
         row = conn.execute(SHOW_EVENT, [event_id]).fetchone()
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r}")
@@ -112,7 +112,7 @@ def replay_events(event_id, all_failed):
         raise click.UsageError("give either EVENT_ID or --all-failed")
     pool = get_pool(current_app)
     if all_failed:
-        with pool.connection() as conn:
+        with transaction(pool) as conn:
             event_ids = [r[0] for r in conn.execute(FAILED_EVENTS)]
     else:
         event_ids = [event_id]

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import psycopg
 
+from .db import transaction
 from .delivery import Outcome
 from .events import MAX_CENTS, InvalidJSON, Unprocessable, credit_of, stored_event
 
@@ -109,7 +110,7 @@ def apply_event(pool, event, payload_sha256):
     params = credit and {"amount": credit.amount_cents, "user_id": credit.user_id,
                          "event_id": event.id, "max": MAX_CENTS}
 
-    with pool.connection() as conn, conn.transaction():
+    with transaction(pool) as conn:
         row_id, outcome = _record(conn, event, payload_sha256)
         if outcome is not None:
             return Result(outcome)
