@@ -163,9 +163,10 @@ def assert_exactly_once(db, events, opening, answers, retries, allowed=TRANSIENT
 
 def report(name, answers, retries, window=None):
     """The record the closing note quotes: how the storm and the provider's retries were answered."""
-    fault = f"; fault lasted {window[1] - window[0]:.2f} s" if window else ""
-    print(f"\n[topology] {name}: storm {dict(Counter(a.outcome for a in answers).most_common())}"  # noqa: T201
-          f"; retries {dict(Counter(a.outcome for a in retries).most_common())}{fault}")
+    took = max(a.answered for a in answers) - min(a.sent for a in answers)
+    fault = f", the fault {window[1] - window[0]:.2f} s of it" if window else ""
+    print(f"\n[topology] {name}: storm ({took:.2f} s{fault}) {dict(Counter(a.outcome for a in answers).most_common())}"  # noqa: T201
+          f"; retries {dict(Counter(a.outcome for a in retries).most_common())}")
 
 
 def make_events(tag, seed):
