@@ -232,12 +232,7 @@ class RedisCluster:
 
     def primaries(self):
         """Ports of the nodes that are primaries now."""
-        ports = []
-        for node in self.nodes:
-            with self.client(node.port) as c:
-                if c.info("replication")["role"] == "master":
-                    ports.append(node.port)
-        return ports
+        return [node.port for node in self.nodes if self._role(node.port) == "master"]
 
     def replica_of(self, primary_port):
         with self.client(primary_port) as c:
@@ -253,12 +248,15 @@ class RedisCluster:
         raise LookupError(key)
 
     def failover(self, replica_port):
-        """CLUSTER FAILOVER on a replica: it and its primary swap roles, without data loss."""
+        """CLUSTER FAILOVER on a replica: it and its primary swap roles, without losing a write.
+        Returns once it is promoted; wait_healthy() then waits for the old primary to follow it."""
         with self.client(replica_port) as c:
             c.execute_command("CLUSTER", "FAILOVER")
-        wait_until(lambda: self.client(replica_port).info("replication")["role"] == "master",
-                   timeout=20, what=f"replica {replica_port} promoted")
-        self.wait_healthy()
+        wait_until(lambda: self._role(replica_port) == "master", timeout=20, what=f"replica {replica_port} promoted")
+
+    def _role(self, port):
+        with self.client(port) as c:
+            return c.info("replication")["role"]
 
     @property
     def url(self):

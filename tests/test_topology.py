@@ -26,7 +26,7 @@ import redis
 from app.db import apply_schema
 from app.lock import done_key, lock_key
 from devservers import wait_until
-from devservers.topology import DB_NAME, Topology
+from devservers.topology import APP_USER, DB_NAME, Topology
 
 from .helpers import ALICE, BOB, OPENING, SECRET, assert_ledger_consistent, balance, encode, payment, signed_headers
 
@@ -223,6 +223,12 @@ def transactions(topology):
     return sum(s["total_xact_count"] for s in topology.pgbouncer.show("STATS") if s["database"] == DB_NAME)
 
 
+def waiting_on_locks(db):
+    """How many of the app's transactions wait for a row lock now."""
+    return db.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
+                      [APP_USER]).fetchone()[0]
+
+
 def openings(db):
     return {user: balance(db, user) for user in OPENING}
 
@@ -271,10 +277,21 @@ def test_host_killed_mid_storm_credits_each_event_once(topology, db, host2_back)
 
 def test_pgbouncer_restarted_mid_storm_credits_each_event_once(topology, db):
     events, opening = make_events("pgbouncer_restart", 3), openings(db)
-    answers, window = storm(targets(topology), events, topology.pgbouncer.restart)
+
+    def restart_under_open_transactions():
+        # ALICE's row held, so that some deliveries are surely inside their transactions when it goes.
+        with psycopg.connect(topology.pg.url(DB_NAME)) as holder:
+            holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
+            wait_until(lambda: waiting_on_locks(db) > 0, timeout=5, what="a delivery inside its transaction")
+            topology.pgbouncer.restart()
+            holder.rollback()
+
+    answers, window = storm(targets(topology), events, restart_under_open_transactions)
     retries = retry_until_acknowledged(topology.base, events, answers)
     report("PgBouncer restarted (SIGTERM: every connection cut)", answers, retries, window)
     assert_exactly_once(db, events, opening, answers, retries)
+    # The deliveries cut inside their transactions answered 503, and their retries processed them.
+    assert Counter(a.outcome for a in answers)["503 unavailable"] > 0
 
 
 def test_redis_primary_failed_over_mid_storm_credits_each_event_once(topology, db, cluster_client):
@@ -287,6 +304,7 @@ def test_redis_primary_failed_over_mid_storm_credits_each_event_once(topology, d
     report(f"Redis primary {primary} failed over to {replica}", answers, retries, window)
     assert_exactly_once(db, events, opening, answers, retries)
 
+    topology.redis.wait_healthy()  # the old primary now follows the new one
     assert topology.redis.primary_of(lock_key(events[0]["id"])) == replica
     # The hosts follow the new primary: one more copy of each is a duplicate,
     # and its done marker is written there.
