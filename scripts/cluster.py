@@ -18,9 +18,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psycopg
-from run import DEMO_SECRET, DEMO_USER, STOP_SIGNALS, Failed, Stopped, banner, say, stop_on_signal, stop_stray_children
+from run import (
+    DEMO_SECRET,
+    DEMO_USER,
+    STOP_SIGNALS,
+    Failed,
+    Stopped,
+    banner,
+    port_free,
+    say,
+    stop_on_signal,
+    stop_stray_children,
+)
 
 from app.config import ConfigError, from_env
 from app.db import apply_schema
@@ -31,6 +43,10 @@ from devservers.topology import Topology, program
 # topology tests run.
 HOST_WORKERS, HOST_THREADS = 2, 4
 NEEDED = ("haproxy", "pgbouncer", "redis-server", "redis-cli")
+# haproxy's, where `make run` has 8000: both can run at once.
+DEFAULT_PORT = 8080
+# Enough of each server's log to see why it stopped, not a screenful each.
+LOG_TAIL_LINES = 5
 
 
 def log(message):
@@ -69,19 +85,22 @@ def run(cleanup):
     except ConfigError as exc:
         raise Failed(f"configuration: {exc}") from None
 
+    port = int(os.environ.get("PORT") or DEFAULT_PORT)
+    if not port_free("127.0.0.1", port):
+        raise Failed(f"port {port} is already in use (another `make cluster`?); stop that, or run with PORT=<another>")
+
     base = tempfile.mkdtemp(prefix="webhook-ledger-cluster.")
     cleanup.callback(shutil.rmtree, base, ignore_errors=True)
     log(f"starting PostgreSQL, PgBouncer, a Redis Cluster (6 nodes), 3 gunicorn hosts and haproxy in {base}")
     # The hosts get the settings of this environment, the topology's URLs win.
     env = {name: value for name, value in os.environ.items() if name not in ("DATABASE_URL", "REDIS_URL", "PORT")}
-    topology = Topology(base, env, workers=HOST_WORKERS, threads=HOST_THREADS,
-                        port=int(os.environ.get("PORT") or 8080))
+    topology = Topology(base, env, workers=HOST_WORKERS, threads=HOST_THREADS, port=port)
     cleanup.callback(stop, topology)
     started = time.monotonic()
     try:
         topology.start(prepare)
     except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError, psycopg.Error) as exc:
-        raise Failed(f"the topology did not come up: {exc} (logs in {base})") from None
+        raise Failed(f"the topology did not come up: {exc}\n{log_tails(base)}") from None
     log(f"up in {time.monotonic() - started:.1f} s")
 
     config = from_env({**os.environ, **topology.app_env})
@@ -95,6 +114,16 @@ def run(cleanup):
                 reported.add(i)
                 log(f"host{i + 1} (pid {host.proc.pid}) exited with {host.proc.returncode}; "
                     "haproxy sends its requests to the others")
+
+
+def log_tails(base):
+    """The end of every server's log: the folder is removed on exit."""
+    tails = []
+    for path in sorted(Path(base).rglob("*log")):
+        if path.is_file():
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            tails.append("\n".join([f"--- {path.relative_to(base)}", *lines]))
+    return "\n".join(tails)
 
 
 def prepare(conninfo):
