@@ -60,8 +60,8 @@ def _give(path, name):
 
 
 class PgBouncer:
-    """deploy/pgbouncer.ini, its ${NAME}s substituted as envsubst would, in
-    front of PostgreSQL at pg_port. passwords: role -> password for its
+    """deploy/pgbouncer.ini, its placeholders substituted as envsubst would,
+    in front of PostgreSQL at pg_port. passwords: role -> password for its
     auth_file. Runs as `postgres` when we are root, as Debian's service does."""
 
     RUN_AS = "postgres"
@@ -145,8 +145,7 @@ class HAProxy:
         with open(self.dir / "haproxy.log", "ab") as log:
             self.proc = subprocess.Popen([program("haproxy"), "-db", "-f", str(config)], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True, **user)
-        wait_until(lambda: self._states() and set(self.states().values()) == {"UP"}, timeout=20,
-                   what="haproxy with every host UP")
+        wait_until(lambda: set(self._states().values()) == {"UP"}, timeout=20, what="haproxy with every host UP")
         return self
 
     def _states(self):
@@ -172,9 +171,14 @@ class HAProxy:
                 if row["pxname"] == "app" and row["svname"] not in ("FRONTEND", "BACKEND")}
 
     def sessions(self):
-        """How many requests haproxy sent to each host so far."""
+        """How many requests haproxy sent to each host so far (one session each here)."""
         return {row["svname"]: int(row["stot"]) for row in self.stat()
                 if row["pxname"] == "app" and row["svname"] not in ("FRONTEND", "BACKEND")}
+
+    def resent(self):
+        """How many requests haproxy sent again (retry-on), and how many of those to another host."""
+        (backend,) = (row for row in self.stat() if row["pxname"] == "app" and row["svname"] == "BACKEND")
+        return int(backend["wretr"] or 0), int(backend["wredis"] or 0)
 
     @property
     def base(self):

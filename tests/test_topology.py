@@ -265,9 +265,13 @@ def host2_back(topology):
 def test_host_killed_mid_storm_credits_each_event_once(topology, db, host2_back):
     events, opening = make_events("host_killed", 2), openings(db)
     victim = host2_back
+    resent_before = topology.haproxy.resent()
     answers, window = storm(targets(topology), events, lambda: topology.kill_host(victim))
     retries = retry_until_acknowledged(topology.base, events, answers)
-    report("host2 SIGKILLed (master and workers)", answers, retries, window)
+    resent, redispatched = (after - before for after, before in zip(topology.haproxy.resent(), resent_before,
+                                                                    strict=True))
+    report(f"host2 SIGKILLed (master and workers); haproxy resent {resent}, {redispatched} to another host",
+           answers, retries, window)
     # Copies sent straight to the dead host cannot be answered; the provider retries them.
     assert_exactly_once(db, events, opening, answers, retries, allowed=TRANSIENT | {"connection error"})
     # Only those: haproxy sent its own requests for host2 to the live hosts, and its checks took host2 out.
