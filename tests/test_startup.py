@@ -72,8 +72,8 @@ def test_master_never_imports_the_app_package(tmp_path):
     probe = ("import runpy, sys; conf = runpy.run_path('gunicorn.conf.py');"
              "print(conf['_settings_problem']()); print(sorted(m for m in sys.modules if 'app' == m.split('.')[0]"
              " or m.startswith('_webhook_ledger')))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(PG_POOL_SIZE="0", PROMETHEUS_MULTIPROC_DIR=str(tmp_path)),
-                          capture_output=True, text=True, timeout=30)
+    env = _env(PG_POOL_SIZE="0", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert done.stdout.splitlines() == ["configuration error: PG_POOL_SIZE must be >= 1, got 0", "[]"], done
 
 
