@@ -1,24 +1,23 @@
 """The per-event Redis lock, and the "done" marker: accelerators, never the
 source of truth.
 
-Taking the lock is `SET lock:webhook:<id> <token> NX PX <ttl>`; releasing it
-is a compare-and-delete on the token, so only the delivery that took it
-frees it. After a commit, the release also leaves `done:webhook:<id>` = the
+Taking the lock is `SET lock:webhook:{<id>} <token> NX PX <ttl>`; releasing
+it is a compare-and-delete on the token, so only the delivery that took it
+frees it. After a commit, the release also leaves `done:webhook:{<id>}` = the
 body's SHA-256, so that a re-delivery of the same bytes is answered
 `duplicate` by Redis alone, without reaching PostgreSQL. The marker is
 written only after PostgreSQL committed; when Redis forgot it (flushed,
 restarted, expired), PostgreSQL's unique constraint answers instead. When
-Redis is unreachable the lock is skipped (degraded).
+Redis cannot be used (redis_client.py: unavailable or a fault) the lock is
+skipped (degraded). The braces are a Redis Cluster hash tag: both keys of an
+event hash to one slot, so one script can touch both.
 """
 
 import logging
 import secrets
 from enum import StrEnum
 
-import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.retry import Retry
+from .redis_client import UNAVAILABLE, RedisLink, Unusable
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +30,25 @@ class LockState(StrEnum):
     ACQUIRED = "acquired"  # this delivery holds the lock
     HELD_ELSEWHERE = "held_elsewhere"  # a twin delivery holds it now
     DONE = "done"  # these bytes were committed before: a duplicate
-    DEGRADED = "degraded"  # Redis did not answer: PostgreSQL alone decides
+    DEGRADED = "degraded"  # Redis could not be used (unavailable or a fault): PostgreSQL alone decides
 
 
 class InProgress(RuntimeError):
     """Another delivery of the event holds its lock now: answered 409, retry later."""
 
 
+# Redis hashes only what lies between the first "{" and the next "}" (if
+# anything does): the same for both keys of any event, except an id that
+# begins with "}". Its keys hash whole, to two slots: on a cluster its
+# deliveries meet a CROSSSLOT fault and go on without Redis, decided by
+# PostgreSQL as always. No provider's ids begin so.
 def lock_key(event_id):
-    return LOCK_PREFIX + event_id
+    return f"{LOCK_PREFIX}{{{event_id}}}"
 
 
 def done_key(event_id):
-    return DONE_PREFIX + event_id
+    return f"{DONE_PREFIX}{{{event_id}}}"
+
 
 # KEYS: lock, done marker. ARGV: token, lock TTL (ms), body SHA-256 (hex).
 # 2: these bytes were committed before; 1: lock taken; 0: held by a twin.
@@ -60,38 +65,33 @@ return 0
 """
 
 
+# The readiness probe runs the acquire script as a delivery would (same
+# command, ACL, slot, memory) on an id of its own, with a 1 ms lock that
+# expires on its own. An event with this id would at worst see a 409 for 1 ms.
+PROBE_EVENT_ID = "webhook-ledger:ready-probe"
 def init_app(app):
-    timeout = app.config["REDIS_TIMEOUT_MS"] / 1000
-    client = redis.Redis.from_url(
-        app.config["REDIS_URL"],
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        # redis-py retries three times with backoff by default: seconds of
-        # stall per delivery when Redis is down. One try, then degrade.
-        retry=Retry(NoBackoff(), 0),
-    )
-    app.extensions["redis"] = client
-    # Script objects run EVALSHA and load the script again after a restart.
-    app.extensions["redis_scripts"] = (client.register_script(ACQUIRE), client.register_script(RELEASE))
+    app.extensions["redis"] = RedisLink(app.config["REDIS_URL"], app.config["REDIS_CLUSTER"],
+                                        app.config["REDIS_TIMEOUT_MS"] / 1000)
 
 
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, scripts, event_id, body_sha256, ttl_ms, done_ttl_ms):
-        self._acquire, self._release = scripts
+    def __init__(self, link, event_id, body_sha256, ttl_ms, done_ttl_ms):
+        self._link = link
         self._keys = [lock_key(event_id), done_key(event_id)]
         self._token = secrets.token_hex(16)
         self._sha256 = body_sha256.hex()
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event_id
+        self.fault = None  # the reason of a Redis fault met by this delivery, if any
 
     def acquire(self):
-        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis is unreachable."""
+        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used."""
         try:
-            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._sha256])
-        except RedisError as exc:
-            log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
+            taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._sha256])
+        except Unusable as exc:
+            self._failed(exc.reason, "event %r proceeds unlocked")
             return LockState.DEGRADED
         return {2: LockState.DONE, 1: LockState.ACQUIRED}.get(taken, LockState.HELD_ELSEWHERE)
 
@@ -99,15 +99,24 @@ class EventLock:
         """Delete the lock if this delivery still owns it; mark the event done if committed."""
         args = [self._token, self._sha256 if committed else "", self._done_ttl_ms]
         try:
-            if not self._release(keys=self._keys, args=args):
+            if not self._link.run(RELEASE, self._keys, args):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
-        except RedisError as exc:
-            log.warning("redis unavailable, lock of event %r left to expire: %s", self.event_id, type(exc).__name__)
+        except Unusable as exc:
+            self._failed(exc.reason, "lock of event %r left to expire")
+
+    def _failed(self, reason, what):
+        if reason == UNAVAILABLE:
+            log.warning(f"redis unavailable, {what}", self.event_id)
+        else:
+            self.fault = reason  # logged (at most once a minute) by the link, counted with the delivery
 
 
-def redis_ok(client):
-    """Return whether Redis answers a PING now."""
+def probe(link):
+    """Return None if Redis runs the lock script now, else why not (UNAVAILABLE or a fault's reason)."""
+    keys = [lock_key(PROBE_EVENT_ID), done_key(PROBE_EVENT_ID)]
     try:
-        return bool(client.ping())
-    except RedisError:
-        return False
+        link.run(ACQUIRE, keys, [secrets.token_hex(16), 1, ""])
+    except Unusable as exc:
+        return exc.reason
+    return None
+

@@ -43,7 +43,7 @@ def log_delivery(delivery, status, seconds):
     delivery_log.info("delivery", extra={
         "event_id": delivery.event_id, "event_type": delivery.event_type, "outcome": delivery.outcome,
         "reason": delivery.reason, "status": status, "latency_ms": round(seconds * 1000, 1),
-        "secret_index": delivery.secret_index, "redis": delivery.redis,
+        "secret_index": delivery.secret_index, "redis": delivery.redis, "redis_fault": delivery.redis_fault,
     })
 
 

@@ -6,6 +6,7 @@ import threading
 
 import psycopg
 import pytest
+from redis.crc import key_slot
 
 from app.lock import EventLock, LockState, done_key, lock_key
 
@@ -66,11 +67,18 @@ def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_cli
 
 
 def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
-    scripts = app.extensions["redis_scripts"]
-    first = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
+    link = app.extensions["redis"]
+    first = EventLock(link, "evt_tokens", b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
     assert first.acquire() == LockState.ACQUIRED
     redis_client.delete(lock_key("evt_tokens"))  # as if it expired
-    second = EventLock(scripts, "evt_tokens", b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
+    second = EventLock(link, "evt_tokens", b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
     assert second.acquire() == LockState.ACQUIRED
     first.release(committed=False)
-    assert EventLock(scripts, "evt_tokens", b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+    assert EventLock(link, "evt_tokens", b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+
+
+@pytest.mark.parametrize("event_id", ["evt_1", "evt_2", "a{b}c", "{x}", "x}y", "ünïcödé", "e" * 128])
+def test_an_events_two_keys_share_one_cluster_slot(event_id):
+    assert key_slot(lock_key(event_id).encode()) == key_slot(done_key(event_id).encode())
+    assert lock_key(event_id) != lock_key(event_id + "x")
+
