@@ -1,4 +1,4 @@
-"""Operator commands: `flask events list|show|replay|purge` and `flask ledger verify`."""
+"""Operator commands: `flask events list|show|replay|purge`, `flask ledger verify` and `flask redis forget-done`."""
 
 import json
 from datetime import UTC
@@ -6,13 +6,16 @@ from datetime import UTC
 import click
 from flask import current_app
 from flask.cli import AppGroup
+from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, retention, verify
+from . import ledger, lock, retention, verify
 from .db import get_pool, transaction
 from .delivery import Outcome
+from .redis_client import reason_of
 
 events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = AppGroup("ledger", help="Check the ledger.")
+redis_group = AppGroup("redis", help="Redis's copies of what PostgreSQL knows.")
 
 STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """
@@ -37,6 +40,7 @@ FAILED_EVENTS = "SELECT event_id FROM webhook_events WHERE status = 'failed' ORD
 def init_app(app):
     app.cli.add_command(events)
     app.cli.add_command(ledger_group)
+    app.cli.add_command(redis_group)
 
 
 def _utc(moment):
@@ -157,3 +161,13 @@ def verify_ledger():
                    f"({users} users, {stored} stored events, {credits} credits)")
         raise click.exceptions.Exit(1)
     click.echo(f"ledger consistent: {users} users, {stored} stored events, {credits} credits")
+
+
+@redis_group.command("forget-done")
+def forget_done():
+    """Delete every done marker (all primaries of a cluster). Run after PostgreSQL lost commits (failover, restore)."""
+    try:
+        deleted = lock.forget_done(current_app.extensions["redis"])
+    except (RedisError, RedisClusterException) as exc:
+        raise click.ClickException(f"redis failed ({reason_of(exc)}); some markers may be left: run it again") from None
+    click.echo(f"forgot {deleted} done markers: re-deliveries of those events now reach PostgreSQL")

@@ -69,6 +69,11 @@ return 0
 # command, ACL, slot, memory) on an id of its own, with a 1 ms lock that
 # expires on its own. An event with this id would at worst see a 409 for 1 ms.
 PROBE_EVENT_ID = "webhook-ledger:ready-probe"
+# done markers deleted per round trip by forget_done: a batch is a few tens
+# of kilobytes, and the server never blocks long on one.
+FORGET_BATCH = 1000
+
+
 def init_app(app):
     app.extensions["redis"] = RedisLink(app.config["REDIS_URL"], app.config["REDIS_CLUSTER"],
                                         app.config["REDIS_TIMEOUT_MS"] / 1000)
@@ -120,3 +125,29 @@ def probe(link):
         return exc.reason
     return None
 
+
+def forget_done(link):
+    """Delete every done marker, on every primary of a cluster; return how many were deleted.
+
+    After PostgreSQL lost commits (a failover, a restore), a marker could
+    answer `duplicate` for an event that PostgreSQL no longer has.
+    """
+    client = link.client()
+    deleted, batch = 0, []
+    # SCAN, not KEYS: the server answers other clients between two batches.
+    # A cluster client's scan_iter walks every primary in turn.
+    for key in client.scan_iter(match=f"{DONE_PREFIX}*", count=FORGET_BATCH):
+        batch.append(key)
+        if len(batch) == FORGET_BATCH:
+            deleted += _unlink(client, batch)
+            batch = []
+    return deleted + (_unlink(client, batch) if batch else 0)
+
+
+def _unlink(client, keys):
+    # One UNLINK per key in one pipeline: the keys of a batch lie in many
+    # slots, which a single multi-key UNLINK on a cluster refuses (CROSSSLOT).
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.unlink(key)
+    return sum(pipe.execute())

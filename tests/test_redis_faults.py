@@ -206,3 +206,19 @@ def test_keys_in_two_slots_are_a_crossslot_fault(make_app, config, db, cluster, 
         assert deliver(client, payment(f"}}odd_{cluster_mode}", cents=3)).json["status"] == "processed"
         assert _faults(client, "CROSSSLOT") == 1
     assert balance(db) == 1006
+
+
+def test_forget_done_on_a_cluster_empties_every_primary(make_app, config, db, cluster, cluster_client):
+    app = make_app({**config, "REDIS_CLUSTER": "true", "REDIS_URL": cluster.url})
+    client = app.test_client()
+    events = [payment(f"evt_forget_{n}", cents=1) for n in range(12)]
+    for event in events:
+        assert deliver(client, event).json["status"] == "processed"
+    assert len({cluster.primary_of(done_key(e["id"])) for e in events}) == 3
+    cluster_client.set(lock_key("evt_in_flight"), "token", px=60000)
+    result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
+    assert result.output.startswith("forgot 12 done markers"), result.output
+    assert list(cluster_client.scan_iter(match="done:*")) == []  # scans every primary
+    assert cluster_client.exists(lock_key("evt_in_flight"))
+    app.extensions["db_pool"].close()  # Redis alone would answer "duplicate"; PostgreSQL cannot answer now
+    assert deliver(client, events[0]).status_code == 503
