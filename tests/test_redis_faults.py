@@ -222,3 +222,17 @@ def test_forget_done_on_a_cluster_empties_every_primary(make_app, config, db, cl
     assert cluster_client.exists(lock_key("evt_in_flight"))
     app.extensions["db_pool"].close()  # Redis alone would answer "duplicate"; PostgreSQL cannot answer now
     assert deliver(client, events[0]).status_code == 503
+
+
+def test_the_acl_that_docs_operations_md_names_is_enough(make_app, config, db, own_redis, caplog):
+    redis.Redis.from_url(own_redis.url).execute_command(
+        "ACL", "SETUSER", APP_USER, "on", f">{APP_PASSWORD}", "resetkeys", "~lock:webhook:*", "~done:webhook:*",
+        "-@all", "+evalsha", "+script|load", "+get", "+set", "+del", "+scan", "+unlink")
+    app = make_app({**config, "REDIS_URL": f"redis://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{own_redis.port}/0"})
+    client = app.test_client()
+    event = payment("evt_acl")
+    assert deliver(client, event).json["status"] == "processed"
+    assert deliver(client, event).json["status"] == "duplicate"
+    assert [r.redis for r in caplog.records if r.getMessage() == "delivery"] == ["acquired", "done"]
+    assert client.get("/ready").json["redis"] == "ok"
+    assert app.test_cli_runner().invoke(args=["redis", "forget-done"]).output.startswith("forgot 1 done markers")
