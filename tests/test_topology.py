@@ -49,6 +49,9 @@ FAULT_AT = 0.25  # the fault starts once this share of the storm is answered
 # The provider's retries: every 250 ms (Retry-After says 1 s; a test has no
 # day to wait), for at most 30 s, above the 4 s lock TTL of a killed host.
 RETRY_PAUSE_S, RETRY_FOR_S = 0.25, 30.0
+# How long the host-kill test lets its own delivery wait on a held row before
+# the kill: far past a delivery's few ms, well under the 1 s lock timeout.
+IN_TRANSACTION_S = 0.3
 HTTP_TIMEOUT_S = 35  # above haproxy's `timeout server` (35 s): its answer, not ours
 # What a storm may be answered while something fails, besides 200. No 500, ever.
 TRANSIENT = {"409 in_progress", "503 unavailable"}
@@ -229,6 +232,24 @@ def waiting_on_locks(db):
                       [APP_USER]).fetchone()[0]
 
 
+class RowHeld:
+    """A user's balance row locked from outside the app, until at least one delivery waits on it
+    inside its transaction (and then for the block's duration, well under the lock timeout)."""
+
+    def __init__(self, topology, db, user):
+        self.conninfo, self.db, self.user = topology.pg.url(DB_NAME), db, user
+
+    def __enter__(self):
+        self.holder = psycopg.connect(self.conninfo)
+        self.holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [self.user])
+        wait_until(lambda: waiting_on_locks(self.db) > 0, timeout=5, what="a delivery inside its transaction")
+        return self
+
+    def __exit__(self, *exc):
+        self.holder.rollback()
+        self.holder.close()
+
+
 def openings(db):
     return {user: balance(db, user) for user in OPENING}
 
@@ -265,32 +286,47 @@ def host2_back(topology):
 def test_host_killed_mid_storm_credits_each_event_once(topology, db, host2_back):
     events, opening = make_events("host_killed", 2), openings(db)
     victim = host2_back
+    host2 = topology.hosts[victim].base
+    # One more event, sent straight to host2 while ALICE's row is held: it dies inside its transaction.
+    inside = payment("evt_host_killed_inside", user=ALICE, cents=11)
     resent_before = topology.haproxy.resent()
-    answers, window = storm(targets(topology), events, lambda: topology.kill_host(victim))
+    cut = []
+
+    def kill_with_a_transaction_open():
+        with RowHeld(topology, db, ALICE):
+            sender = threading.Thread(target=lambda: cut.append(post(host2, inside)))
+            sender.start()
+            time.sleep(IN_TRANSACTION_S)
+            assert sender.is_alive(), cut
+            topology.kill_host(victim)
+        sender.join(HTTP_TIMEOUT_S)
+
+    answers, window = storm(targets(topology), events, kill_with_a_transaction_open)
+    events.append(inside)
     retries = retry_until_acknowledged(topology.base, events, answers)
     resent, redispatched = (after - before for after, before in zip(topology.haproxy.resent(), resent_before,
                                                                     strict=True))
     report(f"host2 SIGKILLed (master and workers); haproxy resent {resent}, {redispatched} to another host",
            answers, retries, window)
+    assert cut == ["connection error"]
     # Copies sent straight to the dead host cannot be answered; the provider retries them.
     assert_exactly_once(db, events, opening, answers, retries, allowed=TRANSIENT | {"connection error"})
     # Only those: haproxy sent its own requests for host2 to the live hosts, and its checks took host2 out.
-    assert {a.target for a in answers if a.outcome == "connection error"} <= {topology.hosts[victim].base}
+    names = {topology.base: "haproxy", **{h.base: f"host{i + 1}" for i, h in enumerate(topology.hosts)}}
+    refused = Counter(names[a.target] for a in answers if a.outcome == "connection error")
+    assert set(refused) == {"host2"}, refused
     wait_until(lambda: topology.haproxy.states()["host2"] == "DOWN", timeout=5, what="haproxy: host2 DOWN")
 
 
 def test_pgbouncer_restarted_mid_storm_credits_each_event_once(topology, db):
     events, opening = make_events("pgbouncer_restart", 3), openings(db)
 
-    def restart_under_open_transactions():
+    def restart_with_transactions_open():
         # ALICE's row held, so that some deliveries are surely inside their transactions when it goes.
-        with psycopg.connect(topology.pg.url(DB_NAME)) as holder:
-            holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
-            wait_until(lambda: waiting_on_locks(db) > 0, timeout=5, what="a delivery inside its transaction")
+        with RowHeld(topology, db, ALICE):
             topology.pgbouncer.restart()
-            holder.rollback()
 
-    answers, window = storm(targets(topology), events, restart_under_open_transactions)
+    answers, window = storm(targets(topology), events, restart_with_transactions_open)
     retries = retry_until_acknowledged(topology.base, events, answers)
     report("PgBouncer restarted (SIGTERM: every connection cut)", answers, retries, window)
     assert_exactly_once(db, events, opening, answers, retries)
@@ -325,7 +361,6 @@ def test_lock_wait_through_pgbouncer_is_503_after_the_lock_timeout(topology, db)
         started = time.monotonic()
         outcome = post(topology.base, event)
         seconds = time.monotonic() - started
-        holder.rollback()
     print(f"\n[topology] lock wait through PgBouncer: {outcome} after {seconds:.2f} s")  # noqa: T201
     assert outcome == "503 unavailable"
     # About the lock timeout: not sooner, and before the statement timeout would have answered.
