@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench clean
+.PHONY: run cluster test lint bench clean
 
 # Reinstall when the package metadata changes.
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -15,6 +15,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # exec: make passes a SIGTERM on to run.py (not to a shell), which stops what it started.
 run: $(VENV)/.installed
 	exec $(BIN)/python scripts/run.py
+
+# haproxy, 3 gunicorn hosts, PgBouncer, PostgreSQL and a Redis Cluster on loopback.
+cluster: $(VENV)/.installed
+	exec $(BIN)/python scripts/cluster.py
 
 test: $(VENV)/.installed
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -2,9 +2,13 @@
 command line or through GUNICORN_CMD_ARGS."""
 
 import glob
+import importlib
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+import types
 
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
@@ -15,9 +19,14 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 worker_class = "gthread"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
-# Outermost timeout: above LOCK_TTL_MS (10 s), itself above the pool acquire
-# (3 s), statement (2 s) and lock wait (1 s) timeouts, so an inner one
-# always fails first with a clean 503 instead of a killed worker.
+# Under gthread this is a heartbeat, not a limit on a request: the master
+# restarts a worker whose main loop has not checked in for 30 s (a worker
+# stuck as a whole), while a thread that waits longer than that on one
+# request is left to wait. What ends a request is inside the app: PostgreSQL's
+# lock_timeout (1 s) and statement_timeout (2 s), set in each transaction; the
+# pool's acquire timeout (3 s); tcp_user_timeout and TCP keepalives (11 s) for
+# a database host that vanished; REDIS_TIMEOUT_MS (250 ms) on every Redis
+# call. 30 s is above all of them and above LOCK_TTL_MS (10 s).
 timeout = 30
 graceful_timeout = 20
 keepalive = 5
@@ -60,10 +69,51 @@ else:
     _PRIVATE_METRICS_DIR = None
 
 
+# -- a configuration error stops gunicorn, master included -----------------
+# sysexits.h's EX_CONFIG, as `flask` commands exit on a configuration error:
+# a supervisor tells it from a crash, and restarting will not help.
+EX_CONFIG = 78
+# The name under which the master loads app/config.py, and forgets it.
+_SETTINGS_PACKAGE = "_webhook_ledger_settings"
+
+
 def on_starting(server):
+    problem = _settings_problem()
+    if problem:
+        # One line, naming the setting; no worker is started. Measured: left to
+        # the workers (wsgi.py exits 3), 4 workers print it 4 times and
+        # gunicorn 27's master dies of its own traceback with status 1.
+        server.log.error("webhook-ledger: %s", problem)
+        on_exit(server)
+        sys.exit(EX_CONFIG)
     # Counts left by an earlier run would be added to this one's.
     for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "*.db")):
         os.remove(path)
+
+
+def _settings_problem():
+    """Parse the settings as a worker will; return the configuration error's message, or None.
+
+    app/config.py (and signature.py, which it reads scheme names from) is loaded
+    under a private package name and forgotten at once: the `app` package itself
+    never enters the master, so the workers that a HUP starts import new code.
+    """
+    spec = importlib.util.find_spec("app")
+    if spec is None or not spec.submodule_search_locations:
+        return None  # no app to check: the workers fail to import it, and gunicorn stops
+    package = types.ModuleType(_SETTINGS_PACKAGE)
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules[_SETTINGS_PACKAGE] = package
+    try:
+        settings = importlib.import_module(f"{_SETTINGS_PACKAGE}.config")
+        try:
+            settings.from_env()
+        except settings.ConfigError as exc:
+            return exc.format_message()
+        return None
+    finally:
+        for name in [m for m in sys.modules if m == _SETTINGS_PACKAGE or m.startswith(f"{_SETTINGS_PACKAGE}.")]:
+            del sys.modules[name]
 
 
 def child_exit(server, worker):

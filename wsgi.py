@@ -5,8 +5,16 @@ import sys
 from app import create_app
 from app.config import ConfigError
 
+# gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker that exits with it makes the
+# master stop (any other status, and the master starts another worker, for
+# ever). gunicorn.conf.py checks the settings in the master first, so this
+# is the second line, for a worker that a HUP started with new code.
+WORKER_BOOT_ERROR = 3
+
 try:
     app = create_app()
 except ConfigError as exc:
     # A one-line reason, not a traceback, is what an operator needs here.
-    sys.exit(f"webhook-ledger: configuration error: {exc}")
+    sys.stderr.write(f"webhook-ledger: {exc.format_message()}\n")
+    sys.stderr.flush()
+    sys.exit(WORKER_BOOT_ERROR)

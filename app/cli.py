@@ -1,4 +1,4 @@
-"""Operator commands: `flask events list|show|replay|purge` and `flask ledger verify`."""
+"""Operator commands: `flask events list|show|replay|purge`, `flask ledger verify` and `flask redis forget-done`."""
 
 import hashlib
 from datetime import UTC
@@ -6,14 +6,17 @@ from datetime import UTC
 import click
 from flask import current_app
 from flask.cli import AppGroup
+from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, retention, verify
+from . import ledger, lock, retention, verify
 from .config import DEFAULT_SOURCE
-from .db import get_pool
+from .db import get_pool, transaction
 from .delivery import Outcome
+from .redis_client import reason_of
 
 events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = AppGroup("ledger", help="Check the ledger.")
+redis_group = AppGroup("redis", help="Redis's copies of what PostgreSQL knows.")
 
 STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """
@@ -45,6 +48,7 @@ SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
 def init_app(app):
     app.cli.add_command(events)
     app.cli.add_command(ledger_group)
+    app.cli.add_command(redis_group)
 
 
 def _utc(moment):
@@ -68,7 +72,7 @@ def list_events(sources, statuses, types, since, limit):
     """List stored events, newest first."""
     params = {"sources": list(sources) or None, "statuses": list(statuses) or None, "types": list(types) or None,
               "limit": limit, "since": since.replace(tzinfo=UTC) if since else None}
-    with get_pool(current_app).connection() as conn:
+    with transaction(get_pool(current_app)) as conn:
         rows = conn.execute(LIST_EVENTS, params).fetchall()
     if not rows:
         click.echo("no events")
@@ -83,7 +87,7 @@ def list_events(sources, statuses, types, since, limit):
 @SOURCE
 def show_event(event_id, source):
     """Show one stored event: the bytes received, status, attempts, last error, times."""
-    with get_pool(current_app).connection() as conn:
+    with transaction(get_pool(current_app)) as conn:
         row = conn.execute(SHOW_EVENT, [source, event_id]).fetchone()
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
@@ -132,7 +136,7 @@ def replay_events(event_id, all_failed, source):
         raise click.UsageError("give either EVENT_ID or --all-failed")
     pool = get_pool(current_app)
     if all_failed:
-        with pool.connection() as conn:
+        with transaction(pool) as conn:
             keys = conn.execute(FAILED_EVENTS, {"source": source}).fetchall()
     else:
         keys = [(source or DEFAULT_SOURCE, event_id)]
@@ -170,7 +174,7 @@ def purge_events(days, include_failed, force, batch_size, source):
 @ledger_group.command("verify")
 def verify_ledger():
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
-    with get_pool(current_app).connection() as conn:
+    with get_pool(current_app).connection() as conn:  # check() runs its own read-only snapshot
         problems, (users, stored, credits) = verify.check(conn, current_app.config["POLICY"])
     if problems:
         for problem in problems:
@@ -179,3 +183,13 @@ def verify_ledger():
                    f"({users} users, {stored} stored events, {credits} credits)")
         raise click.exceptions.Exit(1)
     click.echo(f"ledger consistent: {users} users, {stored} stored events, {credits} credits")
+
+
+@redis_group.command("forget-done")
+def forget_done():
+    """Delete every done marker (all primaries of a cluster). Run after PostgreSQL lost commits (failover, restore)."""
+    try:
+        deleted = lock.forget_done(current_app.extensions["redis"])
+    except (RedisError, RedisClusterException) as exc:
+        raise click.ClickException(f"redis failed ({reason_of(exc)}); some markers may be left: run it again") from None
+    click.echo(f"forgot {deleted} done markers: re-deliveries of those events now reach PostgreSQL")

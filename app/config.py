@@ -6,6 +6,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+from psycopg import ProgrammingError, pq
+from psycopg.conninfo import conninfo_to_dict
 
 from .events import Policy
 from .signature import SCHEMES
@@ -21,8 +26,19 @@ TOP = Path(__file__).resolve().parent.parent
 DEFAULT_SCHEMA_PATH = TOP / "schema.sql"
 
 
-class ConfigError(RuntimeError):
-    """A setting is missing or invalid; the message names it."""
+class ConfigError(click.ClickException):
+    """A setting is missing or invalid; the message names it, never a secret.
+
+    A ClickException, so that a `flask` command prints it as one line and
+    exits with EX_CONFIG instead of a traceback (Flask builds the app before
+    the command runs, outside any code of ours).
+    """
+
+    # sysexits.h's EX_CONFIG: a supervisor tells a configuration error from a crash (1).
+    exit_code = os.EX_CONFIG
+
+    def format_message(self):
+        return f"configuration error: {self.message}"
 
 
 class UnknownSource(LookupError):
@@ -117,9 +133,60 @@ def _text(name, raw):
     return raw.strip()
 
 
+# libpq's own parameter names: the only quoted words of its parse errors
+# that are repeated in ours (anything else quoted may be a password).
+_LIBPQ_KEYWORDS = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+
+
+def _database_url(name, raw):
+    url = _text(name, raw)
+    try:
+        params = conninfo_to_dict(url)  # libpq's own parser: what the pool will be given
+    except ProgrammingError as exc:
+        reason = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] in _LIBPQ_KEYWORDS else '"..."', str(exc).strip())
+        raise ConfigError(f"{name} is not a PostgreSQL URL or key=value conninfo string: {reason}") from None
+    if not all(port.isdigit() for port in str(params.get("port", "5432")).split(",")):
+        raise ConfigError(f"{name} has a port that is not a number")
+    return url
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _redis_url(name, raw):
+    """Check the shape redis-py's from_url expects; the message never repeats the URL (it may hold a password)."""
+    url = _text(name, raw)
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        raise ConfigError(f"{name} must start with redis://, rediss:// or unix://")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port when it is read
+    except ValueError:
+        raise ConfigError(f"{name} has a port that is not a number") from None
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"{name} names no socket path after unix://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{name} names no host")
+    database = parts.path.strip("/") if parts.scheme != "unix" else None
+    if database and not database.isdigit():
+        raise ConfigError(f"{name} has a database number that is not a number")
+    return url
+
+
+def _prepare_threshold(name, raw):
+    # `off` (None to psycopg): never prepare, for poolers that cannot route
+    # prepared statements (PgBouncer before 1.21 in transaction mode).
+    if raw.strip().lower() == "off":
+        return None
+    return _int(0)(name, raw)
+
+
 SETTINGS = {
-    "DATABASE_URL": (_text, None),
-    "REDIS_URL": (_text, None),
+    "DATABASE_URL": (_database_url, None),
+    "REDIS_URL": (_redis_url, None),
+    # A Redis Cluster needs redis-py's cluster client (slot routing, MOVED);
+    # a plain client answers MOVED for most keys. Off: one Redis server.
+    "REDIS_CLUSTER": (_bool, "false"),
     # Required unless WEBHOOK_SOURCES names sources (then the default source is off).
     "WEBHOOK_SECRET": (_secrets, None),
     "WEBHOOK_SIGNATURE_SCHEME": (_scheme, "hmac-sha256"),
@@ -138,6 +205,9 @@ SETTINGS = {
     "PG_POOL_TIMEOUT_MS": (_int(1), "3000"),
     # One connection per gunicorn thread: a request never waits for another's.
     "PG_POOL_SIZE": (_int(1), "4"),
+    # psycopg's own default: a statement run 5 times on a connection is
+    # prepared, saving its parsing; `off` behind a pooler that cannot route them.
+    "PG_PREPARE_THRESHOLD": (_prepare_threshold, "5"),
     # Well under a second, so a dead Redis degrades the service, not stalls it.
     "REDIS_TIMEOUT_MS": (_int(1), "250"),
     # How long Redis remembers a committed event, so that its re-deliveries
@@ -167,11 +237,20 @@ def from_env(environ=None):
         if raw is None:
             raise ConfigError(f"{name} is required but not set")
         config[name] = parse(name, raw)
+    if config["REDIS_CLUSTER"]:
+        _cluster_url(urlsplit(config["REDIS_URL"]))
     if config["WEBHOOK_SECRET"] is not None and config["WEBHOOK_SIGNATURE_SCHEME"] == "standard-webhooks":
         config["WEBHOOK_SECRET"] = _whsec_keys("WEBHOOK_SECRET", config["WEBHOOK_SECRET"])
     config["SOURCES"] = _sources(config, named, environ)
     config["POLICY"] = Policy(config["LEDGER_CURRENCY"], config["STRIPE_ACCEPT_TEST_EVENTS"])
     return config
+
+
+def _cluster_url(parts):
+    if parts.scheme == "unix":
+        raise ConfigError("REDIS_URL must be redis:// or rediss:// when REDIS_CLUSTER=true")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError("REDIS_URL must name database 0 or none when REDIS_CLUSTER=true (a cluster has no other)")
 
 
 def _sources(config, named, environ):

@@ -1,11 +1,21 @@
-"""The PostgreSQL connection pool and the schema, with the `init-db` command."""
+"""The PostgreSQL connection pool, the transactions it runs, and the schema
+with the `init-db` command.
+
+Every setting that must hold in a transaction is set inside it (`SET LOCAL`),
+never for the session: behind PgBouncer in transaction mode a session is
+shared by every client, and the `options` startup parameter is refused.
+"""
 
 import os
 import threading
+from contextlib import contextmanager, suppress
 
 import click
+import psycopg
 from flask import current_app
 from flask.cli import with_appcontext
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from .config import DEFAULT_SCHEMA_PATH
@@ -16,42 +26,72 @@ _open_lock = threading.Lock()
 # (a poll on the socket: cheap). Well under LOCK_TTL_MS, so that a dead
 # worker's transaction is gone before another delivery may take its lock.
 CLIENT_CHECK_MS = 500
+# TCP settings of every connection (libpq parameters; DATABASE_URL may set
+# its own). Without them a server that vanished without a reset (a failover,
+# a dropped route) leaves a statement waiting for the kernel's default of
+# about two hours. An idle or waiting connection is probed after 5 s of
+# silence, every 2 s, and given up after 3 unanswered probes (11 s); data
+# sent and not acknowledged for 11 s ends the connection too. A busy server
+# still answers probes (its kernel does), so a slow statement is not cut.
+TCP_SETTINGS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 11000,  # ms: keepalives_idle + interval x count
+}
+
+
+class Pool(ConnectionPool):
+    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms)."""
+
+    def __init__(self, conninfo, timeouts, **kwargs):
+        super().__init__(conninfo, **kwargs)
+        self.timeouts = timeouts
 
 
 def init_app(app):
     config = app.config
+    given = conninfo_to_dict(config["DATABASE_URL"])
     # open=False: the pool is opened lazily in the process that uses it, so
     # a gunicorn master never holds connections that its workers inherit.
-    app.extensions["db_pool"] = ConnectionPool(
+    app.extensions["db_pool"] = Pool(
         config["DATABASE_URL"],
+        timeouts={
+            "lock_timeout": config["PG_LOCK_TIMEOUT_MS"],
+            "statement_timeout": config["PG_STATEMENT_TIMEOUT_MS"],
+            # A client that vanished mid-transaction frees its locks soon.
+            "idle_in_transaction_session_timeout": config["LOCK_TTL_MS"],
+            # A delivery's statements are sent in one go (ledger._apply_new):
+            # a client that died while they wait on a lock gets them rolled
+            # back, not committed after it is gone.
+            "client_connection_check_interval": CLIENT_CHECK_MS,
+        },
         min_size=1,
         max_size=config["PG_POOL_SIZE"],
         timeout=config["PG_POOL_TIMEOUT_MS"] / 1000,
         open=False,
         name="webhook-ledger",
         kwargs={
-            "autocommit": True,  # transactions are explicit: conn.transaction()
+            "autocommit": True,  # transactions are explicit: transaction() below
             "connect_timeout": max(1, config["PG_POOL_TIMEOUT_MS"] // 1000),
             "application_name": "webhook-ledger",
-            "options": (
-                f"-c lock_timeout={config['PG_LOCK_TIMEOUT_MS']}"
-                f" -c statement_timeout={config['PG_STATEMENT_TIMEOUT_MS']}"
-                # A client that vanished mid-transaction frees its locks soon.
-                f" -c idle_in_transaction_session_timeout={config['LOCK_TTL_MS']}"
-                # A delivery's statements are sent in one go (ledger._apply_new):
-                # a client that died while they wait on a lock gets them
-                # rolled back, not committed after it is gone.
-                f" -c client_connection_check_interval={CLIENT_CHECK_MS}"
-            ),
+            "prepare_threshold": config["PG_PREPARE_THRESHOLD"],
+            **{name: value for name, value in TCP_SETTINGS.items() if name not in given},
         },
         configure=_name_connection,
+        # An empty query before a connection is handed out: one that died
+        # while idle (a restarted server or pooler) is replaced, not used for
+        # a delivery that would then answer 503.
+        check=ConnectionPool.check_connection,
     )
     app.cli.add_command(init_db_command)
 
 
 def _name_connection(conn):
     # The worker's pid in pg_stat_activity tells an operator (and the crash
-    # test) which gunicorn worker holds a backend.
+    # test) which gunicorn worker holds a backend. Through PgBouncer it names
+    # the server connection only until another client's transaction uses it.
     conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
 
 
@@ -63,6 +103,45 @@ def get_pool(app):
             if pool.closed:
                 pool.open(wait=False)
     return pool
+
+
+@contextmanager
+def transaction(pool, read_only=False, **timeouts):
+    """A pooled connection inside one transaction that has the pool's timeouts; commit, or roll back on error.
+
+    BEGIN and the three SET LOCALs travel as one simple-protocol message, so
+    the timeouts cost no round trip over a bare BEGIN, and they end with the
+    transaction, whatever pooler is in between. timeouts overrides some (ms, 0: none).
+    """
+    begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if read_only else "BEGIN"
+    settings = sql.SQL("").join(
+        sql.SQL("; SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(int(ms)))
+        for name, ms in {**pool.timeouts, **timeouts}.items())
+    with pool.connection() as conn:
+        conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
+        try:
+            yield conn
+        except BaseException:
+            if not conn.broken:  # a lost connection has nothing to roll back; the pool discards it
+                with suppress(psycopg.Error):  # the body's exception is the one to see
+                    conn.rollback()
+            raise
+        conn.commit()
+
+
+@contextmanager
+def pipelined(pool):
+    """A pooled connection in pipeline mode, and its pipeline, with the pool's timeouts set first.
+
+    Until the pipeline's Sync, its statements are one implicit transaction
+    (the connection is in autocommit): committed at the Sync, rolled back
+    whole by any error. The timeouts are local to it, as transaction()'s are.
+    """
+    names = list(pool.timeouts)
+    settings = ", ".join(f"set_config('{name}', %s, true)" for name in names)
+    with pool.connection() as conn, conn.pipeline() as pipeline:
+        conn.execute(f"SELECT {settings}", [str(int(pool.timeouts[name])) for name in names])
+        yield conn, pipeline
 
 
 def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):

@@ -35,6 +35,7 @@ class Delivery:
     event_type: str | None = None
     secret_index: int | None = None  # which of the rotated secrets verified it
     redis: str | None = None  # the lock's LockState
+    redis_fault: str | None = None  # a Redis fault's reason (redis_client.py), if the lock met one
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received

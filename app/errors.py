@@ -45,11 +45,29 @@ ANSWERS = {
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True),
     # DESIGN.md's body is the code alone: nothing about what is configured.
     UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
-    # Connection refused, pool timeout, statement or lock timeout, a row
-    # purged under the delivery: nothing was committed, and the sender's
-    # retry will find the event as it was.
+    # Transient: nothing was committed, and the sender's retry will find the
+    # event as it was. A row purged under the delivery:
     RetryLater: _UNAVAILABLE,
+    # psycopg's OperationalError and its subclasses: connection refused or
+    # lost (a server or PgBouncer restarting, AdminShutdown, CannotConnectNow,
+    # a pooler's own errors, SQLSTATE class 08), PoolTimeout (no connection
+    # within PG_POOL_TIMEOUT_MS), QueryCanceled (statement_timeout),
+    # LockNotAvailable (lock_timeout), SerializationFailure and DeadlockDetected.
     psycopg.OperationalError: _UNAVAILABLE,
+    # A failover's moment on a standby, or our own transaction idle past its
+    # limit (the worker stalled): both end in a rollback, and a retry succeeds.
+    psycopg.errors.ReadOnlySqlTransaction: _UNAVAILABLE,
+    psycopg.errors.IdleInTransactionSessionTimeout: _UNAVAILABLE,
+    # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
+    # or a misconfiguration: 500, its class and SQLSTATE logged (_internal_error).
+}
+
+# SQLSTATEs of a 500 that have a known cause outside the code, told in its log line.
+HINTS = {
+    # psycopg prepared a statement on a server connection that PgBouncer (before
+    # 1.21, in transaction mode) then gave to another client, or the reverse.
+    "26000": "prepared statements through a transaction pooler: set PG_PREPARE_THRESHOLD=off",
+    "42P05": "prepared statements through a transaction pooler: set PG_PREPARE_THRESHOLD=off",
 }
 
 # Werkzeug's own exceptions (routing, 413, 415), by status, in this API's vocabulary.
@@ -80,7 +98,7 @@ def _answer(status, body, retry_after=False):
 def _domain_error(exc):
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
     if answer.status == 503:
-        log.warning("database unavailable: %s", type(exc).__name__)
+        log.warning("database unavailable: %s%s", type(exc).__name__, _sqlstate(exc))
     body = {"error": answer.error}
     message = str(exc) if answer.message is None else answer.message
     if message:
@@ -110,5 +128,12 @@ def _internal_error(exc):
     while frame is not None and frame.tb_next is not None:
         frame = frame.tb_next
     where = f"{frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame else "?"
-    log.error("internal error: %s at %s", type(exc).__name__, where)
+    hint = HINTS.get(getattr(exc, "sqlstate", None))
+    log.error("internal error: %s%s at %s%s", type(exc).__name__, _sqlstate(exc), where, f" ({hint})" if hint else "")
     return _answer(500, {"error": "internal"})
+
+
+def _sqlstate(exc):
+    # The code only: a database message can quote the values of the row.
+    code = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+    return f" (SQLSTATE {code})" if code else ""

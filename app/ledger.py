@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import psycopg
 
+from .db import pipelined, transaction
 from .delivery import Outcome
 from .events import DEFAULT_POLICY, MAX_CENTS, InvalidJSON, StoredBodyError, Unprocessable, credit_of, stored_event
 
@@ -175,7 +176,7 @@ def _apply_new(pool, params):
     transaction, committed at the Sync, or rolled back whole by any error.
     """
     try:
-        with pool.connection() as conn, conn.pipeline() as pipeline:
+        with pipelined(pool) as (conn, pipeline):
             inserted = conn.execute(RECORD_NEW, params)
             finished = conn.execute(FINISH_NEW, params) if params["status"] == "processing" else None
             pipeline.sync()
@@ -193,7 +194,7 @@ def _apply_new(pool, params):
 
 def _apply_stored(pool, params, credit, problem):
     """Go on with an event that RECORD_NEW found stored: a duplicate, a mismatch, or a failed one to retry."""
-    with pool.connection() as conn, conn.transaction():
+    with transaction(pool) as conn:
         row_id, stored_sha256, done = _stored(conn, params)
         if done is not None:
             return done
@@ -243,7 +244,7 @@ def replay(pool, source, event_id, policy=DEFAULT_POLICY):
     A completed event is left as it is: Result(DUPLICATE, "already completed").
     Stored bytes that cannot be replayed are a FAILED result saying why.
     """
-    with pool.connection() as conn:
+    with transaction(pool) as conn:
         row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None

@@ -1,24 +1,24 @@
 """The per-event Redis lock, and the "done" marker: accelerators, never the
 source of truth.
 
-Taking the lock is `SET lock:webhook:<id> <token> NX PX <ttl>`; releasing it
-is a compare-and-delete on the token, so only the delivery that took it
-frees it. After a commit, the release also leaves `done:webhook:<id>` = the
-body's SHA-256, so that a re-delivery of the same bytes is answered
-`duplicate` by Redis alone, without reaching PostgreSQL. The marker is
+Taking the lock is `SET lock:webhook:{<source>:<id>} <token> NX PX <ttl>`;
+releasing it is a compare-and-delete on the token, so only the delivery that
+took it frees it. After a commit, the release also leaves
+`done:webhook:{<source>:<id>}` = the SHA-256 of the event's effect (and of
+its stored bytes), so that a re-delivery of the same effect, in any bytes,
+is answered `duplicate` by Redis alone, without reaching PostgreSQL. The marker is
 written only after PostgreSQL committed; when Redis forgot it (flushed,
 restarted, expired), PostgreSQL's unique constraint answers instead. When
-Redis is unreachable the lock is skipped (degraded).
+Redis cannot be used (redis_client.py: unavailable or a fault) the lock is
+skipped (degraded). The braces are a Redis Cluster hash tag: both keys of an
+event hash to one slot, so one script can touch both.
 """
 
 import logging
 import secrets
 from enum import StrEnum
 
-import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.retry import Retry
+from .redis_client import UNAVAILABLE, RedisLink, Unusable
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +30,18 @@ class LockState(StrEnum):
 
     ACQUIRED = "acquired"  # this delivery holds the lock
     HELD_ELSEWHERE = "held_elsewhere"  # a twin delivery holds it now
-    DONE = "done"  # these bytes were committed before: a duplicate
-    DEGRADED = "degraded"  # Redis did not answer: PostgreSQL alone decides
+    DONE = "done"  # this effect was committed before: a duplicate
+    DEGRADED = "degraded"  # Redis could not be used (unavailable or a fault): PostgreSQL alone decides
 
 
 class InProgress(RuntimeError):
     """Another delivery of the event holds its lock now: answered 409, retry later."""
 
 
+# Redis hashes only what lies between the first "{" and the next "}": the
+# source's name and a ":" at least (a name has no "}"), the same for both keys
+# of an event whatever its id, so that one script may touch both on a cluster.
 def lock_key(event_id, source="default"):
-    # The braces are a hash tag: on a Redis Cluster both keys of an event
-    # fall in one slot, so that one script may touch both.
     return f"{LOCK_PREFIX}{{{source}:{event_id}}}"
 
 
@@ -67,40 +68,40 @@ return 0
 """
 
 
+# The readiness probe runs the acquire script as a delivery would (same
+# command, ACL, slot, memory) on an id of its own, with a 1 ms lock that
+# expires on its own. An event with this id would at worst see a 409 for 1 ms.
+PROBE_EVENT_ID = "webhook-ledger:ready-probe"
+# done markers deleted per round trip by forget_done: a batch is a few tens
+# of kilobytes, and the server never blocks long on one.
+FORGET_BATCH = 1000
+
+
 def init_app(app):
-    timeout = app.config["REDIS_TIMEOUT_MS"] / 1000
-    client = redis.Redis.from_url(
-        app.config["REDIS_URL"],
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        # redis-py retries three times with backoff by default: seconds of
-        # stall per delivery when Redis is down. One try, then degrade.
-        retry=Retry(NoBackoff(), 0),
-    )
-    app.extensions["redis"] = client
-    # Script objects run EVALSHA and load the script again after a restart.
-    app.extensions["redis_scripts"] = (client.register_script(ACQUIRE), client.register_script(RELEASE))
+    app.extensions["redis"] = RedisLink(app.config["REDIS_URL"], app.config["REDIS_CLUSTER"],
+                                        app.config["REDIS_TIMEOUT_MS"] / 1000)
 
 
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, scripts, event, body_sha256, ttl_ms, done_ttl_ms):
-        self._acquire, self._release = scripts
+    def __init__(self, link, event, body_sha256, ttl_ms, done_ttl_ms):
+        self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
         self._effect = event.effect.hex()
         self._sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
+        self.fault = None  # the reason of a Redis fault met by this delivery, if any
         self.stored_sha256 = None  # of the committed bytes, when the marker answered
 
     def acquire(self):
-        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis is unreachable."""
+        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used."""
         try:
-            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._effect])
-        except RedisError as exc:
-            log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
+            taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._effect])
+        except Unusable as exc:
+            self._failed(exc.reason, "event %r proceeds unlocked")
             return LockState.DEGRADED
         if isinstance(taken, bytes):
             stored = taken[65:]
@@ -115,16 +116,52 @@ class EventLock:
             # A duplicate leaves the bytes stored before; a processed event stored these.
             stored = result.stored_sha256 if result.outcome == "duplicate" and result.stored_sha256 else self._sha256
             marker = self._effect + ":" + stored.hex()
+        args = [self._token, marker, self._done_ttl_ms]
         try:
-            if not self._release(keys=self._keys, args=[self._token, marker, self._done_ttl_ms]):
+            if not self._link.run(RELEASE, self._keys, args):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
-        except RedisError as exc:
-            log.warning("redis unavailable, lock of event %r left to expire: %s", self.event_id, type(exc).__name__)
+        except Unusable as exc:
+            self._failed(exc.reason, "lock of event %r left to expire")
+
+    def _failed(self, reason, what):
+        if reason == UNAVAILABLE:
+            log.warning(f"redis unavailable, {what}", self.event_id)
+        else:
+            self.fault = reason  # logged (at most once a minute) by the link, counted with the delivery
 
 
-def redis_ok(client):
-    """Return whether Redis answers a PING now."""
+def probe(link):
+    """Return None if Redis runs the lock script now, else why not (UNAVAILABLE or a fault's reason)."""
+    keys = [lock_key(PROBE_EVENT_ID), done_key(PROBE_EVENT_ID)]
     try:
-        return bool(client.ping())
-    except RedisError:
-        return False
+        link.run(ACQUIRE, keys, [secrets.token_hex(16), 1, ""])
+    except Unusable as exc:
+        return exc.reason
+    return None
+
+
+def forget_done(link):
+    """Delete every done marker, on every primary of a cluster; return how many were deleted.
+
+    After PostgreSQL lost commits (a failover, a restore), a marker could
+    answer `duplicate` for an event that PostgreSQL no longer has.
+    """
+    client = link.client()
+    deleted, batch = 0, []
+    # SCAN, not KEYS: the server answers other clients between two batches.
+    # A cluster client's scan_iter walks every primary in turn.
+    for key in client.scan_iter(match=f"{DONE_PREFIX}*", count=FORGET_BATCH):
+        batch.append(key)
+        if len(batch) == FORGET_BATCH:
+            deleted += _unlink(client, batch)
+            batch = []
+    return deleted + (_unlink(client, batch) if batch else 0)
+
+
+def _unlink(client, keys):
+    # One UNLINK per key in one pipeline: the keys of a batch lie in many
+    # slots, which a single multi-key UNLINK on a cluster refuses (CROSSSLOT).
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.unlink(key)
+    return sum(pipe.execute())

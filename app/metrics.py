@@ -54,8 +54,12 @@ class Metrics:
             "Re-deliveries of a stored event's effect in other bytes: duplicate, or processed after failing",
             ["source", "outcome"], registry=registry)
         self.redis_degraded = Counter(
-            "webhook_ledger_redis_degraded_deliveries", "Deliveries applied without a Redis lock: Redis unreachable",
-            registry=registry)
+            "webhook_ledger_redis_degraded_deliveries",
+            "Deliveries applied without a Redis lock: Redis unreachable or faulty", registry=registry)
+        self.redis_faults = Counter(
+            "webhook_ledger_redis_faults",
+            "Deliveries that met a Redis fault (an error answer, not an outage), by reason: NOPERM, OOM, ...",
+            ["reason"], registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
@@ -71,6 +75,8 @@ class Metrics:
             self.reserialised.labels(source=delivery.source, outcome=delivery.outcome).inc()
         if delivery.redis == "degraded":
             self.redis_degraded.inc()
+        if delivery.redis_fault:
+            self.redis_faults.labels(reason=delivery.redis_fault).inc()
 
     def observe_pool(self, pool, at_most_every=0.0):
         now = time.monotonic()

@@ -5,6 +5,8 @@ for ever: the balances still add up after a purge, and a purged payment
 redelivered later is recognised by its credit and not credited twice.
 """
 
+from .db import transaction
+
 # Longer than Stripe's 30-day window for resending an event by hand, so that
 # a resent event still finds its row (and its payload hash) in the table.
 DEFAULT_DAYS = 35
@@ -34,11 +36,12 @@ def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE, source=None):
     """
     statuses = ["completed", "failed"] if include_failed else ["completed"]
     deleted = 0
-    with pool.connection() as conn:  # autocommit: each batch is its own transaction
+    with transaction(pool) as conn:
         cutoff = conn.execute(CUTOFF, [days]).fetchone()[0]
-        while True:
+    while True:  # each batch is a transaction of its own, with the pool's timeouts
+        with transaction(pool) as conn:
             count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size,
                                                 "source": source}).rowcount
-            deleted += count
-            if count < batch_size:
-                return deleted, cutoff
+        deleted += count
+        if count < batch_size:
+            return deleted, cutoff

@@ -36,9 +36,10 @@ def receive(source):
     record.event_id, record.event_type = event.id, event.type
 
     record.body_sha256 = hashlib.sha256(body).digest()
-    event_lock = lock.EventLock(current_app.extensions["redis_scripts"], event, record.body_sha256,
+    event_lock = lock.EventLock(current_app.extensions["redis"], event, record.body_sha256,
                                 config["LOCK_TTL_MS"], config["REDIS_DONE_TTL_SECONDS"] * 1000)
     record.redis = event_lock.acquire()
+    record.redis_fault = event_lock.fault
     if record.redis == LockState.DONE:
         # This effect was committed before (the marker is set only after
         # COMMIT): a duplicate, answered without touching PostgreSQL.
@@ -52,6 +53,7 @@ def receive(source):
         finally:
             if record.redis == LockState.ACQUIRED:
                 event_lock.release(result)
+                record.redis_fault = event_lock.fault
 
     record.stored_sha256 = result.stored_sha256
     record.outcome = result.raise_for_outcome().outcome
@@ -83,12 +85,16 @@ def health():
 
 @bp.get("/ready")
 def ready():
-    """Readiness: PostgreSQL must answer; Redis is reported, not required."""
-    redis_state = "ok" if lock.redis_ok(current_app.extensions["redis"]) else "degraded"
+    """Readiness: PostgreSQL must answer; Redis is reported (with why it is degraded), not required."""
+    link = current_app.extensions["redis"]
+    # Why Redis cannot be used now, or the fault that deliveries met lately
+    # (OOM, say, refuses only writes, which the probe may not make).
+    redis_reason = lock.probe(link) or link.recent_fault()
+    body = {"redis": "degraded", "redis_reason": redis_reason} if redis_reason else {"redis": "ok"}
     try:
         with get_pool(current_app).connection() as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError:
-        body = {"status": "unavailable", "postgres": "unavailable", "redis": redis_state}
+        body = {"status": "unavailable", "postgres": "unavailable", **body}
         return body, 503, {"Retry-After": str(current_app.config["RETRY_AFTER_SECONDS"])}
-    return {"status": "ok", "postgres": "ok", "redis": redis_state}
+    return {"status": "ok", "postgres": "ok", **body}

@@ -1,6 +1,7 @@
 """Throwaway servers on loopback, for the tests, `make run` and `make bench`:
 a private PostgreSQL cluster, redis-server and gunicorn, each on a free port,
-each stopped by its owner."""
+each stopped by its owner. devservers.topology adds haproxy, PgBouncer and a
+Redis Cluster, for the topology tests and `make cluster`."""
 
 import os
 import pwd
@@ -102,12 +103,14 @@ class Postgres:
 class Redis:
     """redis-server without persistence. With workdir, its pid file (redis.pid)
     and log (redis.log) are kept there; with new_session, the terminal's
-    Ctrl-C does not reach it: its owner stops it."""
+    Ctrl-C does not reach it: its owner stops it. args are appended to its
+    command line."""
 
-    def __init__(self, workdir=None, new_session=False):
+    def __init__(self, workdir=None, new_session=False, args=()):
         self.port = free_port()
         self.workdir = Path(workdir) if workdir else None
         self.new_session = new_session
+        self.args = list(args)  # more redis-server options, e.g. a cluster node's
         self.proc = None
 
     def start(self):
@@ -117,7 +120,7 @@ class Redis:
                      "--logfile", str(self.workdir / "redis.log"), "--loglevel", "notice"]
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", *files],
+             "--appendonly", "no", "--daemonize", "no", *files, *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=self.new_session,
         )
         wait_until(self._answers, what="redis-server")

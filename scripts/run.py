@@ -95,7 +95,7 @@ def run(cleanup):
         os.environ["WEBHOOK_SECRET"] = DEMO_SECRET
         log(f"WEBHOOK_SECRET is not set: using the DEMO secret '{DEMO_SECRET}' (never use it in production)")
     try:  # before starting anything; the servers' URLs are known later
-        from_env({**os.environ, "DATABASE_URL": "-", "REDIS_URL": "-"})
+        from_env({**os.environ, "DATABASE_URL": "postgresql://localhost/later", "REDIS_URL": "redis://localhost/0"})
     except ConfigError as exc:
         raise Failed(f"configuration: {exc}") from None
     external = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))

@@ -21,6 +21,8 @@ def test_defaults_match_the_readme():
     assert parsed["WEBHOOK_SIGNATURE_SCHEME"] == "hmac-sha256"
     assert parsed["WEBHOOK_SECRET"] == (b"s",)
     assert parsed["WEBHOOK_TOLERANCE_SECONDS"] == 300
+    assert parsed["REDIS_CLUSTER"] is False
+    assert parsed["PG_PREPARE_THRESHOLD"] == 5  # psycopg's own default
     assert config.check_nesting(parsed) == []
 
 
@@ -37,12 +39,67 @@ def test_defaults_match_the_readme():
     ({"WEBHOOK_TOLERANCE_SECONDS": "0"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1, got 0: the replay window"),
     ({"WEBHOOK_TOLERANCE_SECONDS": "-300"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1, got -300"),
     ({"WEBHOOK_TOLERANCE_SECONDS": "5m"}, "WEBHOOK_TOLERANCE_SECONDS must be an integer"),
+    ({"DATABASE_URL": "db.internal"}, "DATABASE_URL is not a PostgreSQL URL or key=value conninfo string"),
+    ({"DATABASE_URL": "http://db.internal/ledger"}, "DATABASE_URL is not a PostgreSQL URL"),
+    ({"DATABASE_URL": "postgresql://db/ledger?sslmod=require"}, "DATABASE_URL is not .* invalid URI query parameter"),
+    ({"DATABASE_URL": "postgresql://db:five/ledger"}, "DATABASE_URL has a port that is not a number"),
+    ({"DATABASE_URL": "host=db port=5432x"}, "DATABASE_URL has a port that is not a number"),
+    ({"DATABASE_URL": "  "}, "DATABASE_URL is empty"),
+    ({"REDIS_URL": "cache.internal:6379"}, "REDIS_URL must start with redis://, rediss:// or unix://"),
+    ({"REDIS_URL": "http://cache.internal"}, "REDIS_URL must start with redis://"),
+    ({"REDIS_URL": "redis://cache:port/0"}, "REDIS_URL has a port that is not a number"),
+    ({"REDIS_URL": "redis:///0"}, "REDIS_URL names no host"),
+    ({"REDIS_URL": "redis://cache/zero"}, "REDIS_URL has a database number that is not a number"),
+    ({"REDIS_URL": "unix://"}, "REDIS_URL names no socket path"),
+    ({"REDIS_CLUSTER": "yes"}, "REDIS_CLUSTER must be true or false"),
+    ({"REDIS_CLUSTER": "true", "REDIS_URL": "unix:///run/redis.sock"}, "REDIS_URL must be redis:// or rediss://"),
+    ({"REDIS_CLUSTER": "true", "REDIS_URL": "redis://cache:7000/3"}, "REDIS_URL must name database 0 or none"),
+    ({"PG_PREPARE_THRESHOLD": "never"}, "PG_PREPARE_THRESHOLD must be an integer"),
+    ({"PG_PREPARE_THRESHOLD": "-1"}, "PG_PREPARE_THRESHOLD must be >= 0"),
 ])
 def test_invalid_settings_are_refused_with_their_name(override, message):
     environ = {**BASE, **override}
     environ = {k: v for k, v in environ.items() if v is not None}
     with pytest.raises(ConfigError, match=message):
         config.from_env(environ)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://ledger@db.internal/ledger", "postgres://ledger:pw@db.internal:6432/ledger?sslmode=require",
+    "host=db.internal port=6432 dbname=ledger user=ledger", "postgresql://ledger@/ledger?host=/run/postgresql",
+    "postgresql://db1:5432,db2:5433/ledger?target_session_attrs=read-write",
+    "postgresql://db/ledger?keepalives_idle=30&tcp_user_timeout=60000",
+])
+def test_database_urls_that_libpq_accepts_are_accepted(url):
+    assert config.from_env({**BASE, "DATABASE_URL": url})["DATABASE_URL"] == url
+
+
+@pytest.mark.parametrize("url, cluster", [
+    ("redis://cache.internal:6379/0", "false"), ("rediss://:pw@cache.internal/2", "false"),
+    ("unix:///run/redis/redis.sock?db=1", "false"), ("redis://user:pw@[::1]:6379", "false"),
+    ("redis://node-1.internal:7000", "true"), ("rediss://node-1.internal:7000/0", "TRUE"),
+])
+def test_redis_urls_that_redis_py_accepts_are_accepted(url, cluster):
+    parsed = config.from_env({**BASE, "REDIS_URL": url, "REDIS_CLUSTER": cluster})
+    assert (parsed["REDIS_URL"], parsed["REDIS_CLUSTER"]) == (url, cluster == "TRUE" or cluster == "true")
+
+
+@pytest.mark.parametrize("raw, threshold", [("off", None), ("OFF", None), ("0", 0), ("5", 5), ("100", 100)])
+def test_prepare_threshold_is_an_integer_or_off(raw, threshold):
+    assert config.from_env({**BASE, "PG_PREPARE_THRESHOLD": raw})["PG_PREPARE_THRESHOLD"] == threshold
+
+
+@pytest.mark.parametrize("name, url", [
+    ("DATABASE_URL", "postgresql://ledger:pg-s3cret@[::1/ledger"),
+    ("DATABASE_URL", "host=db password=pg-s3cret garbage"),
+    ("DATABASE_URL", "postgresql://ledger:pg-s3cret@db:pg-s3cret/ledger"),
+    ("REDIS_URL", "http://:pg-s3cret@cache/0"),
+    ("REDIS_URL", "redis://:pg-s3cret@cache:pg-s3cret/0"),
+])
+def test_a_bad_url_is_refused_without_repeating_its_password(name, url):
+    with pytest.raises(ConfigError, match=name) as refused:
+        config.from_env({**BASE, name: url})
+    assert "pg-s3cret" not in refused.value.format_message()
 
 
 def test_secrets_are_comma_separated_and_stripped():
@@ -133,9 +190,10 @@ def test_timeouts_that_do_not_nest_are_reported():
     ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "s"}, "WEBHOOK_GITHUB_SECRET is required"),
     ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
 ])
-def test_gunicorn_refuses_to_start_with_a_clear_message(override, message):
+def test_wsgi_refuses_to_load_with_one_line_and_gunicorns_boot_error(override, message):
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": BASE["DATABASE_URL"], "REDIS_URL": BASE["REDIS_URL"], **override}
     result = subprocess.run([sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0
-    assert message in result.stderr
+    assert result.returncode == 3  # gunicorn's WORKER_BOOT_ERROR: its master stops (tests/test_startup.py)
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert result.stderr.startswith("webhook-ledger: configuration error: ")

@@ -1,13 +1,18 @@
-"""app/db.py and schema.sql: the schema is safe to apply twice, upgrades a
-database created before sources; init-db applies it."""
+"""app/db.py and schema.sql: the schema is safe to apply twice, upgrades a database created before sources;
+init-db applies it; every transaction carries its timeouts (so they hold through PgBouncer), connections have
+TCP keepalives, prepared statements can be switched off, and a connection that died in the pool is not handed
+out."""
 
 import hashlib
+import os
+import socket
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 
-from app.db import DEFAULT_SCHEMA_PATH, apply_schema
+from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 
 from .helpers import ALICE, OPENING, deliver, encode, payment, sources_config
 
@@ -118,3 +123,96 @@ def test_init_db_command_applies_the_schema(app, db):
     assert result.exit_code == 0, result.output
     assert "applied" in result.output
     assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 0
+
+
+# -- settings that hold through a transaction pooler (PgBouncer) --------------
+
+def _settings(conn):
+    return conn.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
+                        " current_setting('idle_in_transaction_session_timeout')").fetchone()
+
+
+def test_timeouts_hold_inside_each_transaction_and_end_with_it(app):
+    pool = get_pool(app)
+    with transaction(pool) as conn:
+        assert _settings(conn) == ("1s", "2s", "10s")  # PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS, LOCK_TTL_MS
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+    with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
+        assert _settings(conn) == ("0", "0", "0")
+    with transaction(pool, read_only=True, statement_timeout=0) as conn:
+        assert _settings(conn) == ("1s", "0", "10s")
+        assert conn.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
+        assert conn.execute("SHOW transaction_read_only").fetchone()[0] == "on"
+
+
+def test_the_ledger_transaction_runs_with_the_timeouts(make_app, config, db):
+    """Seen from inside the app's own transaction, by a trigger on its INSERT."""
+    db.execute("""
+        CREATE TABLE seen (lock_timeout text, statement_timeout text, idle text);
+        CREATE FUNCTION note_settings() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+            INSERT INTO seen VALUES (current_setting('lock_timeout'), current_setting('statement_timeout'),
+                                     current_setting('idle_in_transaction_session_timeout'));
+            RETURN NEW; END $$;
+        CREATE TRIGGER note_settings AFTER INSERT ON webhook_events FOR EACH ROW EXECUTE FUNCTION note_settings();
+    """)
+    client = make_app({**config, "PG_LOCK_TIMEOUT_MS": 1234, "PG_STATEMENT_TIMEOUT_MS": 2345,
+                       "LOCK_TTL_MS": 6789}).test_client()
+    assert deliver(client, payment("evt_settings")).json["status"] == "processed"
+    assert db.execute("SELECT * FROM seen").fetchall() == [("1234ms", "2345ms", "6789ms")]
+
+
+def test_a_session_never_gets_the_timeouts_as_a_startup_option(app):
+    """PgBouncer refuses the `options` startup parameter; the app sends none."""
+    pool = get_pool(app)
+    with pool.connection() as conn:
+        assert "options" not in conn.info.get_parameters()
+        assert conn.execute("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'").fetchone()[0] == "0"
+
+
+def _prepared_statements_after_deliveries(make_app, config, threshold):
+    app = make_app({**config, "PG_POOL_SIZE": 1, "PG_PREPARE_THRESHOLD": threshold})
+    client = app.test_client()
+    for n in range(8):  # past psycopg's default threshold (5)
+        assert deliver(client, payment(f"evt_prepare_{threshold}_{n}")).json["status"] == "processed"
+    with get_pool(app).connection() as conn:  # the pool's one connection, which ran them
+        return conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+
+
+def test_prepare_threshold_off_prepares_nothing(make_app, config, db):
+    assert _prepared_statements_after_deliveries(make_app, config, "off") == 0
+    assert _prepared_statements_after_deliveries(make_app, config, "5") > 0  # the default does
+
+
+def test_every_connection_has_tcp_keepalives_and_a_user_timeout(app):
+    with get_pool(app).connection() as conn:
+        params = conn.info.get_parameters()
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))  # what libpq set on the socket itself
+        try:
+            applied = (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                       sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                       sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                       sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                       sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+        finally:
+            sock.close()  # the duplicate descriptor only
+    assert {name: params[name] for name in TCP_SETTINGS} == {name: str(v) for name, v in TCP_SETTINGS.items()}
+    assert applied == (1, 5, 2, 3, 11000)
+
+
+def test_database_url_parameters_override_the_tcp_defaults(make_app, config):
+    app = make_app({**config, "DATABASE_URL": config["DATABASE_URL"] + "?keepalives_idle=30&tcp_user_timeout=60000"})
+    with get_pool(app).connection() as conn:
+        params = conn.info.get_parameters()
+    assert (params["keepalives_idle"], params["tcp_user_timeout"], params["keepalives_count"]) == ("30", "60000", "3")
+
+
+def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
+    """As after a server or PgBouncer restart: the pool checks a connection before handing it out."""
+    app = make_app({**config, "PG_POOL_SIZE": 2})
+    client = app.test_client()
+    assert deliver(client, payment("evt_before_kill")).json["status"] == "processed"
+    killed = db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name LIKE 'webhook-ledger:%%'").fetchall()
+    assert killed and all(ok for ok, in killed)
+    answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]
+    assert answers == [200, 200, 200]

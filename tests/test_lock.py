@@ -6,11 +6,12 @@ import threading
 
 import psycopg
 import pytest
+from redis.crc import key_slot
 
 from app.events import parse
-from app.lock import EventLock, LockState, done_key, lock_key
+from app.lock import FORGET_BATCH, EventLock, LockState, done_key, lock_key
 
-from .helpers import ALICE, UNKNOWN_USER, balance, deliver, encode, payment
+from .helpers import ALICE, UNKNOWN_USER, assert_ledger_consistent, balance, deliver, encode, payment
 
 
 def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client, db, redis_client):
@@ -69,12 +70,67 @@ def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_cli
 
 
 def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
-    scripts = app.extensions["redis_scripts"]
+    link = app.extensions["redis"]
     event = parse(encode(payment("evt_tokens")))
-    first = EventLock(scripts, event, b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
+    first = EventLock(link, event, b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
     assert first.acquire() == LockState.ACQUIRED
     redis_client.delete(lock_key("evt_tokens"))  # as if it expired
-    second = EventLock(scripts, event, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
+    second = EventLock(link, event, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
     assert second.acquire() == LockState.ACQUIRED
     first.release(None)  # not committed
-    assert EventLock(scripts, event, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+    assert EventLock(link, event, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+
+
+@pytest.mark.parametrize("event_id", ["evt_1", "evt_2", "a{b}c", "{x}", "x}y", "}y", "ünïcödé", "e" * 128])
+@pytest.mark.parametrize("source", ["default", "billing"])
+def test_an_events_two_keys_share_one_cluster_slot(event_id, source):
+    assert key_slot(lock_key(event_id, source).encode()) == key_slot(done_key(event_id, source).encode())
+    assert lock_key(event_id, source) != lock_key(event_id + "x", source)
+
+
+# -- after PostgreSQL lost commits (a failover, a restore from backup) --------
+
+def _lose_the_commit(db, event_id, user=ALICE):
+    """What a restore to a point before the event's COMMIT leaves: no row, no credit, the old balance."""
+    cents, = db.execute("DELETE FROM ledger_credits WHERE event_id = %s RETURNING amount_cents", [event_id]).fetchone()
+    db.execute("DELETE FROM webhook_events WHERE event_id = %s", [event_id])
+    db.execute("UPDATE user_balances SET balance_cents = balance_cents - %s WHERE user_id = %s", [cents, user])
+
+
+def test_after_forget_done_a_redelivery_reaches_postgres(app, client, db, redis_client):
+    event = payment("evt_lost_commit", cents=300)
+    assert deliver(client, event).json["status"] == "processed"
+    _lose_the_commit(db, "evt_lost_commit")
+    # The marker outlived the commit: Redis alone would answer, and the credit be lost.
+    assert deliver(client, event).json["status"] == "duplicate"
+    assert balance(db) == 1000
+
+    result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
+    assert (result.exit_code, result.output) == (
+        0, "forgot 1 done markers: re-deliveries of those events now reach PostgreSQL\n")
+    assert deliver(client, event).json["status"] == "processed"
+    assert balance(db) == 1300
+    assert_ledger_consistent(db)
+    assert deliver(client, event).json["status"] == "duplicate"  # marked done again
+
+
+def test_forget_done_deletes_every_marker_in_batches_and_nothing_else(app, redis_client):
+    markers = 2 * FORGET_BATCH + 345
+    pipe = redis_client.pipeline(transaction=False)
+    for n in range(markers):
+        pipe.set(done_key(f"evt_{n}"), "00" * 32)
+    pipe.set("done:webhook:evt_before_hash_tags", "00" * 32)  # the earlier spelling, without braces
+    pipe.set(lock_key("evt_in_flight"), "token", px=60000)
+    pipe.set("unrelated", "kept")
+    pipe.execute()
+    result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
+    assert result.output.startswith(f"forgot {markers + 1} done markers")
+    assert list(redis_client.scan_iter(match="done:*")) == []
+    assert redis_client.exists(lock_key("evt_in_flight"), "unrelated") == 2
+
+
+def test_forget_done_with_redis_down_says_so(make_app, config):
+    app = make_app({**config, "REDIS_URL": "redis://127.0.0.1:1/0"})
+    result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
+    assert result.exit_code == 1
+    assert result.output == "Error: redis failed (unavailable); some markers may be left: run it again\n"

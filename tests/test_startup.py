@@ -1,0 +1,86 @@
+"""A configuration error stops the service: real gunicorn (the committed
+gunicorn.conf.py), its master included, and `flask` commands, each with one
+line naming the setting and no traceback."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from devservers import ROOT, free_port
+
+GOOD = {"DATABASE_URL": "postgresql://ledger:pg-s3cret@127.0.0.1:1/ledger", "REDIS_URL": "redis://127.0.0.1:1/0",
+        "WEBHOOK_SECRET": "whsec-startup-test"}
+# The few seconds the issue allows; the master stops before it forks a worker.
+EXIT_WITHIN_S = 5
+EX_CONFIG = 78  # sysexits.h, as gunicorn.conf.py and `flask` exit on a configuration error
+
+
+def _env(**override):
+    env = {"PATH": os.environ["PATH"], **GOOD, **override}
+    return {name: value for name, value in env.items() if value is not None}
+
+
+def _gunicorn(env, conf=ROOT / "gunicorn.conf.py", workers=4):
+    """Run gunicorn until it exits (or 30 s); return (status, seconds, output lines)."""
+    env = {**env, "PORT": str(free_port()), "WEB_CONCURRENCY": str(workers)}
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", str(conf), "wsgi:app"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"gunicorn still running after 30 s (a worker restart loop?): {exc.output[-2000:]}")
+    return done.returncode, time.monotonic() - started, done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("override, setting", [
+    ({"WEBHOOK_SECRET": None}, "WEBHOOK_SECRET is required"),
+    ({"DATABASE_URL": "postgresql://ledger:pg-s3cret@[::1/ledger"}, "DATABASE_URL is not a PostgreSQL URL"),
+    ({"DATABASE_URL": "mysql://ledger:pg-s3cret@db/ledger"}, "DATABASE_URL is not a PostgreSQL URL"),
+    ({"REDIS_URL": "http://:pg-s3cret@cache:6379/0"}, "REDIS_URL must start with redis://"),
+    ({"REDIS_CLUSTER": "yes"}, "REDIS_CLUSTER must be true or false"),
+    ({"PG_PREPARE_THRESHOLD": "never"}, "PG_PREPARE_THRESHOLD must be an integer"),
+])
+def test_misconfigured_gunicorn_master_exits_at_once_with_one_line(override, setting):
+    status, seconds, lines = _gunicorn(_env(**override))
+    assert status == EX_CONFIG, lines
+    assert seconds < EXIT_WITHIN_S, seconds
+    named = [line for line in lines if "configuration error" in line]
+    assert len(named) == 1 and setting in named[0], lines
+    output = "\n".join(lines)
+    assert "Traceback" not in output
+    assert "Booting worker" not in output  # stopped in the master, before any fork
+    assert "pg-s3cret" not in output
+
+
+def test_worker_config_error_stops_the_master_too(tmp_path):
+    """The second line of defence (wsgi.py exits 3, gunicorn's boot error) without the master's check."""
+    conf = tmp_path / "no-master-check.conf.py"
+    conf.write_text(f"exec(open({str(ROOT / 'gunicorn.conf.py')!r}).read())\n"
+                    "_settings_problem = lambda: None  # the master lets the workers find it\n")
+    status, seconds, lines = _gunicorn(_env(WEBHOOK_SECRET=None), conf=conf, workers=1)
+    assert status == 3, lines  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halted
+    assert seconds < EXIT_WITHIN_S, seconds
+    assert sum("configuration error: WEBHOOK_SECRET is required" in line for line in lines) == 1, lines
+    assert sum("Booting worker" in line for line in lines) == 1, lines  # no restart loop
+
+
+def test_master_never_imports_the_app_package(tmp_path):
+    """A HUP must load new code: the master's check loads app/config.py under a private name and forgets it."""
+    probe = ("import runpy, sys; conf = runpy.run_path('gunicorn.conf.py');"
+             "print(conf['_settings_problem']()); print(sorted(m for m in sys.modules if 'app' == m.split('.')[0]"
+             " or m.startswith('_webhook_ledger')))")
+    env = _env(PG_POOL_SIZE="0", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert done.stdout.splitlines() == ["configuration error: PG_POOL_SIZE must be >= 1, got 0", "[]"], done
+
+
+@pytest.mark.parametrize("command", [["events", "list"], ["redis", "forget-done"], ["init-db"], ["run"]])
+def test_flask_commands_refuse_a_bad_setting_with_one_line(command):
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *command], cwd=ROOT,
+                          env=_env(LOCK_TTL_MS="10s"), capture_output=True, text=True, timeout=30)
+    assert done.returncode == EX_CONFIG, done
+    assert done.stderr.strip() == "Error: configuration error: LOCK_TTL_MS must be an integer, got '10s'", done
+    assert done.stdout == ""
