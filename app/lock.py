@@ -17,7 +17,7 @@ from enum import StrEnum
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class EventLock:
     def acquire(self):
         """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis is unreachable."""
         try:
-            taken = self._acquire(keys=self._keys, args=[self._token, self._ttl_ms, self._sha256])
+            taken = _run(self._acquire, self._keys, self._token, self._ttl_ms, self._sha256)
         except RedisError as exc:
             log.warning("redis unavailable, event %r proceeds unlocked: %s", self.event_id, type(exc).__name__)
             return LockState.DEGRADED
@@ -97,12 +97,22 @@ class EventLock:
 
     def release(self, committed):
         """Delete the lock if this delivery still owns it; mark the event done if committed."""
-        args = [self._token, self._sha256 if committed else "", self._done_ttl_ms]
         try:
-            if not self._release(keys=self._keys, args=args):
+            if not _run(self._release, self._keys, self._token, self._sha256 if committed else "", self._done_ttl_ms):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
         except RedisError as exc:
             log.warning("redis unavailable, lock of event %r left to expire: %s", self.event_id, type(exc).__name__)
+
+
+def _run(script, keys, *args):
+    """EVALSHA through the client's execute_command, EVAL when Redis does not
+    have the script (restarted, flushed): redis-py's Script call adds layers
+    that cost more than the round trip (docs/performance.md)."""
+    client = script.registered_client
+    try:
+        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return client.execute_command("EVAL", script.script, len(keys), *keys, *args)
 
 
 def redis_ok(client):
