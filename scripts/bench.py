@@ -9,9 +9,11 @@ pre-signed requests to both, one receiver at a time, and the bench prints
 both with the ratios project/peer. After every run the ledgers' invariants
 are checked.
 
-BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events": one scenario (with /health).
+BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
+BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
+new-event run, as collapsed stacks (`pip install py-spy`; speedscope opens them).
 """
 
 import hashlib
@@ -41,7 +43,7 @@ PEER_DIR = ROOT.parent / "shared" / "peer"  # the seed's Node implementation, wh
 PEER_COPY = ROOT / ".run" / "bench-peer"  # PEER_DIR is read-only: npm ci runs in this copy
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
-ONLY = os.environ.get("BENCH_ONLY")
+ONLY = [name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()]
 DURATION = 3 if QUICK else 8  # seconds per wrk run
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 WRK_THREADS = 2
@@ -309,7 +311,16 @@ def stop(proc):
 def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=None):
     pids = lambda: [receiver.app_pids(), pg_pids + children(pg_pids[0]), [redis_pid]]  # noqa: E731
     before = [cpu_ms(p) for p in pids()]
+    spy = None
+    if os.environ.get("BENCH_PYSPY") and receiver.name == "project" and scenario.name == "new events":
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        spy = subprocess.Popen([py_spy, "record", "--gil", "--nonblocking", "--rate", "200", "--format", "raw",
+                                "-d", str(DURATION), "-o", os.environ["BENCH_PYSPY"],
+                                "-p", str(receiver.worker_pids()[0])],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = run_wrk(receiver.base + path, requests, delay_ms)
+    if spy:
+        spy.wait(30)
     after = [cpu_ms(p) for p in pids()]
     n = max(result["requests"], 1)
     result["cpu"] = [(a - b) / n for a, b in zip(after, before, strict=True)]
@@ -359,7 +370,7 @@ def main():
 
         rate = None
         for scenario in scenarios(completed):
-            if ONLY and scenario.name not in (ONLY, "GET /health"):
+            if ONLY and scenario.name not in [*ONLY, "GET /health"]:
                 continue
             requests = write_requests(work / "req.tsv", scenario.events) if scenario.events else None
             path = "/health" if scenario.events is None else "/api/webhooks"
