@@ -13,7 +13,8 @@ BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scena
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
 BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
-new-event run, as collapsed stacks (`pip install py-spy`; speedscope opens them).
+new-event run (or BENCH_PYSPY_SCENARIO's), as collapsed stacks (`pip install
+py-spy`; speedscope opens them).
 """
 
 import hashlib
@@ -125,7 +126,7 @@ def scenarios(completed):
         Scenario("50% re-deliveries", mixed),
         Scenario("100% re-deliveries", completed),
         Scenario("GET /health", None, peer=False),
-        Scenario("open loop, new events", new("open"), paced=True),
+        Scenario("open loop: new events", new("open"), paced=True),
         # The peer answers an in-flight copy 200 (a defect); not comparable.
         Scenario("bursts of 50 copies", burst, peer=False),
     ]
@@ -312,7 +313,8 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=Non
     pids = lambda: [receiver.app_pids(), pg_pids + children(pg_pids[0]), [redis_pid]]  # noqa: E731
     before = [cpu_ms(p) for p in pids()]
     spy = None
-    if os.environ.get("BENCH_PYSPY") and receiver.name == "project" and scenario.name == "new events":
+    profiled = os.environ.get("BENCH_PYSPY_SCENARIO", "new events")
+    if os.environ.get("BENCH_PYSPY") and receiver.name == "project" and scenario.name == profiled:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         spy = subprocess.Popen([py_spy, "record", "--gil", "--nonblocking", "--rate", "200", "--format", "raw",
                                 "-d", str(DURATION), "-o", os.environ["BENCH_PYSPY"],
@@ -453,7 +455,7 @@ def report(header, receivers, rss, rate, no_peer):
                   f"| {ratio(sum(mine['cpu']), sum(theirs['cpu'])):.2f} |")
         keys = {"new_rps": ("new events", "rps"), "new_p99": ("new events", "p99"),
                 "mix_rps": ("50% re-deliveries", "rps"), "dup_rps": ("100% re-deliveries", "rps"),
-                "open_p99": ("open loop, new events", "p99")}
+                "open_p99": ("open loop: new events", "p99")}
         for key, (name, column) in keys.items():
             if name in p and name in peer.rows:
                 measured[key] = ratio(p[name][column], peer.rows[name][column])
