@@ -13,7 +13,8 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # the host's); threads overlap each delivery's waits on PostgreSQL and Redis.
 # The database pool has one connection per thread (PG_POOL_SIZE). On 2 cores,
 # 2 workers x 4 threads measured best (docs/performance.md: 1x8, 2x8, 3x4
-# and 4x2 were slower).
+# and 4x2 were slower); re-measured after the logging and Redis changes, 4x2
+# and 8x1 were not better beyond the shared machine's noise.
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 worker_class = "gthread"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
