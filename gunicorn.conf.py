@@ -10,12 +10,15 @@ import sys
 import tempfile
 import types
 
+from gunicorn import glogging
+
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
 # the host's); threads overlap each delivery's waits on PostgreSQL and Redis.
 # The database pool has one connection per thread (PG_POOL_SIZE). On 2 cores,
 # 2 workers x 4 threads measured best (docs/performance.md: 1x8, 2x8, 3x4
-# and 4x2 were slower).
+# and 4x2 were slower); re-measured after the logging and Redis changes, 4x2
+# and 8x1 were not better beyond the shared machine's noise.
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 worker_class = "gthread"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
@@ -41,8 +44,26 @@ control_socket_disable = True
 # sent there too. logformat.py (not the app: importing the app into the
 # master would stop a HUP from loading new code into the new workers) writes
 # JSON lines, or human lines when stdout is a terminal (`make run`).
-accesslog = "-"
+# One line per delivery is the app's (app/logs.py: method, path, status,
+# bytes, latency, request id, and the event's id, type and outcome), so
+# gunicorn's access line is off unless ACCESS_LOG=true: it repeated that line
+# for every delivery, at about a tenth of a worker's CPU (docs/performance.md).
+# With it off, requests that are not deliveries (/health, /ready, /metrics)
+# are not logged.
+accesslog = "-" if os.environ.get("ACCESS_LOG", "false").strip().lower() == "true" else None
 errorlog = "-"
+
+
+class AccessLogWhenAsked(glogging.Logger):
+    """gunicorn writes the access line whenever logconfig_dict is set (always
+    here), whatever `accesslog` says; this writes it only when accesslog is set."""
+
+    def access(self, resp, req, environ, request_time):
+        if self.cfg.accesslog:
+            super().access(resp, req, environ, request_time)
+
+
+logger_class = AccessLogWhenAsked
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
 logconfig_dict = {
     "version": 1,

@@ -8,7 +8,7 @@ new code into the new workers).
 
 import logging
 
-from pythonjsonlogger.json import JsonFormatter
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 # The fields of every JSON line, renamed: level, logger, pid, message, timestamp.
 FORMAT = "%(levelname)s %(name)s %(process)d %(message)s"
@@ -19,7 +19,9 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 
 
 def json_formatter():
-    return JsonFormatter(FORMAT, rename_fields=RENAME, timestamp=True)
+    # orjson: the same JSON as the standard library's encoder, in a fraction
+    # of the time (one line per delivery; docs/performance.md).
+    return OrjsonFormatter(FORMAT, rename_fields=RENAME, timestamp=True)
 
 
 class HumanFormatter(logging.Formatter):

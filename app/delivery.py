@@ -68,5 +68,5 @@ def _finish(response):
         seconds = time.perf_counter() - delivery.started
         delivery.outcome = delivery.outcome or Outcome.ERROR
         current_app.extensions["metrics"].observe_delivery(delivery, seconds)
-        logs.log_delivery(delivery, response.status_code, seconds)
+        logs.log_delivery(delivery, response, seconds)
     return response

@@ -38,13 +38,17 @@ def init_app(app):
     app.after_request(_echo_request_id)
 
 
-def log_delivery(delivery, status, seconds):
-    """The one line per delivery (an app.delivery.Delivery); never the body, the signature or the secret."""
+def log_delivery(delivery, response, seconds):
+    """The one line per delivery (an app.delivery.Delivery); never the body, the signature or the secret.
+
+    It carries what gunicorn's access line does (off by default), so that one line per delivery is enough.
+    """
     fields = {
+        "method": request.method, "path": request.path, "remote_addr": request.remote_addr,
+        "status": response.status_code, "bytes": response.content_length,
         "source": delivery.source, "event_id": delivery.event_id, "event_type": delivery.event_type,
-        "outcome": delivery.outcome, "reason": delivery.reason, "status": status,
-        "latency_ms": round(seconds * 1000, 1), "secret_index": delivery.secret_index, "redis": delivery.redis,
-        "redis_fault": delivery.redis_fault,
+        "outcome": delivery.outcome, "reason": delivery.reason, "latency_ms": round(seconds * 1000, 1),
+        "secret_index": delivery.secret_index, "redis": delivery.redis, "redis_fault": delivery.redis_fault,
     }
     if delivery.reserialised:
         # The same effect in other bytes: both hashes, so that the two bodies can be told apart.

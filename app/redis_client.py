@@ -24,6 +24,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     ConnectionError,
+    NoScriptError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -102,7 +103,16 @@ class RedisLink:
         try:
             if script not in self._scripts:
                 self._scripts[script] = self.client().register_script(script)
-            return self._scripts[script](keys=keys, args=args)
+            registered = self._scripts[script]
+            # EVALSHA straight through execute_command: redis-py's Script call
+            # adds layers that cost more than the round trip (docs/performance.md).
+            # When Redis lacks the script (restarted, flushed, a new primary),
+            # the Script call loads it (SCRIPT LOAD, as the documented ACL
+            # allows; not EVAL) and runs it.
+            try:
+                return registered.registered_client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return registered(keys=keys, args=args)
         except (RedisError, RedisClusterException) as exc:
             raise Unusable(self.failed(exc)) from None
 

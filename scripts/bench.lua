@@ -1,7 +1,10 @@
--- wrk script for `make bench`: replays pre-signed requests from
--- $BENCH_REQUESTS (one "signature<TAB>body" per line), each wrk thread taking
--- every n-th line so that no two threads send the same request, then prints
--- one JSON summary for scripts/bench.py.
+-- wrk script for `make bench`. With $BENCH_REQUESTS (one "signature<TAB>body"
+-- per line) it replays pre-signed POSTs, each wrk thread taking every n-th
+-- line so that no two threads send the same request; without it, wrk sends
+-- its plain GET (GET /health). With $BENCH_DELAY_MS, each connection waits
+-- that long before each request (a paced load at a fixed offered rate), the
+-- first wait drawn at random in [0, delay] so that the connections do not
+-- fire in step. Prints one JSON summary for scripts/bench.py.
 
 local threads = {}
 local counter = 0
@@ -13,6 +16,9 @@ function setup(thread)
 end
 
 function init(args)
+  math.randomseed(os.time() + tid)
+  started = 0
+  if not os.getenv("BENCH_REQUESTS") then return end
   local lines = {}
   for line in io.lines(os.getenv("BENCH_REQUESTS")) do
     lines[#lines + 1] = line
@@ -27,10 +33,25 @@ function init(args)
   index = 0
 end
 
-function request()
-  index = index + 1
-  if index > #requests then index = 1 end
-  return requests[index]
+if os.getenv("BENCH_REQUESTS") then
+  function request()
+    index = index + 1
+    if index > #requests then index = 1 end
+    return requests[index]
+  end
+end
+
+local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "")
+local connections = tonumber(os.getenv("BENCH_CONNECTIONS_PER_THREAD") or "0")
+if delay_ms then
+  function delay()
+    -- The first call of each connection comes before any answer: stagger them.
+    if started < connections then
+      started = started + 1
+      return math.random(0, math.floor(delay_ms))
+    end
+    return delay_ms
+  end
 end
 
 function done(summary, latency, requests)

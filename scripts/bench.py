@@ -1,20 +1,35 @@
-"""`make bench`: throughput and latency of the real stack, measured by wrk.
+"""`make bench`: throughput, latency and CPU per delivery of the real stack,
+side by side with a peer receiver under the same load.
 
-Starts a throwaway PostgreSQL and Redis on loopback and the app under gunicorn
-with the production gunicorn.conf.py, replays pre-signed requests with wrk,
-and prints one table. Then pgbench runs the seed's transaction at the same
-concurrency, for the ratio the performance goal is stated in. After every run
-the ledger's invariants are checked. BENCH_QUICK=1 shortens every run.
+Starts a throwaway PostgreSQL and Redis on loopback, the app under gunicorn
+with the production gunicorn.conf.py, and a peer receiver (by default the
+seed's Node implementation in ../shared/peer) with its own database on the
+same PostgreSQL and its own Redis database number. wrk replays the same
+pre-signed requests to both, one receiver at a time, and the bench prints
+both with the ratios project/peer. After every run the ledgers' invariants
+are checked.
+
+BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health).
+BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
+BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
+BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
+new-event run (or BENCH_PYSPY_SCENARIO's), as collapsed stacks (`pip install
+py-spy`; speedscope opens them).
 """
 
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -22,20 +37,35 @@ import psycopg
 from app import verify
 from app.db import apply_schema
 from app.signature import sign
-from devservers import Gunicorn, Postgres, Redis
+from devservers import Gunicorn, Postgres, Redis, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+PEER_DIR = ROOT.parent / "shared" / "peer"  # the seed's Node implementation, when it is there
+PEER_COPY = ROOT / ".run" / "bench-peer"  # PEER_DIR is read-only: npm ci runs in this copy
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
-# BENCH_ONLY="new events" (a scenario name) measures one scenario, for comparing settings.
-ONLY = os.environ.get("BENCH_ONLY")
+ONLY = [name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()]
 DURATION = 3 if QUICK else 8  # seconds per wrk run
-CONNECTIONS = [32] if QUICK else [8, 32, 64]
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
+WRK_THREADS = 2
 SECRET = "bench-secret"
-USERS = [uuid.UUID(int=i + 1) for i in range(100)]
-# Enough distinct new events that no run wraps around at 10k req/s.
+# The peer's schema.sql seeds users md5('user-<n>'); both ledgers get these 100.
+USERS = [uuid.UUID(hashlib.md5(f"user-{n}".encode()).hexdigest()) for n in range(1, 101)]
+# Enough distinct new events that no run wraps around at 12k req/s.
 NEW_EVENTS = 12_000 * DURATION
 WRK_LUA = ROOT / "scripts" / "bench.lua"
+
+# The issue's goals, in the order printed: (what, measured key, comparison, bound).
+GOALS = [
+    ("new events req/s, project/peer", "new_rps", ">=", 0.75),
+    ("new events p99, project/peer", "new_p99", "<=", 1.5),
+    ("50% re-deliveries req/s, project/peer", "mix_rps", ">=", 1.0),
+    ("100% re-deliveries req/s, project/peer", "dup_rps", ">=", 1.5),
+    ("app CPU per new event / per GET /health", "new_health", "<=", 2.5),
+    ("app CPU per re-delivery / per GET /health", "dup_health", "<=", 1.3),
+    ("open loop p99, project/peer", "open_p99", "<=", 1.5),
+    ("peak RSS per worker, MB", "rss", "<=", 80),
+]
 
 
 def sh(*args, **kw):
@@ -45,18 +75,22 @@ def sh(*args, **kw):
     return result.stdout
 
 
+def apt_install(*packages):
+    print(f"installing {' '.join(packages)} (apt-get)...", file=sys.stderr, flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+
+
 def ensure_wrk():
-    if shutil.which("wrk"):
-        return
-    print("installing wrk (apt-get)...", flush=True)
-    subprocess.run(["apt-get", "update", "-qq"], check=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    if not shutil.which("wrk"):
+        apt_install("wrk")
 
 
 # -- requests ------------------------------------------------------------------
 
 def event(event_id, n):
+    """An event of the seed's shape, which both receivers take."""
     user = USERS[n % len(USERS)]
     return {"id": event_id, "type": "payment.succeeded",
             "data": {"userId": str(user), "amountCents": 1 + n % 997, "currency": "usd",
@@ -73,19 +107,29 @@ def write_requests(path, events):
     return path
 
 
+@dataclass
 class Scenario:
-    def __init__(self, name, events):
-        self.name, self.events = name, events
+    name: str
+    events: list | None  # None: GET /health
+    peer: bool = True  # measured on the peer too
+    paced: bool = False  # at a fixed offered rate, not as fast as answered
 
 
-def scenarios(run_id, completed):
-    new = [event(f"evt_{run_id}_new_{i}", i) for i in range(NEW_EVENTS)]
-    mixed = []
-    for i in range(NEW_EVENTS):
-        mixed.append(event(f"evt_{run_id}_mix_{i}", i) if i % 2 else completed[i % len(completed)])
-    burst = [event(f"evt_{run_id}_burst_{i}", i) for i in range(NEW_EVENTS // 50) for _ in range(50)]
-    return [Scenario("new events", new), Scenario("100% re-deliveries", completed),
-            Scenario("50/50 mix", mixed), Scenario("bursts of 50 copies", burst)]
+def scenarios(completed):
+    def new(tag):
+        return [event(f"evt_{tag}_{i}", i) for i in range(NEW_EVENTS)]
+
+    mixed = [event(f"evt_mix_{i}", i) if i % 2 else completed[i % len(completed)] for i in range(NEW_EVENTS)]
+    burst = [event(f"evt_burst_{i}", i) for i in range(NEW_EVENTS // 50) for _ in range(50)]
+    return [
+        Scenario("new events", new("new")),
+        Scenario("50% re-deliveries", mixed),
+        Scenario("100% re-deliveries", completed),
+        Scenario("GET /health", None, peer=False),
+        Scenario("open loop: new events", new("open"), paced=True),
+        # The peer answers an in-flight copy 200 (a defect); not comparable.
+        Scenario("bursts of 50 copies", burst, peer=False),
+    ]
 
 
 # -- measuring -----------------------------------------------------------------
@@ -108,6 +152,14 @@ def children(pid):
     return [int(p) for p in out.split()]
 
 
+def tree(pid):
+    """pid and all its descendants."""
+    pids = [pid]
+    for child in children(pid):
+        pids += tree(child)
+    return pids
+
+
 def peak_rss_mb(pids):
     peaks = []
     for pid in pids:
@@ -116,80 +168,40 @@ def peak_rss_mb(pids):
     return peaks
 
 
-def run_wrk(base, requests_file, connections):
-    threads = min(2, connections)
-    out = sh("wrk", "-t", str(threads), "-c", str(connections), "-d", f"{DURATION}s", "--timeout", "10s",
-             "-s", str(WRK_LUA), f"{base}/api/webhooks",
-             env={**os.environ, "BENCH_REQUESTS": str(requests_file), "BENCH_THREADS": str(threads)})
-    result = json.loads(out[out.index("BENCH_JSON ") + len("BENCH_JSON "):].splitlines()[0])
-    return result
+def run_wrk(url, requests_file=None, delay_ms=None):
+    env = {**os.environ, "BENCH_THREADS": str(WRK_THREADS),
+           "BENCH_CONNECTIONS_PER_THREAD": str(CONNECTIONS // WRK_THREADS)}
+    env.pop("BENCH_REQUESTS", None)
+    env.pop("BENCH_DELAY_MS", None)
+    if requests_file:
+        env["BENCH_REQUESTS"] = str(requests_file)
+    if delay_ms:
+        env["BENCH_DELAY_MS"] = str(round(delay_ms))
+    out = sh("wrk", "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{DURATION}s", "--timeout", "10s",
+             "-s", str(WRK_LUA), url, env=env)
+    return json.loads(out[out.index("BENCH_JSON ") + len("BENCH_JSON "):].splitlines()[0])
 
 
-def pgbench(pg, dbname, script, clients):
-    out = sh("pgbench", "-n", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, "-c", str(clients),
-             "-j", "2", "-T", str(DURATION), "-M", "simple", "-f", str(script), dbname)
-    return float(re.search(r"tps = ([\d.]+)", out).group(1))
+# -- the receivers ---------------------------------------------------------------
+
+@dataclass
+class Receiver:
+    name: str
+    base: str
+    app_pids: callable  # every process whose CPU is the receiver's
+    worker_pids: callable  # the processes whose peak RSS is reported
+    conn: psycopg.Connection
+    check: callable  # conn -> "ok", or raises SystemExit
+    rows: dict = field(default_factory=dict)
 
 
-# Seed 000's schema and transaction, in a database of their own: the peer
-# the performance goal is measured against.
-SEED_SCHEMA = """
-CREATE TABLE webhook_events (
-    id SERIAL PRIMARY KEY,
-    event_id VARCHAR(128) NOT NULL UNIQUE,
-    event_type VARCHAR(64) NOT NULL,
-    status VARCHAR(32) NOT NULL DEFAULT 'processing',
-    payload JSONB NOT NULL,
-    created_at TIMESTAMP WITH TIME ZONE DEFAULT CURRENT_TIMESTAMP
-);
-CREATE TABLE user_balances (user_id UUID PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0);
-"""
-EVENT_ID = "'pgb_' || :client_id || '_' || :n"
-USER_ID = "('00000000-0000-0000-0000-' || lpad(to_hex(:u), 12, '0'))::uuid"
-PAYLOAD = """'{"userId": "x", "amountCents": 7}'"""
-SEED_TX = f"""\\set n random(1, 1000000000000)
-\\set u random(1, 100)
-BEGIN;
-INSERT INTO webhook_events (event_id, event_type, payload, status)
-  VALUES ({EVENT_ID}, 'payment.succeeded', {PAYLOAD}, 'processing')
-  ON CONFLICT (event_id) DO NOTHING RETURNING id;
-UPDATE user_balances SET balance_cents = balance_cents + 7 WHERE user_id = {USER_ID};
-UPDATE webhook_events SET status = 'completed' WHERE event_id = {EVENT_ID};
-COMMIT;
-"""
-
-
-def inline(sql, *positional, **named):
-    """sql with its %s / %(name)s placeholders replaced by pgbench expressions."""
-    for value in positional:
-        sql = sql.replace("%s", value, 1)
-    for name, value in named.items():
-        sql = sql.replace(f"%({name})s", value)
-    return " ".join(sql.split()) + ";"
-
-
-def app_tx():
-    """The statements app/ledger.py runs for one new payment event, in order."""
-    from app import ledger
-
-    row_id = f"(SELECT id FROM webhook_events WHERE event_id = {EVENT_ID})"
-    sha = f"sha256(convert_to({EVENT_ID}, 'UTF8'))"
-    statements = [
-        inline(ledger.INSERT_EVENT, EVENT_ID, "'payment.succeeded'", PAYLOAD, sha),
-        inline(ledger.CREDIT, amount="7", max=str(2**63 - 1), user_id=USER_ID, event_id=EVENT_ID),
-        inline(ledger.MARK_COMPLETED, row_id),
-    ]
-    return "\n".join(["\\set n random(1, 1000000000000)", "\\set u random(1, 100)", "BEGIN;",
-                      *statements, "COMMIT;", ""])
-
-
-def check_invariants(conn):
+def check_project(conn):
     """`flask ledger verify`'s checks, and balances recomputed from the payloads alone."""
     problems, _ = verify.check(conn)
     if problems:
         raise SystemExit("INVARIANT BROKEN:\n" + "\n".join(problems[:20]))
-    dupes = conn.execute("SELECT count(*) FROM (SELECT event_id FROM webhook_events "
-                         "GROUP BY event_id HAVING count(*) > 1) d").fetchone()[0]
+    dupes = conn.execute("SELECT count(*) FROM (SELECT source, event_id FROM webhook_events "
+                         "GROUP BY source, event_id HAVING count(*) > 1) d").fetchone()[0]
     wrong = conn.execute("""
         SELECT count(*) FROM user_balances b LEFT JOIN (
             SELECT (payload->'data'->>'userId')::uuid AS user_id,
@@ -204,95 +216,258 @@ def check_invariants(conn):
     return "ok"
 
 
+def check_peer(conn):
+    """The same ledger check on the seed's tables (its payload column holds the event's data)."""
+    try:
+        wrong, stuck = conn.execute("""
+            SELECT (SELECT count(*) FROM user_balances b LEFT JOIN (
+                        SELECT (payload->>'userId')::uuid AS user_id, sum((payload->>'amountCents')::bigint) AS credits
+                        FROM webhook_events WHERE status = 'completed' AND event_type = 'payment.succeeded'
+                        GROUP BY 1) c USING (user_id)
+                    WHERE b.balance_cents <> coalesce(c.credits, 0)),
+                   (SELECT count(*) FROM webhook_events WHERE status <> 'completed')""").fetchone()
+    except psycopg.Error as exc:
+        return f"n/a ({type(exc).__name__})"
+    return "ok" if not (wrong or stuck) else f"BROKEN: {wrong} wrong balances, {stuck} not completed"
+
+
+def gunicorn_settings(env):
+    """workers, threads and worker class as gunicorn.conf.py resolves them in env."""
+    with tempfile.TemporaryDirectory() as metrics_dir:  # so that the config makes no folder of its own
+        out = sh(sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "--print-config",
+                 "wsgi:app", cwd=ROOT, env={**os.environ, **env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
+    return dict(re.findall(r"^(workers|threads|worker_class)\s+= (.*)$", out, re.M))
+
+
+def peer_command():
+    """(command, schema file, None), or (None, None, why not) when no peer can run."""
+    if os.environ.get("BENCH_PEER", "").lower() in ("off", "0", "false", "no"):
+        return None, None, "BENCH_PEER=off"
+    if os.environ.get("BENCH_PEER_CMD"):
+        schema = os.environ.get("BENCH_PEER_SCHEMA")
+        if not schema:
+            return None, None, "BENCH_PEER_CMD is set but BENCH_PEER_SCHEMA (the peer's schema file) is not"
+        return shlex.split(os.environ["BENCH_PEER_CMD"]), Path(schema).resolve(), None
+    if not (PEER_DIR / "app.mjs").exists():
+        return None, None, f"no peer: BENCH_PEER_CMD is not set and {PEER_DIR} does not exist"
+    try:
+        if not (shutil.which("node") and shutil.which("npm")):
+            apt_install("nodejs", "npm")
+        lock = (PEER_DIR / "package-lock.json").read_bytes()
+        fresh = (PEER_COPY / "node_modules").is_dir() and (PEER_COPY / "package-lock.json").read_bytes() == lock
+        if not fresh:
+            shutil.rmtree(PEER_COPY, ignore_errors=True)
+        PEER_COPY.mkdir(parents=True, exist_ok=True)
+        for f in PEER_DIR.iterdir():
+            if f.is_file():
+                shutil.copyfile(f, PEER_COPY / f.name)
+        if not fresh:
+            print(f"npm ci in {PEER_COPY}...", file=sys.stderr, flush=True)
+            sh("npm", "ci", "--no-audit", "--no-fund", cwd=PEER_COPY)
+    except (OSError, subprocess.CalledProcessError, SystemExit) as exc:
+        return None, None, f"no peer: could not set up node and {PEER_DIR} ({str(exc).strip()[:200]})"
+    return ["node", str(PEER_COPY / "app.mjs")], PEER_COPY / "schema.sql", None
+
+
+def start_peer(command, schema, pg, redis, work):
+    sh("createdb", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, "peer")
+    # The peer's schema drops and recreates its tables: psql, for its VACUUM outside a transaction.
+    sh("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(schema), pg.url("peer"))
+    conn = psycopg.connect(pg.url("peer"), autocommit=True)
+    for user in USERS:
+        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0) ON CONFLICT DO NOTHING",
+                     [user])
+    port = free_port()
+    # Its own Redis database: the seed's lock keys are lock:webhook:<id>, as the project's.
+    env = {**os.environ, "DATABASE_URL": pg.url("peer"), "REDIS_URL": redis.url.rsplit("/", 1)[0] + "/1",
+           "WEBHOOK_SECRET": SECRET, "PORT": str(port), "HOST": "127.0.0.1",
+           "PG_POOL_MAX": os.environ.get("BENCH_PEER_POOL_MAX", str(CONNECTIONS))}
+    proc = subprocess.Popen(command, env=env, stdout=open(work / "peer.log", "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def listening():
+        if proc.poll() is not None:
+            raise SystemExit(f"the peer exited with {proc.returncode}: see {work / 'peer.log'}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    wait_until(listening, timeout=20, what="the peer")
+    return proc, conn, f"http://127.0.0.1:{port}", env["PG_POOL_MAX"]
+
+
+def stop(proc):
+    if proc and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- the run ---------------------------------------------------------------------
+
+def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=None):
+    pids = lambda: [receiver.app_pids(), pg_pids + children(pg_pids[0]), [redis_pid]]  # noqa: E731
+    before = [cpu_ms(p) for p in pids()]
+    spy = None
+    profiled = os.environ.get("BENCH_PYSPY_SCENARIO", "new events")
+    if os.environ.get("BENCH_PYSPY") and receiver.name == "project" and scenario.name == profiled:
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        spy = subprocess.Popen([py_spy, "record", "--gil", "--nonblocking", "--rate", "200", "--format", "raw",
+                                "-d", str(DURATION), "-o", os.environ["BENCH_PYSPY"],
+                                "-p", str(receiver.worker_pids()[0])],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = run_wrk(receiver.base + path, requests, delay_ms)
+    if spy:
+        spy.wait(30)
+    after = [cpu_ms(p) for p in pids()]
+    n = max(result["requests"], 1)
+    result["cpu"] = [(a - b) / n for a, b in zip(after, before, strict=True)]
+    result["invariants"] = receiver.check(receiver.conn)
+    # Re-deliveries repeat by design; for the others, a wrap would repeat an event.
+    result["wrapped"] = scenario.events is not None and "re-deliveries" not in scenario.name \
+        and result["requests"] > len(scenario.events)
+    receiver.rows[scenario.name] = result
+    print(f"  done: {scenario.name}, {receiver.name}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
+
+
 def main():
     ensure_wrk()
     work = Path(tempfile.mkdtemp(prefix="webhook-ledger-bench-"))
     pg_dir = tempfile.mkdtemp(prefix="webhook-ledger-bench-pg-")  # its own 0700 folder, owned by postgres
     pg = Postgres(pg_dir).init().start()
     redis = Redis().start()
-    server = None
+    server = peer_proc = None
     try:
-        for dbname in ("bench", "seed"):
-            sh("createdb", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, dbname)
-        with psycopg.connect(pg.url("seed"), autocommit=True) as seed:
-            seed.execute(SEED_SCHEMA)
-            for user in USERS:
-                seed.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
+        sh("createdb", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, "bench")
         conn = psycopg.connect(pg.url("bench"), autocommit=True)
         apply_schema(conn)
         for user in USERS:
             conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
 
         env = {"DATABASE_URL": pg.url("bench"), "REDIS_URL": redis.url, "WEBHOOK_SECRET": SECRET}
-        workers = int(os.environ.get("WEB_CONCURRENCY", os.cpu_count()))
-        threads = int(os.environ.get("GUNICORN_THREADS", "4"))
-        server = Gunicorn(env, workers=workers, threads=threads, log_path=work / "gunicorn.log")
-        server.start()
-        worker_pids = children(server.proc.pid)
+        settings = gunicorn_settings(env)
+        # workers and threads None: gunicorn.conf.py decides, from the environment as in production.
+        server = Gunicorn(env, workers=None, threads=None, log_path=work / "gunicorn.log").start()
+        project = Receiver("project", server.base, lambda: [server.proc.pid] + children(server.proc.pid),
+                           lambda: children(server.proc.pid), conn, check_project)
+        receivers = [project]
+
+        command, schema, no_peer = peer_command()
+        peer_pool = None
+        if command:
+            peer_proc, peer_conn, peer_base, peer_pool = start_peer(command, schema, pg, redis, work)
+            receivers.append(Receiver("peer", peer_base, lambda: tree(peer_proc.pid), lambda: [peer_proc.pid],
+                                      peer_conn, check_peer))
         pg_pids = [int(Path(pg.data / "postmaster.pid").read_text().split()[0])]
 
-        # Completed events to re-deliver: processed once, before any timing.
+        # Completed events to re-deliver: processed once by each receiver, before any timing.
         completed = [event(f"evt_done_{i}", i) for i in range(2000)]
         warm = write_requests(work / "warm.tsv", completed)
-        run_wrk(server.base, warm, 8)
+        for receiver in receivers:
+            run_wrk(receiver.base + "/api/webhooks", warm)
 
-        rows = []
-        for connections in CONNECTIONS:
-            for scenario in scenarios(f"c{connections}", completed):
-                if ONLY and scenario.name != ONLY:
+        rate = None
+        for scenario in scenarios(completed):
+            if ONLY and scenario.name not in [*ONLY, "GET /health"]:
+                continue
+            requests = write_requests(work / "req.tsv", scenario.events) if scenario.events else None
+            path = "/health" if scenario.events is None else "/api/webhooks"
+            delay_ms = None
+            if scenario.paced:
+                new = project.rows.get("new events")
+                rate = float(os.environ.get("BENCH_OPEN_RATE", 0)) or (new["rps"] / 2 if new else None)
+                if not rate:
                     continue
-                requests = write_requests(work / "req.tsv", scenario.events)
-                before = [cpu_ms([server.proc.pid] + worker_pids), cpu_ms(pg_pids + children(pg_pids[0])),
-                          cpu_ms([redis.proc.pid])]
-                result = run_wrk(server.base, requests, connections)
-                after = [cpu_ms([server.proc.pid] + worker_pids), cpu_ms(pg_pids + children(pg_pids[0])),
-                         cpu_ms([redis.proc.pid])]
-                n = max(result["requests"], 1)
-                result.update(connections=connections, scenario=scenario.name,
-                              cpu=[(a - b) / n for a, b in zip(after, before, strict=False)],
-                              invariants=check_invariants(conn),
-                              # Re-deliveries repeat by design; for the others, a wrap would repeat an event.
-                              wrapped=(scenario.name != "100% re-deliveries"
-                                       and result["requests"] > len(scenario.events)))
-                rows.append(result)
-                print(f"  done: {scenario.name} c={connections}: {result['rps']:.0f} req/s",
-                      file=sys.stderr, flush=True)
+                delay_ms = CONNECTIONS / rate * 1000
+            for receiver in receivers:
+                if receiver is project or scenario.peer:
+                    measure(receiver, scenario, path, requests, pg_pids, redis.proc.pid, delay_ms)
 
-        rss = peak_rss_mb(worker_pids)
-        if ONLY:
-            return report(rows, rss, {}, workers, threads)
-        seed_script, app_script = work / "seed.sql", work / "app.sql"
-        seed_script.write_text(SEED_TX)
-        app_script.write_text(app_tx())
-        pgb = {c: (pgbench(pg, "seed", seed_script, c), pgbench(pg, "bench", app_script, c)) for c in CONNECTIONS}
-        report(rows, rss, pgb, workers, threads)
+        rss = {r.name: peak_rss_mb(r.worker_pids()) for r in receivers}
+        header = (f"webhook-ledger bench: project = gunicorn {settings.get('workers')} workers x "
+                  f"{settings.get('threads')} threads ({settings.get('worker_class')}); "
+                  + (f"peer = {shlex.join(command)}, PG_POOL_MAX={peer_pool}" if command else "no peer")
+                  + f"; {CONNECTIONS} connections, {os.cpu_count()} cores, {DURATION}s per run"
+                  + (" (BENCH_QUICK)" if QUICK else ""))
+        report(header, receivers, rss, rate, no_peer)
     finally:
         if server:
             server.stop()
+        stop(peer_proc)
         redis.stop()
         pg.stop("immediate")
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(pg_dir, ignore_errors=True)
 
 
-def report(rows, rss, pgb, workers, threads):
-    print(f"\nwebhook-ledger bench: gunicorn {workers} workers x {threads} threads, {os.cpu_count()} cores, "
-          f"{DURATION}s per run{' (BENCH_QUICK)' if QUICK else ''}\n")
-    print("| scenario | conns | req/s | p50 ms | p90 ms | p99 ms | non-2xx | errors "
+# -- the report ------------------------------------------------------------------
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def report(header, receivers, rss, rate, no_peer):
+    project = receivers[0]
+    peer = receivers[1] if len(receivers) > 1 else None
+    print(f"\n{header}\n")
+    if no_peer:
+        print(f"peer column skipped: {no_peer}\n")
+    print("| scenario | receiver | req/s | p50 ms | p90 ms | p99 ms | non-2xx | errors "
           "| CPU ms/req app / pg / redis | invariants |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        cpu = " / ".join(f"{x:.2f}" for x in r["cpu"])
-        wrapped = " (requests wrapped)" if r["wrapped"] else ""
-        print(f"| {r['scenario']}{wrapped} | {r['connections']} | {r['rps']:.0f} | {r['p50']:.1f} | {r['p90']:.1f} "
-              f"| {r['p99']:.1f} | {r['non2xx']} | {r['errors']} | {cpu} | {r['invariants']} |")
-    print(f"\npeak RSS per worker: {', '.join(f'{x:.1f} MB' for x in rss)}")
-    print("\n| conns | pgbench seed tx/s | app new events req/s | ratio | pgbench app SQL tx/s | duplicates / new |")
-    print("|---|---|---|---|---|---|")
-    for c, (seed_tps, app_tps) in pgb.items():
-        new = next(r["rps"] for r in rows if r["connections"] == c and r["scenario"] == "new events")
-        dup = next(r["rps"] for r in rows if r["connections"] == c and r["scenario"] == "100% re-deliveries")
-        print(f"| {c} | {seed_tps:.0f} | {new:.0f} | {new / seed_tps:.2f} | {app_tps:.0f} | {dup / new:.2f} |")
+    names = list(project.rows)
+    for name in names:
+        for receiver in receivers:
+            r = receiver.rows.get(name)
+            if r is None:
+                continue
+            cpu = " / ".join(f"{x:.2f}" for x in r["cpu"])
+            wrapped = " (requests wrapped)" if r["wrapped"] else ""
+            print(f"| {name}{wrapped} | {receiver.name} | {r['rps']:.0f} | {r['p50']:.1f} | {r['p90']:.1f} "
+                  f"| {r['p99']:.1f} | {r['non2xx']} | {r['errors']} | {cpu} | {r['invariants']} |")
+    if rate:
+        print(f"\nopen loop: offered {rate:.0f} req/s (half the project's new-event rate), "
+              f"each connection waiting {CONNECTIONS / rate * 1000:.0f} ms before each request")
+    print("\npeak RSS per worker: " + "; ".join(
+        f"{name} {', '.join(f'{x:.1f} MB' for x in peaks)}" for name, peaks in rss.items()))
+
+    measured = {"rss": max(rss["project"])}
+    p = project.rows
+    health = p.get("GET /health")
+    if health:
+        for key, name in (("new_health", "new events"), ("dup_health", "100% re-deliveries")):
+            if name in p:
+                measured[key] = ratio(p[name]["cpu"][0], health["cpu"][0])
+    if peer:
+        print("\n| scenario | req/s project/peer | p99 project/peer | app CPU/req project/peer "
+              "| app+pg+redis CPU/req project/peer |")
+        print("|---|---|---|---|---|")
+        for name in names:
+            mine, theirs = p[name], peer.rows.get(name)
+            if theirs is None:
+                continue
+            print(f"| {name} | {ratio(mine['rps'], theirs['rps']):.2f} | {ratio(mine['p99'], theirs['p99']):.2f} "
+                  f"| {ratio(mine['cpu'][0], theirs['cpu'][0]):.2f} "
+                  f"| {ratio(sum(mine['cpu']), sum(theirs['cpu'])):.2f} |")
+        keys = {"new_rps": ("new events", "rps"), "new_p99": ("new events", "p99"),
+                "mix_rps": ("50% re-deliveries", "rps"), "dup_rps": ("100% re-deliveries", "rps"),
+                "open_p99": ("open loop: new events", "p99")}
+        for key, (name, column) in keys.items():
+            if name in p and name in peer.rows:
+                measured[key] = ratio(p[name][column], peer.rows[name][column])
+
+    print("\n| goal | measured | bound | met |")
+    print("|---|---|---|---|")
+    for what, key, op, bound in GOALS:
+        if key not in measured:
+            continue
+        value = measured[key]
+        met = value >= bound if op == ">=" else value <= bound
+        print(f"| {what} | {value:.2f} | {op} {bound} | {'yes' if met else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,13 @@ def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client,
     assert balance(db) == 1250
 
 
+def test_scripts_forgotten_by_redis_are_sent_again(client, db, redis_client):
+    redis_client.script_flush()  # as after a Redis restart: EVALSHA answers NOSCRIPT
+    assert deliver(client, payment("evt_noscript")).json["status"] == "processed"
+    assert redis_client.exists(done_key("evt_noscript")) and not redis_client.exists(lock_key("evt_noscript"))
+    assert deliver(client, payment("evt_noscript")).json["status"] == "duplicate"
+
+
 def test_different_bytes_under_a_done_id_still_reach_postgres(client, db, redis_client):
     assert deliver(client, payment("evt_changed", cents=5)).json["status"] == "processed"
     changed = deliver(client, payment("evt_changed", cents=500))

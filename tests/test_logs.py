@@ -81,8 +81,20 @@ def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn,
         assert delivery["level"] == "INFO" and delivery["logger"] == "app.webhooks"
         assert isinstance(delivery["latency_ms"], float) and delivery["timestamp"]
         assert "event_type" in delivery
+        # What gunicorn's access line carried, now that it is off by default.
+        assert (delivery["method"], delivery["path"], delivery["remote_addr"]) == ("POST", "/api/webhooks", "127.0.0.1")
+        assert isinstance(delivery["bytes"], int) and delivery["bytes"] > 0
     loggers = {line["logger"] for line in lines}
-    assert {"gunicorn.error", "gunicorn.access", "app.webhooks"} <= loggers
+    assert {"gunicorn.error", "app.webhooks"} <= loggers
+    assert "gunicorn.access" not in loggers
+
+
+def test_access_log_is_on_with_access_log_true(gunicorn, db, tmp_path):
+    server = gunicorn(workers=1, threads=1, ACCESS_LOG="true")
+    assert http_get(server.base, "/ready")[0] == 200
+    server.stop()
+    access = [line["message"] for line in _lines(tmp_path / "gunicorn-0.log") if line["logger"] == "gunicorn.access"]
+    assert any('"GET /ready HTTP/1.1" 200' in message for message in access)
 
 
 def test_a_terminal_gets_human_lines_from_the_same_records():
