@@ -7,6 +7,7 @@ shared by every client, and the `options` startup parameter is refused.
 """
 
 import os
+import select
 import threading
 from contextlib import contextmanager, suppress
 
@@ -80,12 +81,24 @@ def init_app(app):
             **{name: value for name, value in TCP_SETTINGS.items() if name not in given},
         },
         configure=_name_connection,
-        # An empty query before a connection is handed out: one that died
-        # while idle (a restarted server or pooler) is replaced, not used for
-        # a delivery that would then answer 503.
-        check=ConnectionPool.check_connection,
+        # A connection that died while idle (a restarted server or pooler) is
+        # replaced before it is handed out, not used for a delivery that
+        # would then answer 503.
+        check=_check_if_closed,
     )
     app.cli.add_command(init_db_command)
+
+
+def _check_if_closed(conn):
+    """Ask a pooled connection whether it is alive (one empty query) only when its socket has something to say.
+
+    An idle connection has nothing to read unless its server closed it (a
+    restart, PgBouncer stopping, a terminated backend) or sent a notice: a
+    poll of the socket tells, with no round trip for the healthy ones.
+    """
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
 
 
 def _name_connection(conn):
