@@ -49,6 +49,11 @@ class Pool(ConnectionPool):
     def __init__(self, conninfo, timeouts, **kwargs):
         super().__init__(conninfo, **kwargs)
         self.timeouts = timeouts
+        # pipelined()'s first statement, built once: it runs before every new event.
+        self.set_timeouts = (
+            "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in timeouts),
+            [str(int(ms)) for ms in timeouts.values()],
+        )
 
 
 def init_app(app):
@@ -122,7 +127,7 @@ def get_pool(app):
 def transaction(pool, read_only=False, **timeouts):
     """A pooled connection inside one transaction that has the pool's timeouts; commit, or roll back on error.
 
-    BEGIN and the three SET LOCALs travel as one simple-protocol message, so
+    BEGIN and the SET LOCALs travel as one simple-protocol message, so
     the timeouts cost no round trip over a bare BEGIN, and they end with the
     transaction, whatever pooler is in between. timeouts overrides some (ms, 0: none).
     """
@@ -150,10 +155,8 @@ def pipelined(pool):
     (the connection is in autocommit): committed at the Sync, rolled back
     whole by any error. The timeouts are local to it, as transaction()'s are.
     """
-    names = list(pool.timeouts)
-    settings = ", ".join(f"set_config('{name}', %s, true)" for name in names)
     with pool.connection() as conn, conn.pipeline() as pipeline:
-        conn.execute(f"SELECT {settings}", [str(int(pool.timeouts[name])) for name in names])
+        conn.execute(*pool.set_timeouts)
         yield conn, pipeline
 
 

@@ -30,6 +30,8 @@ class Answer(NamedTuple):
     outcome: Outcome
     message: str | None = None  # None: the exception's own message, written to be shown
     retry_after: bool = False
+    names_event: bool = False  # the body carries the event's id (the sender learns which event it refers to)
+    extra: dict | None = None  # more fields of the body
 
 
 _UNAVAILABLE = Answer(503, "unavailable", Outcome.UNAVAILABLE, "the database is unavailable; retry later", True)
@@ -40,9 +42,10 @@ ANSWERS = {
     SignatureError: Answer(401, "invalid_signature", Outcome.REJECTED),
     InvalidJSON: Answer(400, "invalid_json", Outcome.REJECTED),
     InvalidEvent: Answer(400, "invalid_event", Outcome.REJECTED),
-    Unprocessable: Answer(422, "unprocessable", Outcome.FAILED),
-    PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH),
-    InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True),
+    Unprocessable: Answer(422, "unprocessable", Outcome.FAILED, names_event=True),
+    PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH, names_event=True),
+    InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
+                       extra={"status": "in_progress"}),
     # DESIGN.md's body is the code alone: nothing about what is configured.
     UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Transient: nothing was committed, and the sender's retry will find the
@@ -99,17 +102,15 @@ def _domain_error(exc):
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
     if answer.status == 503:
         log.warning("database unavailable: %s%s", type(exc).__name__, _sqlstate(exc))
-    body = {"error": answer.error}
+    body = {"error": answer.error, **(answer.extra or {})}
     message = str(exc) if answer.message is None else answer.message
     if message:
         body["message"] = message
     record = delivery.current()
     if record is not None:
         record.outcome, record.reason = answer.outcome, answer.error if answer.outcome == Outcome.REJECTED else None
-        if record.event_id is not None and answer.status in (409, 422):
+        if answer.names_event and record.event_id is not None:
             body["event_id"] = record.event_id
-    if isinstance(exc, InProgress):
-        body["status"] = "in_progress"
     return _answer(answer.status, body, answer.retry_after)
 
 

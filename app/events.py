@@ -16,7 +16,9 @@ import functools
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MAX_ID_CHARS = 128
 MAX_TYPE_CHARS = 64
@@ -130,7 +132,7 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
 
 def _github_event(document, body, headers, source):
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
-    if event_type in CREDITS:
+    if event_type in PAYMENTS:
         raise InvalidEvent("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
     return Event(event_id, event_type, document, document, body, source)
@@ -166,8 +168,8 @@ def _data_field(document):
 
 def credit_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Credit | None:
     """Return the balance effect of event, None if it has none, or raise Unprocessable."""
-    rule = CREDITS.get(event.type)
-    return None if rule is None else rule(event, policy)
+    rule = PAYMENTS.get(event.type)
+    return None if rule is None else rule.credit(event, rule.fields(event), policy)
 
 
 def effect_of(event: Event) -> bytes:
@@ -178,38 +180,39 @@ def effect_of(event: Event) -> bytes:
     a different effect is a payload mismatch. The raw values are hashed, so
     that 100 and 1e2 (which do not credit alike) are different effects.
     """
-    rule = EFFECTS.get(event.type)
-    fields = [event.type] if rule is None else [event.type, *rule(event)]
+    rule = PAYMENTS.get(event.type)
+    fields = [event.type] if rule is None else [event.type, *rule.fields(event)]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-def _payment(event, policy):
-    """Seed 000's payment.succeeded; a `currency`, when given, must be the ledger's."""
-    data = event.data
-    _check_currency(data.get("currency", policy.currency), "data.currency", policy)
-    return _credit(data.get("userId"), "data.userId", data.get("amountCents"), "data.amountCents")
-
-
-def _payment_intent(event, policy):
-    """Stripe's payment_intent.succeeded; the amount is in the currency's smallest unit."""
-    intent = _object(event.data.get("object"))
-    if event.document.get("livemode") is not True and not policy.accept_test_events:
-        raise Unprocessable("a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept")
-    _check_currency(intent.get("currency"), "data.object.currency", policy)
-    user_id = _object(intent.get("metadata")).get("user_id")
-    amount = intent.get("amount_received")
-    return _credit(user_id, "data.object.metadata.user_id", amount, "data.object.amount_received")
-
-
-def _payment_effect(event):
+def _payment_fields(event):
+    """Seed 000's payment.succeeded: user, amount and currency, as sent."""
     data = event.data
     return [data.get("userId"), data.get("amountCents"), data.get("currency")]
 
 
-def _payment_intent_effect(event):
+def _payment(event, fields, policy):
+    """A `currency`, when given, must be the ledger's."""
+    user_id, amount, currency = fields
+    if "currency" in event.data:
+        _check_currency(currency, "data.currency", policy)
+    return _credit(user_id, "data.userId", amount, "data.amountCents")
+
+
+def _payment_intent_fields(event):
+    """Stripe's payment_intent.succeeded: user, amount, currency and livemode, as sent."""
     intent = _object(event.data.get("object"))
     user_id = _object(intent.get("metadata")).get("user_id")
     return [user_id, intent.get("amount_received"), intent.get("currency"), event.document.get("livemode")]
+
+
+def _payment_intent(event, fields, policy):
+    """The amount is in the currency's smallest unit."""
+    user_id, amount, currency, livemode = fields
+    if livemode is not True and not policy.accept_test_events:
+        raise Unprocessable("a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept")
+    _check_currency(currency, "data.object.currency", policy)
+    return _credit(user_id, "data.object.metadata.user_id", amount, "data.object.amount_received")
 
 
 def _object(value):
@@ -234,8 +237,14 @@ def _credit(user_id, user_label, amount, amount_label):
     return Credit(user, amount)
 
 
+class PaymentRule(NamedTuple):
+    fields: Callable  # event -> the values its credit reads, as sent: what effect_of hashes
+    credit: Callable  # (event, those values, policy) -> Credit, or raise Unprocessable
+
+
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still credits.
-CREDITS = {PAYMENT_SUCCEEDED: _payment, PAYMENT_INTENT_SUCCEEDED: _payment_intent}
-# The fields each credit reads, for effect_of.
-EFFECTS = {PAYMENT_SUCCEEDED: _payment_effect, PAYMENT_INTENT_SUCCEEDED: _payment_intent_effect}
+PAYMENTS = {
+    PAYMENT_SUCCEEDED: PaymentRule(_payment_fields, _payment),
+    PAYMENT_INTENT_SUCCEEDED: PaymentRule(_payment_intent_fields, _payment_intent),
+}

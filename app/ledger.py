@@ -158,6 +158,12 @@ def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
     a failure is committed (attempts, last_error) with no balance change, a
     mismatch is committed as a count and nothing else.
     """
+    params, credit, problem = _plan(event, payload_sha256, policy)
+    return _apply_new(pool, params) or _apply_stored(pool, params, credit, problem)
+
+
+def _plan(event, payload_sha256, policy):
+    """The statements' parameters, the credit to make (or None) and why it cannot be made (or None)."""
     try:
         credit, problem = credit_of(event, policy), None
     except Unprocessable as exc:
@@ -166,7 +172,7 @@ def apply_event(pool, event, payload_sha256, policy=DEFAULT_POLICY):
               "sha": payload_sha256, "effect": event.effect, "problem": problem, "max": MAX_CENTS,
               "status": "failed" if problem else "processing" if credit else "completed",
               "amount": credit and credit.amount_cents, "user_id": credit and credit.user_id}
-    return _apply_new(pool, params) or _apply_stored(pool, params, credit, problem)
+    return params, credit, problem
 
 
 def _apply_new(pool, params):
@@ -255,7 +261,9 @@ def replay(pool, source, event_id, policy=DEFAULT_POLICY):
         event = stored_event(source, event_id, event_type, body, sha256)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
-    result = apply_event(pool, event, sha256, policy)
+    # The row exists: straight to the stored event's transaction (RECORD_NEW
+    # would only find it there).
+    result = _apply_stored(pool, *_plan(event, sha256, policy))
     if result.outcome == Outcome.DUPLICATE:
         return Result(Outcome.DUPLICATE, "completed meanwhile by another delivery")
     return result

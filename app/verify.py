@@ -11,10 +11,10 @@
 Purged events leave their credits behind, so 3 holds after a purge.
 """
 
-from .events import CREDITS, DEFAULT_POLICY, StoredBodyError, Unprocessable, credit_of, stored_event
+from .events import DEFAULT_POLICY, PAYMENTS, StoredBodyError, Unprocessable, credit_of, stored_event
 
 # Every event type that credit_of credits.
-CREDITING_TYPES = list(CREDITS)
+CREDITING_TYPES = list(PAYMENTS)
 
 DUPLICATED_IDS = """
     SELECT source, event_id, count(*) FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1

@@ -10,10 +10,8 @@ SIGTERM or SIGHUP stops all of it; a host that dies is reported and the
 others keep serving (haproxy routes around it).
 """
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,20 +19,9 @@ import time
 from pathlib import Path
 
 import psycopg
-from run import (
-    DEMO_SECRET,
-    DEMO_USER,
-    STOP_SIGNALS,
-    Failed,
-    Stopped,
-    banner,
-    port_free,
-    say,
-    stop_on_signal,
-    stop_stray_children,
-)
+from run import DEMO_USER, Failed, banner, check_settings, port_free, say, supervise
 
-from app.config import ConfigError, from_env
+from app.config import from_env
 from app.db import apply_schema
 from devservers.topology import Topology, program
 
@@ -54,20 +41,7 @@ def log(message):
 
 
 def main():
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, stop_on_signal)
-    with contextlib.ExitStack() as cleanup:
-        cleanup.callback(stop_stray_children)
-        try:
-            return run(cleanup)
-        except Stopped as stop:
-            return 128 + stop.args[0]
-        except Failed as failure:
-            log(f"error: {failure}")
-            return 1
-        finally:
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
+    return supervise(run, log)
 
 
 def run(cleanup):
@@ -76,14 +50,7 @@ def run(cleanup):
             program(name)
         except RuntimeError as exc:
             raise Failed(str(exc)) from None
-    secret_from_env = bool(os.environ.get("WEBHOOK_SECRET"))
-    if not secret_from_env:
-        os.environ["WEBHOOK_SECRET"] = DEMO_SECRET
-        log(f"WEBHOOK_SECRET is not set: using the DEMO secret '{DEMO_SECRET}' (never use it in production)")
-    try:  # before starting anything; the servers' URLs are known later
-        from_env({**os.environ, "DATABASE_URL": "postgresql://localhost/later", "REDIS_URL": "redis://localhost/0"})
-    except ConfigError as exc:
-        raise Failed(f"configuration: {exc}") from None
+    secret_from_env = check_settings(log)
 
     port = int(os.environ.get("PORT") or DEFAULT_PORT)
     if not port_free("127.0.0.1", port):

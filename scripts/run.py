@@ -67,9 +67,17 @@ def stop_on_signal(signum, frame):
 
 
 def main():
+    return supervise(run, log)
+
+
+def supervise(run, log):
+    """Run run(cleanup) until it returns, fails or a signal stops it; return the exit status.
+
+    Each server's stop is pushed on cleanup as it starts; they run in reverse
+    on the way out, whatever the way out is.
+    """
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop_on_signal)
-    # Each server's stop is pushed as it starts; they run in reverse on exit.
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(stop_stray_children)
         try:
@@ -84,20 +92,29 @@ def main():
                 signal.signal(sig, signal.SIG_IGN)
 
 
+def check_settings(log):
+    """Use the demo secret unless WEBHOOK_SECRET is set, and check the settings before anything starts.
+
+    Return whether the secret came from the environment.
+    """
+    secret_from_env = bool(os.environ.get("WEBHOOK_SECRET"))
+    if not secret_from_env:
+        os.environ["WEBHOOK_SECRET"] = DEMO_SECRET
+        log(f"WEBHOOK_SECRET is not set: using the DEMO secret '{DEMO_SECRET}' (never use it in production)")
+    try:  # the servers' URLs are known later
+        from_env({**os.environ, "DATABASE_URL": "postgresql://localhost/later", "REDIS_URL": "redis://localhost/0"})
+    except ConfigError as exc:
+        raise Failed(f"configuration: {exc}") from None
+    return secret_from_env
+
+
 def run(cleanup):
     port = os.environ["PORT"] = os.environ.get("PORT") or "8000"
     host, http_port = parse_bind(os.environ.get("BIND") or f"127.0.0.1:{port}")
     if not port_free(host, http_port):
         raise Failed(f"port {http_port} on {host} is already in use (another `make run`?); "
                      "stop that, or run with PORT=<another port>")
-    secret_from_env = bool(os.environ.get("WEBHOOK_SECRET"))
-    if not secret_from_env:
-        os.environ["WEBHOOK_SECRET"] = DEMO_SECRET
-        log(f"WEBHOOK_SECRET is not set: using the DEMO secret '{DEMO_SECRET}' (never use it in production)")
-    try:  # before starting anything; the servers' URLs are known later
-        from_env({**os.environ, "DATABASE_URL": "postgresql://localhost/later", "REDIS_URL": "redis://localhost/0"})
-    except ConfigError as exc:
-        raise Failed(f"configuration: {exc}") from None
+    secret_from_env = check_settings(log)
     external = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     if external:
         log("using DATABASE_URL and REDIS_URL from the environment (they are not stopped on exit)")
