@@ -160,16 +160,28 @@ def pipelined(pool):
         yield conn, pipeline
 
 
-def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):
-    """Apply schema.sql; it is written to be safe to apply again."""
-    conn.execute(path.read_text())
+def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
+    """Apply schema.sql; it is written to be safe to apply again.
+
+    currency is the ledger's (LEDGER_CURRENCY): the upgrade of a database
+    created before payments records it for payments whose events named none.
+    One simple query: the schema is applied whole or not at all.
+    """
+    setting = sql.SQL("SELECT set_config('webhook_ledger.currency', {}, true);\n").format(sql.Literal(currency))
+    conn.execute(setting + sql.SQL(path.read_text()))
 
 
 @click.command("init-db")
 @with_appcontext
 def init_db_command():
-    """Create the tables (idempotent)."""
-    path = current_app.config["SCHEMA_PATH"]
-    with get_pool(current_app).connection() as conn:
-        apply_schema(conn, path)
+    """Create or upgrade the tables, and the stored events' effects (idempotent)."""
+    from .ledger import recompute_effects  # the ledger imports this module
+
+    path, policy = current_app.config["SCHEMA_PATH"], current_app.config["POLICY"]
+    pool = get_pool(current_app)
+    with pool.connection() as conn:
+        apply_schema(conn, path, policy.currency)
     click.echo(f"applied {path}")
+    recomputed = recompute_effects(pool, policy)
+    if recomputed:
+        click.echo(f"recomputed the effects of {recomputed} stored events")

@@ -17,7 +17,7 @@ from . import delivery
 from .config import UnknownSource
 from .delivery import Outcome
 from .events import InvalidEvent, InvalidJSON, Unprocessable
-from .ledger import PayloadMismatch, RetryLater
+from .ledger import PayloadMismatch, PaymentMismatch, RetryLater
 from .lock import InProgress
 from .signature import SignatureError
 
@@ -44,6 +44,7 @@ ANSWERS = {
     InvalidEvent: Answer(400, "invalid_event", Outcome.REJECTED),
     Unprocessable: Answer(422, "unprocessable", Outcome.FAILED, names_event=True),
     PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH, names_event=True),
+    PaymentMismatch: Answer(409, "payment_mismatch", Outcome.PAYMENT_MISMATCH, names_event=True),
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
                        extra={"status": "in_progress"}),
     # DESIGN.md's body is the code alone: nothing about what is configured.

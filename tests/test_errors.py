@@ -60,7 +60,7 @@ def test_other_database_errors_answer_500_naming_only_their_class(make_app, conf
 # -- the same, from the real PostgreSQL ----------------------------------------
 
 def test_a_missing_table_is_a_500_with_its_class_and_sqlstate_logged(client, db, caplog):
-    db.execute("DROP TABLE ledger_credits")
+    db.execute("DROP TABLE ledger_journal")
     response = deliver(client, payment("evt_no_table"))
     assert (response.status_code, response.json) == (500, {"error": "internal"})
     assert "internal error: UndefinedTable (SQLSTATE 42P01) at " in caplog.text
