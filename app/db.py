@@ -49,11 +49,9 @@ class Pool(ConnectionPool):
     def __init__(self, conninfo, timeouts, **kwargs):
         super().__init__(conninfo, **kwargs)
         self.timeouts = timeouts
-        # pipelined()'s first statement, built once: it runs before every new event.
-        self.set_timeouts = (
-            "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in timeouts),
-            [str(int(ms)) for ms in timeouts.values()],
-        )
+        # one_query()'s first statement, built once: it runs before every delivery.
+        self.set_timeouts = "SELECT " + ", ".join(
+            f"set_config('{name}', '{int(ms)}', true)" for name, ms in timeouts.items()) + ";\n"
 
 
 def init_app(app):
@@ -147,17 +145,20 @@ def transaction(pool, read_only=False, **timeouts):
         conn.commit()
 
 
-@contextmanager
-def pipelined(pool):
-    """A pooled connection in pipeline mode, and its pipeline, with the pool's timeouts set first.
+def one_query(pool, statement, params):
+    """Run statement with the pool's timeouts in ONE message to the server; return its first row.
 
-    Until the pipeline's Sync, its statements are one implicit transaction
-    (the connection is in autocommit): committed at the Sync, rolled back
-    whole by any error. The timeouts are local to it, as transaction()'s are.
+    The timeouts and the statement travel as one simple-protocol query (the
+    parameters bound on the client): PostgreSQL runs it as one implicit
+    transaction, committed when it ends or rolled back whole by any error,
+    one round trip, and nothing of it outlives it, whatever pooler is in
+    between. The timeouts are local to it, as transaction()'s are.
     """
-    with pool.connection() as conn, conn.pipeline() as pipeline:
-        conn.execute(*pool.set_timeouts)
-        yield conn, pipeline
+    with pool.connection() as conn:
+        cursor = psycopg.ClientCursor(conn)
+        cursor.execute(pool.set_timeouts + statement, params)
+        cursor.nextset()
+        return cursor.fetchone()
 
 
 def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):

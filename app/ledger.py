@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import psycopg
 
-from .db import pipelined, transaction
+from .db import one_query, transaction
 from .delivery import Outcome
 from .events import DEFAULT_POLICY, EFFECT_VERSION, StoredBodyError, Unprocessable, effect_of, stored_event
 
@@ -90,23 +90,14 @@ def apply_event(pool, event, effect, body_sha256):
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
               "amount": effect.amount_cents, "currency": effect.currency}
     try:
-        row = _apply(pool, params)
+        row = one_query(pool, APPLY_EVENT, params)
     except psycopg.errors.DataError:
         # JSON that Python reads but jsonb cannot hold (\u0000, a lone
         # surrogate escape, a number beyond numeric's range): the bytes are
         # the event of record, so it is stored and applied without the copy.
-        row = _apply(pool, {**params, "keep_json": False})
+        row = one_query(pool, APPLY_EVENT, {**params, "keep_json": False})
     outcome, problem, stored_sha256, change, balance_after = row
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
-
-
-def _apply(pool, params):
-    # One round trip: the timeouts and the call, one implicit transaction
-    # committed at the pipeline's Sync, or rolled back whole by any error.
-    with pipelined(pool) as (conn, pipeline):
-        cursor = conn.execute(APPLY_EVENT, params)
-        pipeline.sync()
-        return cursor.fetchone()
 
 
 STORED_EVENT = """
