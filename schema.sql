@@ -207,8 +207,9 @@ CREATE OR REPLACE TRIGGER user_balances_set_opening
 --
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then for a
--- credit the user's row and the payment's key, for a refund the payment's
--- row and then its user's. A wait longer than lock_timeout ends the
+-- credit the user's row and the payment's key (an insert waits only for an
+-- uncommitted insert of the same key, whose owner holds its own user's row
+-- already), for a refund the payment's row and then its user's. A wait longer than lock_timeout ends the
 -- statement with nothing committed (503, retried).
 CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
@@ -278,33 +279,32 @@ BEGIN
     -- Decide, and change the balance.
     problem := p_problem;
     IF problem IS NULL AND p_kind = 'credit' THEN
-        SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
-        IF NOT FOUND THEN
-            SELECT u.balance_cents INTO balance_after FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
-            IF NOT FOUND THEN
-                problem := 'unknown user ' || p_user;
-            ELSIF balance_after > 9223372036854775807 - p_amount THEN
-                problem := 'credit would overflow the balance';
+        -- Credit first (its row lock serialises the user's credits), then
+        -- claim the payment's key: a twin announcing the same payment waits
+        -- on that insert, then finds it taken and takes its credit back.
+        UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
+        WHERE user_id = p_user AND balance_cents <= 9223372036854775807 - p_amount
+        RETURNING user_balances.balance_cents INTO balance_after;
+        IF FOUND THEN
+            INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)
+            VALUES (p_source, p_payment, p_user, p_amount, p_currency, p_event_id)
+            ON CONFLICT (source, payment_id) DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
+                VALUES (p_source, p_event_id, 'credit', p_payment, p_user, p_amount);
+                change := 'credit';
             ELSE
-                -- The payment's key decides: a twin announcing the same
-                -- payment waits here for this insert, then finds it.
-                INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)
-                VALUES (p_source, p_payment, p_user, p_amount, p_currency, p_event_id)
-                ON CONFLICT (source, payment_id) DO NOTHING;
-                IF FOUND THEN
-                    UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
-                    WHERE user_id = p_user RETURNING balance_cents INTO balance_after;
-                    INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
-                    VALUES (p_source, p_event_id, 'credit', p_payment, p_user, p_amount);
-                    change := 'credit';
-                ELSE
-                    SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
-                END IF;
+                UPDATE user_balances SET balance_cents = balance_cents - p_amount WHERE user_id = p_user;
+                balance_after := NULL;
             END IF;
         END IF;
-        IF problem IS NULL AND change IS NULL THEN
-            balance_after := NULL;
-            IF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (p_user, p_amount, p_currency) THEN
+        IF change IS NULL THEN
+            SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
+            IF NOT FOUND THEN
+                problem := CASE WHEN EXISTS (SELECT 1 FROM user_balances WHERE user_id = p_user)
+                                THEN 'credit would overflow the balance' ELSE 'unknown user ' || p_user END;
+            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (p_user, p_amount, p_currency)
+            THEN
                 change := 'payment_duplicate';
             ELSE
                 v_mismatch := true;

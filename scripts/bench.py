@@ -197,7 +197,7 @@ class Receiver:
 
 def check_project(conn):
     """`flask ledger verify`'s checks, and balances recomputed from the payloads alone."""
-    problems, _ = verify.check(conn)
+    problems = verify.check(conn).problems
     if problems:
         raise SystemExit("INVARIANT BROKEN:\n" + "\n".join(problems[:20]))
     dupes = conn.execute("SELECT count(*) FROM (SELECT source, event_id FROM webhook_events "

@@ -164,7 +164,7 @@ def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, c
     else:
         assert replayed.outcome == "failed" and replayed.problem == _stored(db, event_id)[4]
     with pool.connection() as conn:
-        assert verify.check(conn)[0] == []
+        assert verify.check(conn).problems == []
 
 
 # -- the effect, not the bytes ---------------------------------------------------
