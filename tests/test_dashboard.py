@@ -11,10 +11,7 @@ PENDING_*); once the app serves it, the panel must return data like any other.
 
 import json
 import logging
-import os
 import re
-import shutil
-import subprocess
 import threading
 import uuid
 
@@ -33,6 +30,7 @@ from .helpers import (
     OPENING,
     SECRET,
     UNKNOWN_USER,
+    debian_program,
     encode,
     http_post,
     payment,
@@ -152,12 +150,7 @@ def test_the_dashboard_names_only_metrics_and_outcomes_the_app_serves_or_will(se
 
 @pytest.fixture(scope="module")
 def prometheus_binary():
-    """prometheus's path; installed here if we may (root, apt-get), as tests/test_alerts.py installs promtool."""
-    found = shutil.which("prometheus")
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", PROMETHEUS_PACKAGE],
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True, timeout=600)
-        found = shutil.which("prometheus")
+    found = debian_program("prometheus", PROMETHEUS_PACKAGE)
     if not found:
         pytest.skip(f"prometheus not found and not installable here: apt-get install {PROMETHEUS_PACKAGE} (as root)")
     return found

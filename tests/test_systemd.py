@@ -11,7 +11,6 @@ applied by these tests: what runs is the unit's command and environment."""
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import ALICE, INSTALLED_SECRET, encode, http_get, http_post, payment, signed_headers
+from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, http_post, payment, signed_headers
 
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
@@ -36,7 +35,14 @@ MAX_EXPOSURE = 2.0
 # systemd's PATH for services, not the test's (which holds the checkout's venv).
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-pytestmark = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+# Debian's package of systemd-analyze and systemd-socket-activate.
+SYSTEMD_PACKAGE = "systemd"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def systemd_tools():
+    if not debian_program("systemd-analyze", SYSTEMD_PACKAGE):
+        pytest.skip(f"systemd-analyze not found and not installable here: apt-get install {SYSTEMD_PACKAGE} (as root)")
 
 
 def read_unit(text):
@@ -148,7 +154,6 @@ def test_the_service_tells_systemd_it_is_ready_and_stops_gracefully_with_a_deliv
     assert proc.returncode == 0, output
 
 
-@pytest.mark.skipif(not shutil.which("systemd-socket-activate"), reason="systemd-socket-activate not installed")
 def test_the_service_serves_the_socket_that_the_socket_unit_hands_over(service):
     command, workdir, env = service
     listen = read_unit((UNITS / SOCKET).read_text())["Socket"]["ListenStream"][0]
