@@ -19,11 +19,11 @@ from .signature import SCHEMES
 WHSEC_PREFIX = "whsec_"
 
 
-# schema.sql lives at the top of the repository (and of the Docker image),
-# beside the package, not inside it; SCHEMA_PATH overrides for other layouts,
-# a relative one taken from there too.
-TOP = Path(__file__).resolve().parent.parent
-DEFAULT_SCHEMA_PATH = TOP / "schema.sql"
+# schema.sql is kept at the top of the repository, and shipped inside this
+# package as flaskr ships its schema: app/schema.sql is a symlink to it in
+# the checkout and a copy in the wheel, so an installed host finds it from
+# any directory. SCHEMA_PATH names another file.
+DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parent / "schema.sql"
 
 
 class ConfigError(click.ClickException):
@@ -173,6 +173,11 @@ def _redis_url(name, raw):
     return url
 
 
+def _schema_path(name, raw):
+    # A relative path is taken from the current directory, as any command's file argument.
+    return Path(raw.strip()).resolve() if raw.strip() else DEFAULT_SCHEMA_PATH
+
+
 def _prepare_threshold(name, raw):
     # `off` (None to psycopg): never prepare, for poolers that cannot route
     # prepared statements (PgBouncer before 1.21 in transaction mode).
@@ -219,8 +224,8 @@ SETTINGS = {
     "LEDGER_CURRENCY": (_currency, "usd"),
     # Stripe's test-mode events (livemode false) are refused (422) unless this is true.
     "STRIPE_ACCEPT_TEST_EVENTS": (_bool, "false"),
-    # Where `flask init-db` reads the schema.
-    "SCHEMA_PATH": (lambda name, raw: TOP / _text(name, raw), "schema.sql"),
+    # Where `flask init-db` reads the schema: the package's own unless set.
+    "SCHEMA_PATH": (_schema_path, ""),
 }
 
 

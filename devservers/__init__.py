@@ -1,8 +1,10 @@
 """Throwaway servers on loopback, for the tests, `make run` and `make bench`:
 a private PostgreSQL cluster, redis-server and gunicorn, each on a free port,
-each stopped by its owner. devservers.topology adds haproxy, PgBouncer and a
-Redis Cluster, for the topology tests and `make cluster`."""
+each stopped by its owner; Prometheus, for the dashboard test.
+devservers.topology adds haproxy, PgBouncer and a Redis Cluster, for the
+topology tests and `make cluster`."""
 
+import json
 import os
 import pwd
 import shutil
@@ -11,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -198,3 +201,59 @@ class Gunicorn:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+
+class Prometheus:
+    """A Prometheus server (Debian's `prometheus`) scraping targets (host:port,
+    /metrics) every interval, its configuration and data under workdir."""
+
+    def __init__(self, workdir, targets, interval="1s", binary="prometheus"):
+        self.dir = Path(workdir)
+        self.targets = list(targets)
+        self.interval = interval
+        self.binary = binary
+        self.port = free_port()
+        self.proc = None
+
+    def start(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = {"global": {"scrape_interval": self.interval, "scrape_timeout": self.interval},
+                  "scrape_configs": [{"job_name": "webhook-ledger", "static_configs": [{"targets": self.targets}]}]}
+        (self.dir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=open(self.dir / "prometheus.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(self._ready, timeout=30, what="prometheus /-/ready")
+        return self
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited with {self.proc.returncode}: see {self.dir / 'prometheus.log'}")
+        try:
+            with urllib.request.urlopen(f"{self.base}/-/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, path, **params):
+        """GET /api/v1/<path> with params; return its `data`."""
+        url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            answer = json.load(r)
+        if answer["status"] != "success":
+            raise RuntimeError(f"prometheus: {answer}")
+        return answer["data"]
+
+    def query(self, expr):
+        """An instant query's result: a list of {metric, value}."""
+        return self.api("query", query=expr)["result"]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)

@@ -18,6 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# devservers (the throwaway servers) is test tooling, not installed with the
+# app: the scripts import it from the checkout they belong to.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import psycopg
 from run import DEMO_USER, Failed, banner, check_settings, port_free, say, supervise
 

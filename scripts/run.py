@@ -23,6 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# devservers (the throwaway servers) is test tooling, not installed with the
+# app: the scripts import it from the checkout they belong to.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import psycopg
 
 from app.config import ConfigError, from_env

@@ -3,9 +3,14 @@ Redis, the app, gunicorn, and a signer for the test's scheme. Shared helpers
 live in helpers.py."""
 
 import functools
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import uuid
 
+import psycopg
 import pytest
 import redis
 from pytest_postgresql import factories
@@ -13,9 +18,18 @@ from pytest_postgresql import factories
 from app import create_app
 from app.config import DEFAULT_SOURCE
 from app.db import DEFAULT_SCHEMA_PATH
-from devservers import Gunicorn, Postgres, Redis
+from devservers import ROOT, Gunicorn, Postgres, Redis
 
-from .helpers import OPENING, SECRETS, db_url, signed_headers, source_secret, sources_config
+from .helpers import (
+    INSTALLED_SECRET,
+    OPENING,
+    SECRETS,
+    InstalledHost,
+    db_url,
+    signed_headers,
+    source_secret,
+    sources_config,
+)
 
 
 @pytest.fixture(scope="session")
@@ -129,3 +143,54 @@ def sign(scheme, source):
     """signed_headers for the test's scheme and source, for deliveries sent to gunicorn."""
     secret = None if source == DEFAULT_SOURCE else source_secret(source, scheme)
     return functools.partial(signed_headers, scheme=scheme, secret=secret)
+
+
+# -- a pip-installed host ------------------------------------------------------
+
+# What a build reads: the checkout without its local state.
+NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", ".run", "build", "dist", "*.egg-info", "__pycache__",
+                                     ".pytest_cache", ".hypothesis")
+# pip may fetch the build backend and the dependencies (or take them from its
+# cache and PIP_FIND_LINKS): a build and a fresh install took about 10 s here.
+PIP_TIMEOUT = 600
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    """The wheel that `pip wheel` builds from a copy of the checkout (a build writes build/ and egg-info)."""
+    source = tmp_path_factory.mktemp("source") / "webhook-ledger"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_SOURCES)
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(source)],
+                          capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (built,) = out.glob("webhook_ledger-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def installed_venv(wheel, tmp_path_factory):
+    """A fresh virtualenv with the wheel and its dependencies installed, and nothing of the checkout."""
+    path = tmp_path_factory.mktemp("host") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, capture_output=True, timeout=120)
+    done = subprocess.run([str(path / "bin" / "pip"), "install", "--quiet", str(wheel)],
+                          capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return path
+
+
+@pytest.fixture
+def installed_host(installed_venv, pg_server, redis_server, tmp_path):
+    """The installed host on a fresh, empty database; its environment holds nothing of the checkout's."""
+    dbname = f"installed_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("PYTHON", "VIRTUAL_ENV", "WEBHOOK_", "FLASK_", "PROMETHEUS_"))}
+    env.update(PATH=f"{installed_venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+               DATABASE_URL=pg_server.url(dbname), REDIS_URL=redis_server.url, WEBHOOK_SECRET=INSTALLED_SECRET)
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    yield InstalledHost(installed_venv, env, workdir, pg_server.url(dbname))
+    with psycopg.connect(pg_server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{dbname}" WITH (FORCE)')

@@ -5,9 +5,14 @@ the ledger checks."""
 import base64
 import http.client
 import json
+import os
+import shutil
+import subprocess
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -252,3 +257,41 @@ def samples(text):
     """{(sample name, sorted labels): value} of a Prometheus text exposition."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# -- a host that installed the wheel (tests/test_packaging.py, test_systemd.py) ----
+
+# The default source's secret on such a host.
+INSTALLED_SECRET = "installed-host-secret"
+
+
+@dataclass(frozen=True)
+class InstalledHost:
+    """The wheel installed in a fresh virtualenv, its settings, and a working directory outside the checkout."""
+
+    venv: Path
+    env: dict
+    workdir: Path
+    db_url: str
+
+    @property
+    def gunicorn_conf(self):
+        """Where the wheel puts gunicorn's settings: setup.cfg's data_files, under the environment's prefix."""
+        return self.venv / "share" / "webhook-ledger" / "gunicorn.conf.py"
+
+    def flask(self, *args):
+        """Run `flask --app app <args>` on the host; return its output, asserting it succeeded."""
+        done = subprocess.run([str(self.venv / "bin" / "flask"), "--app", "app", *args], cwd=self.workdir,
+                              env=self.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+
+def debian_program(name, package):
+    """A program's path, its Debian package installed first if missing and we may (root, apt-get); else None."""
+    found = shutil.which(name)
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True, timeout=600)
+        found = shutil.which(name)
+    return found

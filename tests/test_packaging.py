@@ -1,0 +1,90 @@
+"""A pip-installed host: the wheel built from this checkout, installed in a
+fresh virtualenv, runs init-db, gunicorn and every `flask` command from a
+folder outside the checkout, and carries the runtime only."""
+
+import os
+import signal
+import subprocess
+import zipfile
+from pathlib import Path
+
+import psycopg
+
+from devservers import ROOT, free_port, wait_until
+
+from .helpers import ALICE, INSTALLED_SECRET, UNKNOWN_USER, encode, http_get, http_post, payment, signed_headers
+
+
+def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        schema = archive.read("app/schema.sql")
+        conf = archive.read(next(n for n in names if n.endswith(".data/data/share/webhook-ledger/gunicorn.conf.py")))
+    release = "-".join(wheel.name.split("-")[:2])  # webhook_ledger-<version>
+    assert {name.split("/")[0] for name in names} == {
+        "app", "wsgi.py", "logformat.py", f"{release}.dist-info", f"{release}.data"}, names
+    assert not [n for n in names if n.startswith(("devservers/", "tests/", "scripts/", "deploy/"))]
+    # Copies of the checkout's files, byte for byte (app/schema.sql is a symlink to the top-level one).
+    assert schema == (ROOT / "schema.sql").read_bytes()
+    assert conf == (ROOT / "gunicorn.conf.py").read_bytes()
+
+
+def test_the_installed_host_imports_the_installed_package_and_no_test_tooling(installed_host):
+    host = installed_host
+    assert ROOT not in host.workdir.parents
+    probe = "import importlib.util, app, wsgi, logformat; print(app.__file__, importlib.util.find_spec('devservers'))"
+    done = subprocess.run([str(host.venv / "bin" / "python"), "-c", probe], cwd=host.workdir, env=host.env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    location, devservers = done.stdout.split()
+    assert Path(location).is_relative_to(host.venv) and devservers == "None", done.stdout
+
+
+def test_an_installed_host_inits_its_database_serves_and_runs_every_command(installed_host):
+    host = installed_host
+    shipped = next(host.venv.glob("lib/python*/site-packages/app/schema.sql"))
+    assert host.flask("init-db").strip() == f"applied {shipped}"
+    assert host.flask("init-db").strip() == f"applied {shipped}"  # safe on every deploy
+    with psycopg.connect(host.db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [ALICE])
+
+    port = free_port()
+    server = subprocess.Popen(
+        [str(host.venv / "bin" / "gunicorn"), "-c", str(host.gunicorn_conf), "wsgi:app"], cwd=host.workdir,
+        env={**host.env, "PORT": str(port), "WEB_CONCURRENCY": "1", "GUNICORN_THREADS": "2"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: server.poll() is not None or _healthy(base), timeout=30, what="installed gunicorn")
+        assert server.poll() is None, server.stdout.read()
+        assert http_get(base, "/ready") == (200, {"status": "ok", "postgres": "ok", "redis": "ok"})
+        body = encode(payment("evt_installed", cents=700))
+        headers = signed_headers(body, INSTALLED_SECRET)
+        assert http_post(base, body, headers)[:2] == (200, {"status": "processed", "event_id": "evt_installed"})
+        assert http_post(base, body, headers)[:2] == (200, {"status": "duplicate", "event_id": "evt_installed"})
+        # A payment to a user not there yet is recorded as failed, for `events replay` below.
+        body = encode(payment("evt_later", user=UNKNOWN_USER, cents=300))
+        assert http_post(base, body, signed_headers(body, INSTALLED_SECRET))[0] == 422
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        output = server.communicate(timeout=30)[0]
+    assert server.returncode == 0, output
+
+    assert "evt_installed" in host.flask("events", "list")
+    assert "evt_later" in host.flask("events", "show", "evt_later")
+    with psycopg.connect(host.db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    assert "processed" in host.flask("events", "replay", "evt_later")
+    assert "ledger consistent" in host.flask("ledger", "verify")
+    host.flask("events", "purge")
+    host.flask("redis", "forget-done")
+    with psycopg.connect(host.db_url) as conn:
+        balances = dict(conn.execute("SELECT user_id, balance_cents FROM user_balances").fetchall())
+    assert balances == {ALICE: 700, UNKNOWN_USER: 300}
+
+
+def _healthy(base):
+    try:
+        return http_get(base, "/health", timeout=1)[0] == 200
+    except OSError:
+        return False

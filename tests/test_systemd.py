@@ -1,0 +1,185 @@
+"""deploy/systemd: the units pass `systemd-analyze verify` and score as
+hardened by `systemd-analyze security`, checked against a real virtualenv
+holding the wheel (verify insists that ExecStart exists); and the service's
+own command line, environment and stop signal, run as systemd runs them
+(readiness on NOTIFY_SOCKET, a socket handed over by socket activation),
+serve a delivery and stop gracefully with one in flight.
+
+systemd is not PID 1 here, so the hardening options themselves are not
+applied by these tests: what runs is the unit's command and environment."""
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from devservers import ROOT, free_port, wait_until
+
+from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, http_post, payment, signed_headers
+
+UNITS = ROOT / "deploy" / "systemd"
+SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
+ENV_EXAMPLE = UNITS / "webhook-ledger.env"
+# Where the units expect the virtualenv; the tests put theirs there instead.
+PREFIX = "/opt/webhook-ledger"
+# systemd-analyze security's scale: 0 (everything locked) to 10; under 2 it says "OK".
+MAX_EXPOSURE = 2.0
+# systemd's PATH for services, not the test's (which holds the checkout's venv).
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Debian's package of systemd-analyze and systemd-socket-activate.
+SYSTEMD_PACKAGE = "systemd"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def systemd_tools():
+    if not debian_program("systemd-analyze", SYSTEMD_PACKAGE):
+        pytest.skip(f"systemd-analyze not found and not installable here: apt-get install {SYSTEMD_PACKAGE} (as root)")
+
+
+def read_unit(text):
+    """{section: {key: [values]}} of a unit file (a key may repeat)."""
+    unit, section = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = unit.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        section.setdefault(key, []).append(value)
+    return unit
+
+
+@pytest.fixture
+def units(installed_venv, tmp_path):
+    """The committed units, with the test's virtualenv where they expect /opt/webhook-ledger."""
+    folder = tmp_path / "units"
+    folder.mkdir()
+    for name in (SERVICE, SOCKET):
+        (folder / name).write_text((UNITS / name).read_text().replace(PREFIX, str(installed_venv)))
+    return folder
+
+
+def test_the_units_verify_clean(units):
+    done = subprocess.run(["systemd-analyze", "verify", SERVICE, SOCKET], cwd=units,
+                          capture_output=True, text=True, timeout=60)
+    # verify exits 0 on an option it cannot parse ("ignoring"): any output is a finding.
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+def test_the_service_is_hardened(units):
+    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", SERVICE], cwd=units,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)[1])
+    assert exposure <= MAX_EXPOSURE, done.stdout
+
+
+def test_the_service_stops_after_gunicorns_graceful_timeout_not_before():
+    service = read_unit((UNITS / SERVICE).read_text())["Service"]
+    graceful = int(re.search(r"^graceful_timeout = (\d+)$", (ROOT / "gunicorn.conf.py").read_text(), re.M)[1])
+    assert service["KillMode"] == ["mixed"]  # SIGTERM to the master alone: it stops its workers
+    assert int(service["TimeoutStopSec"][0]) > graceful
+    assert service["Type"] == ["notify"] and service["RestartPreventExitStatus"] == ["78"]
+
+
+def test_the_example_environment_file_names_only_documented_settings():
+    readme = (ROOT / "README.md").read_text()
+    names = re.findall(r"^#?([A-Z][A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M)
+    assert names and all(f"| `{name}` |" in readme for name in names), names
+
+
+@pytest.fixture
+def service(installed_host, tmp_path):
+    """The service's ExecStart, working directory and environment, as systemd would give them."""
+    runtime = tmp_path / "run"  # %t; systemd makes RuntimeDirectory= under it
+    text = (UNITS / SERVICE).read_text().replace(PREFIX, str(installed_host.venv)).replace("%t", str(runtime))
+    service = read_unit(text)["Service"]
+    (runtime / service["RuntimeDirectory"][0]).mkdir(parents=True)
+    env = {"PATH": SYSTEMD_PATH, "LANG": "C.UTF-8"}
+    env.update(value.split("=", 1) for value in service.get("Environment", []))
+    # EnvironmentFile=: the host's settings (the example file's names, with this test's servers).
+    env.update({name: installed_host.env[name] for name in ("DATABASE_URL", "REDIS_URL", "WEBHOOK_SECRET")},
+               BIND=f"127.0.0.1:{free_port()}", WEB_CONCURRENCY="1", GUNICORN_THREADS="2")
+    installed_host.flask("init-db")
+    with psycopg.connect(installed_host.db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [ALICE])
+    return shlex.split(service["ExecStart"][0]), Path(service["WorkingDirectory"][0]), env
+
+
+def test_the_service_tells_systemd_it_is_ready_and_stops_gracefully_with_a_delivery_in_flight(
+        service, installed_host, tmp_path):
+    command, workdir, env = service
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(30)
+    # Room for the held row below on a busy machine: the delivery waits seconds, not the default 1 s.
+    timeouts = {"PG_LOCK_TIMEOUT_MS": "5000", "PG_STATEMENT_TIMEOUT_MS": "6000", "PG_POOL_TIMEOUT_MS": "7000"}
+    proc = subprocess.Popen(command, cwd=workdir, env={**env, **timeouts, "NOTIFY_SOCKET": str(tmp_path / "notify")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://{env['BIND']}"
+    try:
+        assert b"READY=1" in notify.recv(4096)  # Type=notify: systemd starts dependants only now
+        wait_until(lambda: _healthy(base), timeout=20, what="gunicorn /health")
+        body = encode(payment("evt_in_flight", cents=900))
+        answers = []
+        with psycopg.connect(installed_host.db_url) as holder:
+            # The delivery waits on ALICE's balance row, held here, while the master is told to stop.
+            holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
+            sender = threading.Thread(target=lambda: answers.append(
+                http_post(base, body, signed_headers(body, INSTALLED_SECRET))[:2]))
+            sender.start()
+            wait_until(lambda: _lock_waiters(installed_host.db_url) > 0, timeout=10, what="a delivery on the row")
+            os.kill(proc.pid, signal.SIGTERM)  # KillMode=mixed: the main process only
+            time.sleep(0.5)
+        sender.join(10)
+        assert answers == [(200, {"status": "processed", "event_id": "evt_in_flight"})]
+        metrics_dir = Path(env["PROMETHEUS_MULTIPROC_DIR"])
+        assert list(metrics_dir.glob("*.db")), "the workers keep their metrics in the runtime directory"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+        notify.close()
+    assert proc.returncode == 0, output
+
+
+def test_the_service_serves_the_socket_that_the_socket_unit_hands_over(service):
+    command, workdir, env = service
+    listen = read_unit((UNITS / SOCKET).read_text())["Socket"]["ListenStream"][0]
+    address = f"{listen.rsplit(':', 1)[0]}:{free_port()}"  # the unit's host, on a free port
+    # systemd-socket-activate passes on only the variables it is told to (as systemd passes the unit's).
+    setenv = [f"--setenv={name}" for name in env]
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", address, *setenv, *command], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: proc.poll() is not None or _healthy(f"http://{address}"), timeout=20,
+                   what="gunicorn on the activated socket")
+        assert proc.poll() is None
+        assert not _healthy(f"http://{env['BIND']}")  # BIND is not used when systemd passes a socket
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, output
+
+
+def _lock_waiters(url):
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]
+
+
+def _healthy(base):
+    try:
+        return http_get(base, "/health", timeout=1)[0] == 200
+    except OSError:
+        return False
