@@ -101,8 +101,11 @@ def _check_if_closed(conn):
     restart, PgBouncer stopping, a terminated backend) or sent a notice: a
     poll of the socket tells, with no round trip for the healthy ones.
     """
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
+    # poll(), not select(): select cannot watch a descriptor >= 1024
+    # (FD_SETSIZE), which a host holding many connections hands out.
+    poller = select.poll()
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    if poller.poll(0):
         ConnectionPool.check_connection(conn)
 
 

@@ -5,6 +5,7 @@ out."""
 
 import hashlib
 import os
+import resource
 import socket
 from pathlib import Path
 
@@ -216,3 +217,26 @@ def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
     assert killed and all(ok for ok, in killed)
     answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]
     assert answers == [200, 200, 200]
+
+
+def test_a_pooled_connection_whose_descriptor_is_past_1024_is_used(make_app, config):
+    """select() cannot watch a descriptor >= 1024 (FD_SETSIZE): a host holding many connections has such ones."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 1100
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit ({hard}) is under {needed}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    filler = []  # the lowest free descriptor is always the next one: fill up to 1023
+    try:
+        while len(filler) < needed and (fd := os.open(os.devnull, os.O_RDONLY)) < 1024:
+            filler.append(fd)
+        os.close(fd)
+        app = make_app({**config, "PG_POOL_SIZE": 1})
+        answer = deliver(app.test_client(), payment("evt_high_descriptor"))
+        with get_pool(app).connection() as conn:
+            assert conn.pgconn.socket >= 1024
+        assert (answer.status_code, answer.json["status"]) == (200, "processed")
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
