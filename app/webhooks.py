@@ -32,7 +32,7 @@ def receive(source):
     body = _raw_json_body(config["MAX_BODY_BYTES"])
     record.secret_index = signature.verify(sender.scheme, body, request.headers, sender.secrets, sender.tolerance)
 
-    event = parse(body, sender.scheme, request.headers, sender.name)
+    event = parse(body, sender.scheme, request.headers, sender.event_source)
     record.event_id, record.event_type = event.id, event.type
 
     record.body_sha256 = hashlib.sha256(body).digest()
