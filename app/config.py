@@ -12,6 +12,7 @@ import click
 from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
+from . import conninfo
 from .events import Policy
 from .signature import SCHEMES
 
@@ -188,8 +189,10 @@ def _database_url(name, raw):
     except ProgrammingError as exc:
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] in _LIBPQ_KEYWORDS else '"..."', str(exc).strip())
         raise ConfigError(f"{name} is not a PostgreSQL URL or key=value conninfo string: {reason}") from None
-    if not all(port.isdigit() for port in str(params.get("port", "5432")).split(",")):
-        raise ConfigError(f"{name} has a port that is not a number")
+    try:
+        conninfo.check(params)  # what libpq checks only when it connects
+    except conninfo.BadValue as exc:
+        raise ConfigError(f"{name} {exc}") from None
     return url
 
 

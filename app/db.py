@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
+from . import conninfo
 from .config import DEFAULT_SCHEMA_PATH
 
 _open_lock = threading.Lock()
@@ -57,6 +58,7 @@ class Pool(ConnectionPool):
 
 
 def init_app(app):
+    conninfo.keep_out_of_logs()
     config = app.config
     given = conninfo_to_dict(config["DATABASE_URL"])
     # open=False: the pool is opened lazily in the process that uses it, so

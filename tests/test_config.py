@@ -64,11 +64,32 @@ def test_invalid_settings_are_refused_with_their_name(override, message):
         config.from_env(environ)
 
 
+@pytest.mark.parametrize("url, message", [
+    ("postgresql://ledger:pw@s3cret@db/ledger", "DATABASE_URL has a host that is not a host name, an address or a "
+                                                "socket path \\(a password holding @, / or \\? must write it %40"),
+    ("postgresql://db/ledger?sslmode=s3cret", "DATABASE_URL has an invalid sslmode: libpq accepts disable, allow"),
+    ("host=db keepalives=s3cret", "DATABASE_URL has a keepalives that is not an integer"),
+    ("host=db connect_timeout=5s3cret", "DATABASE_URL has a connect_timeout that is not an integer"),
+    ("postgresql://db:70000/ledger", "DATABASE_URL has a port that is not a number from 1 to 65535"),
+    ("hostaddr=s3cret.internal", "DATABASE_URL has a hostaddr that is not an IP address"),
+    ("postgresql://db/ledger?target_session_attrs=s3cret", "DATABASE_URL has an invalid target_session_attrs"),
+    ("postgresql://db/ledger?require_auth=s3cret", "DATABASE_URL has an invalid require_auth"),
+    ("postgresql://db/ledger?gssencmode=s3cret", "DATABASE_URL has an invalid gssencmode"),
+])
+def test_values_libpq_refuses_only_when_connecting_are_refused_at_start_without_them(url, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        create_app({**BASE, "DATABASE_URL": url})
+    assert "s3cret" not in str(refused.value)
+
+
 @pytest.mark.parametrize("url", [
     "postgresql://ledger@db.internal/ledger", "postgres://ledger:pw@db.internal:6432/ledger?sslmode=require",
     "host=db.internal port=6432 dbname=ledger user=ledger", "postgresql://ledger@/ledger?host=/run/postgresql",
     "postgresql://db1:5432,db2:5433/ledger?target_session_attrs=read-write",
     "postgresql://db/ledger?keepalives_idle=30&tcp_user_timeout=60000",
+    "postgresql://ledger:p%40ss@db.internal/ledger", "postgresql://db1,db2:5433/ledger",
+    "host=@pg-abstract dbname=ledger", "hostaddr=10.0.0.5,::1 host=a,b dbname=ledger",
+    "postgresql://my_db/ledger?sslmode=verify-full&target_session_attrs=prefer-standby&require_auth=!password",
 ])
 def test_database_urls_that_libpq_accepts_are_accepted(url):
     assert config.from_env({**BASE, "DATABASE_URL": url})["DATABASE_URL"] == url
@@ -93,6 +114,9 @@ def test_prepare_threshold_is_an_integer_or_off(raw, threshold):
     ("DATABASE_URL", "postgresql://ledger:pg-s3cret@[::1/ledger"),
     ("DATABASE_URL", "host=db password=pg-s3cret garbage"),
     ("DATABASE_URL", "postgresql://ledger:pg-s3cret@db:pg-s3cret/ledger"),
+    # libpq's parser reads an unescaped @ as the end of the password: the rest becomes the host.
+    ("DATABASE_URL", "postgresql://ledger:pg@s3cret@db/ledger"),
+    ("DATABASE_URL", "postgresql://ledger:pg/s3cret@db/ledger"),
     ("REDIS_URL", "http://:pg-s3cret@cache/0"),
     ("REDIS_URL", "redis://:pg-s3cret@cache:pg-s3cret/0"),
 ])

@@ -4,6 +4,7 @@ TCP keepalives, prepared statements can be switched off, and a connection that d
 out."""
 
 import hashlib
+import logging
 import os
 import resource
 import socket
@@ -240,3 +241,14 @@ def test_a_pooled_connection_whose_descriptor_is_past_1024_is_used(make_app, con
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_psycopgs_log_lines_hold_no_value_of_the_database_url(make_app, config, db, caplog):
+    """libpq quotes the role, database or host it failed on, and psycopg_pool logs it on every attempt."""
+    url = f"postgresql://s3cret-role:s3cret-password@{db.info.host}:{db.info.port}/s3cret-database"
+    app = make_app({**config, "DATABASE_URL": url, "PG_POOL_TIMEOUT_MS": 1000})
+    with caplog.at_level(logging.INFO, logger="psycopg"):
+        assert app.test_client().get("/ready").status_code == 503
+    lines = [record.getMessage() for record in caplog.records if record.name.startswith("psycopg")]
+    assert any("error connecting" in line and "does not exist" in line for line in lines), lines
+    assert [line for line in lines if "s3cret" in line or "\n" in line] == []
