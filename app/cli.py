@@ -10,13 +10,22 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
 from .config import DEFAULT_SOURCE
-from .db import get_pool, transaction
+from .db import get_pool, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .redis_client import reason_of
 
-events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
-ledger_group = AppGroup("ledger", help="Check the ledger.")
-redis_group = AppGroup("redis", help="Redis's copies of what PostgreSQL knows.")
+
+class Commands(AppGroup):
+    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable."""
+
+    def invoke(self, ctx):
+        with unavailable_in_one_line():
+            return super().invoke(ctx)
+
+
+events = Commands("events", help="Inspect, replay and purge stored webhook events.")
+ledger_group = Commands("ledger", help="Check the ledger.")
+redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """

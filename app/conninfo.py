@@ -96,9 +96,14 @@ class Redact(logging.Filter):
             message = record.msg % args if args else str(record.msg)
         except (TypeError, ValueError):
             message = str(record.msg)
-        record.msg, record.args = " ".join(QUOTED.sub("...", message).split()), None
+        record.msg, record.args = redacted(message), None
         record.exc_info = record.exc_text = None  # no traceback: its text repeats the message
         return True
+
+
+def redacted(message):
+    """message on one line, without its quoted values."""
+    return " ".join(QUOTED.sub("...", message).split())
 
 
 def _safe(arg):

@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from . import conninfo
+from . import conninfo, deadline
 from .config import DEFAULT_SCHEMA_PATH
 
 _open_lock = threading.Lock()
@@ -45,16 +45,28 @@ TCP_SETTINGS = {
 
 
 class Pool(ConnectionPool):
-    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms)."""
+    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms).
+
+    Its connections wait for the server no longer than their statement
+    timeout and a margin (deadline.py): a frozen server is a 503, not a hang.
+    """
 
     def __init__(self, conninfo, timeouts, **kwargs):
-        super().__init__(conninfo, **kwargs)
+        super().__init__(conninfo, connection_class=deadline.Connection, configure=self._configure, **kwargs)
         self.timeouts = timeouts
+        self.deadline = deadline.seconds(timeouts["statement_timeout"])
         # pipelined()'s first statement, built once: it runs before every new event.
         self.set_timeouts = (
             "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in timeouts),
             [str(int(ms)) for ms in timeouts.values()],
         )
+
+    def _configure(self, conn):
+        conn.deadline = self.deadline  # first: the statement below is bounded too
+        # The worker's pid in pg_stat_activity tells an operator (and the crash
+        # test) which gunicorn worker holds a backend. Through PgBouncer it names
+        # the server connection only until another client's transaction uses it.
+        conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
 
 
 def init_app(app):
@@ -87,7 +99,6 @@ def init_app(app):
             "prepare_threshold": config["PG_PREPARE_THRESHOLD"],
             **{name: value for name, value in TCP_SETTINGS.items() if name not in given},
         },
-        configure=_name_connection,
         # A connection that died while idle (a restarted server or pooler) is
         # replaced before it is handed out, not used for a delivery that
         # would then answer 503.
@@ -109,13 +120,6 @@ def _check_if_closed(conn):
     poller.register(conn.pgconn.socket, select.POLLIN)
     if poller.poll(0):
         ConnectionPool.check_connection(conn)
-
-
-def _name_connection(conn):
-    # The worker's pid in pg_stat_activity tells an operator (and the crash
-    # test) which gunicorn worker holds a backend. Through PgBouncer it names
-    # the server connection only until another client's transaction uses it.
-    conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
 
 
 def get_pool(app):
@@ -141,15 +145,20 @@ def transaction(pool, read_only=False, **timeouts):
         sql.SQL("; SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(int(ms)))
         for name, ms in {**pool.timeouts, **timeouts}.items())
     with pool.connection() as conn:
-        conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
+        if "statement_timeout" in timeouts:  # the client's deadline follows it, for this transaction
+            conn.deadline = deadline.seconds(timeouts["statement_timeout"])
         try:
-            yield conn
-        except BaseException:
-            if not conn.broken:  # a lost connection has nothing to roll back; the pool discards it
-                with suppress(psycopg.Error):  # the body's exception is the one to see
-                    conn.rollback()
-            raise
-        conn.commit()
+            conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
+            try:
+                yield conn
+            except BaseException:
+                if not conn.closed:  # a lost connection has nothing to roll back; the pool discards it
+                    with suppress(psycopg.Error):  # the body's exception is the one to see
+                        conn.rollback()
+                raise
+            conn.commit()
+        finally:
+            conn.deadline = pool.deadline
 
 
 @contextmanager
@@ -165,6 +174,16 @@ def pipelined(pool):
         yield conn, pipeline
 
 
+@contextmanager
+def unavailable_in_one_line():
+    """For a `flask` command: PostgreSQL unreachable, timed out or frozen ends it with one line (exit 1)."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        reason = conninfo.redacted(f"{type(exc).__name__}: {exc}")
+        raise click.ClickException(f"database unavailable: {reason}") from None
+
+
 def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):
     """Apply schema.sql; it is written to be safe to apply again."""
     conn.execute(path.read_text())
@@ -175,6 +194,6 @@ def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):
 def init_db_command():
     """Create the tables (idempotent)."""
     path = current_app.config["SCHEMA_PATH"]
-    with get_pool(current_app).connection() as conn:
+    with unavailable_in_one_line(), get_pool(current_app).connection() as conn:
         apply_schema(conn, path)
     click.echo(f"applied {path}")
