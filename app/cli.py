@@ -10,7 +10,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
 from .config import DEFAULT_SOURCE
-from .db import get_pool, transaction, unavailable_in_one_line
+from .db import get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .redis_client import reason_of
 
@@ -183,7 +183,9 @@ def purge_events(days, include_failed, force, batch_size, source):
 @ledger_group.command("verify")
 def verify_ledger():
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
-    with get_pool(current_app).connection() as conn:  # check() runs its own read-only snapshot
+    pool = get_pool(current_app)
+    # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
+    with pool.connection() as conn, statement_timeout(pool, conn, 0):
         problems, (users, stored, credits) = verify.check(conn, current_app.config["POLICY"])
     if problems:
         for problem in problems:

@@ -11,8 +11,6 @@ import ipaddress
 import logging
 import re
 
-import psycopg
-
 # libpq's enumerated parameters and the values it accepts (PostgreSQL 18's
 # libpq; older ones accept a subset, and refuse the keyword itself if new).
 CHOICES = {
@@ -75,8 +73,10 @@ def _is_address(text):
 # -- psycopg's own log lines ----------------------------------------------------
 
 # Quoted text in psycopg's and libpq's messages is a value of the conninfo
-# (host, user, database) or of a row: kept out, the reason around it kept.
-QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+# (host, user, database) or of a row, and so is the description in the repr
+# of a connection or a pipeline, "(host=... user=... database=...)": kept
+# out, the reason around them kept.
+VALUES = re.compile(r"\"[^\"]*\"|'[^']*'|\((?:\w+=\S*\s?)+\)")
 LOGGERS = ("psycopg", "psycopg.pool")
 
 
@@ -103,15 +103,11 @@ class Redact(logging.Filter):
 
 def redacted(message):
     """message on one line, without its quoted values."""
-    return " ".join(QUOTED.sub("...", message).split())
+    return " ".join(VALUES.sub("...", message).split())
 
 
 def _safe(arg):
-    if isinstance(arg, psycopg.Connection):
-        return "a connection"
-    if isinstance(arg, BaseException):
-        return f"{type(arg).__name__}: {arg}"
-    return arg
+    return f"{type(arg).__name__}: {arg}" if isinstance(arg, BaseException) else arg
 
 
 REDACT = Redact()

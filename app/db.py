@@ -144,21 +144,27 @@ def transaction(pool, read_only=False, **timeouts):
     settings = sql.SQL("").join(
         sql.SQL("; SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(int(ms)))
         for name, ms in {**pool.timeouts, **timeouts}.items())
-    with pool.connection() as conn:
-        if "statement_timeout" in timeouts:  # the client's deadline follows it, for this transaction
-            conn.deadline = deadline.seconds(timeouts["statement_timeout"])
+    statement_ms = {**pool.timeouts, **timeouts}["statement_timeout"]
+    with pool.connection() as conn, statement_timeout(pool, conn, statement_ms):
+        conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
         try:
-            conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
-            try:
-                yield conn
-            except BaseException:
-                if not conn.closed:  # a lost connection has nothing to roll back; the pool discards it
-                    with suppress(psycopg.Error):  # the body's exception is the one to see
-                        conn.rollback()
-                raise
-            conn.commit()
-        finally:
-            conn.deadline = pool.deadline
+            yield conn
+        except BaseException:
+            if not conn.closed:  # a lost connection has nothing to roll back; the pool discards it
+                with suppress(psycopg.Error):  # the body's exception is the one to see
+                    conn.rollback()
+            raise
+        conn.commit()
+
+
+@contextmanager
+def statement_timeout(pool, conn, ms):
+    """conn's client-side deadline (deadline.py) follows a statement timeout of ms (0: none), then the pool's again."""
+    conn.deadline = deadline.seconds(ms)
+    try:
+        yield conn
+    finally:
+        conn.deadline = pool.deadline
 
 
 @contextmanager

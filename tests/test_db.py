@@ -15,6 +15,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
+from app.deadline import MARGIN_MS
 
 from .helpers import ALICE, OPENING, deliver, encode, payment, sources_config
 
@@ -252,3 +253,15 @@ def test_psycopgs_log_lines_hold_no_value_of_the_database_url(make_app, config, 
     lines = [record.getMessage() for record in caplog.records if record.name.startswith("psycopg")]
     assert any("error connecting" in line and "does not exist" in line for line in lines), lines
     assert [line for line in lines if "s3cret" in line or "\n" in line] == []
+
+
+def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app, config):
+    """A running server cancels a long statement itself (a clean error); a transaction without a statement
+    timeout (`flask ledger verify`'s) is not cut by the client either."""
+    pool = get_pool(make_app({**config, "PG_STATEMENT_TIMEOUT_MS": 200, "PG_LOCK_TIMEOUT_MS": 100}))
+    with pytest.raises(psycopg.errors.QueryCanceled), transaction(pool) as conn:
+        conn.execute("SELECT pg_sleep(3)")
+    with transaction(pool, statement_timeout=0) as conn:
+        conn.execute("SELECT pg_sleep(%s)", [(200 + MARGIN_MS) / 1000 + 0.3])
+    with pool.connection() as conn:
+        assert conn.deadline == (200 + MARGIN_MS) / 1000  # the pool's again
