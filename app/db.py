@@ -47,19 +47,23 @@ TCP_SETTINGS = {
 class Pool(ConnectionPool):
     """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms).
 
-    Its connections wait for the server no longer than their statement
-    timeout and a margin (deadline.py): a frozen server is a 503, not a hang.
+    Its connections wait for an answer no longer than a pooler's queue, a
+    statement and a margin (deadline.py): a frozen server is a 503, not a hang.
     """
 
     def __init__(self, conninfo, timeouts, **kwargs):
         super().__init__(conninfo, connection_class=deadline.Connection, configure=self._configure, **kwargs)
         self.timeouts = timeouts
-        self.deadline = deadline.seconds(timeouts["statement_timeout"])
+        self.deadline = self.deadline_under(timeouts["statement_timeout"])
         # pipelined()'s first statement, built once: it runs before every new event.
         self.set_timeouts = (
             "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in timeouts),
             [str(int(ms)) for ms in timeouts.values()],
         )
+
+    def deadline_under(self, statement_timeout_ms):
+        """Its connections' deadline (seconds) under statement_timeout_ms: its own timeout is a pooler's queue's."""
+        return deadline.seconds(self.timeout * 1000, statement_timeout_ms)
 
     def _configure(self, conn):
         conn.deadline = self.deadline  # first: the statement below is bounded too
@@ -160,7 +164,7 @@ def transaction(pool, read_only=False, **timeouts):
 @contextmanager
 def statement_timeout(pool, conn, ms):
     """conn's client-side deadline (deadline.py) follows a statement timeout of ms (0: none), then the pool's again."""
-    conn.deadline = deadline.seconds(ms)
+    conn.deadline = pool.deadline_under(ms)
     try:
         yield conn
     finally:

@@ -12,8 +12,8 @@ the wait raises NotAnswering, an OperationalError (503 for a delivery and
 import psycopg
 from psycopg import errors
 
-# Past statement_timeout, the time a running server takes to cancel the
-# statement and send the error; well under a sender's own timeout.
+# Past the pooler's queue and statement_timeout: the network's share, and
+# the time a running server takes to cancel a statement and say so.
 MARGIN_MS = 1000
 
 
@@ -21,9 +21,13 @@ class NotAnswering(psycopg.OperationalError):
     """PostgreSQL did not answer within the deadline; the connection was closed."""
 
 
-def seconds(statement_timeout_ms):
-    """The deadline of a wait under statement_timeout_ms; None (no bound) when the statement has none."""
-    return (statement_timeout_ms + MARGIN_MS) / 1000 if statement_timeout_ms else None
+def seconds(queue_ms, statement_timeout_ms):
+    """The longest a healthy server takes to answer one round trip; None (no bound) when statements have none.
+
+    A wait in a pooler's queue first (PgBouncer's query_wait_timeout, set as
+    the app's own pool timeout, queue_ms), then the statement, then MARGIN_MS.
+    """
+    return (queue_ms + statement_timeout_ms + MARGIN_MS) / 1000 if statement_timeout_ms else None
 
 
 class Connection(psycopg.Connection):
