@@ -16,6 +16,7 @@ from psycopg.pq import TransactionStatus
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.deadline import MARGIN_MS
+from devservers import wait_until
 
 from .helpers import ALICE, OPENING, deliver, encode, payment, sources_config
 
@@ -217,6 +218,10 @@ def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
     killed = db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                         " WHERE application_name LIKE 'webhook-ledger:%%'").fetchall()
     assert killed and all(ok for ok, in killed)
+    # pg_terminate_backend only signals: wait until the backends are gone, as after a restart.
+    wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity"
+                                  " WHERE application_name LIKE 'webhook-ledger:%%'").fetchone()[0] == 0,
+               what="terminated backends gone")
     answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]
     assert answers == [200, 200, 200]
 
