@@ -154,7 +154,7 @@ def transaction(pool, read_only=False, **timeouts):
         try:
             yield conn
         except BaseException:
-            if not conn.closed:  # a lost connection has nothing to roll back; the pool discards it
+            if not conn.broken:  # a lost connection has nothing to roll back; the pool discards it
                 with suppress(psycopg.Error):  # the body's exception is the one to see
                     conn.rollback()
             raise
