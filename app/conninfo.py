@@ -77,7 +77,7 @@ def _is_address(text):
 # of a connection or a pipeline, "(host=... user=... database=...)": kept
 # out, the reason around them kept.
 VALUES = re.compile(r"\"[^\"]*\"|'[^']*'|\((?:\w+=\S*\s?)+\)")
-LOGGERS = ("psycopg", "psycopg.pool")
+LOGGERS = ("psycopg", "psycopg.pool", "psycopg_pool.sched")  # each logger: a filter is not inherited
 
 
 class Redact(logging.Filter):
