@@ -10,13 +10,22 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
 from .config import DEFAULT_SOURCE
-from .db import get_pool, transaction
+from .db import get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .redis_client import reason_of
 
-events = AppGroup("events", help="Inspect, replay and purge stored webhook events.")
-ledger_group = AppGroup("ledger", help="Check the ledger.")
-redis_group = AppGroup("redis", help="Redis's copies of what PostgreSQL knows.")
+
+class Commands(AppGroup):
+    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable."""
+
+    def invoke(self, ctx):
+        with unavailable_in_one_line():
+            return super().invoke(ctx)
+
+
+events = Commands("events", help="Inspect, replay and purge stored webhook events.")
+ledger_group = Commands("ledger", help="Check the ledger.")
+redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """
@@ -176,7 +185,9 @@ def purge_events(days, include_failed, force, batch_size, source):
 @ledger_group.command("verify")
 def verify_ledger():
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
-    with get_pool(current_app).connection() as conn:  # check() runs its own read-only snapshot
+    pool = get_pool(current_app)
+    # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
+    with pool.connection() as conn, statement_timeout(pool, conn, 0):
         report = verify.check(conn, current_app.config["POLICY"])
     for line in report.problems + report.below_zero:
         click.echo(line)

@@ -12,11 +12,18 @@ import click
 from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
+from . import conninfo
 from .events import Policy
 from .signature import SCHEMES
 
 # Standard Webhooks secrets are written whsec_<base64 of the key>.
 WHSEC_PREFIX = "whsec_"
+# The shortest HMAC key accepted (under standard-webhooks, once decoded).
+# A captured delivery lets anyone search for the key offline (its signature
+# is an HMAC of bytes they have); 16 bytes can carry 128 bits, out of reach
+# of such a search. Providers issue longer ones: Stripe whsec_ + 32
+# characters, Standard Webhooks keys of 24 to 64 bytes, GitHub any string.
+MIN_SECRET_BYTES = 16
 
 
 # schema.sql is kept at the top of the repository, and shipped inside this
@@ -50,17 +57,27 @@ DEFAULT_SOURCE = "default"
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key>.
-SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS")
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM")
 
 
 @dataclass(frozen=True)
 class Source:
-    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window."""
+    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window.
+
+    moved_from names the source whose events these are (WEBHOOK_<NAME>_MOVED_FROM):
+    a provider moved to this route keeps its events' identity, (source, id).
+    """
 
     name: str
     scheme: str
     secrets: tuple
     tolerance: int
+    moved_from: str | None = None
+
+    @property
+    def event_source(self):
+        """The source its events are stored, locked and deduplicated under."""
+        return self.moved_from or self.name
 
 
 # name -> (parser, default). A default of None means the setting is required.
@@ -80,11 +97,38 @@ def _int(minimum, why=""):
 
 
 def _secrets(name, raw):
+    """One secret, or several separated by commas (rotation); spaces around each are ignored.
+
+    A comma always separates: a secret cannot hold one. `\\,` is refused, not
+    read as an escape, and so is an empty entry, so that no list is read
+    otherwise than it was written.
+    """
     # Read as a string, never JSON-parsed: a digits-only secret stays a secret.
-    secrets = [s.strip() for s in raw.split(",") if s.strip()]
-    if not secrets:
+    entries = [s.strip() for s in raw.split(",")]
+    if not any(entries):
         raise ConfigError(f"{name} is empty; set at least one signing secret")
-    return tuple(s.encode("utf-8") for s in secrets)
+    if "\\," in raw:
+        raise ConfigError(f"{name} holds \\, but a comma cannot be escaped: it always separates two secrets")
+    for index, secret in enumerate(entries):
+        if not secret:
+            raise ConfigError(f"{name} entry {index} (counted from 0) is empty: a comma always separates two secrets")
+    return tuple(s.encode("utf-8") for s in entries)
+
+
+def _long_enough(name, keys, unit="bytes"):
+    """Refuse a key shorter than MIN_SECRET_BYTES; the message names it by index, never by value."""
+    for index, key in enumerate(keys):
+        if len(key) < MIN_SECRET_BYTES:
+            split = " (a comma always separates two secrets)" if len(keys) > 1 else ""
+            raise ConfigError(f"{name} entry {index} (counted from 0) is shorter than {MIN_SECRET_BYTES} {unit}{split}")
+    return keys
+
+
+def _keys(name, secrets, scheme):
+    """The HMAC keys of a parsed secrets setting, as its scheme uses them (decoded under standard-webhooks)."""
+    if scheme == "standard-webhooks":
+        return _long_enough(name, _whsec_keys(name, secrets), f"bytes once decoded from {WHSEC_PREFIX}<base64>")
+    return _long_enough(name, secrets)
 
 
 def _scheme(name, raw):
@@ -145,8 +189,10 @@ def _database_url(name, raw):
     except ProgrammingError as exc:
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] in _LIBPQ_KEYWORDS else '"..."', str(exc).strip())
         raise ConfigError(f"{name} is not a PostgreSQL URL or key=value conninfo string: {reason}") from None
-    if not all(port.isdigit() for port in str(params.get("port", "5432")).split(",")):
-        raise ConfigError(f"{name} has a port that is not a number")
+    try:
+        conninfo.check(params)  # what libpq checks only when it connects
+    except conninfo.BadValue as exc:
+        raise ConfigError(f"{name} {exc}") from None
     return url
 
 
@@ -244,9 +290,10 @@ def from_env(environ=None):
         config[name] = parse(name, raw)
     if config["REDIS_CLUSTER"]:
         _cluster_url(urlsplit(config["REDIS_URL"]))
-    if config["WEBHOOK_SECRET"] is not None and config["WEBHOOK_SIGNATURE_SCHEME"] == "standard-webhooks":
-        config["WEBHOOK_SECRET"] = _whsec_keys("WEBHOOK_SECRET", config["WEBHOOK_SECRET"])
+    if config["WEBHOOK_SECRET"] is not None:
+        config["WEBHOOK_SECRET"] = _keys("WEBHOOK_SECRET", config["WEBHOOK_SECRET"], config["WEBHOOK_SIGNATURE_SCHEME"])
     config["SOURCES"] = _sources(config, named, environ)
+    _refuse_shared_secrets(config["SOURCES"])
     config["POLICY"] = Policy(config["LEDGER_CURRENCY"], config["STRIPE_ACCEPT_TEST_EVENTS"])
     return config
 
@@ -270,14 +317,48 @@ def _sources(config, named, environ):
         if raw_secret is None:
             raise ConfigError(f"{prefix}SECRET is required for source {name!r} (named in WEBHOOK_SOURCES)")
         scheme = _scheme(prefix + "SCHEME", environ.get(prefix + "SCHEME", name if name in SCHEMES else "hmac-sha256"))
-        secrets = _secrets(prefix + "SECRET", raw_secret)
-        if scheme == "standard-webhooks":
-            secrets = _whsec_keys(prefix + "SECRET", secrets)
+        secrets = _keys(prefix + "SECRET", _secrets(prefix + "SECRET", raw_secret), scheme)
         tolerance = environ.get(prefix + "TOLERANCE_SECONDS")
         tolerance = (config["WEBHOOK_TOLERANCE_SECONDS"] if tolerance is None
                      else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", tolerance))
-        sources[name] = Source(name, scheme, secrets, tolerance)
+        moved_from = environ.get(prefix + "MOVED_FROM")
+        sources[name] = Source(name, scheme, secrets, tolerance,
+                               None if moved_from is None else _moved_from(prefix + "MOVED_FROM", moved_from, name))
+    for source in sources.values():
+        earlier = sources.get(source.moved_from)
+        if earlier is not None and earlier.moved_from is not None:
+            # One step, so that a source's events have one name whatever route they came by.
+            raise ConfigError(f"{_prefix(source.name)}MOVED_FROM names {earlier.name!r}, itself moved from "
+                              f"{earlier.moved_from!r}: write {earlier.moved_from}")
     return sources
+
+
+def _moved_from(name, raw, source):
+    """The name of the source a provider was moved from; it need not be served any more."""
+    old = raw.strip()
+    if old != DEFAULT_SOURCE and not SOURCE_NAME.fullmatch(old):
+        raise ConfigError(f"{name}: {old!r} is not a source name (1-64 lowercase letters, digits and -)")
+    if old == source:
+        raise ConfigError(f"{name} names the source itself")
+    return old
+
+
+def _refuse_shared_secrets(sources):
+    """Refuse a key that verifies for two sources with different events: one delivery would be credited twice."""
+    owners = {}
+    for source in sources.values():
+        for key in source.secrets:
+            other = owners.setdefault(key, source)
+            if other.event_source != source.event_source:
+                raise ConfigError(
+                    f"{_secret_setting(other.name)} and {_secret_setting(source.name)} share a secret: a delivery "
+                    f"signed with it would be credited once per source; give each its own, or, to move a provider "
+                    f"from {other.name!r} to {source.name!r}, "
+                    f"set {_prefix(source.name)}MOVED_FROM={other.event_source}")
+
+
+def _secret_setting(source):
+    return "WEBHOOK_SECRET" if source == DEFAULT_SOURCE else f"{_prefix(source)}SECRET"
 
 
 def _whsec_keys(name, secrets):

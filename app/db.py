@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
+from . import conninfo, deadline
 from .config import DEFAULT_SCHEMA_PATH
 
 _open_lock = threading.Lock()
@@ -44,17 +45,34 @@ TCP_SETTINGS = {
 
 
 class Pool(ConnectionPool):
-    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms)."""
+    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms).
+
+    Its connections wait for an answer no longer than a pooler's queue, a
+    statement and a margin (deadline.py): a frozen server is a 503, not a hang.
+    """
 
     def __init__(self, conninfo, timeouts, **kwargs):
-        super().__init__(conninfo, **kwargs)
+        super().__init__(conninfo, connection_class=deadline.Connection, configure=self._configure, **kwargs)
         self.timeouts = timeouts
+        self.deadline = self.deadline_under(timeouts["statement_timeout"])
         # one_query()'s first statement, built once: it runs before every delivery.
         self.set_timeouts = "SELECT " + ", ".join(
             f"set_config('{name}', '{int(ms)}', true)" for name, ms in timeouts.items()) + ";\n"
 
+    def deadline_under(self, statement_timeout_ms):
+        """Its connections' deadline (seconds) under statement_timeout_ms: its own timeout is a pooler's queue's."""
+        return deadline.seconds(self.timeout * 1000, statement_timeout_ms)
+
+    def _configure(self, conn):
+        conn.deadline = self.deadline  # first: the statement below is bounded too
+        # The worker's pid in pg_stat_activity tells an operator (and the crash
+        # test) which gunicorn worker holds a backend. Through PgBouncer it names
+        # the server connection only until another client's transaction uses it.
+        conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
+
 
 def init_app(app):
+    conninfo.keep_out_of_logs()
     config = app.config
     given = conninfo_to_dict(config["DATABASE_URL"])
     # open=False: the pool is opened lazily in the process that uses it, so
@@ -83,7 +101,6 @@ def init_app(app):
             "prepare_threshold": config["PG_PREPARE_THRESHOLD"],
             **{name: value for name, value in TCP_SETTINGS.items() if name not in given},
         },
-        configure=_name_connection,
         # A connection that died while idle (a restarted server or pooler) is
         # replaced before it is handed out, not used for a delivery that
         # would then answer 503.
@@ -99,16 +116,12 @@ def _check_if_closed(conn):
     restart, PgBouncer stopping, a terminated backend) or sent a notice: a
     poll of the socket tells, with no round trip for the healthy ones.
     """
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:
+    # poll(), not select(): select cannot watch a descriptor >= 1024
+    # (FD_SETSIZE), which a host holding many connections hands out.
+    poller = select.poll()
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    if poller.poll(0):
         ConnectionPool.check_connection(conn)
-
-
-def _name_connection(conn):
-    # The worker's pid in pg_stat_activity tells an operator (and the crash
-    # test) which gunicorn worker holds a backend. Through PgBouncer it names
-    # the server connection only until another client's transaction uses it.
-    conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
 
 
 def get_pool(app):
@@ -133,7 +146,8 @@ def transaction(pool, read_only=False, **timeouts):
     settings = sql.SQL("").join(
         sql.SQL("; SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(int(ms)))
         for name, ms in {**pool.timeouts, **timeouts}.items())
-    with pool.connection() as conn:
+    statement_ms = {**pool.timeouts, **timeouts}["statement_timeout"]
+    with pool.connection() as conn, statement_timeout(pool, conn, statement_ms):
         conn.execute(sql.SQL(begin) + settings)  # no parameters: one simple query
         try:
             yield conn
@@ -143,6 +157,16 @@ def transaction(pool, read_only=False, **timeouts):
                     conn.rollback()
             raise
         conn.commit()
+
+
+@contextmanager
+def statement_timeout(pool, conn, ms):
+    """conn's client-side deadline (deadline.py) follows a statement timeout of ms (0: none), then the pool's again."""
+    conn.deadline = pool.deadline_under(ms)
+    try:
+        yield conn
+    finally:
+        conn.deadline = pool.deadline
 
 
 def one_query(pool, statement, params):
@@ -159,6 +183,16 @@ def one_query(pool, statement, params):
         cursor.execute(pool.set_timeouts + statement, params)
         cursor.nextset()
         return cursor.fetchone()
+
+
+@contextmanager
+def unavailable_in_one_line():
+    """For a `flask` command: PostgreSQL unreachable, timed out or frozen ends it with one line (exit 1)."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        reason = conninfo.redacted(f"{type(exc).__name__}: {exc}")
+        raise click.ClickException(f"database unavailable: {reason}") from None
 
 
 def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
@@ -180,9 +214,10 @@ def init_db_command():
 
     path, policy = current_app.config["SCHEMA_PATH"], current_app.config["POLICY"]
     pool = get_pool(current_app)
-    with pool.connection() as conn:
-        apply_schema(conn, path, policy.currency)
-    click.echo(f"applied {path}")
-    recomputed = recompute_effects(pool, policy)
+    with unavailable_in_one_line():
+        with pool.connection() as conn:
+            apply_schema(conn, path, policy.currency)
+        click.echo(f"applied {path}")
+        recomputed = recompute_effects(pool, policy)
     if recomputed:
         click.echo(f"recomputed the effects of {recomputed} stored events")

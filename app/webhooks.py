@@ -32,7 +32,7 @@ def receive(source):
     body = _raw_json_body(config["MAX_BODY_BYTES"])
     record.secret_index = signature.verify(sender.scheme, body, request.headers, sender.secrets, sender.tolerance)
 
-    event = parse(body, sender.scheme, request.headers, sender.name)
+    event = parse(body, sender.scheme, request.headers, sender.event_source)
     effect = effect_of(event, config["POLICY"])
     record.event_id, record.event_type, record.payment_id = event.id, event.type, effect.payment_id
 

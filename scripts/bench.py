@@ -52,7 +52,7 @@ ONLY = [name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if 
 DURATION = 3 if QUICK else 8  # seconds per wrk run
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 WRK_THREADS = 2
-SECRET = "bench-secret"
+SECRET = "bench-secret-0123456789"
 # The peer's schema.sql seeds users md5('user-<n>'); both ledgers get these 100.
 USERS = [uuid.UUID(hashlib.md5(f"user-{n}".encode()).hexdigest()) for n in range(1, 101)]
 # Enough distinct new events that no run wraps around at 12k req/s.

@@ -138,7 +138,7 @@ def source_prefix(name):
 
 def source_secret(name, scheme):
     """A named source's own test secret, shared with no other source, written as its provider issues one."""
-    return secret_for(scheme, f"{name}-test-secret-0123456789")
+    return secret_for(scheme, f"{name}-source-test-secret-0123456789")
 
 
 def sources_config(config, sources, **settings):

@@ -11,7 +11,7 @@ from app.config import ConfigError, Source
 from devservers import ROOT
 
 BASE = {"DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0",
-        "WEBHOOK_SECRET": "s"}
+        "WEBHOOK_SECRET": "default-secret-0123456789"}
 
 
 def test_defaults_match_the_readme():
@@ -19,7 +19,7 @@ def test_defaults_match_the_readme():
     assert parsed["LOCK_TTL_MS"] == 10000
     assert parsed["MAX_BODY_BYTES"] == 1048576
     assert parsed["WEBHOOK_SIGNATURE_SCHEME"] == "hmac-sha256"
-    assert parsed["WEBHOOK_SECRET"] == (b"s",)
+    assert parsed["WEBHOOK_SECRET"] == (b"default-secret-0123456789",)
     assert parsed["WEBHOOK_TOLERANCE_SECONDS"] == 300
     assert parsed["REDIS_CLUSTER"] is False
     assert parsed["PG_PREPARE_THRESHOLD"] == 5  # psycopg's own default
@@ -64,11 +64,32 @@ def test_invalid_settings_are_refused_with_their_name(override, message):
         config.from_env(environ)
 
 
+@pytest.mark.parametrize("url, message", [
+    ("postgresql://ledger:pw@s3cret@db/ledger", "DATABASE_URL has a host that is not a host name, an address or a "
+                                                "socket path \\(a password holding @, / or \\? must write it %40"),
+    ("postgresql://db/ledger?sslmode=s3cret", "DATABASE_URL has an invalid sslmode: libpq accepts disable, allow"),
+    ("host=db keepalives=s3cret", "DATABASE_URL has a keepalives that is not an integer"),
+    ("host=db connect_timeout=5s3cret", "DATABASE_URL has a connect_timeout that is not an integer"),
+    ("postgresql://db:70000/ledger", "DATABASE_URL has a port that is not a number from 1 to 65535"),
+    ("hostaddr=s3cret.internal", "DATABASE_URL has a hostaddr that is not an IP address"),
+    ("postgresql://db/ledger?target_session_attrs=s3cret", "DATABASE_URL has an invalid target_session_attrs"),
+    ("postgresql://db/ledger?require_auth=s3cret", "DATABASE_URL has an invalid require_auth"),
+    ("postgresql://db/ledger?gssencmode=s3cret", "DATABASE_URL has an invalid gssencmode"),
+])
+def test_values_libpq_refuses_only_when_connecting_are_refused_at_start_without_them(url, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        create_app({**BASE, "DATABASE_URL": url})
+    assert "s3cret" not in str(refused.value)
+
+
 @pytest.mark.parametrize("url", [
     "postgresql://ledger@db.internal/ledger", "postgres://ledger:pw@db.internal:6432/ledger?sslmode=require",
     "host=db.internal port=6432 dbname=ledger user=ledger", "postgresql://ledger@/ledger?host=/run/postgresql",
     "postgresql://db1:5432,db2:5433/ledger?target_session_attrs=read-write",
     "postgresql://db/ledger?keepalives_idle=30&tcp_user_timeout=60000",
+    "postgresql://ledger:p%40ss@db.internal/ledger", "postgresql://db1,db2:5433/ledger",
+    "host=@pg-abstract dbname=ledger", "hostaddr=10.0.0.5,::1 host=a,b dbname=ledger",
+    "postgresql://my_db/ledger?sslmode=verify-full&target_session_attrs=prefer-standby&require_auth=!password",
 ])
 def test_database_urls_that_libpq_accepts_are_accepted(url):
     assert config.from_env({**BASE, "DATABASE_URL": url})["DATABASE_URL"] == url
@@ -93,6 +114,9 @@ def test_prepare_threshold_is_an_integer_or_off(raw, threshold):
     ("DATABASE_URL", "postgresql://ledger:pg-s3cret@[::1/ledger"),
     ("DATABASE_URL", "host=db password=pg-s3cret garbage"),
     ("DATABASE_URL", "postgresql://ledger:pg-s3cret@db:pg-s3cret/ledger"),
+    # libpq's parser reads an unescaped @ as the end of the password: the rest becomes the host.
+    ("DATABASE_URL", "postgresql://ledger:pg@s3cret@db/ledger"),
+    ("DATABASE_URL", "postgresql://ledger:pg/s3cret@db/ledger"),
     ("REDIS_URL", "http://:pg-s3cret@cache/0"),
     ("REDIS_URL", "redis://:pg-s3cret@cache:pg-s3cret/0"),
 ])
@@ -103,25 +127,54 @@ def test_a_bad_url_is_refused_without_repeating_its_password(name, url):
 
 
 def test_secrets_are_comma_separated_and_stripped():
-    assert config.from_env({**BASE, "WEBHOOK_SECRET": " a ,b,"})["WEBHOOK_SECRET"] == (b"a", b"b")
+    parsed = config.from_env({**BASE, "WEBHOOK_SECRET": " new-secret-0123456789 ,old-secret-0123456789"})
+    assert parsed["WEBHOOK_SECRET"] == (b"new-secret-0123456789", b"old-secret-0123456789")
+
+
+LONG = "a-secret-of-16-b"  # MIN_SECRET_BYTES exactly
+
+
+@pytest.mark.parametrize("scheme, secrets, message", [
+    ("hmac-sha256", "s", "WEBHOOK_SECRET entry 0 .* is shorter than 16 bytes$"),
+    ("github", LONG[:-1], "WEBHOOK_SECRET entry 0 .* is shorter than 16 bytes$"),
+    ("stripe", f"{LONG},whsec_short", "entry 1 .* shorter than 16 bytes \\(a comma always separates two secrets\\)"),
+    ("standard-webhooks", "whsec_" + base64.b64encode(b"k" * 15).decode(),
+     "entry 0 .* shorter than 16 bytes once decoded"),
+    # A secret holding a comma would be split in two weaker ones: the syntax leaves no doubt, and refuses the rest.
+    ("hmac-sha256", f"{LONG},,{LONG}", "WEBHOOK_SECRET entry 1 .* is empty: a comma always separates two secrets"),
+    ("hmac-sha256", f"{LONG},", "WEBHOOK_SECRET entry 1 .* is empty"),
+    ("hmac-sha256", f"{LONG}\\,{LONG}", "WEBHOOK_SECRET holds \\\\, but a comma cannot be escaped"),
+])
+def test_short_secrets_and_ambiguous_lists_are_refused_without_echoing_them(scheme, secrets, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": scheme, "WEBHOOK_SECRET": secrets})
+    assert LONG not in str(refused.value) and "short" not in str(refused.value).replace("shorter", "")
+
+
+def test_the_shortest_secret_accepted_is_16_bytes_of_key():
+    decoded = "whsec_" + base64.b64encode(b"k" * 16).decode()
+    assert config.from_env({**BASE, "WEBHOOK_SECRET": LONG})["WEBHOOK_SECRET"] == (LONG.encode(),)
+    assert config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks",
+                            "WEBHOOK_SECRET": decoded})["WEBHOOK_SECRET"] == (b"k" * 16,)
 
 
 @pytest.mark.parametrize("scheme", ["hmac-sha256", "stripe", "github"])
 def test_secrets_are_used_as_written_outside_standard_webhooks(scheme):
     # Stripe's whsec_ secret is itself the HMAC key; it is not base64-decoded.
-    parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": scheme, "WEBHOOK_SECRET": "whsec_abc=,k"})
-    assert parsed["WEBHOOK_SECRET"] == (b"whsec_abc=", b"k")
+    parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": scheme,
+                              "WEBHOOK_SECRET": "whsec_abcdefghijkl=,k0123456789abcdef"})
+    assert parsed["WEBHOOK_SECRET"] == (b"whsec_abcdefghijkl=", b"k0123456789abcdef")
 
 
 def test_standard_webhooks_secrets_are_decoded_at_start_up():
     parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks",
-                              "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_YWI"})
-    assert parsed["WEBHOOK_SECRET"] == (base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), b"ab")
+                              "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_YS1zZWNyZXQtb2YtMTYtYg"})
+    assert parsed["WEBHOOK_SECRET"] == (base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), b"a-secret-of-16-b")
 
 
 @pytest.mark.parametrize("secrets, message", [
     ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "entry 0 .* must be written whsec_<base64>"),
-    ("whsec_YWI, c2VjcmV0", "entry 1 .* must be written whsec_<base64>"),
+    ("whsec_YS1zZWNyZXQtb2YtMTYtYg, c2VjcmV0", "entry 1 .* must be written whsec_<base64>"),
     ("whsec_not*base64", "entry 0 .* is not valid base64"),
     ("whsec_YWJjZ", "entry 0 .* is not valid base64"),
     ("whsec_", "entry 0 .* empty key"),
@@ -135,23 +188,24 @@ def test_bad_standard_webhooks_secret_is_refused_without_echoing_it(secrets, mes
 
 def test_named_sources_are_parsed_with_their_own_settings():
     parsed = config.from_env({**BASE, "WEBHOOK_SOURCES": " stripe , billing-eu ,", "WEBHOOK_TOLERANCE_SECONDS": "60",
-                              "WEBHOOK_STRIPE_SECRET": "whsec_new, whsec_old", "WEBHOOK_BILLING_EU_SECRET": "0042",
+                              "WEBHOOK_STRIPE_SECRET": "whsec_new_0123456789, whsec_old_0123456789",
+                              "WEBHOOK_BILLING_EU_SECRET": "0042000000000000",
                               "WEBHOOK_BILLING_EU_SCHEME": "github", "WEBHOOK_BILLING_EU_TOLERANCE_SECONDS": "9"})
     assert parsed["SOURCES"] == {
-        "default": Source("default", "hmac-sha256", (b"s",), 60),
-        "stripe": Source("stripe", "stripe", (b"whsec_new", b"whsec_old"), 60),
-        "billing-eu": Source("billing-eu", "github", (b"0042",), 9),
+        "default": Source("default", "hmac-sha256", (BASE["WEBHOOK_SECRET"].encode(),), 60),
+        "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60),
+        "billing-eu": Source("billing-eu", "github", (b"0042000000000000",), 9),
     }
 
 
 def test_without_its_secret_the_default_source_is_off_when_named_sources_are_set():
     environ = {name: value for name, value in BASE.items() if name != "WEBHOOK_SECRET"}
-    parsed = config.from_env({**environ, "WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "b"})
+    parsed = config.from_env({**environ, "WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "billing-secret-0123"})
     assert parsed["WEBHOOK_SECRET"] is None
     assert set(parsed["SOURCES"]) == {"billing"}
 
 
-NAMED = {"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "b"}
+NAMED = {"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "billing-secret-0123"}
 
 
 @pytest.mark.parametrize("override, message", [
@@ -185,9 +239,11 @@ def test_timeouts_that_do_not_nest_are_reported():
 
 @pytest.mark.parametrize("override, message", [
     ({}, "WEBHOOK_SECRET is required but not set"),
-    ({"WEBHOOK_SECRET": "s", "WEBHOOK_TOLERANCE_SECONDS": "0"}, "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
+    ({"WEBHOOK_SECRET": BASE["WEBHOOK_SECRET"], "WEBHOOK_TOLERANCE_SECONDS": "0"},
+     "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
     ({"WEBHOOK_SECRET": "plain", "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks"}, "must be written whsec_"),
-    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "s"}, "WEBHOOK_GITHUB_SECRET is required"),
+    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "whsec_0123456789abcdef"},
+     "WEBHOOK_GITHUB_SECRET is required"),
     ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
 ])
 def test_wsgi_refuses_to_load_with_one_line_and_gunicorns_boot_error(override, message):
@@ -197,3 +253,39 @@ def test_wsgi_refuses_to_load_with_one_line_and_gunicorns_boot_error(override, m
     assert result.returncode == 3  # gunicorn's WORKER_BOOT_ERROR: its master stops (tests/test_startup.py)
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert result.stderr.startswith("webhook-ledger: configuration error: ")
+
+
+# -- one secret, one source: a delivery verifies for one source's events only --
+
+SHARED = "shared-secret-0123456789"
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"WEBHOOK_SECRET": f"default-secret-0123456789,{SHARED}", "WEBHOOK_SOURCES": "billing",
+      "WEBHOOK_BILLING_SECRET": SHARED}, "WEBHOOK_SECRET and WEBHOOK_BILLING_SECRET share a secret: .* "
+                                         "set WEBHOOK_BILLING_MOVED_FROM=default"),
+    # Whatever the schemes: hmac-sha256 and github sign the same bytes the same way.
+    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": SHARED, "WEBHOOK_GITHUB_SECRET": f" {SHARED}"},
+     "WEBHOOK_STRIPE_SECRET and WEBHOOK_GITHUB_SECRET share a secret"),
+    ({"WEBHOOK_SOURCES": "a,b", "WEBHOOK_A_SECRET": SHARED, "WEBHOOK_B_SECRET": SHARED, "WEBHOOK_A_MOVED_FROM": "old"},
+     "WEBHOOK_A_SECRET and WEBHOOK_B_SECRET share a secret: .* set WEBHOOK_B_MOVED_FROM=old"),
+    ({**NAMED, "WEBHOOK_BILLING_MOVED_FROM": "Default"}, "WEBHOOK_BILLING_MOVED_FROM: 'Default' is not a source name"),
+    ({**NAMED, "WEBHOOK_BILLING_MOVED_FROM": "billing"}, "WEBHOOK_BILLING_MOVED_FROM names the source itself"),
+    ({"WEBHOOK_SOURCES": "a,b", "WEBHOOK_A_SECRET": SHARED, "WEBHOOK_B_SECRET": "b-secret-0123456789",
+      "WEBHOOK_A_MOVED_FROM": "default", "WEBHOOK_B_MOVED_FROM": "a"},
+     "WEBHOOK_B_MOVED_FROM names 'a', itself moved from 'default': write default"),
+])
+def test_a_secret_shared_by_two_sources_stops_the_app_with_one_line_naming_both(override, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        create_app({**BASE, **override})
+    assert "\n" not in str(refused.value) and SHARED not in str(refused.value)
+
+
+def test_a_moved_source_shares_the_old_sources_events_and_may_share_its_secret():
+    parsed = config.from_env({**BASE, "WEBHOOK_SECRET": SHARED, "WEBHOOK_SOURCES": "stripe,github",
+                              "WEBHOOK_STRIPE_SECRET": SHARED, "WEBHOOK_STRIPE_MOVED_FROM": " default ",
+                              "WEBHOOK_GITHUB_SECRET": "github-secret-0123456789", "WEBHOOK_GITHUB_MOVED_FROM": "gone"})
+    sources = parsed["SOURCES"]
+    assert [(s.name, s.event_source) for s in sources.values()] == [
+        ("default", "default"), ("stripe", "default"), ("github", "gone")]  # the old source need not be served
+    assert sources["stripe"].moved_from == "default" and sources["default"].moved_from is None

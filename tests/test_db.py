@@ -5,7 +5,9 @@ out."""
 
 import hashlib
 import json
+import logging
 import os
+import resource
 import socket
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
+from app.deadline import MARGIN_MS
 
 from .helpers import ALICE, BOB, OPENING, SECRETS, balance, deliver, encode, payment, sources_config
 
@@ -296,3 +299,51 @@ def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
     assert killed and all(ok for ok, in killed)
     answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]
     assert answers == [200, 200, 200]
+
+
+def test_a_pooled_connection_whose_descriptor_is_past_1024_is_used(make_app, config):
+    """select() cannot watch a descriptor >= 1024 (FD_SETSIZE): a host holding many connections has such ones."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 1100
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit ({hard}) is under {needed}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    filler = []  # the lowest free descriptor is always the next one: fill up to 1023
+    try:
+        while len(filler) < needed and (fd := os.open(os.devnull, os.O_RDONLY)) < 1024:
+            filler.append(fd)
+        os.close(fd)
+        app = make_app({**config, "PG_POOL_SIZE": 1})
+        answer = deliver(app.test_client(), payment("evt_high_descriptor"))
+        with get_pool(app).connection() as conn:
+            assert conn.pgconn.socket >= 1024
+        assert (answer.status_code, answer.json["status"]) == (200, "processed")
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_psycopgs_log_lines_hold_no_value_of_the_database_url(make_app, config, db, caplog):
+    """libpq quotes the role, database or host it failed on, and psycopg_pool logs it on every attempt."""
+    url = f"postgresql://s3cret-role:s3cret-password@{db.info.host}:{db.info.port}/s3cret-database"
+    app = make_app({**config, "DATABASE_URL": url, "PG_POOL_TIMEOUT_MS": 1000})
+    with caplog.at_level(logging.INFO, logger="psycopg"):
+        assert app.test_client().get("/ready").status_code == 503
+    lines = [record.getMessage() for record in caplog.records if record.name.startswith("psycopg")]
+    assert any("error connecting" in line and "does not exist" in line for line in lines), lines
+    assert [line for line in lines if "s3cret" in line or "\n" in line] == []
+
+
+def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app, config):
+    """A running server cancels a long statement itself (a clean error); a transaction without a statement
+    timeout (`flask ledger verify`'s) is not cut by the client either."""
+    pool = get_pool(make_app({**config, "PG_STATEMENT_TIMEOUT_MS": 200, "PG_LOCK_TIMEOUT_MS": 100,
+                              "PG_POOL_TIMEOUT_MS": 300}))
+    bound = (300 + 200 + MARGIN_MS) / 1000  # a pooler's queue (PG_POOL_TIMEOUT_MS), the statement, the margin
+    with pytest.raises(psycopg.errors.QueryCanceled), transaction(pool) as conn:
+        conn.execute("SELECT pg_sleep(%s)", [bound + 1])
+    with transaction(pool, statement_timeout=0) as conn:
+        conn.execute("SELECT pg_sleep(%s)", [bound + 0.3])
+    with pool.connection() as conn:
+        assert conn.deadline == bound  # the pool's again

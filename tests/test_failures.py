@@ -4,6 +4,8 @@ PostgreSQL down. Real servers throughout; each test owns what it breaks."""
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -12,8 +14,9 @@ import psycopg
 import pytest
 
 from app.db import apply_schema
+from app.deadline import MARGIN_MS
 from app.lock import lock_key
-from devservers import Postgres, Redis, wait_until
+from devservers import ROOT, Postgres, Redis, wait_until
 
 from .helpers import (
     ALICE,
@@ -279,3 +282,80 @@ def test_postgres_slow_is_503_after_the_lock_timeout_and_commits_nothing(client,
         assert not redis_client.exists(lock_key("evt_pg_slow"))
     assert deliver(client, event).json["status"] == "processed"
     assert balance(db) == 1020
+
+
+# -- PostgreSQL frozen: the server answers nothing, its kernel still ACKs -----
+
+@pytest.fixture
+def freeze(own_postgres):
+    """Stop every process of own_postgres with SIGSTOP, as a hung storage layer stops them; thawed after.
+
+    Returns a function that freezes it, and thaws it when called with thaw=True.
+    Each backend is a session of its own: the postmaster first, then each child.
+    """
+    frozen = []
+
+    def freeze_or_thaw(thaw=False):
+        if thaw:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            frozen.clear()
+            return
+        postmaster = int((own_postgres.data / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGSTOP)
+        frozen.append(postmaster)
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        for pid in map(int, children):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+    yield freeze_or_thaw
+    freeze_or_thaw(thaw=True)
+
+
+# Small timeouts, so that the test is short; the bound is derived from them.
+FROZEN_TIMEOUTS = {"PG_LOCK_TIMEOUT_MS": 500, "PG_STATEMENT_TIMEOUT_MS": 1000, "PG_POOL_TIMEOUT_MS": 1500}
+# The pool's wait, then one round trip's deadline (a pooler's queue, bounded as the pool's wait, the
+# statement, deadline.MARGIN_MS), then slack for a shared host.
+FROZEN_BOUND_S = (1500 + 1500 + 1000 + MARGIN_MS) / 1000 + 1.5
+
+
+def test_frozen_postgres_is_503_within_a_bound_and_the_cli_says_so_in_one_line(make_app, config, own_postgres,
+                                                                               redis_client, freeze):
+    settings = {**config, **FROZEN_TIMEOUTS, "DATABASE_URL": own_postgres.url(), "PG_POOL_SIZE": 2}
+    client = make_app(settings).test_client()
+    assert deliver(client, payment("evt_before_the_freeze", cents=1)).json["status"] == "processed"
+    assert client.get("/ready").status_code == 200  # connections now pooled, their sockets idle
+    freeze()
+
+    frozen_event = payment("evt_while_frozen", cents=10)
+    for ask in [lambda: deliver(client, frozen_event)] * 3 + [lambda: client.get("/ready")] * 2:
+        thread, result = _in_thread(_timed, ask)
+        thread.join(FROZEN_BOUND_S + 5)
+        assert not thread.is_alive(), "no answer: the request hangs on the frozen server"
+        response, seconds = result["value"]
+        assert (response.status_code, response.json.get("error") or response.json["status"]) in [
+            (503, "unavailable")], response.json
+        assert "Retry-After" in response.headers
+        assert seconds < FROZEN_BOUND_S, seconds
+
+    env = {"PATH": os.environ["PATH"], **{name: str(value) for name, value in settings.items()}}
+    for command in (["events", "list"], ["ledger", "verify"], ["init-db"]):
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *command], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=FROZEN_BOUND_S + 30)
+        assert time.monotonic() - started < FROZEN_BOUND_S + 5  # the interpreter's start on a shared host
+        assert done.returncode == 1 and done.stdout == "", done
+        assert done.stderr.startswith("Error: database unavailable: ") and done.stderr.count("\n") == 1, done
+        assert own_postgres.url().split("@")[0] not in done.stderr
+
+    # Thawed: the frozen delivery's statements may have been committed after
+    # its 503 (they were sent); the provider's retry finds it, credited once.
+    freeze(thaw=True)
+    answers = []
+    wait_until(lambda: answers.append(deliver(client, frozen_event)) or answers[-1].status_code == 200,
+               timeout=20, interval=0.2, what="recovery")
+    assert answers[-1].json["status"] in ("processed", "duplicate")
+    with psycopg.connect(own_postgres.url()) as conn:
+        assert balance(conn) == 1011
+        assert_ledger_consistent(conn)

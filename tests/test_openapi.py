@@ -50,7 +50,9 @@ def signed(kwargs):
 def test_generated_requests_get_only_documented_answers(gunicorn, db, mode):
     # The document's example source is served too, with the default source's
     # scheme and secret: the examples that name it get every answer, not only 404.
-    server = gunicorn(workers=1, threads=4, WEBHOOK_SOURCES="billing", WEBHOOK_BILLING_SECRET=SECRET)
+    # Sharing a secret, it must share the default source's events (MOVED_FROM).
+    server = gunicorn(workers=1, threads=4, WEBHOOK_SOURCES="billing", WEBHOOK_BILLING_SECRET=SECRET,
+                      WEBHOOK_BILLING_MOVED_FROM="default")
     schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json")
     session = requests.Session()
 

@@ -262,7 +262,7 @@ def test_malformed_signature_headers_are_401_in_general_terms(client, db, scheme
 
 @TIMESTAMPED
 def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, caplog):
-    new, old = secret_for(scheme, "new-secret"), secret_for(scheme, "old-secret")
+    new, old = secret_for(scheme, "new-secret-0123456789"), secret_for(scheme, "old-secret-0123456789")
     client = make_app({**config, "WEBHOOK_SECRET": f"{new},{old}"}).test_client()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
         assert deliver(client, payment(cents=1), secret=[old, new]).json["status"] == "processed"

@@ -154,9 +154,38 @@ def test_a_secret_of_one_source_does_not_verify_on_another(make_app, config, db,
     assert post_delivery(client, body, headers, source=signed_for).json["status"] == "processed"
 
 
+# -- a provider moved from one source to another --------------------------------
+
+@pytest.mark.parametrize("redis_state", ["up", "flushed", "down"])
+def test_a_provider_moved_to_a_named_source_is_not_credited_again(make_app, config, db, redis_client, redis_state):
+    """WEBHOOK_<NAME>_MOVED_FROM: the new route's events are the old source's, so what the provider re-sends,
+    on either route, is a duplicate; PostgreSQL decides, with Redis up, flushed or down."""
+    secret = SECRETS["hmac-sha256"]  # the provider keeps its secret when it is moved
+    before = make_app(config).test_client()
+    sent_before = payment("evt_sent_before_the_move", cents=100)
+    assert deliver(before, sent_before).json["status"] == "processed"
+
+    moved = sources_config(config, {"stripe": "hmac-sha256"}, WEBHOOK_STRIPE_SECRET=secret,
+                           WEBHOOK_STRIPE_MOVED_FROM=DEFAULT_SOURCE)
+    if redis_state == "down":
+        moved["REDIS_URL"] = "redis://127.0.0.1:1/0"
+    after = make_app(moved).test_client()
+    if redis_state == "flushed":
+        redis_client.flushall()
+    assert deliver(after, sent_before, secret=secret, source="stripe").json["status"] == "duplicate"
+    sent_after = payment("evt_sent_after_the_move", cents=10)
+    assert deliver(after, sent_after, secret=secret, source="stripe").json["status"] == "processed"
+    for source in ("stripe", DEFAULT_SOURCE):  # both routes, while the old one is still served
+        for event in (sent_before, sent_after):
+            assert deliver(after, event, secret=secret, source=source).json["status"] == "duplicate"
+    assert balance(db) == 1110
+    assert (event_rows(db, DEFAULT_SOURCE), event_rows(db, "stripe")) == (2, 0)
+    assert_ledger_consistent(db)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_rotation_is_per_source_and_the_log_names_the_secret_index(make_app, config, db, scheme, caplog):
-    new, old, retired = (secret_for(scheme, seed) for seed in ("new-secret", "old-secret", "retired-secret"))
+    new, old, retired = (secret_for(scheme, f"{seed}-secret-0123456789") for seed in ("new", "old", "retired"))
     app_config = sources_config(config, {"rotating": scheme, "steady": scheme},
                                 WEBHOOK_ROTATING_SECRET=f"{new},{old}",
                                 WEBHOOK_STEADY_SECRET=source_secret("steady", scheme))

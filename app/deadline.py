@@ -1,0 +1,49 @@
+"""A client-side bound on every wait for PostgreSQL.
+
+PostgreSQL's own timeouts (statement_timeout, lock_timeout) hold only while
+the server runs. A frozen server (SIGSTOP, a storage layer that hangs)
+enforces none of them, and its kernel still acknowledges TCP, so neither
+keepalives nor tcp_user_timeout end the wait. The client bounds it instead:
+a connection whose answer has not come within its deadline is closed, and
+the wait raises NotAnswering, an OperationalError (503 for a delivery and
+/ready, one line for a `flask` command).
+"""
+
+import psycopg
+from psycopg import errors
+
+# Past the pooler's queue and statement_timeout: the network's share, and
+# the time a running server takes to cancel a statement and say so.
+MARGIN_MS = 1000
+
+
+class NotAnswering(psycopg.OperationalError):
+    """PostgreSQL did not answer within the deadline; the connection was closed."""
+
+
+def seconds(queue_ms, statement_timeout_ms):
+    """The longest a healthy server takes to answer one round trip; None (no bound) when statements have none.
+
+    A wait in a pooler's queue first (PgBouncer's query_wait_timeout, set as
+    the app's own pool timeout, queue_ms), then the statement, then MARGIN_MS.
+    """
+    return (queue_ms + statement_timeout_ms + MARGIN_MS) / 1000 if statement_timeout_ms else None
+
+
+class Connection(psycopg.Connection):
+    """psycopg's connection, each of whose waits for the server ends after `deadline` seconds (None: never)."""
+
+    deadline = None
+
+    def wait(self, gen, *args, **kwargs):
+        # Every round trip after the connection is made comes through here
+        # (execute, a pipeline's sync, commit); connect_timeout bounds the connection itself.
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.deadline
+        try:
+            return super().wait(gen, *args, **kwargs)
+        except errors._WaitTimeout:  # psycopg's, documented by Connection.wait
+            # Mid-exchange, the connection cannot be used again: closed, as
+            # psycopg closes one whose cancelled query never ended.
+            self.pgconn.finish()
+            raise NotAnswering(f"PostgreSQL did not answer within {kwargs['timeout']:g} s") from None
