@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import psycopg
 from flask import current_app, jsonify
+from gunicorn.http.errors import ParseException as MalformedRequest
 from werkzeug.exceptions import HTTPException
 
 from . import delivery
@@ -46,6 +47,10 @@ ANSWERS = {
     PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH, names_event=True),
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
                        extra={"status": "in_progress"}),
+    # gunicorn reads a chunked body as the view asks for it, so its framing
+    # errors (a chunk size that is not hexadecimal, a chunk without its CRLF,
+    # a bad extension or trailer) reach the app: the sender's fault, not a bug.
+    MalformedRequest: Answer(400, "bad_request", Outcome.REJECTED, "malformed chunked request body"),
     # DESIGN.md's body is the code alone: nothing about what is configured.
     UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Transient: nothing was committed, and the sender's retry will find the

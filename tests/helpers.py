@@ -5,7 +5,9 @@ the ledger checks."""
 import base64
 import http.client
 import json
+import socket
 import threading
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -173,6 +175,29 @@ def http_get(base, path, timeout=10):
     return _request(base, "GET", path, timeout=timeout)[:2]
 
 
+def raw_exchange(base, data, timeout=10):
+    """Send data (bytes: a whole request, well formed or not) on a new connection, and read until the server
+    closes it or timeout; return (status, parsed JSON body) of the first answer, or (None, None) for none."""
+    parts = urlsplit(base)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        return read_answer(sock)
+
+
+def read_answer(sock):
+    """(status, parsed JSON body) of the answer on sock, read until the server closes; (None, None) if none came."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    if not received:
+        return None, None
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
 def burst(bases, body, headers, copies=50, source=None):
     """Send copies of one delivery to source at the same instant, spread over bases; return every answer."""
     barrier = threading.Barrier(copies)
@@ -213,6 +238,12 @@ def assert_ledger_consistent(conn):
     for user, opening in OPENING.items():
         assert balance(conn, user) == opening + credits.get(user, 0), user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
+
+
+def scrape(base):
+    """samples() of a real server's GET /metrics."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        return samples(response.read().decode())
 
 
 def samples(text):
