@@ -108,8 +108,23 @@ def on_starting(server):
         on_exit(server)
         sys.exit(EX_CONFIG)
     # Counts left by an earlier run would be added to this one's.
-    for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "*.db")):
+    for path in glob.glob(os.path.join(_metrics_dir(), "*.db")):
         os.remove(path)
+
+
+def post_fork(server, worker):
+    # A worker cannot boot without its metrics folder, and gunicorn's master
+    # stops when one fails to: a /tmp cleaner that removed it would take the
+    # host down at the next worker restart. So each new worker makes it again
+    # (the counts of the files removed are lost: Prometheus sees a reset).
+    _metrics_dir()
+
+
+def _metrics_dir():
+    """PROMETHEUS_MULTIPROC_DIR, made if it is missing."""
+    path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def _settings_problem():

@@ -99,7 +99,10 @@ def init_app(app):
 def scrape():
     """The Prometheus text exposition of every worker's metrics."""
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Removed under us (a /tmp cleaner): the counts in it are gone, but a
+        # scrape still answers, with what the workers write from now on.
+        os.makedirs(path, mode=0o700, exist_ok=True)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:
