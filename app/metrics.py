@@ -47,7 +47,8 @@ class Metrics:
             "webhook_ledger_delivery_duration_seconds", "Time from request to answer of a delivery, by outcome",
             ["source", "outcome"], buckets=LATENCY_BUCKETS, registry=registry)
         self.unknown_source = Counter(
-            "webhook_ledger_unknown_source_requests", "Requests to /api/webhooks/<source> naming no configured source",
+            "webhook_ledger_unknown_source_requests",
+            "Requests under /api/webhooks that reach no configured source: an unknown name, no route, not a POST",
             registry=registry)
         self.reserialised = Counter(
             "webhook_ledger_reserialised_deliveries",

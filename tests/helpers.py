@@ -154,7 +154,8 @@ def sources_config(config, sources, **settings):
 
 # -- HTTP to a real server ------------------------------------------------------
 
-def _request(base, method, path, body=None, headers=None, timeout=30):
+def http_request(base, method, path, body=None, headers=None, timeout=30):
+    """method path; return (status, parsed JSON body, headers). Raises on connection errors."""
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
@@ -167,12 +168,12 @@ def _request(base, method, path, body=None, headers=None, timeout=30):
 
 def http_post(base, body, headers, timeout=30, source=None):
     """POST body to source's path; return (status, parsed JSON body, headers). Raises on connection errors."""
-    return _request(base, "POST", source_path(source), body, headers, timeout)
+    return http_request(base, "POST", source_path(source), body, headers, timeout)
 
 
 def http_get(base, path, timeout=10):
     """GET path; return (status, parsed JSON body)."""
-    return _request(base, "GET", path, timeout=timeout)[:2]
+    return http_request(base, "GET", path, timeout=timeout)[:2]
 
 
 def raw_exchange(base, data, timeout=10):
