@@ -20,7 +20,9 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # and 4x2 were slower); re-measured after the logging and Redis changes, 4x2
 # and 8x1 were not better beyond the shared machine's noise.
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
-worker_class = "gthread"
+# gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
+# senders that stall mid-request no longer hold every thread (gunicorn_worker.py).
+worker_class = "gunicorn_worker.ThreadWorker"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
 # Under gthread this is a heartbeat, not a limit on a request: the master
 # restarts a worker whose main loop has not checked in for 30 s (a worker
@@ -99,7 +101,7 @@ _SETTINGS_PACKAGE = "_webhook_ledger_settings"
 
 
 def on_starting(server):
-    problem = _settings_problem()
+    problem = _settings_problem() or _read_timeout_problem()
     if problem:
         # One line, naming the setting; no worker is started. Measured: left to
         # the workers (wsgi.py exits 3), 4 workers print it 4 times and
@@ -150,6 +152,16 @@ def _settings_problem():
     finally:
         for name in [m for m in sys.modules if m == _SETTINGS_PACKAGE or m.startswith(f"{_SETTINGS_PACKAGE}.")]:
             del sys.modules[name]
+
+
+def _read_timeout_problem():
+    import gunicorn_worker  # here, not above: the working directory is on sys.path only now
+
+    try:
+        gunicorn_worker.read_timeout(os.environ)
+    except ValueError as exc:
+        return f"configuration error: {exc}"
+    return None
 
 
 def child_exit(server, worker):

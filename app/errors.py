@@ -12,7 +12,7 @@ from typing import NamedTuple
 import psycopg
 from flask import current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
 from . import delivery
 from .config import UnknownSource
@@ -83,6 +83,7 @@ _CODES = {
     400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "too_large",
     415: "unsupported_media_type",
 }
@@ -120,6 +121,10 @@ def _domain_error(exc):
 
 
 def _http_error(exc):
+    if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
+        # Werkzeug's word for a body read that failed: here, because the body did not arrive
+        # within the server's deadline (gunicorn_worker.py). The connection is closed after.
+        exc = RequestTimeout("the request body did not arrive in time")
     error = _CODES.get(exc.code, "http_error")
     record = delivery.current()
     if record is not None:
