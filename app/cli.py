@@ -32,8 +32,8 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           c.user_id, c.amount_cents, c.created_at
-    FROM webhook_events e LEFT JOIN ledger_credits c USING (source, event_id)
+           j.kind, j.payment_id, j.user_id, j.amount_cents, j.created_at
+    FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
 FAILED_EVENTS = """
@@ -92,7 +92,7 @@ def show_event(event_id, source):
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
     (src, eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
-     body, credit_user, credit_cents, credited_at) = row
+     body, kind, payment_id, user, cents, changed_at) = row
     if body is None:
         kept = "not kept (stored before the upgrade that keeps them)"
     else:
@@ -102,7 +102,8 @@ def show_event(event_id, source):
         ("last error", error or "-"), ("mismatches", f"{mismatches} (last {_utc(mismatch_at)})"),
         ("payload sha256", sha256.hex()), ("stored bytes", kept),
         ("received", _utc(created)), ("updated", _utc(updated)), ("completed", _utc(completed)),
-        ("credit", f"{credit_cents} cents to {credit_user} at {_utc(credited_at)}" if credit_user else "-"),
+        ("balance change", f"{kind} of payment {payment_id}: {cents:+} cents to {user} at {_utc(changed_at)}"
+                           if kind else "-"),
     ]
     for name, value in fields:
         click.echo(f"{name + ':':<16}{value}")
@@ -121,7 +122,8 @@ def _replayed(source, event_id, result):
     if result.outcome == Outcome.PROCESSED:
         return True, f"{event_id}: processed; now completed"
     if result.outcome == Outcome.DUPLICATE:
-        return True, f"{event_id}: {result.problem}; nothing changed"
+        why = result.problem or "its payment was credited before, by another event"
+        return True, f"{event_id}: {why}; nothing changed"
     return False, f"{event_id}: still failed: {result.problem or result.outcome}"
 
 
@@ -160,7 +162,7 @@ def replay_events(event_id, all_failed, source):
 @click.option("--batch-size", default=retention.BATCH_SIZE, show_default=True, type=click.IntRange(1, 100000))
 @click.option("--source", help="Only this source's events [default: every source's].")
 def purge_events(days, include_failed, force, batch_size, source):
-    """Delete old completed events in short batches; ledger credits are kept."""
+    """Delete old completed events in short batches; the ledger's journal and payments are kept."""
     if days < retention.DEFAULT_DAYS and not force:
         raise click.UsageError(f"--older-than {days} is under {retention.DEFAULT_DAYS} days, the minimum that "
                                "outlasts providers' resend windows; add --force to purge anyway")
@@ -168,21 +170,23 @@ def purge_events(days, include_failed, force, batch_size, source):
         raise click.UsageError("--include-failed deletes events that never took effect; add --force")
     deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source)
     kinds = "completed and failed" if include_failed else "completed"
-    click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; ledger credits kept")
+    click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; the ledger's journal kept")
 
 
 @ledger_group.command("verify")
 def verify_ledger():
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     with get_pool(current_app).connection() as conn:  # check() runs its own read-only snapshot
-        problems, (users, stored, credits) = verify.check(conn, current_app.config["POLICY"])
-    if problems:
-        for problem in problems:
-            click.echo(problem)
-        click.echo(f"ledger INCONSISTENT: {len(problems)} problems "
-                   f"({users} users, {stored} stored events, {credits} credits)")
+        report = verify.check(conn, current_app.config["POLICY"])
+    for line in report.problems + report.below_zero:
+        click.echo(line)
+    users, events_, payments, journal = report.counts
+    counts = f"{users} users, {events_} stored events, {payments} payments, {journal} journal rows"
+    if report.problems:
+        click.echo(f"ledger INCONSISTENT: {len(report.problems)} problems ({counts})")
         raise click.exceptions.Exit(1)
-    click.echo(f"ledger consistent: {users} users, {stored} stored events, {credits} credits")
+    below = f"; {len(report.below_zero)} balances below zero" if report.below_zero else ""
+    click.echo(f"ledger consistent: {counts}{below}")
 
 
 @redis_group.command("forget-done")

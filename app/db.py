@@ -49,11 +49,9 @@ class Pool(ConnectionPool):
     def __init__(self, conninfo, timeouts, **kwargs):
         super().__init__(conninfo, **kwargs)
         self.timeouts = timeouts
-        # pipelined()'s first statement, built once: it runs before every new event.
-        self.set_timeouts = (
-            "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in timeouts),
-            [str(int(ms)) for ms in timeouts.values()],
-        )
+        # one_query()'s first statement, built once: it runs before every delivery.
+        self.set_timeouts = "SELECT " + ", ".join(
+            f"set_config('{name}', '{int(ms)}', true)" for name, ms in timeouts.items()) + ";\n"
 
 
 def init_app(app):
@@ -147,29 +145,44 @@ def transaction(pool, read_only=False, **timeouts):
         conn.commit()
 
 
-@contextmanager
-def pipelined(pool):
-    """A pooled connection in pipeline mode, and its pipeline, with the pool's timeouts set first.
+def one_query(pool, statement, params):
+    """Run statement with the pool's timeouts in ONE message to the server; return its first row.
 
-    Until the pipeline's Sync, its statements are one implicit transaction
-    (the connection is in autocommit): committed at the Sync, rolled back
-    whole by any error. The timeouts are local to it, as transaction()'s are.
+    The timeouts and the statement travel as one simple-protocol query (the
+    parameters bound on the client): PostgreSQL runs it as one implicit
+    transaction, committed when it ends or rolled back whole by any error,
+    one round trip, and nothing of it outlives it, whatever pooler is in
+    between. The timeouts are local to it, as transaction()'s are.
     """
-    with pool.connection() as conn, conn.pipeline() as pipeline:
-        conn.execute(*pool.set_timeouts)
-        yield conn, pipeline
+    with pool.connection() as conn:
+        cursor = psycopg.ClientCursor(conn)
+        cursor.execute(pool.set_timeouts + statement, params)
+        cursor.nextset()
+        return cursor.fetchone()
 
 
-def apply_schema(conn, path=DEFAULT_SCHEMA_PATH):
-    """Apply schema.sql; it is written to be safe to apply again."""
-    conn.execute(path.read_text())
+def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
+    """Apply schema.sql; it is written to be safe to apply again.
+
+    currency is the ledger's (LEDGER_CURRENCY): the upgrade of a database
+    created before payments records it for payments whose events named none.
+    One simple query: the schema is applied whole or not at all.
+    """
+    setting = sql.SQL("SELECT set_config('webhook_ledger.currency', {}, true);\n").format(sql.Literal(currency))
+    conn.execute(setting + sql.SQL(path.read_text()))
 
 
 @click.command("init-db")
 @with_appcontext
 def init_db_command():
-    """Create the tables (idempotent)."""
-    path = current_app.config["SCHEMA_PATH"]
-    with get_pool(current_app).connection() as conn:
-        apply_schema(conn, path)
+    """Create or upgrade the tables, and the stored events' effects (idempotent)."""
+    from .ledger import recompute_effects  # the ledger imports this module
+
+    path, policy = current_app.config["SCHEMA_PATH"], current_app.config["POLICY"]
+    pool = get_pool(current_app)
+    with pool.connection() as conn:
+        apply_schema(conn, path, policy.currency)
     click.echo(f"applied {path}")
+    recomputed = recompute_effects(pool, policy)
+    if recomputed:
+        click.echo(f"recomputed the effects of {recomputed} stored events")

@@ -21,7 +21,8 @@ class Outcome(StrEnum):
     PROCESSED = "processed"  # effects committed by this delivery
     DUPLICATE = "duplicate"  # committed before; nothing changed
     FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
-    MISMATCH = "payload_mismatch"  # this id was stored with a different body (409)
+    MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)
+    PAYMENT_MISMATCH = "payment_mismatch"  # its payment was credited with another user, amount or currency (409)
     IN_PROGRESS = "in_progress"  # a twin delivery holds the lock (409)
     UNAVAILABLE = "unavailable"  # the database did not answer; nothing committed (503)
     REJECTED = "rejected"  # refused before the ledger: 400, 401, 404, 413, 415
@@ -41,6 +42,9 @@ class Delivery:
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received
     stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
+    payment_id: str | None = None  # the payment the event credits or refunds
+    change: str | None = None  # the balance change it made (ledger.Change)
+    balance_after: int | None = None  # the user's balance after that change
 
     @property
     def reserialised(self):

@@ -18,7 +18,7 @@ from . import delivery
 from .config import UnknownSource
 from .delivery import Outcome
 from .events import InvalidEvent, InvalidJSON, Unprocessable
-from .ledger import PayloadMismatch, RetryLater
+from .ledger import PayloadMismatch, PaymentMismatch, RetryLater
 from .lock import InProgress
 from .signature import SignatureError
 
@@ -45,6 +45,7 @@ ANSWERS = {
     InvalidEvent: Answer(400, "invalid_event", Outcome.REJECTED),
     Unprocessable: Answer(422, "unprocessable", Outcome.FAILED, names_event=True),
     PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH, names_event=True),
+    PaymentMismatch: Answer(409, "payment_mismatch", Outcome.PAYMENT_MISMATCH, names_event=True),
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
                        extra={"status": "in_progress"}),
     # gunicorn reads a chunked body as the view asks for it, so its framing

@@ -10,20 +10,29 @@ event id is taken from what the scheme signs:
   one is GitHub's own: id from X-GitHub-Delivery, type from X-GitHub-Event,
   data the whole body. Those headers are not signed, so they never name a
   payment.
+
+What each type does to the ledger is read by effect_of, from the fields
+that RULES names per type (docs/providers.md has the table).
 """
 
-import functools
 import hashlib
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 MAX_ID_CHARS = 128
 MAX_TYPE_CHARS = 64
 PAYMENT_SUCCEEDED = "payment.succeeded"
+PAYMENT_REFUNDED = "payment.refunded"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
+CHARGE_REFUNDED = "charge.refunded"
+# The rule effect_of hashes effects by; schema.sql's default of
+# webhook_events.effect_version. Change both when the rule changes: `flask
+# init-db` then recomputes the stored effects (ledger.recompute_effects).
+EFFECT_VERSION = 2
 # user_balances.balance_cents is a BIGINT.
 MAX_CENTS = 2**63 - 1
 
@@ -53,16 +62,30 @@ class Event:
     body: bytes  # the bytes received: the event of record
     source: str = "default"  # with id, what identifies the event
 
-    @functools.cached_property
-    def effect(self) -> bytes:
-        """effect_of(self), computed once."""
-        return effect_of(self)
+
+class Kind(StrEnum):
+    """What an event does to a balance; also ledger_journal.kind."""
+
+    CREDIT = "credit"  # credits a payment to its user, once per payment
+    REFUND = "refund"  # debits a payment's user what its refunded total adds
 
 
 @dataclass(frozen=True)
-class Credit:
-    user_id: uuid.UUID
-    amount_cents: int
+class Effect:
+    """What applying an event does to the ledger, read from its fields (effect_of).
+
+    kind is None for an event with no balance effect, and for one whose
+    effect cannot apply (problem says why: answered 422). sha256 is what two
+    deliveries of one event id are compared by.
+    """
+
+    kind: Kind | None
+    payment_id: str | None = None
+    user_id: uuid.UUID | None = None  # a credit's; a refund's user is its payment's
+    amount_cents: int | None = None  # a credit's amount, or a refund's total refunded so far
+    currency: str | None = None
+    problem: str | None = None
+    sha256: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -132,7 +155,7 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
 
 def _github_event(document, body, headers, source):
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
-    if event_type in PAYMENTS:
+    if event_type in RULES:
         raise InvalidEvent("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
     return Event(event_id, event_type, document, document, body, source)
@@ -145,18 +168,18 @@ def _text(value, label, max_chars):
         raise InvalidEvent(f"{label} must be a string")
     if not 1 <= len(value) <= max_chars:
         raise InvalidEvent(f"{label} must be 1 to {max_chars} characters")
-    # PostgreSQL text cannot hold NUL; a lone surrogate is not encodable.
-    if "\x00" in value or not _encodable(value):
+    if not _storable(value):
         raise InvalidEvent(f"{label} contains characters that cannot be stored")
     return value
 
 
-def _encodable(value):
+def _storable(value):
+    """PostgreSQL text cannot hold NUL; a lone surrogate is not encodable."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return False
-    return True
+    return "\x00" not in value
 
 
 def _data_field(document):
@@ -166,85 +189,128 @@ def _data_field(document):
     return data
 
 
-def credit_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Credit | None:
-    """Return the balance effect of event, None if it has none, or raise Unprocessable."""
-    rule = PAYMENTS.get(event.type)
-    return None if rule is None else rule.credit(event, rule.fields(event), policy)
+def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
+    """What applying event does to the ledger (never raises: a refusal is the Effect's problem)."""
+    rule = RULES.get(event.type)
+    if rule is None:
+        return Effect(None, sha256=_sha256([event.type]))
+    fields = rule.read(event, policy)
+    problem = _problem(rule, fields, policy)
+    # A refused effect never compares equal to one that applies, however
+    # close their values (a null currency is refused, a missing one implied).
+    sha256 = _sha256([event.type, "refused" if problem else "applies", *fields])
+    if problem:
+        return Effect(None, problem=problem, sha256=sha256)
+    payment_id, user_id, amount, currency, _ = fields
+    return Effect(rule.kind, payment_id, user_id and uuid.UUID(user_id), amount, currency, sha256=sha256)
 
 
-def effect_of(event: Event) -> bytes:
-    """The SHA-256 of what applying event does: its type and, for a payment, the fields its credit reads.
-
-    Two deliveries of one id with the same effect in other bytes (a provider
-    re-serialising, Stripe's pending_webhooks changing) are the same event;
-    a different effect is a payload mismatch. The raw values are hashed, so
-    that 100 and 1e2 (which do not credit alike) are different effects.
-    """
-    rule = PAYMENTS.get(event.type)
-    fields = [event.type] if rule is None else [event.type, *rule.fields(event)]
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).digest()
+def _sha256(values):
+    return hashlib.sha256(json.dumps(values, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
-def _payment_fields(event):
-    """Seed 000's payment.succeeded: user, amount and currency, as sent."""
+class Fields(NamedTuple):
+    """What an event's effect reads, as sent but normalised: a UUID in its canonical spelling, a currency
+    in lower case, the ledger's currency where the event's type implies it, a value that cannot be read
+    (a float amount, a number id) left as it came, so that it is refused and differs from any that applies."""
+
+    payment_id: object
+    user_id: object  # a credit's; None for a refund (its user is the payment's)
+    amount: object  # a credit's amount, or a refund's total refunded so far
+    currency: object
+    livemode: object  # Stripe's; None for the seed's shape, which has no test mode
+
+
+class Rule(NamedTuple):
+    kind: Kind
+    read: Callable  # (event, policy) -> Fields
+    labels: Fields  # where each field is read from, for the 422's message
+
+
+def _uuid(value):
+    if not isinstance(value, str):
+        return value
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return value
+
+
+def _lower(value):
+    return value.lower() if isinstance(value, str) else value
+
+
+def _seed_currency(data, policy):
+    """The seed's shape may omit the currency: it is then the ledger's."""
+    return _lower(data["currency"]) if "currency" in data else policy.currency
+
+
+def _read_payment(event, policy):
     data = event.data
-    return [data.get("userId"), data.get("amountCents"), data.get("currency")]
+    # Without a paymentId, each event is its own payment (the seed's shape).
+    payment_id = data["paymentId"] if "paymentId" in data else event.id
+    return Fields(payment_id, _uuid(data.get("userId")), data.get("amountCents"), _seed_currency(data, policy), None)
 
 
-def _payment(event, fields, policy):
-    """A `currency`, when given, must be the ledger's."""
-    user_id, amount, currency = fields
-    if "currency" in event.data:
-        _check_currency(currency, "data.currency", policy)
-    return _credit(user_id, "data.userId", amount, "data.amountCents")
+def _read_seed_refund(event, policy):
+    data = event.data
+    return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), _seed_currency(data, policy), None)
 
 
-def _payment_intent_fields(event):
-    """Stripe's payment_intent.succeeded: user, amount, currency and livemode, as sent."""
+def _read_payment_intent(event, policy):
     intent = _object(event.data.get("object"))
-    user_id = _object(intent.get("metadata")).get("user_id")
-    return [user_id, intent.get("amount_received"), intent.get("currency"), event.document.get("livemode")]
+    user_id = _uuid(_object(intent.get("metadata")).get("user_id"))
+    return Fields(intent.get("id"), user_id, intent.get("amount_received"), _lower(intent.get("currency")),
+                  event.document.get("livemode") is True)
 
 
-def _payment_intent(event, fields, policy):
-    """The amount is in the currency's smallest unit."""
-    user_id, amount, currency, livemode = fields
-    if livemode is not True and not policy.accept_test_events:
-        raise Unprocessable("a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept")
-    _check_currency(currency, "data.object.currency", policy)
-    return _credit(user_id, "data.object.metadata.user_id", amount, "data.object.amount_received")
+def _read_charge_refunded(event, policy):
+    charge = _object(event.data.get("object"))
+    return Fields(charge.get("payment_intent"), None, charge.get("amount_refunded"), _lower(charge.get("currency")),
+                  event.document.get("livemode") is True)
 
 
 def _object(value):
     return value if isinstance(value, dict) else {}
 
 
-def _check_currency(currency, label, policy):
-    if not isinstance(currency, str) or currency.lower() != policy.currency:
-        raise Unprocessable(f"{label} must be the ledger's currency, {policy.currency!r}")
-
-
-def _credit(user_id, user_label, amount, amount_label):
-    try:
-        user = uuid.UUID(user_id) if isinstance(user_id, str) else None
-    except ValueError:
-        user = None
-    if user is None:
-        raise Unprocessable(f"{user_label} must be a user's UUID")
+def _problem(rule, fields, policy):
+    """Why an effect with these fields cannot apply (a 422's message), or None."""
+    labels = rule.labels
+    if fields.livemode is False and not policy.accept_test_events:
+        return "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
+    if fields.currency != policy.currency:
+        return f"{labels.currency} must be the ledger's currency, {policy.currency!r}"
+    payment_id = fields.payment_id
+    if not isinstance(payment_id, str) or not 1 <= len(payment_id) <= MAX_ID_CHARS or not _storable(payment_id):
+        return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
+    if rule.kind == Kind.CREDIT and not _is_uuid(fields.user_id):
+        return f"{labels.user_id} must be a user's UUID"
+    amount = fields.amount
     # bool is an int in Python; True is not one cent.
     if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= MAX_CENTS:
-        raise Unprocessable(f"{amount_label} must be a positive integer")
-    return Credit(user, amount)
+        return f"{labels.amount} must be a positive integer"
+    return None
 
 
-class PaymentRule(NamedTuple):
-    fields: Callable  # event -> the values its credit reads, as sent: what effect_of hashes
-    credit: Callable  # (event, those values, policy) -> Credit, or raise Unprocessable
+def _is_uuid(value):
+    """Whether value is a UUID in its canonical spelling (as _uuid leaves every UUID)."""
+    try:
+        return isinstance(value, str) and str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
-# relayed by another sender still credits.
-PAYMENTS = {
-    PAYMENT_SUCCEEDED: PaymentRule(_payment_fields, _payment),
-    PAYMENT_INTENT_SUCCEEDED: PaymentRule(_payment_intent_fields, _payment_intent),
+# relayed by another sender still applies.
+RULES = {
+    PAYMENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment, Fields(
+        "data.paymentId", "data.userId", "data.amountCents", "data.currency", None)),
+    PAYMENT_REFUNDED: Rule(Kind.REFUND, _read_seed_refund, Fields(
+        "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
+    PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment_intent, Fields(
+        "data.object.id", "data.object.metadata.user_id", "data.object.amount_received", "data.object.currency",
+        "livemode")),
+    CHARGE_REFUNDED: Rule(Kind.REFUND, _read_charge_refunded, Fields(
+        "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
 }

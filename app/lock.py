@@ -18,6 +18,7 @@ import logging
 import secrets
 from enum import StrEnum
 
+from .delivery import Outcome
 from .redis_client import UNAVAILABLE, RedisLink, Unusable
 
 log = logging.getLogger(__name__)
@@ -85,11 +86,11 @@ def init_app(app):
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, link, event, body_sha256, ttl_ms, done_ttl_ms):
+    def __init__(self, link, event, effect_sha256, body_sha256, ttl_ms, done_ttl_ms):
         self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
-        self._effect = event.effect.hex()
+        self._effect = effect_sha256.hex()
         self._sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
@@ -114,7 +115,8 @@ class EventLock:
         marker = ""
         if result is not None and result.committed:
             # A duplicate leaves the bytes stored before; a processed event stored these.
-            stored = result.stored_sha256 if result.outcome == "duplicate" and result.stored_sha256 else self._sha256
+            duplicate = result.outcome == Outcome.DUPLICATE and result.stored_sha256
+            stored = result.stored_sha256 if duplicate else self._sha256
             marker = self._effect + ":" + stored.hex()
         args = [self._token, marker, self._done_ttl_ms]
         try:

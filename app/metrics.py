@@ -20,6 +20,10 @@ from prometheus_client import (
     multiprocess,
 )
 
+from .delivery import Outcome
+from .ledger import Change
+from .lock import LockState
+
 # A duplicate is answered in about a millisecond, a processed event in a few;
 # the pool acquire timeout (3 s) ends the slowest in a 503.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -34,6 +38,16 @@ POOL_GAUGES = {
     "pool_available": ("webhook_ledger_db_pool_idle_connections", "Database connections idle in the pool"),
     "requests_waiting": ("webhook_ledger_db_pool_waiting_requests", "Requests waiting for a database connection"),
     "pool_max": ("webhook_ledger_db_pool_max_connections", "Most database connections the pools may open"),
+}
+
+
+# ledger.Change -> counter name and help.
+CHANGES = {
+    Change.CREDIT: ("webhook_ledger_payments_credited", "Payments credited (each payment once)"),
+    Change.PAYMENT_DUPLICATE: (
+        "webhook_ledger_payment_duplicates",
+        "Events announcing a payment already credited by another event (200 duplicate, nothing credited)"),
+    Change.REFUND: ("webhook_ledger_refunds_applied", "Refund events that debited what their refunded total adds"),
 }
 
 
@@ -61,6 +75,16 @@ class Metrics:
             "webhook_ledger_redis_faults",
             "Deliveries that met a Redis fault (an error answer, not an outage), by reason: NOPERM, OOM, ...",
             ["reason"], registry=registry)
+        # The ledger's changes, by the source whose events made them.
+        self.changes = {change: Counter(name, text, ["source"], registry=registry)
+                        for change, (name, text) in CHANGES.items()}
+        self.payment_mismatches = Counter(
+            "webhook_ledger_payment_mismatches",
+            "Events for a credited payment naming another user, amount or currency (409, nothing credited)",
+            ["source"], registry=registry)
+        self.below_zero = Counter(
+            "webhook_ledger_balances_below_zero",
+            "Refunds that left their user's balance below zero (recorded all the same)", ["source"], registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
@@ -74,7 +98,13 @@ class Metrics:
         self.latency.labels(source=delivery.source, outcome=delivery.outcome).observe(seconds)
         if delivery.reserialised:
             self.reserialised.labels(source=delivery.source, outcome=delivery.outcome).inc()
-        if delivery.redis == "degraded":
+        if delivery.change:
+            self.changes[delivery.change].labels(source=delivery.source).inc()
+            if delivery.balance_after is not None and delivery.balance_after < 0:
+                self.below_zero.labels(source=delivery.source).inc()
+        if delivery.outcome == Outcome.PAYMENT_MISMATCH:
+            self.payment_mismatches.labels(source=delivery.source).inc()
+        if delivery.redis == LockState.DEGRADED:
             self.redis_degraded.inc()
         if delivery.redis_fault:
             self.redis_faults.labels(reason=delivery.redis_fault).inc()

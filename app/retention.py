@@ -1,8 +1,9 @@
 """Retention: `flask events purge` deletes old events in short batches.
 
-Only webhook_events rows go. ledger_credits rows are the ledger and are kept
-for ever: the balances still add up after a purge, and a purged payment
-redelivered later is recognised by its credit and not credited twice.
+Only webhook_events rows go. ledger_journal and payments rows are the ledger
+and are kept for ever: the balances still add up after a purge, and a purged
+payment redelivered later is recognised by its journal row (or its payment)
+and not credited twice.
 """
 
 from .db import transaction

@@ -10,7 +10,7 @@ from . import delivery, ledger, lock, signature
 from .config import DEFAULT_SOURCE, UnknownSource
 from .db import get_pool
 from .delivery import Outcome
-from .events import parse
+from .events import effect_of, parse
 from .lock import LockState
 
 bp = Blueprint("webhooks", __name__)
@@ -38,10 +38,11 @@ def receive(source):
     record.secret_index = signature.verify(sender.scheme, body, request.headers, sender.secrets, sender.tolerance)
 
     event = parse(body, sender.scheme, request.headers, sender.name)
-    record.event_id, record.event_type = event.id, event.type
+    effect = effect_of(event, config["POLICY"])
+    record.event_id, record.event_type, record.payment_id = event.id, event.type, effect.payment_id
 
     record.body_sha256 = hashlib.sha256(body).digest()
-    event_lock = lock.EventLock(current_app.extensions["redis"], event, record.body_sha256,
+    event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, record.body_sha256,
                                 config["LOCK_TTL_MS"], config["REDIS_DONE_TTL_SECONDS"] * 1000)
     record.redis = event_lock.acquire()
     record.redis_fault = event_lock.fault
@@ -54,13 +55,14 @@ def receive(source):
     else:
         result = None
         try:
-            result = ledger.apply_event(get_pool(current_app), event, record.body_sha256, config["POLICY"])
+            result = ledger.apply_event(get_pool(current_app), event, effect, record.body_sha256)
         finally:
             if record.redis == LockState.ACQUIRED:
                 event_lock.release(result)
                 record.redis_fault = event_lock.fault
 
     record.stored_sha256 = result.stored_sha256
+    record.change, record.balance_after = result.change, result.balance_after
     record.outcome = result.raise_for_outcome().outcome
     return {"status": record.outcome, "event_id": event.id}
 

@@ -267,7 +267,7 @@ def prepare_database(config):
     log("applying the schema")
     try:
         with psycopg.connect(config["DATABASE_URL"], autocommit=True, connect_timeout=10) as conn:
-            apply_schema(conn, config["SCHEMA_PATH"])
+            apply_schema(conn, config["SCHEMA_PATH"], config["POLICY"].currency)
             conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)"
                          " ON CONFLICT (user_id) DO NOTHING", [DEMO_USER])
             # The first evt_demo_N this database has not seen, so that the printed

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import signature
+from app import signature, verify
 from app.config import DEFAULT_SOURCE
 
 SCHEMES = signature.SCHEMES
@@ -50,8 +50,12 @@ def db_url(conn):
 # -- deliveries, built the way a provider builds them --------------------------
 
 def payment(event_id=None, user=ALICE, cents=250, **extra):
-    return {"id": event_id or f"evt_{uuid.uuid4().hex}", "type": "payment.succeeded",
-            "data": {"userId": str(user), "amountCents": cents, **extra}}
+    """payment.succeeded, naming its own payment (pay_<event id>) unless extra says paymentId (None: none)."""
+    event_id = event_id or f"evt_{uuid.uuid4().hex}"
+    data = {"userId": str(user), "amountCents": cents, "paymentId": f"pay_{event_id}", **extra}
+    if data["paymentId"] is None:
+        del data["paymentId"]
+    return {"id": event_id, "type": "payment.succeeded", "data": data}
 
 
 def encode(event):
@@ -224,21 +228,50 @@ def event_rows(conn, source=None):
 
 
 def assert_ledger_consistent(conn):
-    """DESIGN.md invariant 5: no (source, id) stored twice; balance = opening + completed credits."""
+    """Invariants 5 and 6, from the stored events alone: no (source, id) stored twice; each payment that a
+    completed event announced credited once; balance = opening + those credits - each payment's highest
+    refunded total; and `flask ledger verify`'s own checks clean."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
-    credits = dict(conn.execute("""
-        SELECT user_id, sum(cents) FROM (
-            SELECT (payload->'data'->>'userId')::uuid, (payload->'data'->>'amountCents')::bigint
-            FROM webhook_events WHERE status = 'completed' AND event_type = 'payment.succeeded'
-            UNION ALL
-            SELECT (payload #>> '{data,object,metadata,user_id}')::uuid,
-                   (payload #>> '{data,object,amount_received}')::bigint
-            FROM webhook_events WHERE status = 'completed' AND event_type = 'payment_intent.succeeded'
-        ) AS credit (user_id, cents) GROUP BY 1""").fetchall())
-    for user, opening in OPENING.items():
-        assert balance(conn, user) == opening + credits.get(user, 0), user
+    paid = conn.execute(PAID_BY_STORED_EVENTS).fetchall()
+    payments = [(source, payment_id) for source, payment_id, _, _, _ in paid]
+    assert len(payments) == len(set(payments)), "a payment announced with two users or amounts was completed twice"
+    expected = {user: opening for user, opening in OPENING.items()}
+    for _, _, user, cents, refunded in paid:
+        expected[user] = expected.get(user, 0) + cents - refunded
+    for user, cents in expected.items():
+        assert balance(conn, user) == cents, user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
+    if not conn.autocommit:
+        conn.commit()  # verify's snapshot is a transaction of its own; only reads came before
+    assert verify.check(conn).problems == []
+
+
+# Each payment that a completed event announced, with its user, amount and highest refunded total, read
+# from the events' jsonb copies (not from the tables the ledger writes).
+PAID_BY_STORED_EVENTS = """
+    WITH completed AS (SELECT * FROM webhook_events WHERE status = 'completed'),
+    paid AS (
+        SELECT DISTINCT source, coalesce(payload #>> '{data,paymentId}', event_id) AS payment_id,
+               (payload #>> '{data,userId}')::uuid AS user_id, (payload #>> '{data,amountCents}')::bigint AS cents
+        FROM completed WHERE event_type = 'payment.succeeded'
+        UNION
+        SELECT source, payload #>> '{data,object,id}', (payload #>> '{data,object,metadata,user_id}')::uuid,
+               (payload #>> '{data,object,amount_received}')::bigint
+        FROM completed WHERE event_type = 'payment_intent.succeeded'
+    ), refunded AS (
+        SELECT source, payment_id, max(total) AS total FROM (
+            SELECT source, payload #>> '{data,paymentId}', (payload #>> '{data,amountRefundedCents}')::bigint
+            FROM completed WHERE event_type = 'payment.refunded'
+            UNION ALL
+            SELECT source, payload #>> '{data,object,payment_intent}',
+                   (payload #>> '{data,object,amount_refunded}')::bigint
+            FROM completed WHERE event_type = 'charge.refunded'
+        ) AS refund (source, payment_id, total) GROUP BY source, payment_id
+    )
+    SELECT source, payment_id, user_id, cents, coalesce(total, 0)
+    FROM paid LEFT JOIN refunded USING (source, payment_id)
+"""
 
 
 def scrape(base):

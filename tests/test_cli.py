@@ -73,7 +73,7 @@ def test_show_prints_payload_status_attempts_error_and_times(client, db, run):
     assert f"last error:     unknown user {UNKNOWN_USER}" in out
     assert '"amountCents": 77' in out  # the stored payload, pretty-printed
     assert "received:       20" in out and "completed:      -" in out
-    assert "credit:         -" in out
+    assert "balance change: -" in out
 
 
 def test_show_of_an_unknown_event_fails(run):
@@ -104,7 +104,7 @@ def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, r
     assert (result.exit_code, result.output) == (0, "evt_replay: already completed; nothing changed\n")
     assert deliver(client, event).json["status"] == "duplicate"
     assert balance(db, UNKNOWN_USER) == 700
-    assert db.execute("SELECT count(*) FROM ledger_credits WHERE event_id = 'evt_replay'").fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM ledger_journal WHERE event_id = 'evt_replay'").fetchone()[0] == 1
     assert run("ledger", "verify").exit_code == 0
     assert_ledger_consistent(db)
 
@@ -149,7 +149,7 @@ def test_purge_deletes_old_completed_events_in_batches_and_keeps_the_ledger(clie
     assert result.output.startswith("purged 5 completed events received before ")
     remaining = {r[0] for r in db.execute("SELECT event_id FROM webhook_events")}
     assert remaining == {"evt_old_failed", "evt_recent"}
-    assert db.execute("SELECT count(*) FROM ledger_credits").fetchone()[0] == 6
+    assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 6
     assert run("ledger", "verify").exit_code == 0
 
     # The provider resends a purged event by hand: its credit is not repeated.
@@ -187,7 +187,7 @@ def test_verify_passes_on_a_consistent_ledger(client, db, run):
     deliver(client, payment(user=UNKNOWN_USER))
     result = run("ledger", "verify")
     assert result.exit_code == 0, result.output
-    assert result.output == "ledger consistent: 2 users, 3 stored events, 2 credits\n"
+    assert result.output == "ledger consistent: 2 users, 3 stored events, 2 payments, 2 journal rows\n"
 
 
 def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run):
@@ -196,16 +196,16 @@ def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run)
     result = run("ledger", "verify")
     assert result.exit_code == 1
     assert result.output.splitlines() == [
-        f"balance of user {BOB}: 1 cents, expected 0 (opening 0 + credits 0)",
-        "ledger INCONSISTENT: 1 problems (2 users, 1 stored events, 1 credits)",
+        f"balance of user {BOB}: 1 cents, expected 0 (opening 0 + journal 0)",
+        "ledger INCONSISTENT: 1 problems (2 users, 1 stored events, 1 payments, 1 journal rows)",
     ]
 
 
 @pytest.mark.parametrize("corruption, expected", [
     ("UPDATE webhook_events SET status = 'processing'", "stuck event 'evt_v': 'processing' since"),
-    ("UPDATE webhook_events SET status = 'failed'", "credit of event 'evt_v': the event is 'failed'"),
-    ("DELETE FROM ledger_credits", "completed event 'evt_v': no credit in ledger_credits"),
-    ("UPDATE ledger_credits SET amount_cents = 11", "completed event 'evt_v': credit of 11 cents"),
+    ("UPDATE webhook_events SET status = 'failed'", "journal row of event 'evt_v': the event is 'failed'"),
+    ("DELETE FROM ledger_journal", "payment 'pay_evt_v': credited 0 times"),
+    ("UPDATE ledger_journal SET amount_cents = 11", "completed event 'evt_v': credit of 11 cents"),
     ("ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_source_event_id_key;"
      " INSERT INTO webhook_events (event_id, event_type, status, body, payload, payload_sha256, completed_at)"
      " SELECT event_id, event_type, status, body, payload, payload_sha256, now() FROM webhook_events",

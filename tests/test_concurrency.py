@@ -75,7 +75,7 @@ def test_concurrent_copies_of_one_id_on_two_sources_credit_once_each(gunicorn, d
         _assert_one_processed([answer for sent_to, answer in answers if sent_to == source], "evt_shared")
         assert event_rows(db, source) == 1
     assert balance(db) == 1140
-    assert db.execute("SELECT source FROM ledger_credits ORDER BY source").fetchall() == [("billing",), ("stripe",)]
+    assert db.execute("SELECT source FROM ledger_journal ORDER BY source").fetchall() == [("billing",), ("stripe",)]
     assert_ledger_consistent(db)
 
 

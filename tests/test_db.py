@@ -4,6 +4,7 @@ TCP keepalives, prepared statements can be switched off, and a connection that d
 out."""
 
 import hashlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -14,10 +15,11 @@ from psycopg.pq import TransactionStatus
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 
-from .helpers import ALICE, OPENING, deliver, encode, payment, sources_config
+from .helpers import ALICE, BOB, OPENING, SECRETS, balance, deliver, encode, payment, sources_config
 
-# The schema before sources (76d09bb), kept as it was released.
+# The schemas as they were released: before sources (76d09bb), before payments (fbc880a).
 BEFORE_SOURCES = Path(__file__).parent / "data" / "schema_before_sources.sql"
+BEFORE_PAYMENTS = Path(__file__).parent / "data" / "schema_before_payments.sql"
 
 
 def test_schema_applies_twice_without_error(db):
@@ -25,7 +27,7 @@ def test_schema_applies_twice_without_error(db):
     apply_schema(db)
     tables = {r[0] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
-    assert tables == {"user_balances", "webhook_events", "ledger_credits"}
+    assert tables == {"user_balances", "webhook_events", "payments", "ledger_journal"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
 
 
@@ -74,7 +76,7 @@ def _columns(conn):
 
 def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(make_app, config, db):
     fresh = _columns(db)
-    db.execute("DROP TABLE ledger_credits, webhook_events, user_balances")
+    db.execute("DROP TABLE ledger_journal, payments, webhook_events, user_balances")
     db.execute(BEFORE_SOURCES.read_text())
     body = encode(payment("evt_old", cents=5))
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1005), (%s, 0)", list(OPENING))
@@ -90,8 +92,8 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
 
     assert db.execute("SELECT source, event_id, status FROM webhook_events").fetchall() == \
         [("default", "evt_old", "completed")]
-    assert db.execute("SELECT source, event_id FROM ledger_credits").fetchall() == [("default", "evt_old")]
-    for table in ("webhook_events", "ledger_credits"):
+    assert db.execute("SELECT source, event_id FROM ledger_journal").fetchall() == [("default", "evt_old")]
+    for table in ("webhook_events", "ledger_journal"):
         assert _unique_keys(db, table) == [("source", "event_id")], table
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s",
                           [table, f"{table}_event_id_key"]).fetchone()[0] == 0, table
@@ -106,6 +108,78 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
     assert deliver(client, payment("evt_old", cents=5)).json["status"] == "duplicate"
     assert deliver(client, payment("evt_old", cents=5), source="billing").json["status"] == "processed"
     assert db.execute("SELECT balance_cents FROM user_balances WHERE user_id = %s", [ALICE]).fetchone()[0] == 1010
+
+
+def _old_effect(event_type, *fields):
+    """effect_sha256 as the release before payments computed it: the type and the raw fields."""
+    return hashlib.sha256(json.dumps([event_type, *fields], sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+def _stored_before_payments(db, event, credited_cents=None, user=ALICE):
+    """An event as the release before payments stored it, with its credit in ledger_credits."""
+    body = json.dumps(event).encode()
+    data = event["data"]
+    if event["type"] == "payment.succeeded":
+        fields = [data.get("userId"), data.get("amountCents"), data.get("currency")]
+    else:
+        intent = data["object"]
+        fields = [intent["metadata"]["user_id"], intent["amount_received"], intent["currency"], event["livemode"]]
+    db.execute("INSERT INTO webhook_events (event_id, event_type, status, body, payload, payload_sha256,"
+               " effect_sha256, completed_at) VALUES (%s, %s, 'completed', %s, %s, %s, %s, now())",
+               [event["id"], event["type"], body, body.decode(), hashlib.sha256(body).digest(),
+                _old_effect(event["type"], *fields)])
+    if credited_cents:
+        db.execute("INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES (%s, %s, %s)",
+                   [event["id"], user, credited_cents])
+        db.execute("UPDATE user_balances SET balance_cents = balance_cents + %s WHERE user_id = %s",
+                   [credited_cents, user])
+
+
+def _intent_event(event_id, intent_id, cents):
+    return {"id": event_id, "type": "payment_intent.succeeded", "livemode": True,
+            "data": {"object": {"id": intent_id, "amount_received": cents, "currency": "usd",
+                                "metadata": {"user_id": str(BOB)}}}}
+
+
+def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(make_app, config, db):
+    fresh = _columns(db)
+    db.execute("DROP TABLE ledger_journal, payments, webhook_events, user_balances")
+    db.execute(BEFORE_PAYMENTS.read_text())
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
+    _stored_before_payments(db, payment("evt_seed", cents=5, currency="USD", paymentId=None), 5)
+    _stored_before_payments(db, _intent_event("evt_pi_1", "pi_old", 300), 300, user=BOB)
+    # The old release credited a PaymentIntent once per event: a second event, a second credit.
+    _stored_before_payments(db, _intent_event("evt_pi_2", "pi_twice", 40), 40, user=BOB)
+    _stored_before_payments(db, _intent_event("evt_pi_3", "pi_twice", 40), 40, user=BOB)
+
+    app = make_app({**config, "LEDGER_CURRENCY": "usd"})
+    for run in range(2):  # the documented upgrade step, safe to run twice
+        result = app.test_cli_runner().invoke(args=["init-db"])
+        assert result.exit_code == 0, result.output
+        assert ("recomputed the effects of 4 stored events" in result.output) == (run == 0), result.output
+    assert _columns(db) == fresh
+    assert db.execute("SELECT payment_id, user_id, amount_cents, currency, event_id FROM payments"
+                      " ORDER BY payment_id").fetchall() == [
+        ("evt_seed", ALICE, 5, "usd", "evt_seed"), ("pi_old", BOB, 300, "usd", "evt_pi_1"),
+        ("pi_twice", BOB, 40, "usd", "evt_pi_2")]
+    assert db.execute("SELECT event_id, kind, payment_id FROM ledger_journal ORDER BY id").fetchall() == [
+        ("evt_seed", "credit", "evt_seed"), ("evt_pi_1", "credit", "pi_old"), ("evt_pi_2", "credit", "pi_twice"),
+        ("evt_pi_3", "credit", "pi_twice")]
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert "payment 'pi_twice': credited 2 times" in verified.output and verified.exit_code == 1
+
+    # The app on the upgraded database: a stored event in other bytes is still a duplicate (its effect
+    # was recomputed), another event for an old payment credits nothing, and a refund finds it.
+    client = app.test_client()
+    reserialised = json.dumps(payment("evt_seed", cents=5, currency="USD", paymentId=None), indent=2).encode()
+    assert deliver(client, reserialised).json == {"status": "duplicate", "event_id": "evt_seed"}
+    stripe_client = make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
+                              "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
+    assert deliver(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"
+    refund = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
+              "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
+    assert deliver(stripe_client, refund).json["status"] == "processed"
+    assert balance(db, BOB) == 300 + 80 - 100
 
 
 @pytest.mark.parametrize("column, value", [("event_id", ""), ("event_id", "e" * 129),
@@ -172,15 +246,19 @@ def test_a_session_never_gets_the_timeouts_as_a_startup_option(app):
 def _prepared_statements_after_deliveries(make_app, config, threshold):
     app = make_app({**config, "PG_POOL_SIZE": 1, "PG_PREPARE_THRESHOLD": threshold})
     client = app.test_client()
+    pool = get_pool(app)
     for n in range(8):  # past psycopg's default threshold (5)
         assert deliver(client, payment(f"evt_prepare_{threshold}_{n}")).json["status"] == "processed"
-    with get_pool(app).connection() as conn:  # the pool's one connection, which ran them
-        return conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+        with transaction(pool) as conn:  # a parameterised statement, as the CLI's and replay's are
+            conn.execute("SELECT count(*) FROM webhook_events WHERE source = %s", ["default"])
+    with pool.connection() as conn:  # the pool's one connection, which ran them
+        return conn.execute("SELECT name FROM pg_prepared_statements").fetchall()
 
 
 def test_prepare_threshold_off_prepares_nothing(make_app, config, db):
-    assert _prepared_statements_after_deliveries(make_app, config, "off") == 0
-    assert _prepared_statements_after_deliveries(make_app, config, "5") > 0  # the default does
+    assert _prepared_statements_after_deliveries(make_app, config, "off") == []
+    # The default prepares the repeated parameterised statement, never a delivery's (one simple query).
+    assert len(_prepared_statements_after_deliveries(make_app, config, "5")) == 1
 
 
 def test_every_connection_has_tcp_keepalives_and_a_user_timeout(app):
@@ -211,7 +289,9 @@ def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
     app = make_app({**config, "PG_POOL_SIZE": 2})
     client = app.test_client()
     assert deliver(client, payment("evt_before_kill")).json["status"] == "processed"
-    killed = db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    # With a timeout, pg_terminate_backend returns once the backend has exited (its socket closed), as after a
+    # restart; without, it returns when the signal is sent, and a delivery could still catch the backend alive.
+    killed = db.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
                         " WHERE application_name LIKE 'webhook-ledger:%%'").fetchall()
     assert killed and all(ok for ok, in killed)
     answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]

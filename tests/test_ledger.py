@@ -1,4 +1,4 @@
-"""app/ledger.py: the one transaction, its journal of credits and its payload check."""
+"""app/ledger.py: the one statement, its journal, and the effect check of a re-delivered id."""
 
 import hashlib
 import json
@@ -16,7 +16,7 @@ def _row(db, event_id):
 def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     body = encode(payment("evt_journal", cents=250))
     client.post("/api/webhooks", data=body, headers=signed_headers(body))
-    assert db.execute("SELECT event_id, user_id, amount_cents FROM ledger_credits").fetchall() == \
+    assert db.execute("SELECT event_id, user_id, amount_cents FROM ledger_journal").fetchall() == \
         [("evt_journal", ALICE, 250)]
     assert _row(db, "evt_journal")[4] == hashlib.sha256(body).digest()
 
@@ -54,3 +54,34 @@ def test_identical_redelivery_is_still_a_duplicate(client, db):
     deliver(client, event)
     assert deliver(client, event).json == {"status": "duplicate", "event_id": "evt_same"}
     assert _row(db, "evt_same")[2] == 0
+
+
+# -- effects compare on normalised values ------------------------------------------
+
+@pytest.mark.parametrize("first, again", [
+    ({}, {"userId": str(ALICE).upper()}),
+    ({}, {"userId": "{" + str(ALICE) + "}"}),
+    ({}, {"userId": ALICE.hex}),
+    ({"currency": "usd"}, {"currency": "USD"}),
+    ({}, {"currency": "usd"}),  # the ledger's currency, implied, then named
+], ids=["upper-case-uuid", "braced-uuid", "uuid-without-hyphens", "currency-case", "currency-implied"])
+def test_the_same_credit_spelled_otherwise_is_a_duplicate(client, db, first, again):
+    assert deliver(client, payment("evt_spelled", cents=70, **first)).json["status"] == "processed"
+    response = deliver(client, payment("evt_spelled", cents=70, **again))
+    assert response.json == {"status": "duplicate", "event_id": "evt_spelled"}
+    assert balance(db) == 1070
+    assert _row(db, "evt_spelled")[2] == 0  # not a mismatch
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("first, again, first_status", [
+    ({"currency": None}, {}, 422),   # a null currency is refused, a missing one implied
+    ({}, {"currency": None}, 200),
+    ({"currency": "eur"}, {}, 422),
+])
+def test_a_refused_and_an_applied_body_never_compare_equal(client, db, first, again, first_status):
+    assert deliver(client, payment("evt_refused", cents=70, **first)).status_code == first_status
+    before = balance(db)
+    response = deliver(client, payment("evt_refused", cents=70, **again))
+    assert (response.status_code, response.json["error"]) == (409, "payload_mismatch")
+    assert balance(db) == before

@@ -79,13 +79,13 @@ def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_cli
 def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
     link = app.extensions["redis"]
     event = parse(encode(payment("evt_tokens")))
-    first = EventLock(link, event, b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
+    first = EventLock(link, event, b"\x02" * 32, b"\x01" * 32, ttl_ms=50, done_ttl_ms=1000)
     assert first.acquire() == LockState.ACQUIRED
     redis_client.delete(lock_key("evt_tokens"))  # as if it expired
-    second = EventLock(link, event, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
+    second = EventLock(link, event, b"\x02" * 32, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
     assert second.acquire() == LockState.ACQUIRED
     first.release(None)  # not committed
-    assert EventLock(link, event, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+    assert EventLock(link, event, b"\x02" * 32, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
 
 
 @pytest.mark.parametrize("event_id", ["evt_1", "evt_2", "a{b}c", "{x}", "x}y", "}y", "ünïcödé", "e" * 128])
@@ -99,7 +99,8 @@ def test_an_events_two_keys_share_one_cluster_slot(event_id, source):
 
 def _lose_the_commit(db, event_id, user=ALICE):
     """What a restore to a point before the event's COMMIT leaves: no row, no credit, the old balance."""
-    cents, = db.execute("DELETE FROM ledger_credits WHERE event_id = %s RETURNING amount_cents", [event_id]).fetchone()
+    cents, = db.execute("DELETE FROM ledger_journal WHERE event_id = %s RETURNING amount_cents", [event_id]).fetchone()
+    db.execute("DELETE FROM payments WHERE event_id = %s", [event_id])
     db.execute("DELETE FROM webhook_events WHERE event_id = %s", [event_id])
     db.execute("UPDATE user_balances SET balance_cents = balance_cents - %s WHERE user_id = %s", [cents, user])
 

@@ -43,7 +43,7 @@ def provider_payment(scheme, event_id, cents, user=ALICE):
     """A payment as the source's provider sends one: Stripe's payment_intent.succeeded, else seed 000's."""
     if scheme != "stripe":
         return payment(event_id, user=user, cents=cents)
-    intent = {"object": "payment_intent", "amount_received": cents, "currency": "usd",
+    intent = {"id": f"pi_{event_id}", "object": "payment_intent", "amount_received": cents, "currency": "usd",
               "metadata": {"user_id": str(user)}}
     return {"id": event_id, "object": "event", "type": "payment_intent.succeeded", "livemode": True,
             "data": {"object": intent}}
@@ -56,7 +56,7 @@ def stored(db, event_id):
 
 def credited(db, event_id):
     """{source: cents} of the ledger's credits for event_id."""
-    return dict(db.execute("SELECT source, amount_cents FROM ledger_credits WHERE event_id = %s", [event_id]))
+    return dict(db.execute("SELECT source, amount_cents FROM ledger_journal WHERE event_id = %s", [event_id]))
 
 
 # -- each scheme on its own source, in one app -----------------------------------
@@ -118,7 +118,7 @@ def test_same_id_on_one_source_credits_once(make_app, config, db):
 
 
 def test_a_purged_event_is_recognised_by_its_own_sources_credit_only(make_app, config, db, redis_client):
-    """ledger_credits outlives the row: it answers for its (source, id), not for the id on another source."""
+    """ledger_journal outlives the row: it answers for its (source, id), not for the id on another source."""
     client = make_app(sources_config(config, FOUR)).test_client()
     event = payment("evt_purged", cents=10)
     assert deliver(client, event, source="billing").json["status"] == "processed"
@@ -325,11 +325,11 @@ def test_cli_show_reads_the_named_sources_event(make_app, config, db):
     default = run("events", "show", "evt_same")
     assert default.exit_code == 0, default.output
     assert "source:         default" in default.output and "status:         completed" in default.output
-    assert f"credit:         30 cents to {ALICE}" in default.output
+    assert "balance change: credit of payment pay_evt_same: +30 cents to " + str(ALICE) in default.output
     billing = run("events", "show", "evt_same", "--source", "billing")
     assert billing.exit_code == 0, billing.output
     assert "source:         billing" in billing.output and "status:         failed" in billing.output
-    assert '"amountCents": 70' in billing.output and "credit:         -" in billing.output
+    assert '"amountCents": 70' in billing.output and "balance change: -" in billing.output
     missing = run("events", "show", "evt_only")
     assert missing.exit_code == 1 and "no stored event 'evt_only' of source 'default'" in missing.output
 
@@ -359,6 +359,6 @@ def test_cli_purge_deletes_the_named_sources_events_only(make_app, config, db):
         [("billing", "evt_same"), ("default", "evt_same")]
     assert run("events", "purge").output.startswith("purged 1 completed events")
     assert db.execute("SELECT source, event_id FROM webhook_events").fetchall() == [("billing", "evt_same")]
-    assert db.execute("SELECT count(*) FROM ledger_credits").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 2
     assert run("ledger", "verify").exit_code == 0
 

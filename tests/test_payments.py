@@ -1,0 +1,351 @@
+"""The ledger follows the payment: one payment announced by several events is
+credited once, and refunds debit by running total, in any order. Stripe's
+events are built and signed by stripe-python; real PostgreSQL, Redis and
+gunicorn."""
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import stripe
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.delivery import Outcome
+
+from .helpers import (
+    ALICE,
+    BOB,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    deliver,
+    encode,
+    http_post,
+    payment,
+    post_delivery,
+    samples,
+    signed_headers,
+)
+
+STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
+
+
+def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None):
+    """payment_intent.succeeded as Stripe sends it, built by stripe-python."""
+    return stripe.Event.construct_from({
+        "id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "type": "payment_intent.succeeded",
+        "livemode": True, "api_version": "2024-06-20", "pending_webhooks": 1,
+        "data": {"object": {"id": intent_id, "object": "payment_intent", "amount": cents, "amount_received": cents,
+                            "currency": currency, "status": "succeeded", "metadata": {"user_id": str(user)}}},
+    }, "sk_test")
+
+
+def charge_refunded(intent_id, refunded_total, currency="usd", event_id=None, cents=250):
+    """charge.refunded as Stripe sends it: the Charge, with the total refunded so far."""
+    return stripe.Event.construct_from({
+        "id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "type": "charge.refunded",
+        "livemode": True, "api_version": "2024-06-20", "pending_webhooks": 1,
+        "data": {"object": {"id": f"ch_{intent_id}", "object": "charge", "payment_intent": intent_id,
+                            "amount": cents, "amount_captured": cents, "amount_refunded": refunded_total,
+                            "refunded": refunded_total == cents, "currency": currency}},
+    }, "sk_test")
+
+
+def stripe_signed(event):
+    """The event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
+    body = str(event).encode()
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], int(time.time()))
+    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
+
+
+def send_stripe(client, event):
+    return post_delivery(client, *stripe_signed(event))
+
+
+def seed_refund(payment_id, refunded_total, event_id=None, **extra):
+    return {"id": event_id or f"evt_{uuid.uuid4().hex}", "type": "payment.refunded",
+            "data": {"paymentId": payment_id, "amountRefundedCents": refunded_total, **extra}}
+
+
+def _payment_row(db, payment_id):
+    return db.execute("SELECT user_id, amount_cents, refunded_cents FROM payments WHERE payment_id = %s",
+                      [payment_id]).fetchone()
+
+
+def _journal(db):
+    return db.execute("SELECT kind, payment_id, user_id, amount_cents FROM ledger_journal ORDER BY id").fetchall()
+
+
+def _event(db, event_id):
+    return db.execute("SELECT status, last_error FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+
+
+def _metrics(client):
+    return samples(client.get("/metrics").get_data(as_text=True))
+
+
+# -- a payment is credited once ------------------------------------------------
+
+@STRIPE
+def test_two_stripe_events_for_one_payment_intent_credit_once(client, db):
+    first, second = intent_succeeded("pi_twice"), intent_succeeded("pi_twice")
+    assert first.id != second.id
+    assert send_stripe(client, first).json == {"status": "processed", "event_id": first.id}
+    assert send_stripe(client, second).json == {"status": "duplicate", "event_id": second.id}
+    assert balance(db) == 1250
+    assert _payment_row(db, "pi_twice") == (ALICE, 250, 0)
+    assert _journal(db) == [("credit", "pi_twice", ALICE, 250)]
+    # Both events are recorded, and both completed: the second announced a payment already credited.
+    assert _event(db, second.id) == ("completed", None)
+    counted = _metrics(client)
+    assert counted[("webhook_ledger_payments_credited_total", (("source", "default"),))] == 1
+    assert counted[("webhook_ledger_payment_duplicates_total", (("source", "default"),))] == 1
+    assert_ledger_consistent(db)
+
+
+@STRIPE
+@pytest.mark.parametrize("change", [{"cents": 999}, {"user": BOB}, {"currency": "eur"}],
+                         ids=["amount", "user", "currency"])
+def test_the_same_payment_named_otherwise_is_409_payment_mismatch_recorded_and_not_credited(client, db, change):
+    assert send_stripe(client, intent_succeeded("pi_clash")).json["status"] == "processed"
+    other = intent_succeeded("pi_clash", **change)
+    response = send_stripe(client, other)
+    if change == {"currency": "eur"}:  # not the ledger's currency: refused before any payment is looked at
+        assert response.status_code == 422
+    else:
+        assert (response.status_code, response.json["error"], response.json["event_id"]) == \
+            (409, "payment_mismatch", other.id)
+        assert "pi_clash" in response.json["message"]
+        status, last_error = _event(db, other.id)
+        assert status == "failed" and "pi_clash" in last_error
+        assert _metrics(client)[("webhook_ledger_payment_mismatches_total", (("source", "default"),))] == 1
+        # The provider's retry of it is refused alike.
+        assert send_stripe(client, other).status_code == 409
+    assert (balance(db), balance(db, BOB)) == (1250, 0)
+    assert _journal(db) == [("credit", "pi_clash", ALICE, 250)]
+    assert_ledger_consistent(db)
+
+
+def test_seed_payments_with_one_payment_id_credit_once_and_without_one_each_credits(client, db):
+    assert deliver(client, payment("evt_a", cents=100, paymentId="pay_1")).json["status"] == "processed"
+    assert deliver(client, payment("evt_b", cents=100, paymentId="pay_1")).json["status"] == "duplicate"
+    assert deliver(client, payment("evt_c", cents=100, paymentId=None)).json["status"] == "processed"
+    assert deliver(client, payment("evt_d", cents=100, paymentId=None)).json["status"] == "processed"
+    assert balance(db) == 1300
+    assert [row[1] for row in _journal(db)] == ["pay_1", "evt_c", "evt_d"]
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("payment_id", [7, "", "p" * 129, "pay\u0000"])
+def test_a_payment_id_that_cannot_name_a_payment_is_422(client, db, payment_id):
+    response = deliver(client, payment("evt_bad_pid", paymentId=payment_id))
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert "data.paymentId" in response.json["message"]
+    assert balance(db) == 1000
+
+
+@STRIPE
+@pytest.mark.parametrize("copies", [2, 8])
+def test_concurrent_events_for_one_payment_intent_credit_once(gunicorn, db, copies):
+    server = gunicorn(workers=2, threads=4)
+    deliveries = [stripe_signed(intent_succeeded("pi_burst", cents=400)) for _ in range(copies)]
+    barrier = threading.Barrier(copies)
+
+    def send(delivery):
+        barrier.wait()
+        return http_post(server.base, *delivery)
+
+    with ThreadPoolExecutor(copies) as pool:
+        answers = list(pool.map(send, deliveries))
+    outcomes = Counter((status, body["status"]) for status, body, _ in answers)
+    assert outcomes == {(200, "processed"): 1, (200, "duplicate"): copies - 1}, outcomes
+    assert balance(db) == 1400
+    assert _journal(db) == [("credit", "pi_burst", ALICE, 400)]
+    assert_ledger_consistent(db)
+
+
+@STRIPE
+def test_events_for_one_payment_on_two_hosts_with_redis_flushed_midway_credit_once(gunicorn, db, redis_client):
+    hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=1, threads=4)]
+    deliveries = [stripe_signed(intent_succeeded("pi_hosts", user=BOB, cents=700)) for _ in range(12)]
+
+    def send(i):
+        if i == 6:
+            redis_client.flushall()
+        return http_post(hosts[i % 2].base, *deliveries[i])
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, range(12)))
+    # And each delivery once more, as a provider retrying after a timeout would.
+    answers += [http_post(hosts[i % 2].base, *deliveries[i]) for i in range(12)]
+    outcomes = Counter((status, body["status"]) for status, body, _ in answers)
+    assert outcomes[(200, "processed")] == 1, outcomes
+    assert set(outcomes) <= {(200, "processed"), (200, "duplicate"), (409, "in_progress")}, outcomes
+    assert balance(db, BOB) == 700
+    assert_ledger_consistent(db)
+
+
+# -- refunds debit by running total -----------------------------------------------
+
+@pytest.mark.parametrize("totals", [[100, 250], [250, 100], [100, 100, 100], [60, 200, 60, 120, 200]],
+                         ids=["in-order", "out-of-order", "repeated", "mixed"])
+def test_refunds_debit_the_highest_total_once_whatever_their_order(client, db, totals):
+    deliver(client, payment("evt_paid", cents=250, paymentId="pay_r"))
+    for total in totals:
+        response = deliver(client, seed_refund("pay_r", total))
+        assert response.json["status"] == "processed"
+    assert balance(db) == 1000 + 250 - max(totals)
+    assert _payment_row(db, "pay_r") == (ALICE, 250, max(totals))
+    debits = [cents for kind, _, _, cents in _journal(db) if kind == "refund"]
+    assert sum(debits) == -max(totals) and all(cents < 0 for cents in debits)
+    assert_ledger_consistent(db)
+
+
+@STRIPE
+def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
+    send_stripe(client, intent_succeeded("pi_refund", user=BOB, cents=500))
+    assert send_stripe(client, charge_refunded("pi_refund", 200, cents=500)).json["status"] == "processed"
+    assert send_stripe(client, charge_refunded("pi_refund", 500, cents=500)).json["status"] == "processed"
+    assert send_stripe(client, charge_refunded("pi_refund", 200, cents=500)).json["status"] == "processed"
+    assert balance(db, BOB) == 0
+    assert _payment_row(db, "pi_refund") == (BOB, 500, 500)
+    assert _metrics(client)[("webhook_ledger_refunds_applied_total", (("source", "default"),))] == 2
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("refund, reason", [
+    (seed_refund("pay_x", 251), "above payment pay_x's 250 cents"),
+    (seed_refund("pay_x", 100, currency="eur"), "data.currency must be the ledger's currency"),
+    (seed_refund("pay_x", 0), "data.amountRefundedCents must be a positive integer"),
+    (seed_refund("pay_x", 1.5), "data.amountRefundedCents must be a positive integer"),
+    (seed_refund(None, 100), "data.paymentId must be a payment id"),
+])
+def test_a_refund_above_its_payment_or_malformed_is_422_and_debits_nothing(client, db, refund, reason):
+    deliver(client, payment("evt_x", cents=250, paymentId="pay_x"))
+    response = deliver(client, refund)
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert reason in response.json["message"]
+    assert _event(db, refund["id"])[0] == "failed"
+    assert balance(db) == 1250
+    assert_ledger_consistent(db)
+
+
+@STRIPE
+def test_a_refund_in_another_currency_than_its_payment_is_422(make_app, config, db):
+    client = make_app({**config, "LEDGER_CURRENCY": "eur"}).test_client()
+    db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
+               " VALUES ('default', 'pi_usd', %s, 300, 'usd', 'evt_old')", [ALICE])
+    db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
+               " VALUES ('default', 'evt_old', 'credit', 'pi_usd', %s, 300)", [ALICE])
+    db.execute("UPDATE user_balances SET balance_cents = balance_cents + 300 WHERE user_id = %s", [ALICE])
+    response = send_stripe(client, charge_refunded("pi_usd", 100, currency="eur", cents=300))
+    assert response.status_code == 422
+    assert "refund in eur of payment pi_usd, which was in usd" in response.json["message"]
+    assert balance(db) == 1300
+
+
+def test_a_refund_before_its_payment_is_422_then_applied_by_the_retry(client, db, run_cli):
+    refund, retried = seed_refund("pay_late", 100), seed_refund("pay_late", 150)
+    for event in (refund, retried):
+        response = deliver(client, event)
+        assert (response.status_code, response.json["message"]) == (422, "unknown payment pay_late")
+        assert _event(db, event["id"]) == ("failed", "unknown payment pay_late")
+    deliver(client, payment("evt_late_paid", cents=200, paymentId="pay_late"))
+    # The provider's retry of one, `flask events replay` of the other.
+    assert deliver(client, refund).json["status"] == "processed"
+    result = run_cli("events", "replay", retried["id"])
+    assert result.exit_code == 0, result.output
+    assert balance(db) == 1000 + 200 - 150
+    assert _payment_row(db, "pay_late") == (ALICE, 200, 150)
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("order", ["refunds-first", "interleaved"])
+def test_concurrent_refund_totals_debit_the_highest_once(gunicorn, db, order):
+    server = gunicorn(workers=2, threads=4)
+
+    def send(event):
+        body = encode(event)
+        return http_post(server.base, body, signed_headers(body))
+
+    assert send(payment("evt_cc", user=BOB, cents=900, paymentId="pay_cc"))[1]["status"] == "processed"
+    totals = [100, 900, 300, 300, 800, 50, 900, 10]
+    refunds = [seed_refund("pay_cc", total) for total in totals]
+    with ThreadPoolExecutor(len(refunds)) as pool:
+        answers = list(pool.map(send, refunds if order == "refunds-first" else refunds[::-1]))
+    assert {status for status, _, _ in answers} <= {200, 503}, answers
+    for event, (status, _, _) in zip(refunds, answers, strict=True):
+        if status == 503:  # a lock wait beyond lock_timeout: the provider retries
+            assert send(event)[0] == 200
+    assert balance(db, BOB) == 0
+    assert_ledger_consistent(db)
+
+
+def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_reported(client, db, run_cli):
+    carol = uuid.UUID("44444444-4444-4444-8444-444444444444")
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [carol])
+    deliver(client, payment("evt_carol", user=carol, cents=300, paymentId="pay_carol"))
+    db.execute("UPDATE user_balances SET balance_cents = 0, opening_balance_cents = -300 WHERE user_id = %s",
+               [carol])  # she spent it (outside the ledger's journal, as an opening balance)
+    assert deliver(client, seed_refund("pay_carol", 300)).json["status"] == "processed"
+    assert balance(db, carol) == -300
+    assert _metrics(client)[("webhook_ledger_balances_below_zero_total", (("source", "default"),))] == 1
+    result = run_cli("ledger", "verify")
+    assert result.exit_code == 0, result.output
+    assert f"balance of user {carol} is below zero: -300 cents" in result.output
+    assert "1 balances below zero" in result.output
+
+
+def test_the_delivery_line_names_the_payment_and_the_change(client, db, caplog):
+    caplog.set_level(logging.INFO, logger="app.webhooks")
+    deliver(client, payment("evt_logged", cents=10, paymentId="pay_logged"))
+    deliver(client, seed_refund("pay_logged", 4))
+    lines = [r for r in caplog.records if r.getMessage() == "delivery"]
+    assert [(r.payment_id, r.change, r.outcome) for r in lines] == \
+        [("pay_logged", "credit", Outcome.PROCESSED), ("pay_logged", "refund", Outcome.PROCESSED)]
+
+
+def test_verify_reports_a_payment_credited_twice_and_refunds_that_do_not_add_up(client, db, run_cli):
+    deliver(client, payment("evt_v1", cents=50, paymentId="pay_v"))
+    deliver(client, seed_refund("pay_v", 20))
+    db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
+               " VALUES ('default', 'evt_forged', 'credit', 'pay_v', %s, 50)", [ALICE])
+    db.execute("UPDATE payments SET refunded_cents = 30")
+    result = run_cli("ledger", "verify")
+    assert result.exit_code == 1
+    assert "payment 'pay_v': credited 2 times" in result.output
+
+
+# -- any interleaving -----------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_for_any_interleaving_the_balance_is_opening_plus_amount_minus_the_highest_refunded_total(client, db, data):
+    payment_id = f"pay_{uuid.uuid4().hex}"
+    amount = data.draw(st.integers(1, 10_000), label="amount")
+    announcements = [payment(f"evt_{uuid.uuid4().hex}", user=BOB, cents=amount, paymentId=payment_id)
+                     for _ in range(data.draw(st.integers(1, 3), label="announcements"))]
+    refunds = [seed_refund(payment_id, total)
+               for total in data.draw(st.lists(st.integers(1, amount), max_size=5), label="totals")]
+    events = announcements + refunds
+    # Each event delivered at least once, duplicates and reorders included.
+    sent = data.draw(st.permutations(events + data.draw(st.lists(st.sampled_from(events), max_size=6))))
+    before = balance(db, BOB)
+    for event in sent:
+        assert deliver(client, event).status_code in (200, 422)
+    for event in events:  # the provider retries what was refused (a refund before its payment)
+        assert deliver(client, event).status_code == 200
+    highest = max((r["data"]["amountRefundedCents"] for r in refunds), default=0)
+    assert balance(db, BOB) - before == amount - highest
+    assert_ledger_consistent(db)
+
+
+@pytest.fixture
+def run_cli(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
