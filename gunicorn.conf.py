@@ -169,6 +169,12 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+    # prometheus-client creates a worker's file, then sizes it: a worker killed
+    # in between (at boot, say) leaves an empty file that fails every later
+    # scrape (prometheus/client_python#1199, open). Empty, it held no counts.
+    for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"*_{worker.pid}.db")):
+        if os.path.getsize(path) == 0:
+            os.remove(path)
 
 
 def on_exit(server):

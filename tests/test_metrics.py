@@ -165,3 +165,18 @@ def test_a_worker_boots_after_a_cleaner_removed_the_metrics_folder(gunicorn, db,
     for _ in range(4):  # whichever worker answers the scrape
         assert deliveries(_scrape(server.base), "processed") >= 1
     assert server.proc.poll() is None
+
+
+def test_an_empty_file_left_by_a_worker_killed_at_boot_stops_no_scrape(gunicorn, db, tmp_path):
+    """prometheus-client creates a worker's file and sizes it after: a worker killed in between leaves it empty,
+    and every scrape failed on it (prometheus/client_python#1199) until gunicorn was restarted."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    victim = server.worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    (metrics_dir / f"summary_{victim}.db").touch()  # what it would leave, killed between the two
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: len(server.worker_pids()) == 2 and victim not in server.worker_pids(), what="a new worker")
+    for _ in range(4):  # whichever worker answers the scrape
+        assert _scrape(server.base) is not None
