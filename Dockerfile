@@ -25,7 +25,7 @@ RUN python -c "import configparser; c = configparser.RawConfigParser(); c.read('
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 
 COPY app/ ./app/
-COPY wsgi.py logformat.py gunicorn.conf.py schema.sql ./
+COPY wsgi.py logformat.py gunicorn_worker.py gunicorn.conf.py schema.sql ./
 
 USER app
 

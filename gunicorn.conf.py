@@ -20,7 +20,9 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # and 4x2 were slower); re-measured after the logging and Redis changes, 4x2
 # and 8x1 were not better beyond the shared machine's noise.
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
-worker_class = "gthread"
+# gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
+# senders that stall mid-request no longer hold every thread (gunicorn_worker.py).
+worker_class = "gunicorn_worker.ThreadWorker"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
 # Under gthread this is a heartbeat, not a limit on a request: the master
 # restarts a worker whose main loop has not checked in for 30 s (a worker
@@ -99,7 +101,7 @@ _SETTINGS_PACKAGE = "_webhook_ledger_settings"
 
 
 def on_starting(server):
-    problem = _settings_problem()
+    problem = _settings_problem() or _read_timeout_problem()
     if problem:
         # One line, naming the setting; no worker is started. Measured: left to
         # the workers (wsgi.py exits 3), 4 workers print it 4 times and
@@ -108,8 +110,23 @@ def on_starting(server):
         on_exit(server)
         sys.exit(EX_CONFIG)
     # Counts left by an earlier run would be added to this one's.
-    for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "*.db")):
+    for path in glob.glob(os.path.join(_metrics_dir(), "*.db")):
         os.remove(path)
+
+
+def post_fork(server, worker):
+    # A worker cannot boot without its metrics folder, and gunicorn's master
+    # stops when one fails to: a /tmp cleaner that removed it would take the
+    # host down at the next worker restart. So each new worker makes it again
+    # (the counts of the files removed are lost: Prometheus sees a reset).
+    _metrics_dir()
+
+
+def _metrics_dir():
+    """PROMETHEUS_MULTIPROC_DIR, made if it is missing."""
+    path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def _settings_problem():
@@ -137,11 +154,27 @@ def _settings_problem():
             del sys.modules[name]
 
 
+def _read_timeout_problem():
+    import gunicorn_worker  # here, not above: the working directory is on sys.path only now
+
+    try:
+        gunicorn_worker.read_timeout(os.environ)
+    except ValueError as exc:
+        return f"configuration error: {exc}"
+    return None
+
+
 def child_exit(server, worker):
     # A dead worker's gauges must stop counting; its counters still do.
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+    # prometheus-client creates a worker's file, then sizes it: a worker killed
+    # in between (at boot, say) leaves an empty file that fails every later
+    # scrape (prometheus/client_python#1199, open). Empty, it held no counts.
+    for path in glob.glob(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], f"*_{worker.pid}.db")):
+        if os.path.getsize(path) == 0:
+            os.remove(path)
 
 
 def on_exit(server):

@@ -7,6 +7,7 @@ new code into the new workers).
 """
 
 import logging
+import re
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
@@ -25,16 +26,47 @@ def json_formatter():
 
 
 class HumanFormatter(logging.Formatter):
-    """`12:00:01 INFO  app.webhooks: delivery event_id=evt_1 outcome=processed ...`"""
+    """`12:00:01 INFO  app.webhooks: delivery event_id=evt_1 outcome=processed ...`
+
+    A sender controls some of what is logged (an event id, a header): control
+    characters are escaped as in the JSON lines, and a value with a space, a
+    quote or an `=` is quoted, so that no value can start a line of its own,
+    colour the terminal or pass for another field.
+    """
 
     def __init__(self):
         super().__init__("%(asctime)s %(levelname)-5s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
     def format(self, record):
-        extras = " ".join(f"{key}={value}" for key, value in vars(record).items()
-                          if key not in _STANDARD and value is not None)
-        line = super().format(record)
-        return f"{line} {extras}" if extras else line
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        fields = [self.formatMessage(record).translate(_ESCAPES)]
+        fields += [f"{key}={_value(value)}" for key, value in vars(record).items()
+                   if key not in _STANDARD and value is not None]
+        line = " ".join(fields)
+        # A traceback keeps its lines, indented: every line at the margin starts a record.
+        for text in (record.exc_info and self.formatException(record.exc_info),
+                     record.stack_info and self.formatStack(record.stack_info)):
+            if text:
+                line += "".join(f"\n    {part.translate(_ESCAPES)}" for part in text.splitlines())
+        return line
+
+
+# C0 and C1 controls, DEL, and the line separators and bidirectional overrides
+# that a terminal also acts on: written as JSON escapes (\n, \u001b, ...).
+_CONTROLS = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}.get(c, f"\\u{c:04x}") for c in _CONTROLS}
+# Written as they are; any other string is quoted.
+_BARE = re.compile(r"[A-Za-z0-9._:/@+,%-]+")
+
+
+def _value(value):
+    if isinstance(value, (int, float)):  # bool too
+        return str(value)
+    text = str(value)
+    if _BARE.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').translate(_ESCAPES) + '"'
 
 
 def formatter_for(stream):

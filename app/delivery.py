@@ -1,6 +1,7 @@
 """A delivery's record: what its log line and its metrics need, and nothing else.
 
-The view fills it in as the delivery goes (event, secret, lock state,
+It is begun for every request under /api/webhooks, before routing; the
+view fills it in as the delivery goes (event, secret, lock state,
 outcome); errors.py sets the outcome of a delivery that ends in an error.
 After the answer, one log line and the metrics are taken from it.
 """
@@ -9,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from flask import current_app, g
+from flask import current_app, g, request
 
 from . import logs
 
@@ -30,7 +31,7 @@ class Outcome(StrEnum):
 
 @dataclass
 class Delivery:
-    source: str
+    source: str | None  # a configured source's name; None until the view finds one
     started: float = field(default_factory=time.perf_counter)
     event_id: str | None = None
     event_type: str | None = None
@@ -51,10 +52,9 @@ class Delivery:
         return None not in (self.body_sha256, self.stored_sha256) and self.body_sha256 != self.stored_sha256
 
 
-def begin(source):
-    """Start the record of the delivery to source that the current request is."""
-    g.delivery = Delivery(source)
-    return g.delivery
+# Every request under it is a delivery: logged and counted, whatever its
+# answer (a 404 or 405 from routing included).
+PREFIX = "/api/webhooks"
 
 
 def current():
@@ -63,7 +63,14 @@ def current():
 
 
 def init_app(app):
+    app.before_request(_begin)
     app.after_request(_finish)
+
+
+def _begin():
+    # Before routing's own errors are raised: the view names the source.
+    if request.path == PREFIX or request.path.startswith(PREFIX + "/"):
+        g.delivery = Delivery(source=None)
 
 
 def _finish(response):

@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import psycopg
 from flask import current_app, jsonify
-from werkzeug.exceptions import HTTPException
+from gunicorn.http.errors import ParseException as MalformedRequest
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
 from . import delivery
 from .config import UnknownSource
@@ -47,6 +48,10 @@ ANSWERS = {
     PaymentMismatch: Answer(409, "payment_mismatch", Outcome.PAYMENT_MISMATCH, names_event=True),
     InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
                        extra={"status": "in_progress"}),
+    # gunicorn reads a chunked body as the view asks for it, so its framing
+    # errors (a chunk size that is not hexadecimal, a chunk without its CRLF,
+    # a bad extension or trailer) reach the app: the sender's fault, not a bug.
+    MalformedRequest: Answer(400, "bad_request", Outcome.REJECTED, "malformed chunked request body"),
     # DESIGN.md's body is the code alone: nothing about what is configured.
     UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Transient: nothing was committed, and the sender's retry will find the
@@ -79,6 +84,7 @@ _CODES = {
     400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "too_large",
     415: "unsupported_media_type",
 }
@@ -116,6 +122,10 @@ def _domain_error(exc):
 
 
 def _http_error(exc):
+    if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
+        # Werkzeug's word for a body read that failed: here, because the body did not arrive
+        # within the server's deadline (gunicorn_worker.py). The connection is closed after.
+        exc = RequestTimeout("the request body did not arrive in time")
     error = _CODES.get(exc.code, "http_error")
     record = delivery.current()
     if record is not None:

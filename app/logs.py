@@ -44,7 +44,10 @@ def log_delivery(delivery, response, seconds):
     It carries what gunicorn's access line does (off by default), so that one line per delivery is enough.
     """
     fields = {
-        "method": request.method, "path": request.path, "remote_addr": request.remote_addr,
+        # A path that reaches no source may hold anything a sender chose (a
+        # secret pasted into a URL, say): only a configured source's is logged.
+        "method": request.method, "path": request.path if delivery.source else None,
+        "remote_addr": request.remote_addr,
         "status": response.status_code, "bytes": response.content_length,
         "source": delivery.source, "event_id": delivery.event_id, "event_type": delivery.event_type,
         "outcome": delivery.outcome, "reason": delivery.reason, "latency_ms": round(seconds * 1000, 1),

@@ -61,7 +61,8 @@ class Metrics:
             "webhook_ledger_delivery_duration_seconds", "Time from request to answer of a delivery, by outcome",
             ["source", "outcome"], buckets=LATENCY_BUCKETS, registry=registry)
         self.unknown_source = Counter(
-            "webhook_ledger_unknown_source_requests", "Requests to /api/webhooks/<source> naming no configured source",
+            "webhook_ledger_unknown_source_requests",
+            "Requests under /api/webhooks that reach no configured source: an unknown name, no route, not a POST",
             registry=registry)
         self.reserialised = Counter(
             "webhook_ledger_reserialised_deliveries",
@@ -129,7 +130,10 @@ def init_app(app):
 def scrape():
     """The Prometheus text exposition of every worker's metrics."""
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Removed under us (a /tmp cleaner): the counts in it are gone, but a
+        # scrape still answers, with what the workers write from now on.
+        os.makedirs(path, mode=0o700, exist_ok=True)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:

@@ -18,14 +18,19 @@ bp = Blueprint("webhooks", __name__)
 
 # The default source's route passes None, not its name: with its name as the
 # default, Werkzeug would answer /api/webhooks/default with a redirect there.
-@bp.post("/api/webhooks", defaults={"source": None})
-@bp.post("/api/webhooks/<source>")
+# A trailing slash names the same source: a provider configured with one would
+# otherwise fail every delivery (a redirect is not followed by providers), and
+# the source's secret verifies it all the same. POST only, OPTIONS included:
+# any other method is a 405, logged and counted like every answer here.
+@bp.post("/api/webhooks", defaults={"source": None}, strict_slashes=False, provide_automatic_options=False)
+@bp.post("/api/webhooks/<source>", strict_slashes=False, provide_automatic_options=False)
 def receive(source):
     """Verify, parse, lock, apply in one transaction, answer; see DESIGN.md. Errors raise (errors.py)."""
     config = current_app.config
     # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<source>.
     sender = None if source == DEFAULT_SOURCE else config["SOURCES"].get(source or DEFAULT_SOURCE)
-    record = delivery.begin(sender and sender.name)
+    record = delivery.current()
+    record.source = sender and sender.name
     if sender is None:
         # Before anything is read: an unknown source costs a dict lookup.
         raise UnknownSource("no such source")

@@ -105,11 +105,12 @@ def prepare(conninfo):
 
 
 def describe(topology, base):
-    hosts = "\n".join(f"  host{i + 1}      http://127.0.0.1:{port}  (log: {base}/host{i + 1}/gunicorn.log)"
+    hosts = "\n".join(f"  host{i + 1}      http://127.0.0.1:{port}  (/metrics, /ready, /openapi.json here;"
+                      f" log: {base}/host{i + 1}/gunicorn.log)"
                       for i, port in enumerate(topology.host_ports))
     nodes = " ".join(str(node.port) for node in topology.redis.nodes)
     return f"""
-haproxy      {topology.base}  (deploy/haproxy.cfg; log: {base}/haproxy/haproxy.log)
+haproxy      {topology.base}  (/api/webhooks only; deploy/haproxy.cfg; log: {base}/haproxy/haproxy.log)
 {hosts}
 PgBouncer    127.0.0.1:{topology.pgbouncer.port}, transaction pooling (deploy/pgbouncer.ini)
 PostgreSQL   127.0.0.1:{topology.pg.port}

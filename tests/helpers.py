@@ -7,8 +7,10 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,7 +163,8 @@ def sources_config(config, sources, **settings):
 
 # -- HTTP to a real server ------------------------------------------------------
 
-def _request(base, method, path, body=None, headers=None, timeout=30):
+def http_request(base, method, path, body=None, headers=None, timeout=30):
+    """method path; return (status, parsed JSON body, headers). Raises on connection errors."""
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
@@ -174,12 +177,35 @@ def _request(base, method, path, body=None, headers=None, timeout=30):
 
 def http_post(base, body, headers, timeout=30, source=None):
     """POST body to source's path; return (status, parsed JSON body, headers). Raises on connection errors."""
-    return _request(base, "POST", source_path(source), body, headers, timeout)
+    return http_request(base, "POST", source_path(source), body, headers, timeout)
 
 
 def http_get(base, path, timeout=10):
     """GET path; return (status, parsed JSON body)."""
-    return _request(base, "GET", path, timeout=timeout)[:2]
+    return http_request(base, "GET", path, timeout=timeout)[:2]
+
+
+def raw_exchange(base, data, timeout=10):
+    """Send data (bytes: a whole request, well formed or not) on a new connection, and read until the server
+    closes it or timeout; return (status, parsed JSON body) of the first answer, or (None, None) for none."""
+    parts = urlsplit(base)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        return read_answer(sock)
+
+
+def read_answer(sock):
+    """(status, parsed JSON body) of the answer on sock, read until the server closes; (None, None) if none came."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    if not received:
+        return None, None
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
 
 
 def burst(bases, body, headers, copies=50, source=None):
@@ -251,6 +277,12 @@ PAID_BY_STORED_EVENTS = """
     SELECT source, payment_id, user_id, cents, coalesce(total, 0)
     FROM paid LEFT JOIN refunded USING (source, payment_id)
 """
+
+
+def scrape(base):
+    """samples() of a real server's GET /metrics."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        return samples(response.read().decode())
 
 
 def samples(text):

@@ -10,7 +10,7 @@ import psycopg_pool
 import pytest
 from psycopg import errors
 
-from .helpers import ALICE, balance, deliver, event_rows, payment
+from .helpers import ALICE, balance, deliver, event_rows, payment, raw_exchange, scrape
 
 TRANSIENT = [
     psycopg.OperationalError("connection to server at 127.0.0.1 failed: Connection refused"),
@@ -108,3 +108,28 @@ def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(m
 @pytest.fixture(autouse=True)
 def _capture_app_logs(caplog):
     caplog.set_level(logging.WARNING, logger="app")
+
+
+# -- a malformed chunked body, read by the real server as the view asks for it ---------
+
+def _chunked(body_bytes):
+    return (b"POST /api/webhooks HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"X-Signature: 00\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + body_bytes)
+
+
+@pytest.mark.parametrize("body", [
+    b"zz\r\n{}\r\n0\r\n\r\n",         # a chunk size that is not hexadecimal
+    b"2\r\n{}XX0\r\n\r\n",            # a chunk without its CRLF terminator
+    b"2;\x01\r\n{}\r\n0\r\n\r\n",     # a bad chunk extension
+], ids=["bad-size", "missing-terminator", "bad-extension"])
+def test_a_malformed_chunked_body_is_a_400_not_a_500(gunicorn, db, body):
+    server = gunicorn(workers=1, threads=2)
+    status, answer = raw_exchange(server.base, _chunked(body))
+    assert (status, answer["error"]) == (400, "bad_request"), answer
+    assert "chunked" in answer["message"]
+    assert event_rows(db) == 0
+    scraped = scrape(server.base)
+    assert scraped[("webhook_ledger_deliveries_total",
+                    (("outcome", "rejected"), ("reason", "bad_request"), ("source", "default")))] == 1
+    assert not any(name == "webhook_ledger_deliveries_total" and ("outcome", "error") in labels
+                   for name, labels in scraped)

@@ -1,9 +1,13 @@
 """app/logs.py and gunicorn.conf.py's logconfig_dict: JSON lines, the request id."""
 
 import json
+import os
 import re
+import threading
 
 import pytest
+
+from devservers import Gunicorn
 
 from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, signed_headers
 
@@ -113,3 +117,60 @@ def test_a_terminal_gets_human_lines_from_the_same_records():
     line = formatter_for(Terminal()).format(record)
     assert re.fullmatch(r"\d\d:\d\d:\d\d INFO  app\.webhooks: delivery event_id=evt_1 outcome=processed", line)
     assert json.loads(formatter_for(io.StringIO()).format(record))["outcome"] == "processed"
+
+
+# -- a terminal: the human lines, which a sender must not be able to forge or colour ----------
+
+class Terminal:
+    """A pseudo-terminal for a server's output: what `make run` or `docker run -t` shows."""
+
+    def __init__(self):
+        self.master, self.slave = os.openpty()
+        self.path = os.ttyname(self.slave)
+        self.output = bytearray()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer closed
+                return
+            if not data:
+                return
+            self.output += data
+
+    def lines(self):
+        return bytes(self.output).decode().replace("\r\n", "\n").splitlines()
+
+    def close(self):
+        os.close(self.slave)
+        self.reader.join(5)
+        os.close(self.master)
+
+
+FORGED = "12:00:00 INFO  app.webhooks: delivery event_id=evt_x outcome=processed"
+
+
+def test_a_terminal_s_lines_escape_what_a_sender_controls(config, db):
+    terminal = Terminal()
+    server = Gunicorn(config, workers=1, threads=2, log_path=terminal.path).start()
+    try:
+        event_id = f"evt_inject\n{FORGED}\x1b[31m\x9b31m"
+        body = encode(payment(event_id))
+        assert http_post(server.base, body, signed_headers(body))[0] == 200
+        assert http_post(server.base, b"{}", {"Content-Type": "application/json"},
+                         source=f"nosuch%0A{FORGED}%1B[32m".replace(" ", "%20"))[0] == 404
+    finally:
+        server.stop()
+        terminal.close()
+    lines = terminal.lines()
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\x9b" not in text
+    assert not any(line.startswith(FORGED[:30]) for line in lines), text
+    deliveries = [line for line in lines if " app.webhooks: delivery " in line]
+    assert len(deliveries) == 2, text
+    assert r'event_id="evt_inject\n12:00:00 INFO  app.webhooks: delivery event_id=evt_x' in deliveries[0]
+    assert r'\u001b[31m\u009b31m"' in deliveries[0]
+    assert "nosuch" not in deliveries[1]  # a name no source has is never logged

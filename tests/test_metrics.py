@@ -3,6 +3,7 @@ gunicorn workers (multiprocess mode, child_exit, the directory wiped at start)."
 
 import json
 import os
+import shutil
 import signal
 import threading
 import urllib.request
@@ -11,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from app.lock import lock_key
 from devservers import wait_until
 
-from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_post, payment, samples, signed_headers
+from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, samples, signed_headers
 
 
 def deliveries(scraped, outcome, reason="", source="default"):
@@ -139,3 +140,43 @@ def test_metrics_directory_is_wiped_at_start_and_dead_workers_gauges_dropped(gun
     wait_until(lambda: not (metrics_dir / f"gauge_livesum_{victim}.db").exists(), what="child_exit hook")
     wait_until(lambda: len(server.worker_pids()) == 2, what="replacement worker")
     assert deliveries(_scrape(server.base), "processed") == 1  # a dead worker's counts still count
+
+
+def test_a_worker_boots_after_a_cleaner_removed_the_metrics_folder(gunicorn, db, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    body = encode(payment())
+    assert http_post(server.base, body, signed_headers(body))[0] == 200
+
+    shutil.rmtree(metrics_dir)  # what a /tmp cleaner does
+    assert _scrape(server.base) is not None  # the workers running now still answer a scrape
+    for victim in server.worker_pids():  # each worker in turn is replaced
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda victim=victim: server.proc.poll() is not None or
+                   (len(server.worker_pids()) == 2 and victim not in server.worker_pids()),
+                   what="a replacement worker, or the master's exit")
+        assert server.proc.poll() is None, "gunicorn's master stopped: the new worker failed to boot"
+
+    assert metrics_dir.is_dir()
+    body = encode(payment())
+    assert http_post(server.base, body, signed_headers(body))[0] == 200
+    assert http_get(server.base, "/health")[0] == 200
+    for _ in range(4):  # whichever worker answers the scrape
+        assert deliveries(_scrape(server.base), "processed") >= 1
+    assert server.proc.poll() is None
+
+
+def test_an_empty_file_left_by_a_worker_killed_at_boot_stops_no_scrape(gunicorn, db, tmp_path):
+    """prometheus-client creates a worker's file and sizes it after: a worker killed in between leaves it empty,
+    and every scrape failed on it (prometheus/client_python#1199) until gunicorn was restarted."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    victim = server.worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    (metrics_dir / f"summary_{victim}.db").touch()  # what it would leave, killed between the two
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: len(server.worker_pids()) == 2 and victim not in server.worker_pids(), what="a new worker")
+    for _ in range(4):  # whichever worker answers the scrape
+        assert _scrape(server.base) is not None

@@ -22,7 +22,7 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
         conf = archive.read(next(n for n in names if n.endswith(".data/data/share/webhook-ledger/gunicorn.conf.py")))
     release = "-".join(wheel.name.split("-")[:2])  # webhook_ledger-<version>
     assert {name.split("/")[0] for name in names} == {
-        "app", "wsgi.py", "logformat.py", f"{release}.dist-info", f"{release}.data"}, names
+        "app", "wsgi.py", "logformat.py", "gunicorn_worker.py", f"{release}.dist-info", f"{release}.data"}, names
     assert not [n for n in names if n.startswith(("devservers/", "tests/", "scripts/", "deploy/"))]
     # Copies of the checkout's files, byte for byte (app/schema.sql is a symlink to the top-level one).
     assert schema == (ROOT / "schema.sql").read_bytes()

@@ -17,11 +17,15 @@ from .helpers import (
     deliver,
     encode,
     event_rows,
+    http_request,
     payment,
     post_delivery,
+    scrape,
     secret_for,
     signed_headers,
     signing_key,
+    source_secret,
+    sources_config,
 )
 
 
@@ -291,3 +295,44 @@ def test_an_authentic_payment_that_jsonb_cannot_hold_is_stored_and_credited_from
         == ("completed", body, None)
     assert post_delivery(client, body, signed_headers(body)).json["status"] == "duplicate"
     assert balance(db) == 1250
+
+
+# -- every answer under /api/webhooks is logged and counted, whatever its status --------------
+
+def test_a_trailing_slash_is_the_same_source_and_every_answer_is_logged_and_counted(config, gunicorn, db, tmp_path):
+    server = gunicorn(workers=1, threads=2, **sources_config(config, {"billing": None}))
+    body = encode(payment("evt_slash"))
+    billing = signed_headers(body, source_secret("billing", "hmac-sha256"))
+
+    def post(path, headers=billing):
+        status, answer, _ = http_request(server.base, "POST", path, body, headers)
+        return status, answer.get("status") or answer["error"]
+
+    assert post("/api/webhooks/billing/") == (200, "processed")
+    assert post("/api/webhooks/billing") == (200, "duplicate")
+    assert post("/api/webhooks/", signed_headers(body)) == (200, "processed")
+    assert post("/api/webhooks", signed_headers(body)) == (200, "duplicate")
+    assert balance(db) == 1000 + 2 * 250
+    # Answers that no source gives: each is logged and counted all the same.
+    assert post("/api/webhooks/billing/x") == (404, "not_found")
+    assert post("/api/webhooks/nosuch/") == (404, "unknown_source")
+    assert http_request(server.base, "GET", "/api/webhooks/billing")[:2] == (405, {
+        "error": "method_not_allowed", "message": "The method is not allowed for the requested URL."})
+    assert http_request(server.base, "OPTIONS", "/api/webhooks")[0] == 405
+    assert http_request(server.base, "GET", "/nowhere")[0] == 404  # not under /api/webhooks: neither
+
+    scraped = scrape(server.base)
+    server.stop()
+    deliveries = [json.loads(line) for line in (tmp_path / "gunicorn-0.log").read_text().splitlines()
+                  if '"message":"delivery"' in line]
+    assert [(d["source"], d["status"], d["outcome"], d["reason"]) for d in deliveries] == [
+        ("billing", 200, "processed", None), ("billing", 200, "duplicate", None),
+        ("default", 200, "processed", None), ("default", 200, "duplicate", None),
+        (None, 404, "rejected", "not_found"), (None, 404, "rejected", "unknown_source"),
+        (None, 405, "rejected", "method_not_allowed"), (None, 405, "rejected", "method_not_allowed"),
+    ]
+    # A path that reaches no source may carry anything a sender chose: it is not logged.
+    assert [d["path"] for d in deliveries] == ["/api/webhooks/billing/", "/api/webhooks/billing", "/api/webhooks/",
+                                               "/api/webhooks", None, None, None, None]
+    assert scraped[("webhook_ledger_unknown_source_requests_total", ())] == 4
+    assert sum(v for (name, _), v in scraped.items() if name == "webhook_ledger_deliveries_total") == 4
