@@ -6,7 +6,6 @@ HEALTHCHECK kept, and a SIGTERM with a delivery in flight (answered, then
 exit 0). Sizes and timings are printed in the test run's output."""
 
 import json
-import re
 import subprocess
 import threading
 import time
@@ -16,13 +15,12 @@ import uuid
 import psycopg
 import pytest
 
-from devservers import ROOT, free_port, wait_until
+from devservers import free_port, readme, wait_until
 from devservers import image as images
 from devservers.packages import IMAGE, find, image_test_skipped
 
 from .helpers import http_get, http_post, samples, signed_headers
 
-README = (ROOT / "README.md").read_text()
 DEMO_USER = uuid.UUID("00000000-0000-4000-8000-000000000001")  # the README's curl credits it
 DEMO_SECRET = "dev-secret-change-me"  # the README's curl signs with it
 APP_UID = 10001  # the Dockerfile's `app` user
@@ -121,10 +119,7 @@ def _answers(base):
 
 def readme_curl(base):
     """The README's smoke test, its URL pointed at base, run by bash (curl and openssl)."""
-    section = README.split("## Smoke test with curl", 1)[1]
-    script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    assert "http://127.0.0.1:8000/api/webhooks" in script
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script.replace("http://127.0.0.1:8000", base)],
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", readme.smoke_test(base)],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
