@@ -85,9 +85,10 @@ def check(name, commit, work, keep_log):
     port = free_port()
     run_log = work / "make-run.log"
     started = time.monotonic()
-    # Its own process group, as in a terminal: Ctrl-C is a SIGINT to the group.
+    # Its own process group, as in a terminal: Ctrl-C is a SIGINT to the group
+    # (--wait: setsid forks when its caller leads a group, as podman exec does).
     runner = subprocess.Popen(
-        [program("podman"), "exec", "--env", f"PORT={port}", name, "setsid", "bash", "-c",
+        [program("podman"), "exec", "--env", f"PORT={port}", name, "setsid", "--wait", "bash", "-c",
          f"echo $$ > /tmp/run.pgid; cd {SRC} && exec make run"],
         env=images.podman_env(), stdout=run_log.open("wb"), stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
