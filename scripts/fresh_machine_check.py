@@ -29,6 +29,20 @@ CONTAINER_ENV = {
     # pip's TLS, as on this machine: the package index's certificates are re-signed here.
     "PIP_CERT": images.BUILD_CA,
 }
+# The servers' processes, to tell whether make run left any after Ctrl-C
+# (apt-get may have started Debian's own PostgreSQL before): read from /proc
+# (the prerequisites hold no procps) by a script on stdin, so that no command
+# line but theirs holds the names.
+LEFT_BEHIND = """
+import pathlib, re
+for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+    try:
+        command = cmdline.read_bytes().replace(b"\\0", b" ").decode(errors="replace")
+    except OSError:
+        continue
+    if re.search("postgres|redis-server|gunicorn", command):
+        print(cmdline.parent.name, command)
+"""
 MAKE_TEST_TIMEOUT_S = 75 * 60  # the suite takes 15-25 min on a quiet machine; a shared one is slower
 RUN_START_TIMEOUT_S = 300  # make run's first start creates the venv and installs the lock
 
@@ -82,6 +96,7 @@ def check(name, commit, work, keep_log):
             timeout=900, check=True)
     step("apt-get install of the README's packages", started)
 
+    before = servers_running(name)
     port = free_port()
     run_log = work / "make-run.log"
     started = time.monotonic()
@@ -112,10 +127,9 @@ def check(name, commit, work, keep_log):
                 runner.wait(60)
             except subprocess.TimeoutExpired:
                 return _failed("make run did not stop within 60 s of Ctrl-C", run_log)
-    left = exec_in(name, "pgrep -a 'postgres|redis-server|gunicorn' || true", timeout=30,
-                   capture_output=True, text=True).stdout.strip()
+    left = servers_running(name) - before
     if left:
-        return _failed(f"Ctrl-C left processes behind:\n{left}", run_log)
+        return _failed("Ctrl-C left processes behind:\n" + "\n".join(sorted(left)), run_log)
     print(f"check: make run stopped on Ctrl-C (exit {runner.returncode}), nothing left running", flush=True)
 
     test_log = work / "make-test.log"
@@ -131,6 +145,12 @@ def check(name, commit, work, keep_log):
         for log in (run_log, test_log):
             (keep_log / log.name).write_bytes(log.read_bytes())
     return 0 if done.returncode == 0 else 1
+
+
+def servers_running(name):
+    listed = subprocess.run([program("podman"), "exec", "--interactive", name, "python3", "-"], input=LEFT_BEHIND,
+                            env=images.podman_env(), capture_output=True, text=True, timeout=30, check=True)
+    return set(listed.stdout.splitlines())
 
 
 def _answers(name, base_url):
