@@ -20,12 +20,13 @@ SERVERS = {
     "pgbouncer": "pgbouncer",  # the pooler, ditto
     "promtool": "prometheus",  # checks and unit-tests deploy/prometheus/alerts.yml
     "runuser": "util-linux",  # runs PostgreSQL as `postgres` when we are root
-    "pgrep": "procps",  # finds gunicorn's workers
+    "pgrep": "procps",  # test_cluster.py looks for what `make cluster` left running
 }
 # tests/test_image.py: podman with runc (crun refuses the cgroup layout of
-# this project's machines), and mmdebstrap to make a Debian base image from
-# the apt mirror (there is no registry of images to pull from).
-IMAGE = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
+# this project's machines), mmdebstrap to make a Debian base image from the
+# apt mirror (there is no registry of images to pull from), and the README's
+# curl, which it sends to the container.
+IMAGE = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap", "curl": "curl", "openssl": "openssl"}
 GROUPS = {
     "test": {**SERVERS, **IMAGE},
     "cluster": {name: SERVERS[name] for name in ("redis-server", "redis-cli", "haproxy", "pgbouncer")},
