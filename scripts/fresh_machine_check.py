@@ -21,7 +21,7 @@ from pathlib import Path
 
 from devservers import ROOT, free_port, readme, wait_until
 from devservers import image as images
-from devservers.packages import program
+from devservers.packages import ensure, program
 
 SRC = "/src"  # the clone, inside the container
 CONTAINER_ENV = {
@@ -63,6 +63,8 @@ def main():
     parser.add_argument("--keep-log", type=Path, help="copy make run's and make test's logs here")
     args = parser.parse_args()
     begun = time.monotonic()
+    if ensure("check") != 0:
+        return 1
     base = images.debian_base()
     step(f"debian base {base}", begun)
     work = Path(tempfile.mkdtemp(prefix="webhook-ledger-fresh.", dir=images.CACHE))
@@ -72,7 +74,9 @@ def main():
                             text=True, check=True).stdout.strip()
     name = f"webhook-ledger-fresh-{uuid.uuid4().hex[:8]}"
     ca = ["--volume", f"{images.HOST_CA}:{images.BUILD_CA}:ro"] if images.HOST_CA.exists() else []
-    images.podman("run", "--detach", "--network", "host", "--name", name, "--volume", f"{clone}:{SRC}", *ca,
+    # Its own network (slirp4netns: no bridge here): its loopback ports are its own, as on a machine of its own,
+    # not the host's, where other test suites pick free ports too.
+    images.podman("run", "--detach", "--network", "slirp4netns", "--name", name, "--volume", f"{clone}:{SRC}", *ca,
                   *(arg for key, value in CONTAINER_ENV.items() for arg in ("--env", f"{key}={value}")),
                   base, "sleep", "infinity", timeout=120)
     try:
