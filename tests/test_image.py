@@ -43,8 +43,11 @@ def report(request):
     lines = []
     yield lines
     terminal = request.config.pluginmanager.get_plugin("terminalreporter")
-    for line in lines:
-        terminal.write_line(f"test_image: {line}")
+    # Past pytest's capture of the test's output, as capsys.disabled() does.
+    with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+        terminal.write_line("")
+        for line in lines:
+            terminal.write_line(f"test_image: {line}")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +65,8 @@ def built(report):
     timings["bases and image, in all"] = time.monotonic() - started
     report.append(f"image {image[:19]}: {images.size_mb(image):.0f} MB; python base {images.size_mb(base):.0f} MB, "
                   f"debian base {images.size_mb(images.debian_base()):.0f} MB")
+    if "python base made" not in timings:
+        report.append("the bases were cached in podman's storage")
     report.extend(f"{what}: {seconds:.1f} s" for what, seconds in timings.items())
     return image
 
