@@ -52,7 +52,7 @@ def report(request):
 
 @pytest.fixture(scope="module")
 def built(report):
-    """The project's image, built on the Debian-made Python base; (image id, seconds each step took)."""
+    """The project's image id, built on the Debian-made Python base; its sizes and timings go to the report."""
     lacking = [package for name, package in IMAGE.items() if not find(name)]
     if lacking:
         pytest.skip(f"podman cannot run here, missing {' '.join(lacking)} (`make test` installs them as root)")
