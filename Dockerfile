@@ -2,7 +2,12 @@
 #   docker build -t webhook-ledger .
 #   docker run --rm -p 8000:8000 -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger
 #   docker run --rm -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger flask --app app init-db
-FROM python:3.11-slim
+# tests/test_image.py builds it with podman on a Debian-made Python base
+# (BASE_IMAGE) and runs it against throwaway PostgreSQL and Redis.
+
+# Any image with Python 3.11+, pip and useradd, pip and python on PATH.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -11,18 +16,22 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first, from setup.cfg's install_requires alone, so that this
-# layer is rebuilt when they change, not on every code change. The app runs
-# from /app (not installed as a package), so app/db.py finds /app/schema.sql.
-COPY setup.cfg ./
-RUN python -c "import configparser; c = configparser.RawConfigParser(); c.read('setup.cfg'); print(c['options']['install_requires'])" \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+# Dependencies first, the exact versions and hashes of requirements.lock
+# (`make lock`), so that this layer is rebuilt when they change, not on every
+# code change, and two builds install the same bytes. The app runs from /app
+# (not installed as a package), so app/db.py finds /app/schema.sql.
+# PIP_CERT: a CA bundle for pip on a network that re-signs TLS; mount it for
+# the build only (`--volume /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro
+# --build-arg PIP_CERT=/run/host-ca.crt` with podman); unset, pip's own is used.
+ARG PIP_CERT
+COPY requirements.lock ./
+# pip check: the build fails if the lock lacks a dependency of this Python's.
+RUN pip install --require-hashes --no-deps -r requirements.lock && pip check
 
-# Not root. A home directory, because gunicorn puts its control socket in
-# $HOME/.gunicorn/ by default.
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
+# Not root, and no home directory: nothing writes one (gunicorn.conf.py
+# disables gunicorn's control socket; prometheus-client's files go to a
+# temporary directory).
+RUN useradd --no-create-home --home-dir /nonexistent --uid 10001 --shell /usr/sbin/nologin app
 
 COPY app/ ./app/
 COPY wsgi.py logformat.py gunicorn_worker.py gunicorn.conf.py schema.sql ./

@@ -2,13 +2,20 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# `make lock`: newest versions within setup.cfg's ranges, with hashes, for
+# every Python 3.11 and platform (markers where they differ: Debian's 3.11.2
+# needs async-timeout, 3.11.3+ does not). uv writes no index or find-links.
+UV_COMPILE := $(BIN)/uv pip compile --quiet --upgrade --universal --python-version 3.11 --generate-hashes
 
-.PHONY: run cluster test lint bench clean
+.PHONY: run cluster test lint bench lock clean
 
-# Reinstall when the package metadata changes.
-$(VENV)/.installed: setup.cfg pyproject.toml
+# The exact versions of requirements-test.lock, hash-checked; then the
+# package itself, editable (its dependencies are already there, unless
+# setup.cfg gained one since the last `make lock`: tests/test_requirements.py
+# says so).
+$(VENV)/.installed: setup.cfg pyproject.toml requirements-test.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements-test.lock
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
@@ -18,13 +25,23 @@ run: $(VENV)/.installed
 
 # haproxy, 3 gunicorn hosts, PgBouncer, PostgreSQL and a Redis Cluster on loopback.
 cluster: $(VENV)/.installed
+	$(BIN)/python -m devservers.packages cluster
 	exec $(BIN)/python scripts/cluster.py
 
+# Installs the Debian packages the tests need when missing (devservers/packages.py).
 test: $(VENV)/.installed
+	$(BIN)/python -m devservers.packages test
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+
+# The image's (requirements.lock, the runtime alone) and CI's
+# (requirements-test.lock, with the test extra), the first constrained by the
+# second so that both pin the same versions.
+lock: $(VENV)/.installed
+	$(UV_COMPILE) --extra test --output-file requirements-test.lock setup.cfg
+	$(UV_COMPILE) --constraint requirements-test.lock --output-file requirements.lock setup.cfg
 
 clean:
 	rm -rf $(VENV) .run *.egg-info

@@ -35,6 +35,21 @@ def wait_until(predicate, timeout=15.0, interval=0.05, what="condition"):
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
+def children(pid):
+    """The pids of pid's children, read from /proc (no procps needed: `make run`
+    runs on a machine holding only the README's prerequisites)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name, in parentheses, may hold spaces: the fields after it are fixed.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
 def pg_bindir():
     """The folder of pg_ctl and initdb: pg_ctl's on PATH, else the newest
     /usr/lib/postgresql/<version>/bin (Debian keeps them off PATH)."""
@@ -190,8 +205,7 @@ class Gunicorn:
         return f"http://{host}:{self.port}"
 
     def worker_pids(self):
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
+        return children(self.proc.pid)
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

@@ -21,20 +21,11 @@ import psycopg
 import redis
 
 from . import ROOT, Gunicorn, Postgres, Redis, free_port, wait_until
+from .packages import program
 
 DEPLOY = ROOT / "deploy"
 DB_NAME = "webhook_ledger"  # the database deploy/pgbouncer.ini serves
 APP_USER, STATS_USER = "ledger", "pgbouncer"  # the roles deploy/pgbouncer.ini names
-PACKAGES = {"redis-server": "redis-server", "redis-cli": "redis-tools"}  # the others' packages bear their names
-
-
-def program(name):
-    """Path of a server's executable: Debian keeps haproxy and pgbouncer in
-    /usr/sbin, which is not on a non-root user's PATH."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
-    if not found:
-        raise RuntimeError(f"{name} not found (Debian: apt-get install {PACKAGES.get(name, name)})")
-    return found
 
 
 def _answers_tcp(port):

@@ -41,7 +41,7 @@ import psycopg
 from app import verify
 from app.db import apply_schema
 from app.signature import sign
-from devservers import Gunicorn, Postgres, Redis, free_port, wait_until
+from devservers import Gunicorn, Postgres, Redis, children, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_DIR = ROOT.parent / "shared" / "peer"  # the seed's Node implementation, when it is there
@@ -149,11 +149,6 @@ def cpu_ms(pids):
             continue
         total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     return total * 1000 / tick
-
-
-def children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def tree(pid):

@@ -27,7 +27,8 @@ from run import DEMO_USER, Failed, banner, check_settings, port_free, say, super
 
 from app.config import from_env
 from app.db import apply_schema
-from devservers.topology import Topology, program
+from devservers.packages import program
+from devservers.topology import Topology
 
 # 3 app hosts share this machine: gunicorn.conf.py's one worker per core on
 # each would be 3x the cores; 2 workers x 4 threads each is what the

@@ -32,7 +32,7 @@ import psycopg
 from app.config import ConfigError, from_env
 from app.db import apply_schema
 from app.signature import sign
-from devservers import Gunicorn, Postgres, Redis
+from devservers import Gunicorn, Postgres, Redis, children
 
 RUN_DIR = Path(__file__).resolve().parent.parent / ".run"
 DEMO_USER = "00000000-0000-4000-8000-000000000001"
@@ -234,7 +234,10 @@ def stop_leftover_redis():
         pid = int(pid_file.read_text())
     except (OSError, ValueError):
         return
-    comm = subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True).stdout
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text()
+    except OSError:  # not running
+        comm = ""
     if comm.startswith("redis-server"):
         log(f"stopping a redis-server left over from an earlier run (pid {pid})")
         os.kill(pid, signal.SIGTERM)
@@ -334,8 +337,7 @@ def stop_redis(redis):
 
 def stop_stray_children():
     """A signal that lands inside Popen() loses the new child's pid, but it is still our child."""
-    children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
-    for pid in map(int, children):
+    for pid in children(os.getpid()):
         log(f"stopping pid {pid}")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

@@ -3,9 +3,7 @@ firing on the traffic it is written for and quiet otherwise (promtool test
 rules, deploy/prometheus/alerts_test.yml), and every metric and outcome it
 names served by the app's real GET /metrics."""
 
-import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -13,24 +11,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.delivery import Outcome
 from devservers import ROOT
+from devservers.packages import program
 
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
-# Debian's package (promtool comes with the server; .ci/run installs it).
-PROMTOOL_PACKAGE = "prometheus"
 
 
 @pytest.fixture(scope="module")
 def promtool():
-    """promtool's path; installed here if we may (root, apt-get), else the tests are skipped, saying why."""
-    found = shutil.which("promtool")
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", PROMTOOL_PACKAGE],
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True, timeout=600)
-        found = shutil.which("promtool")
-    if not found:
-        pytest.skip(f"promtool not found and not installable here: apt-get install {PROMTOOL_PACKAGE} (as root)")
-    return found
+    """promtool's path (`make test` installs it); without it the tests are skipped, saying why."""
+    try:
+        return program("promtool")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 def test_rules_are_valid(promtool):

@@ -2,11 +2,8 @@
 real Prometheus (Debian's `prometheus`) that scraped the app under gunicorn
 through a short load meant to give every panel something to show (each
 outcome, a Redis fault and outage, a 500 from a database that refuses a
-write); and the dashboard names only metrics and outcomes the app serves.
-
-The "Payments and refunds" row's metrics are being added to the app: a panel
-that names one the app does not serve at all yet is skipped, saying so (see
-PENDING_*); once the app serves it, the panel must return data like any other.
+write, payments announced twice, refunds); and the dashboard names only
+metrics and outcomes the app serves.
 """
 
 import json
@@ -23,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app import create_app
 from app.db import apply_schema
 from app.delivery import Outcome
-from devservers import ROOT, Gunicorn, Prometheus, Redis, wait_until
+from devservers import ROOT, Gunicorn, Prometheus, Redis, packages, wait_until
 
 from .helpers import (
     BOB,
@@ -40,20 +37,9 @@ from .helpers import (
 )
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "webhook-ledger.json"
-PENDING_ROW = "Payments and refunds"
-# Being added to the app with payments and refunds (DESIGN.md): skipped only while /metrics lacks them.
-PENDING_METRICS = {
-    "webhook_ledger_payments_credited_total",
-    "webhook_ledger_payment_duplicates_total",
-    "webhook_ledger_payment_mismatches_total",
-    "webhook_ledger_refunds_applied_total",
-    "webhook_ledger_balances_below_zero_total",
-}
-PENDING_OUTCOMES = {"payment_mismatch"}  # while app.delivery.Outcome has no such value
 # Grafana's variables, as the test queries them: every source, a window over the whole load.
 VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$source": ".*"}
 NAMED_SOURCE = "billing"
-PROMETHEUS_PACKAGE = "prometheus"
 # A payment to this user breaks a CHECK constraint added for the test: the 500 that a misconfigured database gives.
 BLOCKED_USER = uuid.UUID("44444444-4444-4444-8444-444444444444")
 # Spent elsewhere in the product, so that a refund takes the balance below zero.
@@ -110,17 +96,6 @@ def served(pg_server):
     return names
 
 
-def _pending(expr, served):
-    """Why a query may not return data yet (a pending metric or outcome the app lacks), or None."""
-    missing = (_metrics(expr) & PENDING_METRICS) - served
-    if missing:
-        return f"{', '.join(sorted(missing))} not served yet"
-    outcomes = _outcomes(expr)
-    if outcomes and outcomes <= PENDING_OUTCOMES - {o.value for o in Outcome}:
-        return f"outcome {', '.join(sorted(outcomes))} not in app.delivery.Outcome yet"
-    return None
-
-
 def test_the_dashboard_is_a_grafana_dashboard_on_a_prometheus_variable():
     dashboard = _dashboard()
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
@@ -134,25 +109,20 @@ def test_the_dashboard_is_a_grafana_dashboard_on_a_prometheus_variable():
     assert len({(p["id"], t["refId"]) for _, p, t in TARGETS}) == len(TARGETS)
 
 
-def test_the_dashboard_names_only_metrics_and_outcomes_the_app_serves_or_will(served):
+def test_the_dashboard_names_only_metrics_and_outcomes_the_app_serves(served):
     named = set().union(*(_metrics(_expr(t)) for _, _, t in TARGETS))
-    assert named and named <= served | PENDING_METRICS, named - served - PENDING_METRICS
-    assert PENDING_METRICS <= named  # each pending metric has its panel
+    assert named and named <= served, named - served
     outcomes = set().union(*(_outcomes(_expr(t)) for _, _, t in TARGETS))
-    assert outcomes <= {o.value for o in Outcome} | PENDING_OUTCOMES, outcomes
-    # The pending panels are in their own row, and only there.
-    for row, panel, target in TARGETS:
-        pending = _metrics(target["expr"]) & PENDING_METRICS or _outcomes(target["expr"]) == PENDING_OUTCOMES
-        assert bool(pending) == (row == PENDING_ROW), (row, panel["title"])
+    assert outcomes <= {o.value for o in Outcome}, outcomes
 
 
 # -- a real Prometheus scraping the app under a short load --------------------
 
 @pytest.fixture(scope="module")
 def prometheus_binary():
-    found = debian_program("prometheus", PROMETHEUS_PACKAGE)
+    found = debian_program("prometheus")
     if not found:
-        pytest.skip(f"prometheus not found and not installable here: apt-get install {PROMETHEUS_PACKAGE} (as root)")
+        pytest.skip(f"prometheus not found: apt-get install {packages.package('prometheus')} (make test does, as root)")
     return found
 
 
@@ -258,9 +228,6 @@ def test_the_source_variable_lists_every_source(scraped):
                          ids=[f"{panel['title']}/{target['refId']}" for _, panel, target in TARGETS])
 def test_every_panel_returns_data(scraped, served, row, panel, target):
     expr = _expr(target)
-    pending = _pending(expr, served)
-    if pending:
-        pytest.skip(f"pending: {pending}")
     found = []
 
     def has_data():

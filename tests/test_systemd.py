@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from devservers import ROOT, free_port, wait_until
+from devservers import ROOT, free_port, packages, wait_until
 
 from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, http_post, payment, signed_headers
 
@@ -35,14 +35,13 @@ MAX_EXPOSURE = 2.0
 # systemd's PATH for services, not the test's (which holds the checkout's venv).
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Debian's package of systemd-analyze and systemd-socket-activate.
-SYSTEMD_PACKAGE = "systemd"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def systemd_tools():
-    if not debian_program("systemd-analyze", SYSTEMD_PACKAGE):
-        pytest.skip(f"systemd-analyze not found and not installable here: apt-get install {SYSTEMD_PACKAGE} (as root)")
+    if not debian_program("systemd-analyze"):
+        pytest.skip(f"systemd-analyze not found: apt-get install {packages.package('systemd-analyze')} "
+                    "(make test does, as root)")
 
 
 def read_unit(text):

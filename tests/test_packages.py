@@ -1,0 +1,49 @@
+"""devservers/packages.py stays the one list: every program that the tests,
+devservers and the scripts run by name is in it (or is Python, bash, or
+PostgreSQL's, found by pg_bindir), and its names are real Debian packages'
+programs on this machine once `make test` has run."""
+
+import re
+
+import pytest
+
+from devservers import ROOT
+from devservers.packages import GROUPS, IMAGE, SERVERS, find, image_test_skipped
+
+SOURCES = [*ROOT.glob("tests/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
+# Run by name but not installed by the list: the shell, and apt itself.
+NOT_LISTED = {"bash", "apt-get", "git"}
+CALLS = [re.compile(r'program\("([\w.-]+)"\)'), re.compile(r'subprocess\.(?:run|Popen)\(\s*\["([\w.-]+)"')]
+
+
+def programs_run():
+    found = {}
+    for path in SOURCES:
+        for pattern in CALLS:
+            for name in pattern.findall(path.read_text()):
+                found.setdefault(name, path.relative_to(ROOT))
+    return found
+
+
+def test_every_program_run_by_name_is_listed():
+    listed = {**SERVERS, **IMAGE}
+    unlisted = {name: str(where) for name, where in programs_run().items()
+                if name not in listed and name not in NOT_LISTED}
+    assert unlisted == {}, "add them to devservers/packages.py"
+    assert {"haproxy", "pgbouncer", "redis-cli", "podman"} <= set(programs_run())
+
+
+def test_cluster_needs_a_subset_of_the_tests():
+    assert set(GROUPS["cluster"].items()) <= set(GROUPS["test"].items())
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_each_server_program_is_installed(name):
+    """`make test` installed it before pytest ran (or said it could not and stopped)."""
+    assert find(name), f"{name} (Debian package {SERVERS[name]}) is not installed"
+
+
+@pytest.mark.skipif(image_test_skipped(), reason="IMAGE_TEST=skip")
+@pytest.mark.parametrize("name", sorted(IMAGE))
+def test_each_image_test_program_is_installed_where_podman_may_run(name):
+    assert find(name), f"{name} (Debian package {IMAGE[name]}) is not installed: the image test would be skipped"
