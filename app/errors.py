@@ -52,7 +52,7 @@ ANSWERS = {
     # errors (a chunk size that is not hexadecimal, a chunk without its CRLF,
     # a bad extension or trailer) reach the app: the sender's fault, not a bug.
     MalformedRequest: Answer(400, "bad_request", Outcome.REJECTED, "malformed chunked request body"),
-    # DESIGN.md's body is the code alone: nothing about what is configured.
+    # The body is the code alone (docs/design.md, Answers): nothing about what is configured.
     UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Transient: nothing was committed, and the sender's retry will find the
     # event as it was. A row purged under the delivery:

@@ -5,7 +5,7 @@ event id is taken from what the scheme signs:
 - hmac-sha256, stripe: the body's own `id`.
 - standard-webhooks: the `webhook-id` header, signed with the body (the
   specification's payload has no id); an `id` in the body is ignored.
-- github: a body with a `type` is in the seed's shape and uses its own `id`,
+- github: a body with a `type` is in this service's own shape and uses its own `id`,
   so a replay under a new delivery id is still a duplicate. A body without
   one is GitHub's own: id from X-GitHub-Delivery, type from X-GitHub-Event,
   data the whole body. Those headers are not signed, so they never name a
@@ -218,7 +218,7 @@ class Fields(NamedTuple):
     user_id: object  # a credit's; None for a refund (its user is the payment's)
     amount: object  # a credit's amount, or a refund's total refunded so far
     currency: object
-    livemode: object  # Stripe's; None for the seed's shape, which has no test mode
+    livemode: object  # Stripe's; None for this service's own shape, which has no test mode
 
 
 class Rule(NamedTuple):
@@ -240,21 +240,23 @@ def _lower(value):
     return value.lower() if isinstance(value, str) else value
 
 
-def _seed_currency(data, policy):
-    """The seed's shape may omit the currency: it is then the ledger's."""
+def _currency_or_ledgers(data, policy):
+    """This service's own shape may omit the currency: it is then the ledger's."""
     return _lower(data["currency"]) if "currency" in data else policy.currency
 
 
 def _read_payment(event, policy):
     data = event.data
-    # Without a paymentId, each event is its own payment (the seed's shape).
+    # Without a paymentId, each event is its own payment.
     payment_id = data["paymentId"] if "paymentId" in data else event.id
-    return Fields(payment_id, _uuid(data.get("userId")), data.get("amountCents"), _seed_currency(data, policy), None)
+    currency = _currency_or_ledgers(data, policy)
+    return Fields(payment_id, _uuid(data.get("userId")), data.get("amountCents"), currency, None)
 
 
-def _read_seed_refund(event, policy):
+def _read_payment_refunded(event, policy):
     data = event.data
-    return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), _seed_currency(data, policy), None)
+    currency = _currency_or_ledgers(data, policy)
+    return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), currency, None)
 
 
 def _read_payment_intent(event, policy):
@@ -306,7 +308,7 @@ def _is_uuid(value):
 RULES = {
     PAYMENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment, Fields(
         "data.paymentId", "data.userId", "data.amountCents", "data.currency", None)),
-    PAYMENT_REFUNDED: Rule(Kind.REFUND, _read_seed_refund, Fields(
+    PAYMENT_REFUNDED: Rule(Kind.REFUND, _read_payment_refunded, Fields(
         "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
     PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment_intent, Fields(
         "data.object.id", "data.object.metadata.user_id", "data.object.amount_received", "data.object.currency",

@@ -1,7 +1,7 @@
 """This process's Redis: one server or a Redis Cluster, its scripts, and its
 failures told apart.
 
-Redis only saves work (DESIGN.md, invariant 3): when it cannot be used, a
+Redis only saves work (docs/design.md, invariant 3): when it cannot be used, a
 delivery goes on and PostgreSQL decides. Two kinds of failure:
 - **unavailable**: Redis did not answer (refused, timed out, loading, every
   cluster node unreachable). The caller logs a WARNING, as it always has.

@@ -4,7 +4,7 @@ One scheme per deployment, never guessed from the request (so a sender
 cannot pick the weakest). Each is an HMAC-SHA256 over the exact raw bytes,
 which are never decoded to text, compared timing-safe with every secret:
 
-- `hmac-sha256` (seed 000): `X-Signature: <hex>` of the body.
+- `hmac-sha256` (the default): `X-Signature: <hex>` of the body.
 - `stripe`: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]` of `<t>.<body>`.
 - `standard-webhooks`: `webhook-signature: v1,<base64>[ v1,<base64>...]` of
   `<webhook-id>.<webhook-timestamp>.<body>`.

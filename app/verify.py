@@ -1,18 +1,19 @@
-"""The ledger's invariants, checked on one snapshot: `flask ledger verify`.
+"""The ledger's invariants (docs/design.md), checked on one snapshot: `flask ledger verify`.
 
-1. no (source, event id) is stored twice;
-2. no event is left 'processing' (that status never outlives its transaction);
-3. each user's balance = opening balance + the sum of their journal (credits
-   and refunds);
-4. a journal row whose event is still stored belongs to a completed event,
-   and a completed payment or refund that is still stored did what its
-   stored bytes say (checked against their SHA-256 and read by the same
-   code as the receiver's); rows stored before the bytes were kept are read
-   from their jsonb copy instead;
-5. each payment is credited once, by a credit of its own user and amount,
-   and its refunds debit, in all, exactly its highest refunded total, never
-   more than the payment.
-Purged events leave their journal rows behind, so 3 and 5 hold after a purge.
+- no (source, event id) is stored twice (invariant 5);
+- no event is left 'processing': that status never outlives its
+  transaction (invariant 2);
+- each user's balance = opening balance + the sum of their journal, credits
+  and refunds (invariant 5);
+- a journal row whose event is still stored belongs to a completed event,
+  and a completed payment or refund that is still stored did what its
+  stored bytes say (checked against their SHA-256 and read by the same code
+  as the receiver's; rows stored before the bytes were kept are read from
+  their jsonb copy) (invariants 1 and 6);
+- each payment is credited once, by a credit of its own user and amount,
+  and its refunds debit, in all, exactly its highest refunded total, never
+  more than the payment (invariant 6).
+Purged events leave their journal rows behind, so these hold after a purge.
 Balances below zero are reported apart: a refund may leave one (the money
 went back to the card after the credit was spent), which is not an error.
 """

@@ -25,7 +25,7 @@ bp = Blueprint("webhooks", __name__)
 @bp.post("/api/webhooks", defaults={"source": None}, strict_slashes=False, provide_automatic_options=False)
 @bp.post("/api/webhooks/<source>", strict_slashes=False, provide_automatic_options=False)
 def receive(source):
-    """Verify, parse, lock, apply in one transaction, answer; see DESIGN.md. Errors raise (errors.py)."""
+    """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
     config = current_app.config
     # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<source>.
     sender = None if source == DEFAULT_SOURCE else config["SOURCES"].get(source or DEFAULT_SOURCE)

@@ -149,7 +149,7 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     db.execute("DROP TABLE ledger_journal, payments, webhook_events, user_balances")
     db.execute(BEFORE_PAYMENTS.read_text())
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
-    _stored_before_payments(db, payment("evt_seed", cents=5, currency="USD", paymentId=None), 5)
+    _stored_before_payments(db, payment("evt_own", cents=5, currency="USD", paymentId=None), 5)
     _stored_before_payments(db, _intent_event("evt_pi_1", "pi_old", 300), 300, user=BOB)
     # The old release credited a PaymentIntent once per event: a second event, a second credit.
     _stored_before_payments(db, _intent_event("evt_pi_2", "pi_twice", 40), 40, user=BOB)
@@ -163,10 +163,10 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     assert _columns(db) == fresh
     assert db.execute("SELECT payment_id, user_id, amount_cents, currency, event_id FROM payments"
                       " ORDER BY payment_id").fetchall() == [
-        ("evt_seed", ALICE, 5, "usd", "evt_seed"), ("pi_old", BOB, 300, "usd", "evt_pi_1"),
+        ("evt_own", ALICE, 5, "usd", "evt_own"), ("pi_old", BOB, 300, "usd", "evt_pi_1"),
         ("pi_twice", BOB, 40, "usd", "evt_pi_2")]
     assert db.execute("SELECT event_id, kind, payment_id FROM ledger_journal ORDER BY id").fetchall() == [
-        ("evt_seed", "credit", "evt_seed"), ("evt_pi_1", "credit", "pi_old"), ("evt_pi_2", "credit", "pi_twice"),
+        ("evt_own", "credit", "evt_own"), ("evt_pi_1", "credit", "pi_old"), ("evt_pi_2", "credit", "pi_twice"),
         ("evt_pi_3", "credit", "pi_twice")]
     verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert "payment 'pi_twice': credited 2 times" in verified.output and verified.exit_code == 1
@@ -174,8 +174,8 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     # The app on the upgraded database: a stored event in other bytes is still a duplicate (its effect
     # was recomputed), another event for an old payment credits nothing, and a refund finds it.
     client = app.test_client()
-    reserialised = json.dumps(payment("evt_seed", cents=5, currency="USD", paymentId=None), indent=2).encode()
-    assert deliver(client, reserialised).json == {"status": "duplicate", "event_id": "evt_seed"}
+    reserialised = json.dumps(payment("evt_own", cents=5, currency="USD", paymentId=None), indent=2).encode()
+    assert deliver(client, reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
     stripe_client = make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
                               "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
     assert deliver(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"

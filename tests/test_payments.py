@@ -67,7 +67,7 @@ def send_stripe(client, event):
     return post_delivery(client, *stripe_signed(event))
 
 
-def seed_refund(payment_id, refunded_total, event_id=None, **extra):
+def payment_refunded(payment_id, refunded_total, event_id=None, **extra):
     return {"id": event_id or f"evt_{uuid.uuid4().hex}", "type": "payment.refunded",
             "data": {"paymentId": payment_id, "amountRefundedCents": refunded_total, **extra}}
 
@@ -131,7 +131,7 @@ def test_the_same_payment_named_otherwise_is_409_payment_mismatch_recorded_and_n
     assert_ledger_consistent(db)
 
 
-def test_seed_payments_with_one_payment_id_credit_once_and_without_one_each_credits(client, db):
+def test_payments_sharing_a_payment_id_credit_once_and_without_one_each_credits(client, db):
     assert deliver(client, payment("evt_a", cents=100, paymentId="pay_1")).json["status"] == "processed"
     assert deliver(client, payment("evt_b", cents=100, paymentId="pay_1")).json["status"] == "duplicate"
     assert deliver(client, payment("evt_c", cents=100, paymentId=None)).json["status"] == "processed"
@@ -197,7 +197,7 @@ def test_events_for_one_payment_on_two_hosts_with_redis_flushed_midway_credit_on
 def test_refunds_debit_the_highest_total_once_whatever_their_order(client, db, totals):
     deliver(client, payment("evt_paid", cents=250, paymentId="pay_r"))
     for total in totals:
-        response = deliver(client, seed_refund("pay_r", total))
+        response = deliver(client, payment_refunded("pay_r", total))
         assert response.json["status"] == "processed"
     assert balance(db) == 1000 + 250 - max(totals)
     assert _payment_row(db, "pay_r") == (ALICE, 250, max(totals))
@@ -219,11 +219,11 @@ def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
 
 
 @pytest.mark.parametrize("refund, reason", [
-    (seed_refund("pay_x", 251), "above payment pay_x's 250 cents"),
-    (seed_refund("pay_x", 100, currency="eur"), "data.currency must be the ledger's currency"),
-    (seed_refund("pay_x", 0), "data.amountRefundedCents must be a positive integer"),
-    (seed_refund("pay_x", 1.5), "data.amountRefundedCents must be a positive integer"),
-    (seed_refund(None, 100), "data.paymentId must be a payment id"),
+    (payment_refunded("pay_x", 251), "above payment pay_x's 250 cents"),
+    (payment_refunded("pay_x", 100, currency="eur"), "data.currency must be the ledger's currency"),
+    (payment_refunded("pay_x", 0), "data.amountRefundedCents must be a positive integer"),
+    (payment_refunded("pay_x", 1.5), "data.amountRefundedCents must be a positive integer"),
+    (payment_refunded(None, 100), "data.paymentId must be a payment id"),
 ])
 def test_a_refund_above_its_payment_or_malformed_is_422_and_debits_nothing(client, db, refund, reason):
     deliver(client, payment("evt_x", cents=250, paymentId="pay_x"))
@@ -250,7 +250,7 @@ def test_a_refund_in_another_currency_than_its_payment_is_422(make_app, config, 
 
 
 def test_a_refund_before_its_payment_is_422_then_applied_by_the_retry(client, db, run_cli):
-    refund, retried = seed_refund("pay_late", 100), seed_refund("pay_late", 150)
+    refund, retried = payment_refunded("pay_late", 100), payment_refunded("pay_late", 150)
     for event in (refund, retried):
         response = deliver(client, event)
         assert (response.status_code, response.json["message"]) == (422, "unknown payment pay_late")
@@ -275,7 +275,7 @@ def test_concurrent_refund_totals_debit_the_highest_once(gunicorn, db, order):
 
     assert send(payment("evt_cc", user=BOB, cents=900, paymentId="pay_cc"))[1]["status"] == "processed"
     totals = [100, 900, 300, 300, 800, 50, 900, 10]
-    refunds = [seed_refund("pay_cc", total) for total in totals]
+    refunds = [payment_refunded("pay_cc", total) for total in totals]
     with ThreadPoolExecutor(len(refunds)) as pool:
         answers = list(pool.map(send, refunds if order == "refunds-first" else refunds[::-1]))
     assert {status for status, _, _ in answers} <= {200, 503}, answers
@@ -292,7 +292,7 @@ def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_re
     deliver(client, payment("evt_carol", user=carol, cents=300, paymentId="pay_carol"))
     db.execute("UPDATE user_balances SET balance_cents = 0, opening_balance_cents = -300 WHERE user_id = %s",
                [carol])  # she spent it (outside the ledger's journal, as an opening balance)
-    assert deliver(client, seed_refund("pay_carol", 300)).json["status"] == "processed"
+    assert deliver(client, payment_refunded("pay_carol", 300)).json["status"] == "processed"
     assert balance(db, carol) == -300
     assert _metrics(client)[("webhook_ledger_balances_below_zero_total", (("source", "default"),))] == 1
     result = run_cli("ledger", "verify")
@@ -304,7 +304,7 @@ def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_re
 def test_the_delivery_line_names_the_payment_and_the_change(client, db, caplog):
     caplog.set_level(logging.INFO, logger="app.webhooks")
     deliver(client, payment("evt_logged", cents=10, paymentId="pay_logged"))
-    deliver(client, seed_refund("pay_logged", 4))
+    deliver(client, payment_refunded("pay_logged", 4))
     lines = [r for r in caplog.records if r.getMessage() == "delivery"]
     assert [(r.payment_id, r.change, r.outcome) for r in lines] == \
         [("pay_logged", "credit", Outcome.PROCESSED), ("pay_logged", "refund", Outcome.PROCESSED)]
@@ -312,7 +312,7 @@ def test_the_delivery_line_names_the_payment_and_the_change(client, db, caplog):
 
 def test_verify_reports_a_payment_credited_twice_and_refunds_that_do_not_add_up(client, db, run_cli):
     deliver(client, payment("evt_v1", cents=50, paymentId="pay_v"))
-    deliver(client, seed_refund("pay_v", 20))
+    deliver(client, payment_refunded("pay_v", 20))
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
                " VALUES ('default', 'evt_forged', 'credit', 'pay_v', %s, 50)", [ALICE])
     db.execute("UPDATE payments SET refunded_cents = 30")
@@ -330,7 +330,7 @@ def test_for_any_interleaving_the_balance_is_opening_plus_amount_minus_the_highe
     amount = data.draw(st.integers(1, 10_000), label="amount")
     announcements = [payment(f"evt_{uuid.uuid4().hex}", user=BOB, cents=amount, paymentId=payment_id)
                      for _ in range(data.draw(st.integers(1, 3), label="announcements"))]
-    refunds = [seed_refund(payment_id, total)
+    refunds = [payment_refunded(payment_id, total)
                for total in data.draw(st.lists(st.integers(1, amount), max_size=5), label="totals")]
     events = announcements + refunds
     # Each event delivered at least once, duplicates and reorders included.

@@ -1,4 +1,4 @@
-"""The bytes received are the event of record (DESIGN.md, "The event"): stored
+"""The bytes received are the event of record (docs/design.md, "The shape"): stored
 exactly, read back by replay, verify and show through the live path's own
 decoder, and judged on their effect, not their bytes."""
 

@@ -1,4 +1,4 @@
-"""POST /api/webhooks: every row of DESIGN.md's answers table."""
+"""POST /api/webhooks: every row of docs/design.md's answers table."""
 
 import json
 import logging
