@@ -34,10 +34,10 @@ RECORDS = """
 # Releases from before schema_migrations, newest first: how each is told,
 # and the migrations its schema already had.
 RELEASES = [
-    ("SELECT to_regclass('ledger_journal') IS NOT NULL", ["001_sources.sql", "002_payments.sql"]),
+    ("SELECT to_regclass('ledger_journal') IS NOT NULL", ["001_sources.sql", "002_payments.sql"]),  # payments
     ("SELECT to_regclass('ledger_credits') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute WHERE"
-     " attrelid = 'webhook_events'::regclass AND attname = 'source' AND NOT attisdropped)", ["001_sources.sql"]),
-    ("SELECT to_regclass('ledger_credits') IS NOT NULL", []),
+     " attrelid = 'webhook_events'::regclass AND attname = 'source' AND NOT attisdropped)", ["001_sources.sql"]),  # sources
+    ("SELECT to_regclass('ledger_credits') IS NOT NULL", []),  # the first
 ]
 RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
 
