@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     status           TEXT NOT NULL DEFAULT 'processing'
                      CHECK (status IN ('processing', 'completed', 'failed')),
     -- The exact bytes received: the event of record, which replay and
-    -- verify parse. NULL only on rows stored before the bytes were kept.
+    -- verify parse. NULL only on rows stored before the bytes were kept (by
+    -- the release before sources; migrations/001 cannot make them up).
     body             BYTEA,
     -- The same body as jsonb, for querying only. NULL when the body holds a
     -- value jsonb cannot (\u0000, a lone surrogate escape, a number beyond
@@ -56,7 +57,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- delivery of the id with another effect is refused (409
     -- payload_mismatch) and only counted; the same effect in other bytes is
     -- the same event. NULL only on rows stored before effects were kept
-    -- (their bytes are compared).
+    -- (their bytes are compared), or whose stored bytes do not parse.
     effect_sha256    BYTEA CHECK (octet_length(effect_sha256) = 32),
     -- The rule that effect_sha256 was computed by: `flask init-db`
     -- recomputes, from the stored bytes, the effects of rows stored under an
