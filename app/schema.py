@@ -22,7 +22,7 @@ from typing import NamedTuple
 from psycopg import sql
 
 # pg_advisory_xact_lock's key: init-db's, used by no other lock of the app.
-LOCK_KEY = 0x5EB400C_1ED6E5
+LOCK_KEY = 0x77656268_6F6F6B21  # "webhook!" in ASCII
 RECORDS = """
     CREATE TABLE IF NOT EXISTS schema_migrations (
         name       TEXT PRIMARY KEY,
@@ -31,12 +31,15 @@ RECORDS = """
         applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
     )
 """
-# Releases from before schema_migrations, newest first: how each is told,
-# and the migrations its schema already had.
+# The releases from before schema_migrations, newest first: a query that
+# tells a database made (or upgraded in place) by it, and the migrations
+# its schema had already.
 RELEASES = [
-    ("SELECT to_regclass('ledger_journal') IS NOT NULL", ["001_sources.sql", "002_payments.sql"]),  # payments
-    ("SELECT to_regclass('ledger_credits') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute WHERE"
-     " attrelid = 'webhook_events'::regclass AND attname = 'source' AND NOT attisdropped)", ["001_sources.sql"]),  # sources
+    ("SELECT to_regclass('ledger_journal') IS NOT NULL",  # payments
+     ["001_sources.sql", "002_payments.sql"]),
+    ("SELECT to_regclass('ledger_credits') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute"  # sources
+     " WHERE attrelid = 'webhook_events'::regclass AND attname = 'source' AND NOT attisdropped)",
+     ["001_sources.sql"]),
     ("SELECT to_regclass('ledger_credits') IS NOT NULL", []),  # the first
 ]
 RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
