@@ -142,7 +142,7 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
     GitHub event's data is its whole body).
     """
     if body is None:
-        raise StoredBodyError("its bytes were not kept (stored before the upgrade that keeps them)")
+        raise StoredBodyError("its bytes were not kept (stored by the release before sources)")
     if sha256 is not None and hashlib.sha256(body).digest() != bytes(sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
