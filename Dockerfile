@@ -19,7 +19,8 @@ WORKDIR /app
 # Dependencies first, the exact versions and hashes of requirements.lock
 # (`make lock`), so that this layer is rebuilt when they change, not on every
 # code change, and two builds install the same bytes. The app runs from /app
-# (not installed as a package), so app/db.py finds /app/schema.sql.
+# (not installed as a package), so app/schema.py finds /app/schema.sql and
+# /app/migrations through the links in app/.
 # PIP_CERT: a CA bundle for pip on a network that re-signs TLS; mount it for
 # the build only (`--volume /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro
 # --build-arg PIP_CERT=/run/host-ca.crt` with podman); unset, pip's own is used.
@@ -35,6 +36,7 @@ RUN useradd --no-create-home --home-dir /nonexistent --uid 10001 --shell /usr/sb
 
 COPY app/ ./app/
 COPY wsgi.py logformat.py gunicorn_worker.py gunicorn.conf.py schema.sql ./
+COPY migrations/ ./migrations/
 
 USER app
 

@@ -1,6 +1,13 @@
--- webhook-ledger schema. Safe to apply twice: every statement is IF NOT EXISTS,
--- OR REPLACE, or an upgrade step that does nothing once done. Needs PostgreSQL
--- 14 or later (CREATE OR REPLACE TRIGGER).
+-- webhook-ledger schema: the current one, whole; the file to read. Needs
+-- PostgreSQL 14 or later (CREATE OR REPLACE TRIGGER).
+--
+-- `flask init-db` (app/schema.py) runs it on an empty database and records
+-- every file of migrations/ as included. A database created earlier gets the
+-- migrations it lacks instead, in order. So a change to the schema is made
+-- twice: here, and in a new migrations/NNN_what.sql that takes a database at
+-- the previous version to it (a migration, once released, never changes);
+-- tests/test_db.py checks that both ways end in the same tables, constraints,
+-- indexes and functions.
 
 -- The ledger: one row per user, credited by payments and debited by their
 -- refunds. The opening balance is the balance the row was created with (set
@@ -31,7 +38,8 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     status           TEXT NOT NULL DEFAULT 'processing'
                      CHECK (status IN ('processing', 'completed', 'failed')),
     -- The exact bytes received: the event of record, which replay and
-    -- verify parse. NULL only on rows stored before the bytes were kept.
+    -- verify parse. NULL only on rows stored before the bytes were kept (by
+    -- the release before sources; migrations/001 cannot make them up).
     body             BYTEA,
     -- The same body as jsonb, for querying only. NULL when the body holds a
     -- value jsonb cannot (\u0000, a lone surrogate escape, a number beyond
@@ -49,7 +57,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- delivery of the id with another effect is refused (409
     -- payload_mismatch) and only counted; the same effect in other bytes is
     -- the same event. NULL only on rows stored before effects were kept
-    -- (their bytes are compared).
+    -- (their bytes are compared), or whose stored bytes do not parse.
     effect_sha256    BYTEA CHECK (octet_length(effect_sha256) = 32),
     -- The rule that effect_sha256 was computed by: `flask init-db`
     -- recomputes, from the stored bytes, the effects of rows stored under an
@@ -67,27 +75,6 @@ CREATE INDEX IF NOT EXISTS webhook_events_status_idx
 -- the oldest completed ones in batches.
 CREATE INDEX IF NOT EXISTS webhook_events_created_at_idx
     ON webhook_events (created_at);
-
--- Upgrade of a database created before sources, kept bytes and effects
--- (each step is a no-op on a database created by the statements above).
--- Existing rows belong to the default source; they have no kept bytes and
--- no effect, so their re-deliveries are compared by bytes, as they were.
--- The new unique index is built before the old constraint goes, so that no
--- moment is without one. Building it blocks writes to the table: on a big
--- table, apply this while deliveries are paused (they answer 503 and are
--- retried).
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS source TEXT NOT NULL DEFAULT 'default'
-    CHECK (source ~ '^[a-z0-9-]{1,64}$');
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS body BYTEA;
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS effect_sha256 BYTEA
-    CHECK (octet_length(effect_sha256) = 32);
-CREATE UNIQUE INDEX IF NOT EXISTS webhook_events_source_event_id_key ON webhook_events (source, event_id);
-ALTER TABLE webhook_events DROP CONSTRAINT IF EXISTS webhook_events_event_id_key;
--- Upgrade of a database created before payments: rows already stored keep
--- the effect of the first rule until `flask init-db` recomputes it.
-ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS effect_version SMALLINT;
-ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 2;
-ALTER TABLE webhook_events ALTER COLUMN payload DROP NOT NULL;
 
 -- One row per payment credited, per source. Its primary key is what
 -- "a payment is credited at most once" rests on, as webhook_events' unique
@@ -108,54 +95,6 @@ CREATE TABLE IF NOT EXISTS payments (
     updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (source, payment_id)
 );
-
--- Upgrade of a database created before payments: its ledger_credits become
--- the journal's credits, each naming its payment as the receiver now would
--- (read from the event's stored copy; the event id when that was purged),
--- and each payment is recorded in the currency its event named, else the
--- ledger's (LEDGER_CURRENCY, which `flask init-db` passes in). A payment
--- that two events credited keeps its first credit here, and
--- `flask ledger verify` reports the second.
-DO $$
-BEGIN
-    IF to_regclass('ledger_credits') IS NULL THEN
-        RETURN;
-    END IF;
-    -- A database created before sources.
-    ALTER TABLE ledger_credits ADD COLUMN IF NOT EXISTS source TEXT NOT NULL DEFAULT 'default'
-        CHECK (source ~ '^[a-z0-9-]{1,64}$');
-    CREATE UNIQUE INDEX IF NOT EXISTS ledger_credits_source_event_id_key ON ledger_credits (source, event_id);
-    ALTER TABLE ledger_credits DROP CONSTRAINT IF EXISTS ledger_credits_event_id_key;
-
-    ALTER TABLE ledger_credits RENAME TO ledger_journal;
-    ALTER INDEX ledger_credits_pkey RENAME TO ledger_journal_pkey;
-    ALTER INDEX ledger_credits_source_event_id_key RENAME TO ledger_journal_source_event_id_key;
-    ALTER INDEX ledger_credits_user_idx RENAME TO ledger_journal_user_idx;
-    ALTER TABLE ledger_journal RENAME CONSTRAINT ledger_credits_user_id_fkey TO ledger_journal_user_id_fkey;
-    ALTER TABLE ledger_journal ALTER COLUMN source DROP DEFAULT;
-    ALTER TABLE ledger_journal ADD COLUMN kind TEXT NOT NULL DEFAULT 'credit';
-    ALTER TABLE ledger_journal ALTER COLUMN kind DROP DEFAULT;
-    ALTER TABLE ledger_journal ADD COLUMN payment_id TEXT;
-    UPDATE ledger_journal j SET payment_id = coalesce(
-        (SELECT CASE e.event_type WHEN 'payment_intent.succeeded' THEN e.payload #>> '{data,object,id}'
-                                  ELSE e.payload #>> '{data,paymentId}' END
-         FROM webhook_events e WHERE e.source = j.source AND e.event_id = j.event_id),
-        j.event_id);
-    ALTER TABLE ledger_journal ALTER COLUMN payment_id SET NOT NULL;
-    ALTER TABLE ledger_journal DROP CONSTRAINT ledger_credits_amount_cents_check;
-    ALTER TABLE ledger_journal ADD CONSTRAINT ledger_journal_kind_check
-        CHECK (kind = 'credit' AND amount_cents > 0 OR kind = 'refund' AND amount_cents < 0);
-    ALTER TABLE ledger_journal ADD CONSTRAINT ledger_journal_payment_id_check
-        CHECK (char_length(payment_id) BETWEEN 1 AND 128);
-    INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id, created_at)
-    SELECT DISTINCT ON (j.source, j.payment_id) j.source, j.payment_id, j.user_id, j.amount_cents,
-           lower(coalesce(e.payload #>> '{data,currency}', e.payload #>> '{data,object,currency}',
-                          nullif(current_setting('webhook_ledger.currency', true), ''), 'usd')),
-           j.event_id, j.created_at
-    FROM ledger_journal j LEFT JOIN webhook_events e USING (source, event_id)
-    ORDER BY j.source, j.payment_id, j.id;
-END
-$$;
 
 -- The ledger's journal, append-only: one row per balance change, written in
 -- the transaction that changes user_balances. A credit (amount > 0) names

@@ -103,7 +103,7 @@ def show_event(event_id, source):
     (src, eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
      body, kind, payment_id, user, cents, changed_at) = row
     if body is None:
-        kept = "not kept (stored before the upgrade that keeps them)"
+        kept = "not kept (stored by the release before sources)"
     else:
         kept = "match" if hashlib.sha256(body).digest() == sha256 else "DO NOT MATCH their SHA-256"
     fields = [

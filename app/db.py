@@ -1,5 +1,5 @@
-"""The PostgreSQL connection pool, the transactions it runs, and the schema
-with the `init-db` command.
+"""The PostgreSQL connection pool, the transactions it runs, and the `init-db`
+command (the schema and its migrations: app/schema.py).
 
 Every setting that must hold in a transaction is set inside it (`SET LOCAL`),
 never for the session: behind PgBouncer in transaction mode a session is
@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 
 from . import conninfo, deadline
 from .config import DEFAULT_SCHEMA_PATH
+from .schema import SchemaError, migrate
 
 _open_lock = threading.Lock()
 
@@ -196,28 +197,34 @@ def unavailable_in_one_line():
 
 
 def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
-    """Apply schema.sql; it is written to be safe to apply again.
+    """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/schema.py).
 
-    currency is the ledger's (LEDGER_CURRENCY): the upgrade of a database
-    created before payments records it for payments whose events named none.
-    One simple query: the schema is applied whole or not at all.
+    Safe to run twice, and from two hosts at once. currency is the ledger's
+    (LEDGER_CURRENCY), for a migration that needs it. Returns schema.Applied.
     """
-    setting = sql.SQL("SELECT set_config('webhook_ledger.currency', {}, true);\n").format(sql.Literal(currency))
-    conn.execute(setting + sql.SQL(path.read_text()))
+    return migrate(conn, path, currency)
 
 
 @click.command("init-db")
 @with_appcontext
 def init_db_command():
-    """Create or upgrade the tables, and the stored events' effects (idempotent)."""
+    """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
     from .ledger import recompute_effects  # the ledger imports this module
 
     path, policy = current_app.config["SCHEMA_PATH"], current_app.config["POLICY"]
     pool = get_pool(current_app)
     with unavailable_in_one_line():
         with pool.connection() as conn:
-            apply_schema(conn, path, policy.currency)
-        click.echo(f"applied {path}")
+            try:
+                applied = apply_schema(conn, path, policy.currency)
+            except SchemaError as exc:
+                raise click.ClickException(str(exc)) from None
+        if applied.created:
+            click.echo(f"created the schema from {path}")
+        for name in applied.ran:
+            click.echo(f"applied migration {name}")
+        if not applied.created and not applied.ran:
+            click.echo("schema up to date: no migration to apply")
         recomputed = recompute_effects(pool, policy)
     if recomputed:
         click.echo(f"recomputed the effects of {recomputed} stored events")

@@ -29,9 +29,9 @@ PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_REFUNDED = "payment.refunded"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
 CHARGE_REFUNDED = "charge.refunded"
-# The rule effect_of hashes effects by; schema.sql's default of
-# webhook_events.effect_version. Change both when the rule changes: `flask
-# init-db` then recomputes the stored effects (ledger.recompute_effects).
+# The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
+# both when the rule changes (the default in schema.sql and in a new migration):
+# `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
 EFFECT_VERSION = 2
 # user_balances.balance_cents is a BIGINT.
 MAX_CENTS = 2**63 - 1
@@ -142,7 +142,7 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
     GitHub event's data is its whole body).
     """
     if body is None:
-        raise StoredBodyError("its bytes were not kept (stored before the upgrade that keeps them)")
+        raise StoredBodyError("its bytes were not kept (stored by the release before sources)")
     if sha256 is not None and hashlib.sha256(body).digest() != bytes(sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:

@@ -17,7 +17,7 @@ from pytest_postgresql import factories
 
 from app import create_app
 from app.config import DEFAULT_SOURCE
-from app.db import DEFAULT_SCHEMA_PATH
+from app.db import apply_schema
 from devservers import ROOT, Gunicorn, Postgres, Redis
 
 from .helpers import (
@@ -43,7 +43,13 @@ def pg_server():
     shutil.rmtree(base, ignore_errors=True)
 
 
-pg_noproc = factories.postgresql_noproc(depends_on="pg_server", load=[DEFAULT_SCHEMA_PATH])
+def load_schema(**connect):
+    """pytest-postgresql's loader: each test's database as `flask init-db` makes it (migrations recorded)."""
+    with psycopg.connect(**connect) as conn:
+        apply_schema(conn)
+
+
+pg_noproc = factories.postgresql_noproc(depends_on="pg_server", load=[load_schema])
 postgresql = factories.postgresql("pg_noproc")
 
 

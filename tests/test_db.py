@@ -1,5 +1,6 @@
-"""app/db.py and schema.sql: the schema is safe to apply twice, upgrades a database created before sources;
-init-db applies it; every transaction carries its timeouts (so they hold through PgBouncer), connections have
+"""app/db.py, app/schema.py, schema.sql and migrations/: init-db creates the schema, upgrades a database
+created by each earlier release to the same schema, is a no-op the second time and safe from two hosts at once;
+every transaction carries its timeouts (so they hold through PgBouncer), connections have
 TCP keepalives, prepared statements can be switched off, and a connection that died in the pool is not handed
 out."""
 
@@ -8,7 +9,9 @@ import json
 import logging
 import os
 import resource
+import shutil
 import socket
+import threading
 from pathlib import Path
 
 import psycopg
@@ -17,21 +20,35 @@ from psycopg.pq import TransactionStatus
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.deadline import MARGIN_MS
+from app.schema import LOCK_KEY, SchemaError
+from devservers import wait_until
 
-from .helpers import ALICE, BOB, OPENING, SECRETS, balance, deliver, encode, payment, sources_config
+from .helpers import ALICE, BOB, OPENING, SECRETS, balance, db_url, deliver, encode, payment, sources_config
 
-# The schemas as they were released: before sources (76d09bb), before payments (fbc880a).
+# The schemas as they were released: before sources (76d09bb), before payments (fbc880a), and the last one
+# before migrations (7dd3d34), which upgraded a database in place by re-running the whole file.
 BEFORE_SOURCES = Path(__file__).parent / "data" / "schema_before_sources.sql"
 BEFORE_PAYMENTS = Path(__file__).parent / "data" / "schema_before_payments.sql"
+BEFORE_MIGRATIONS = Path(__file__).parent / "data" / "schema_before_migrations.sql"
+
+
+MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrations").glob("*.sql"))
+TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations")
+
+
+def _recorded(conn):
+    return conn.execute("SELECT name, ran FROM schema_migrations ORDER BY name").fetchall()
 
 
 def test_schema_applies_twice_without_error(db):
-    apply_schema(db)
-    apply_schema(db)
+    assert apply_schema(db) == (False, [])
+    assert apply_schema(db) == (False, [])
     tables = {r[0] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
-    assert tables == {"user_balances", "webhook_events", "payments", "ledger_journal"}
+    assert tables == {"user_balances", "webhook_events", "payments", "ledger_journal", "schema_migrations"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
+    # An empty database got schema.sql, which includes every migration: none ran.
+    assert _recorded(db) == [(name, False) for name in MIGRATIONS] and MIGRATIONS
 
 
 def test_opening_balance_is_the_balance_at_insert(db):
@@ -72,15 +89,41 @@ def _unique_keys(conn, table):
         GROUP BY i.indexrelid""", [table]))
 
 
-def _columns(conn):
-    return sorted(conn.execute("""SELECT table_name, column_name, data_type, is_nullable, column_default
-                                  FROM information_schema.columns WHERE table_schema = 'public'""").fetchall())
+# What a schema is made of, to compare a database made by schema.sql with one that migrations upgraded.
+CATALOG = {
+    "columns": """SELECT table_name, column_name, data_type, is_nullable, column_default, is_identity
+                  FROM information_schema.columns WHERE table_schema = 'public'""",
+    "constraints": """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+                      WHERE connamespace = 'public'::regnamespace""",
+    "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'",
+    "functions": "SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = 'public'::regnamespace",
+    "triggers": "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal",
+}
+
+
+def _catalog(conn):
+    return {part: sorted(conn.execute(query).fetchall()) for part, query in CATALOG.items()}
+
+
+def _differences(conn, fresh):
+    """What conn's schema has that fresh (a _catalog) has not, and the other way round."""
+    now = _catalog(conn)
+    return [f"{which} {part}: {item}" for part in CATALOG
+            for which, items in (("only upgraded", set(now[part]) - set(fresh[part])),
+                                 ("only fresh", set(fresh[part]) - set(now[part])))
+            for item in sorted(items, key=str)]
+
+
+def _created_by(db, release):
+    """Empty db, then create the schema as an earlier release did (no schema_migrations, no apply_event)."""
+    db.execute(f"DROP TABLE {', '.join(TABLES)}")
+    db.execute("DROP FUNCTION apply_event")
+    db.execute(release.read_text())
 
 
 def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(make_app, config, db):
-    fresh = _columns(db)
-    db.execute("DROP TABLE ledger_journal, payments, webhook_events, user_balances")
-    db.execute(BEFORE_SOURCES.read_text())
+    fresh = _catalog(db)
+    _created_by(db, BEFORE_SOURCES)
     body = encode(payment("evt_old", cents=5))
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1005), (%s, 0)", list(OPENING))
     db.execute("INSERT INTO webhook_events (event_id, event_type, status, payload, payload_sha256, completed_at)"
@@ -89,9 +132,14 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
     db.execute("INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES ('evt_old', %s, 5)", [ALICE])
 
     app = make_app(sources_config(config, {"billing": None}))
+    outputs = []
     for _ in range(2):  # the documented upgrade step, safe to run twice
         result = app.test_cli_runner().invoke(args=["init-db"])
         assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    assert outputs[0].splitlines()[:len(MIGRATIONS)] == [f"applied migration {name}" for name in MIGRATIONS]
+    assert "schema up to date" in outputs[1] and "applied" not in outputs[1], outputs[1]
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
 
     assert db.execute("SELECT source, event_id, status FROM webhook_events").fetchall() == \
         [("default", "evt_old", "completed")]
@@ -103,7 +151,7 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
         # Applied twice, the new column's CHECK is there once.
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass"
                           " AND pg_get_constraintdef(oid) LIKE '%%source ~%%'", [table]).fetchone()[0] == 1, table
-    assert _columns(db) == fresh
+    assert _differences(db, fresh) == []
 
     # The app on the upgraded database: the old event is the default source's,
     # its id is free on a named source.
@@ -145,9 +193,8 @@ def _intent_event(event_id, intent_id, cents):
 
 
 def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(make_app, config, db):
-    fresh = _columns(db)
-    db.execute("DROP TABLE ledger_journal, payments, webhook_events, user_balances")
-    db.execute(BEFORE_PAYMENTS.read_text())
+    fresh = _catalog(db)
+    _created_by(db, BEFORE_PAYMENTS)
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
     _stored_before_payments(db, payment("evt_own", cents=5, currency="USD", paymentId=None), 5)
     _stored_before_payments(db, _intent_event("evt_pi_1", "pi_old", 300), 300, user=BOB)
@@ -160,7 +207,10 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
         result = app.test_cli_runner().invoke(args=["init-db"])
         assert result.exit_code == 0, result.output
         assert ("recomputed the effects of 4 stored events" in result.output) == (run == 0), result.output
-    assert _columns(db) == fresh
+        assert ("applied migration 002_payments.sql" in result.output) == (run == 0), result.output
+    # The release before payments had 001's changes already: recorded, not run.
+    assert _recorded(db) == [("001_sources.sql", False)] + [(name, True) for name in MIGRATIONS[1:]]
+    assert _differences(db, fresh) == []
     assert db.execute("SELECT payment_id, user_id, amount_cents, currency, event_id FROM payments"
                       " ORDER BY payment_id").fetchall() == [
         ("evt_own", ALICE, 5, "usd", "evt_own"), ("pi_old", BOB, 300, "usd", "evt_pi_1"),
@@ -194,12 +244,118 @@ def test_schema_checks_lengths_and_statuses(db, column, value):
                    "VALUES (%(event_id)s, %(event_type)s, %(status)s, '{}', sha256(''))", row)
 
 
-def test_init_db_command_applies_the_schema(app, db):
-    db.execute("DROP TABLE webhook_events")
+# Every way a database reached a release from before schema_migrations: created by it, or created by an
+# earlier one and upgraded in place by its schema.sql; and how many migrations its schema had already.
+HISTORIES = [
+    ([BEFORE_SOURCES], 0),
+    ([BEFORE_PAYMENTS], 1),
+    ([BEFORE_SOURCES, BEFORE_PAYMENTS], 1),
+    ([BEFORE_MIGRATIONS], 2),
+    ([BEFORE_SOURCES, BEFORE_MIGRATIONS], 2),
+    ([BEFORE_PAYMENTS, BEFORE_MIGRATIONS], 2),
+    ([BEFORE_SOURCES, BEFORE_PAYMENTS, BEFORE_MIGRATIONS], 2),
+]
+
+
+@pytest.mark.parametrize("history, had", HISTORIES,
+                         ids=["-".join(path.stem.removeprefix("schema_") for path in h) for h, _ in HISTORIES])
+def test_a_database_of_any_earlier_release_is_recorded_at_it_then_migrated_to_the_fresh_schema(db, history, had):
+    fresh = _catalog(db)
+    _created_by(db, history[0])
+    for release in history[1:]:
+        db.execute(release.read_text())
+    assert apply_schema(db) == (False, MIGRATIONS[had:])
+    assert _recorded(db) == [(name, n >= had) for n, name in enumerate(MIGRATIONS)]
+    assert _differences(db, fresh) == []
+    assert apply_schema(db) == (False, [])
+
+
+def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_second_time(app, db):
+    fresh = _catalog(db)
+    db.execute(f"DROP TABLE {', '.join(TABLES)}")
+    db.execute("DROP FUNCTION apply_event, user_balances_set_opening CASCADE")
+    first = app.test_cli_runner().invoke(args=["init-db"])
+    assert first.exit_code == 0, first.output
+    assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
+    assert _differences(db, fresh) == []
+    recorded = db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
+    assert [(name, ran) for name, _, ran, _ in recorded] == [(name, False) for name in MIGRATIONS]
+
+    second = app.test_cli_runner().invoke(args=["init-db"])
+    assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
+    assert db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall() \
+        == recorded
+    assert _differences(db, fresh) == []
+
+
+def test_two_init_dbs_at_once_apply_each_migration_once(db):
+    """As two hosts deploying together: both wait for the advisory lock, one migrates, the other finds it done."""
+    fresh = _catalog(db)
+    _created_by(db, BEFORE_SOURCES)
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 5)", [ALICE])
+    db.execute("INSERT INTO webhook_events (event_id, event_type, status, payload, payload_sha256, completed_at)"
+               " VALUES ('evt_old', 'payment.succeeded', 'completed', %s, sha256(''), now())",
+               [json.dumps(payment("evt_old", cents=5, paymentId=None))])
+    db.execute("INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES ('evt_old', %s, 5)", [ALICE])
+    results, errors = [], []
+
+    def init_db():
+        try:
+            with psycopg.connect(db_url(db), autocommit=True) as conn:
+                results.append(apply_schema(conn))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    with psycopg.connect(db_url(db)) as holder:  # holds init-db's lock until both wait for it
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+        threads = [threading.Thread(target=init_db) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                      " AND NOT granted").fetchone()[0] == 2, timeout=10, what="two waiting init-dbs")
+        holder.rollback()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert sorted(results) == [(False, []), (False, MIGRATIONS)]
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
+    assert db.execute("SELECT payment_id, amount_cents FROM payments").fetchall() == [("evt_old", 5)]
+    assert db.execute("SELECT event_id, kind FROM ledger_journal").fetchall() == [("evt_old", "credit")]
+    assert _differences(db, fresh) == []
+
+
+def _schema_copy(tmp_path):
+    """schema.sql and migrations/ in tmp_path, to change."""
+    shutil.copy(DEFAULT_SCHEMA_PATH, tmp_path / "schema.sql")
+    shutil.copytree(DEFAULT_SCHEMA_PATH.parent / "migrations", tmp_path / "migrations")
+    return tmp_path / "schema.sql"
+
+
+def test_a_migration_changed_since_it_was_applied_stops_init_db_and_changes_nothing(db, tmp_path):
+    schema = _schema_copy(tmp_path)
+    changed = tmp_path / "migrations" / MIGRATIONS[-1]
+    changed.write_text(changed.read_text() + "-- edited after its release\n")
+    (tmp_path / "migrations" / "999_later.sql").write_text("CREATE TABLE later (id int);\n")
+    with pytest.raises(SchemaError, match=f"migrations changed since they were applied: {MIGRATIONS[-1]}"):
+        apply_schema(db, schema)
+    assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
+    assert _recorded(db) == [(name, False) for name in MIGRATIONS]
+
+
+def test_a_database_newer_than_the_release_stops_init_db(app, db):
+    db.execute("INSERT INTO schema_migrations (name, sha256, ran) VALUES ('999_later.sql', sha256(''), true)")
     result = app.test_cli_runner().invoke(args=["init-db"])
-    assert result.exit_code == 0, result.output
-    assert "applied" in result.output
-    assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 0
+    assert result.exit_code == 1
+    assert "the database has migrations that this release has not: 999_later.sql" in result.output
+
+
+def test_a_new_migration_runs_once_in_order(db, tmp_path):
+    schema = _schema_copy(tmp_path)
+    (tmp_path / "migrations" / "998_first.sql").write_text("CREATE TABLE later (id int);\n")
+    (tmp_path / "migrations" / "999_second.sql").write_text("INSERT INTO later VALUES (1);\n")
+    assert apply_schema(db, schema) == (False, ["998_first.sql", "999_second.sql"])
+    assert apply_schema(db, schema) == (False, [])
+    assert db.execute("SELECT * FROM later").fetchall() == [(1,)]
 
 
 # -- settings that hold through a transaction pooler (PgBouncer) --------------

@@ -19,13 +19,18 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         schema = archive.read("app/schema.sql")
+        migrations = {name.removeprefix("app/migrations/"): archive.read(name)
+                      for name in names if name.startswith("app/migrations/")}
         conf = archive.read(next(n for n in names if n.endswith(".data/data/share/webhook-ledger/gunicorn.conf.py")))
     release = "-".join(wheel.name.split("-")[:2])  # webhook_ledger-<version>
     assert {name.split("/")[0] for name in names} == {
         "app", "wsgi.py", "logformat.py", "gunicorn_worker.py", f"{release}.dist-info", f"{release}.data"}, names
     assert not [n for n in names if n.startswith(("devservers/", "tests/", "scripts/", "deploy/"))]
-    # Copies of the checkout's files, byte for byte (app/schema.sql is a symlink to the top-level one).
+    # Copies of the checkout's files, byte for byte (app/schema.sql and app/migrations are symlinks to the
+    # top-level ones).
     assert schema == (ROOT / "schema.sql").read_bytes()
+    assert migrations == {path.name: path.read_bytes() for path in (ROOT / "migrations").glob("*.sql")}
+    assert migrations
     assert conf == (ROOT / "gunicorn.conf.py").read_bytes()
 
 
@@ -43,8 +48,8 @@ def test_the_installed_host_imports_the_installed_package_and_no_test_tooling(in
 def test_an_installed_host_inits_its_database_serves_and_runs_every_command(installed_host):
     host = installed_host
     shipped = next(host.venv.glob("lib/python*/site-packages/app/schema.sql"))
-    assert host.flask("init-db").strip() == f"applied {shipped}"
-    assert host.flask("init-db").strip() == f"applied {shipped}"  # safe on every deploy
+    assert host.flask("init-db").strip() == f"created the schema from {shipped}"
+    assert host.flask("init-db").strip() == "schema up to date: no migration to apply"  # safe on every deploy
     with psycopg.connect(host.db_url, autocommit=True) as conn:
         conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [ALICE])
 

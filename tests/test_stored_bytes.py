@@ -105,12 +105,12 @@ def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a
         deliver(client, payment(event_id, user=UNKNOWN_USER, cents=5))
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     db.execute("UPDATE webhook_events SET body = body || ' '::bytea WHERE event_id = 'evt_tampered'")
-    db.execute("UPDATE webhook_events SET body = NULL WHERE event_id = 'evt_legacy'")  # as before the upgrade
+    db.execute("UPDATE webhook_events SET body = NULL WHERE event_id = 'evt_legacy'")  # as stored before sources
 
     result = run("events", "replay", "--all-failed")
     assert result.output.splitlines() == [
         "evt_tampered: still failed: not replayed: its stored bytes do not match their SHA-256",
-        "evt_legacy: still failed: not replayed: its bytes were not kept (stored before the upgrade that keeps them)",
+        "evt_legacy: still failed: not replayed: its bytes were not kept (stored by the release before sources)",
         "evt_fine: processed; now completed",
         "replayed 3 failed events: 1 completed, 2 still failed",
     ]
