@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # needs async-timeout, 3.11.3+ does not). uv writes no index or find-links.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --upgrade --universal --python-version 3.11 --generate-hashes
 
-.PHONY: run cluster test lint bench lock clean
+.PHONY: run cluster test check lint bench lock clean
 
 # The exact versions of requirements-test.lock, hash-checked; then the
 # package itself, editable (its dependencies are already there, unless
@@ -33,8 +33,15 @@ test: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages test
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The fast tier, under 30 s: lint, then the tests marked unit, which start no
+# server (docs/testing.md). `make test` stays the whole suite.
+check: lint
+	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+# ruff, then mypy over app/ (their settings are in pyproject.toml).
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The image's (requirements.lock, the runtime alone) and CI's
 # (requirements-test.lock, with the test extra), the first constrained by the
@@ -44,7 +51,7 @@ lock: $(VENV)/.installed
 	$(UV_COMPILE) --constraint requirements-test.lock --output-file requirements.lock setup.cfg
 
 clean:
-	rm -rf $(VENV) .run *.egg-info
+	rm -rf $(VENV) .run *.egg-info .mypy_cache
 
 bench: $(VENV)/.installed
 	$(BIN)/python scripts/bench.py

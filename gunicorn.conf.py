@@ -2,13 +2,11 @@
 command line or through GUNICORN_CMD_ARGS."""
 
 import glob
-import importlib
-import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
-import types
 
 from gunicorn import glogging
 
@@ -96,8 +94,8 @@ else:
 # sysexits.h's EX_CONFIG, as `flask` commands exit on a configuration error:
 # a supervisor tells it from a crash, and restarting will not help.
 EX_CONFIG = 78
-# The name under which the master loads app/config.py, and forgets it.
-_SETTINGS_PACKAGE = "_webhook_ledger_settings"
+# What the master runs in a child process to check the settings (app/config.py).
+_CHECK_SETTINGS = "from app.config import check; check()"
 
 
 def on_starting(server):
@@ -132,26 +130,16 @@ def _metrics_dir():
 def _settings_problem():
     """Parse the settings as a worker will; return the configuration error's message, or None.
 
-    app/config.py (and signature.py, which it reads scheme names from) is loaded
-    under a private package name and forgotten at once: the `app` package itself
-    never enters the master, so the workers that a HUP starts import new code.
+    In a child process, on the master's sys.path: no module of the app may enter
+    the master, or the workers that a HUP forks would run its old code.
     """
-    spec = importlib.util.find_spec("app")
-    if spec is None or not spec.submodule_search_locations:
-        return None  # no app to check: the workers fail to import it, and gunicorn stops
-    package = types.ModuleType(_SETTINGS_PACKAGE)
-    package.__path__ = list(spec.submodule_search_locations)
-    sys.modules[_SETTINGS_PACKAGE] = package
-    try:
-        settings = importlib.import_module(f"{_SETTINGS_PACKAGE}.config")
-        try:
-            settings.from_env()
-        except settings.ConfigError as exc:
-            return exc.format_message()
-        return None
-    finally:
-        for name in [m for m in sys.modules if m == _SETTINGS_PACKAGE or m.startswith(f"{_SETTINGS_PACKAGE}.")]:
-            del sys.modules[name]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _CHECK_SETTINGS], env=env, capture_output=True, text=True)
+    if done.returncode == EX_CONFIG:
+        return done.stderr.strip().splitlines()[-1]  # the message is the last line (a warning may come first)
+    # Anything else (no app to import, say) is left to the workers, which fail
+    # the same way, and gunicorn stops.
+    return None
 
 
 def _read_timeout_problem():

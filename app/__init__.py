@@ -1,19 +1,28 @@
 """webhook-ledger: applies each provider webhook to the ledger exactly once."""
 
-from flask import Flask
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from . import cli, db, delivery, errors, lock, logs, metrics, openapi, webhooks
 from . import config as settings
 
+if TYPE_CHECKING:
+    from flask import Flask
 
-def create_app(test_config=None):
-    """Build the app from the environment, or from test_config when given."""
+
+def create_app(test_config: Mapping[str, object] | None = None) -> "Flask":
+    """Build the app from the environment, or from test_config (setting name -> value) when given."""
+    # Imported here, as flaskr imports its modules: `import app.config` alone
+    # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
+    from flask import Flask
+
+    from . import cli, db, delivery, errors, lock, logs, metrics, openapi, webhooks
+
     app = Flask(__name__)
     parsed = settings.parse(test_config) if test_config is not None else settings.from_env()
-    app.config.update(parsed)
+    app.extensions[settings.EXTENSION] = parsed  # read with Settings.of(app)
     # Flask answers 413 past this; webhooks.py refuses the one byte more,
     # which it reads to tell a chunked body cut at the limit.
-    app.config["MAX_CONTENT_LENGTH"] = parsed["MAX_BODY_BYTES"] + 1
+    app.config["MAX_CONTENT_LENGTH"] = parsed.max_body_bytes + 1
     logs.init_app(app)
     for warning in settings.check_nesting(parsed):
         app.logger.warning("timeouts do not nest: %s", warning)

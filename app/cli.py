@@ -9,7 +9,7 @@ from flask.cli import AppGroup
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
-from .config import DEFAULT_SOURCE
+from .config import DEFAULT_SOURCE, Settings
 from .db import get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .redis_client import reason_of
@@ -151,7 +151,7 @@ def replay_events(event_id, all_failed, source):
             keys = conn.execute(FAILED_EVENTS, {"source": source}).fetchall()
     else:
         keys = [(source or DEFAULT_SOURCE, event_id)]
-    policy = current_app.config["POLICY"]
+    policy = Settings.of(current_app).policy
     results = [_replayed(src, eid, ledger.replay(pool, src, eid, policy)) for src, eid in keys]
     for _, message in results:
         click.echo(message)
@@ -188,7 +188,7 @@ def verify_ledger():
     pool = get_pool(current_app)
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0):
-        report = verify.check(conn, current_app.config["POLICY"])
+        report = verify.check(conn, Settings.of(current_app).policy)
     for line in report.problems + report.below_zero:
         click.echo(line)
     users, events_, payments, journal = report.counts

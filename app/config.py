@@ -1,12 +1,19 @@
-"""Typed configuration: environment variables parsed once, failing fast."""
+"""Typed configuration: environment variables parsed once into a frozen Settings, failing fast.
+
+Its imports are light (no Flask): gunicorn's master runs `check()` in a child process.
+"""
 
 import base64
 import binascii
 import os
 import re
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import SplitResult, urlsplit
 
 import click
 from psycopg import ProgrammingError, pq
@@ -15,6 +22,9 @@ from psycopg.conninfo import conninfo_to_dict
 from . import conninfo
 from .events import Policy
 from .signature import SCHEMES
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 # Standard Webhooks secrets are written whsec_<base64 of the key>.
 WHSEC_PREFIX = "whsec_"
@@ -44,7 +54,7 @@ class ConfigError(click.ClickException):
     # sysexits.h's EX_CONFIG: a supervisor tells a configuration error from a crash (1).
     exit_code = os.EX_CONFIG
 
-    def format_message(self):
+    def format_message(self) -> str:
         return f"configuration error: {self.message}"
 
 
@@ -70,21 +80,24 @@ class Source:
 
     name: str
     scheme: str
-    secrets: tuple
+    secrets: tuple[bytes, ...]
     tolerance: int
     moved_from: str | None = None
 
     @property
-    def event_source(self):
+    def event_source(self) -> str:
         """The source its events are stored, locked and deduplicated under."""
         return self.moved_from or self.name
 
 
+# A setting's parser: (its name, its raw text) -> its value, or ConfigError naming it.
+Parser = Callable[[str, str], Any]
+
 # name -> (parser, default). A default of None means the setting is required.
 # The timeouts nest so that the inner one fails first with a clean answer:
 # lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
-def _int(minimum, why=""):
-    def parse(name, raw):
+def _int(minimum: int, why: str = "") -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
         try:
             value = int(raw)
         except ValueError:
@@ -96,7 +109,7 @@ def _int(minimum, why=""):
     return parse
 
 
-def _secrets(name, raw):
+def _secrets(name: str, raw: str) -> tuple[bytes, ...]:
     """One secret, or several separated by commas (rotation); spaces around each are ignored.
 
     A comma always separates: a secret cannot hold one. `\\,` is refused, not
@@ -115,7 +128,7 @@ def _secrets(name, raw):
     return tuple(s.encode("utf-8") for s in entries)
 
 
-def _long_enough(name, keys, unit="bytes"):
+def _long_enough(name: str, keys: tuple[bytes, ...], unit: str = "bytes") -> tuple[bytes, ...]:
     """Refuse a key shorter than MIN_SECRET_BYTES; the message names it by index, never by value."""
     for index, key in enumerate(keys):
         if len(key) < MIN_SECRET_BYTES:
@@ -124,34 +137,34 @@ def _long_enough(name, keys, unit="bytes"):
     return keys
 
 
-def _keys(name, secrets, scheme):
+def _keys(name: str, secrets: tuple[bytes, ...], scheme: str) -> tuple[bytes, ...]:
     """The HMAC keys of a parsed secrets setting, as its scheme uses them (decoded under standard-webhooks)."""
     if scheme == "standard-webhooks":
         return _long_enough(name, _whsec_keys(name, secrets), f"bytes once decoded from {WHSEC_PREFIX}<base64>")
     return _long_enough(name, secrets)
 
 
-def _scheme(name, raw):
+def _scheme(name: str, raw: str) -> str:
     if raw not in SCHEMES:
         raise ConfigError(f"{name} must be one of {', '.join(SCHEMES)}, got {raw!r}")
     return raw
 
 
-def _currency(name, raw):
+def _currency(name: str, raw: str) -> str:
     # ISO 4217, written as Stripe writes it: three lowercase letters.
     if not re.fullmatch(r"[A-Za-z]{3}", raw.strip()):
         raise ConfigError(f"{name} must be a three-letter ISO 4217 currency code, got {raw!r}")
     return raw.strip().lower()
 
 
-def _bool(name, raw):
+def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value not in ("true", "false"):
         raise ConfigError(f"{name} must be true or false, got {raw!r}")
     return value == "true"
 
 
-def _source_names(name, raw):
+def _source_names(name: str, raw: str) -> tuple[str, ...]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     for source in names:
         if not SOURCE_NAME.fullmatch(source) or source == DEFAULT_SOURCE:
@@ -167,11 +180,11 @@ def _source_names(name, raw):
     return tuple(names)
 
 
-def _prefix(source):
+def _prefix(source: str) -> str:
     return f"WEBHOOK_{source.upper().replace('-', '_')}_"
 
 
-def _text(name, raw):
+def _text(name: str, raw: str) -> str:
     if not raw.strip():
         raise ConfigError(f"{name} is empty")
     return raw.strip()
@@ -182,7 +195,7 @@ def _text(name, raw):
 _LIBPQ_KEYWORDS = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
 
 
-def _database_url(name, raw):
+def _database_url(name: str, raw: str) -> str:
     url = _text(name, raw)
     try:
         params = conninfo_to_dict(url)  # libpq's own parser: what the pool will be given
@@ -199,7 +212,7 @@ def _database_url(name, raw):
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-def _redis_url(name, raw):
+def _redis_url(name: str, raw: str) -> str:
     """Check the shape redis-py's from_url expects; the message never repeats the URL (it may hold a password)."""
     url = _text(name, raw)
     parts = urlsplit(url)
@@ -219,12 +232,12 @@ def _redis_url(name, raw):
     return url
 
 
-def _schema_path(name, raw):
+def _schema_path(name: str, raw: str) -> Path:
     # A relative path is taken from the current directory, as any command's file argument.
     return Path(raw.strip()).resolve() if raw.strip() else DEFAULT_SCHEMA_PATH
 
 
-def _prepare_threshold(name, raw):
+def _prepare_threshold(name: str, raw: str) -> int | None:
     # `off` (None to psycopg): never prepare, for poolers that cannot route
     # prepared statements (PgBouncer before 1.21 in transaction mode).
     if raw.strip().lower() == "off":
@@ -232,7 +245,7 @@ def _prepare_threshold(name, raw):
     return _int(0)(name, raw)
 
 
-SETTINGS = {
+SETTINGS: dict[str, tuple[Parser, str | None]] = {
     "DATABASE_URL": (_database_url, None),
     "REDIS_URL": (_redis_url, None),
     # A Redis Cluster needs redis-py's cluster client (slot routing, MOVED);
@@ -275,42 +288,86 @@ SETTINGS = {
 }
 
 
-def from_env(environ=None):
-    """Return the settings parsed from environ (default os.environ)."""
+@dataclass(frozen=True)
+class Settings:
+    """Every setting, parsed and checked: one field per row of SETTINGS (its name in lower case), and what they make.
+
+    Built once, by from_env(); create_app keeps it in app.extensions (Settings.of).
+    """
+
+    database_url: str
+    redis_url: str
+    redis_cluster: bool
+    # The default source's keys, as its scheme uses them; None when it is off (only named sources).
+    webhook_secret: tuple[bytes, ...] | None
+    webhook_signature_scheme: str
+    webhook_sources: tuple[str, ...]
+    webhook_tolerance_seconds: int
+    lock_ttl_ms: int
+    max_body_bytes: int
+    pg_lock_timeout_ms: int
+    pg_statement_timeout_ms: int
+    pg_pool_timeout_ms: int
+    pg_pool_size: int
+    pg_prepare_threshold: int | None  # None: never prepare (`off`)
+    redis_timeout_ms: int
+    redis_done_ttl_seconds: int
+    retry_after_seconds: int
+    ledger_currency: str
+    stripe_accept_test_events: bool
+    schema_path: Path
+    # Every source served, by name: the default one (when it has a secret), then the named ones. Read-only.
+    sources: Mapping[str, Source]
+    policy: Policy
+
+    @staticmethod
+    def of(app: "Flask") -> "Settings":
+        """The settings create_app built the app from."""
+        settings: Settings = app.extensions[EXTENSION]
+        return settings
+
+
+# Settings' key in app.extensions.
+EXTENSION = "settings"
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Return the settings parsed from environ (default os.environ); ConfigError names the first bad one."""
     environ = os.environ if environ is None else environ
-    config = {}
+    values: dict[str, Any] = {}
     named = _source_names("WEBHOOK_SOURCES", environ.get("WEBHOOK_SOURCES", ""))
     for name, (parse, default) in SETTINGS.items():
         raw = environ.get(name, default)
         if raw is None and name == "WEBHOOK_SECRET" and named:
-            config[name] = None  # the default source is off: POST /api/webhooks answers 404
+            values[name] = None  # the default source is off: POST /api/webhooks answers 404
             continue
         if raw is None:
             raise ConfigError(f"{name} is required but not set")
-        config[name] = parse(name, raw)
-    if config["REDIS_CLUSTER"]:
-        _cluster_url(urlsplit(config["REDIS_URL"]))
-    if config["WEBHOOK_SECRET"] is not None:
-        config["WEBHOOK_SECRET"] = _keys("WEBHOOK_SECRET", config["WEBHOOK_SECRET"], config["WEBHOOK_SIGNATURE_SCHEME"])
-    config["SOURCES"] = _sources(config, named, environ)
-    _refuse_shared_secrets(config["SOURCES"])
-    config["POLICY"] = Policy(config["LEDGER_CURRENCY"], config["STRIPE_ACCEPT_TEST_EVENTS"])
-    return config
+        values[name] = parse(name, raw)
+    if values["REDIS_CLUSTER"]:
+        _cluster_url(urlsplit(values["REDIS_URL"]))
+    if values["WEBHOOK_SECRET"] is not None:
+        values["WEBHOOK_SECRET"] = _keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], values["WEBHOOK_SIGNATURE_SCHEME"])
+    sources = _sources(values, named, environ)
+    _refuse_shared_secrets(sources)
+    return Settings(**{name.lower(): value for name, value in values.items()},
+                    sources=MappingProxyType(sources),
+                    policy=Policy(values["LEDGER_CURRENCY"], values["STRIPE_ACCEPT_TEST_EVENTS"]))
 
 
-def _cluster_url(parts):
+def _cluster_url(parts: SplitResult) -> None:
     if parts.scheme == "unix":
         raise ConfigError("REDIS_URL must be redis:// or rediss:// when REDIS_CLUSTER=true")
     if parts.path.strip("/") not in ("", "0"):
         raise ConfigError("REDIS_URL must name database 0 or none when REDIS_CLUSTER=true (a cluster has no other)")
 
 
-def _sources(config, named, environ):
+def _sources(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, Source]:
     """Every source served, by name: the default one (when it has a secret), then the named ones."""
     sources = {}
-    if config["WEBHOOK_SECRET"] is not None:
-        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, config["WEBHOOK_SIGNATURE_SCHEME"],
-                                         config["WEBHOOK_SECRET"], config["WEBHOOK_TOLERANCE_SECONDS"])
+    if values["WEBHOOK_SECRET"] is not None:
+        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, values["WEBHOOK_SIGNATURE_SCHEME"],
+                                         values["WEBHOOK_SECRET"], values["WEBHOOK_TOLERANCE_SECONDS"])
     for name in named:
         prefix = _prefix(name)
         raw_secret = environ.get(prefix + "SECRET")
@@ -318,14 +375,14 @@ def _sources(config, named, environ):
             raise ConfigError(f"{prefix}SECRET is required for source {name!r} (named in WEBHOOK_SOURCES)")
         scheme = _scheme(prefix + "SCHEME", environ.get(prefix + "SCHEME", name if name in SCHEMES else "hmac-sha256"))
         secrets = _keys(prefix + "SECRET", _secrets(prefix + "SECRET", raw_secret), scheme)
-        tolerance = environ.get(prefix + "TOLERANCE_SECONDS")
-        tolerance = (config["WEBHOOK_TOLERANCE_SECONDS"] if tolerance is None
-                     else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", tolerance))
+        raw_tolerance = environ.get(prefix + "TOLERANCE_SECONDS")
+        tolerance: int = (values["WEBHOOK_TOLERANCE_SECONDS"] if raw_tolerance is None
+                          else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", raw_tolerance))
         moved_from = environ.get(prefix + "MOVED_FROM")
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(prefix + "MOVED_FROM", moved_from, name))
     for source in sources.values():
-        earlier = sources.get(source.moved_from)
+        earlier = sources.get(source.moved_from) if source.moved_from is not None else None
         if earlier is not None and earlier.moved_from is not None:
             # One step, so that a source's events have one name whatever route they came by.
             raise ConfigError(f"{_prefix(source.name)}MOVED_FROM names {earlier.name!r}, itself moved from "
@@ -333,7 +390,7 @@ def _sources(config, named, environ):
     return sources
 
 
-def _moved_from(name, raw, source):
+def _moved_from(name: str, raw: str, source: str) -> str:
     """The name of the source a provider was moved from; it need not be served any more."""
     old = raw.strip()
     if old != DEFAULT_SOURCE and not SOURCE_NAME.fullmatch(old):
@@ -343,9 +400,9 @@ def _moved_from(name, raw, source):
     return old
 
 
-def _refuse_shared_secrets(sources):
+def _refuse_shared_secrets(sources: Mapping[str, Source]) -> None:
     """Refuse a key that verifies for two sources with different events: one delivery would be credited twice."""
-    owners = {}
+    owners: dict[bytes, Source] = {}
     for source in sources.values():
         for key in source.secrets:
             other = owners.setdefault(key, source)
@@ -357,15 +414,15 @@ def _refuse_shared_secrets(sources):
                     f"set {_prefix(source.name)}MOVED_FROM={other.event_source}")
 
 
-def _secret_setting(source):
+def _secret_setting(source: str) -> str:
     return "WEBHOOK_SECRET" if source == DEFAULT_SOURCE else f"{_prefix(source)}SECRET"
 
 
-def _whsec_keys(name, secrets):
+def _whsec_keys(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return tuple(_whsec_key(i, s, name) for i, s in enumerate(secrets))
 
 
-def _whsec_key(index, secret, name="WEBHOOK_SECRET"):
+def _whsec_key(index: int, secret: bytes, name: str = "WEBHOOK_SECRET") -> bytes:
     """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
     where = f"{name} entry {index} (counted from 0)"
     if not secret.startswith(WHSEC_PREFIX.encode()):
@@ -381,16 +438,30 @@ def _whsec_key(index, secret, name="WEBHOOK_SECRET"):
     return key
 
 
-def parse(mapping):
+def parse(mapping: Mapping[str, object]) -> Settings:
     """Validate a test's config dict the same way as the environment."""
     return from_env({name: str(value) for name, value in mapping.items()})
 
 
-def check_nesting(config):
+def check_nesting(settings: Settings) -> list[str]:
     """Return warnings for timeouts that do not nest (inner must fail first)."""
     chain = ["PG_LOCK_TIMEOUT_MS", "PG_STATEMENT_TIMEOUT_MS", "PG_POOL_TIMEOUT_MS", "LOCK_TTL_MS"]
+    values = {name: getattr(settings, name.lower()) for name in chain}
     return [
-        f"{inner} ({config[inner]}) should be below {outer} ({config[outer]})"
+        f"{inner} ({values[inner]}) should be below {outer} ({values[outer]})"
         for inner, outer in zip(chain, chain[1:], strict=False)
-        if config[inner] >= config[outer]
+        if values[inner] >= values[outer]
     ]
+
+
+def check() -> NoReturn:
+    """Exit 0 when the environment's settings parse, else EX_CONFIG with the one-line message on stderr.
+
+    gunicorn.conf.py runs it in a child process, so that no module of the app enters gunicorn's master.
+    """
+    try:
+        from_env()
+    except ConfigError as exc:
+        sys.stderr.write(exc.format_message() + "\n")
+        sys.exit(exc.exit_code)
+    sys.exit(0)

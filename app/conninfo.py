@@ -10,6 +10,8 @@ start, and no message names any of its values.
 import ipaddress
 import logging
 import re
+from collections.abc import Mapping
+from typing import Any
 
 # libpq's enumerated parameters and the values it accepts (PostgreSQL 18's
 # libpq; older ones accept a subset, and refuse the keyword itself if new).
@@ -38,7 +40,7 @@ class BadValue(ValueError):
     """A conninfo value libpq would refuse; the message names the parameter, never its value."""
 
 
-def check(params):
+def check(params: Mapping[str, Any]) -> None:
     """Refuse the values of params (conninfo_to_dict's) that libpq would refuse when connecting."""
     for entry in _entries(params, "host"):
         if entry and not entry.startswith(("/", "@")) and not _is_address(entry) and not HOST_NAME.fullmatch(entry):
@@ -58,11 +60,11 @@ def check(params):
         raise BadValue(f"has an invalid require_auth: libpq accepts {', '.join(AUTH_METHODS)}, each maybe after !")
 
 
-def _entries(params, keyword):
+def _entries(params: Mapping[str, Any], keyword: str) -> list[str]:
     return str(params[keyword]).split(",") if keyword in params else []
 
 
-def _is_address(text):
+def _is_address(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -89,7 +91,7 @@ class Redact(logging.Filter):
     which lists host, port, user and database) are at risk.
     """
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else (record.args,) if record.args else ()
         args = tuple(_safe(arg) for arg in args)
         try:
@@ -101,19 +103,19 @@ class Redact(logging.Filter):
         return True
 
 
-def redacted(message):
+def redacted(message: str) -> str:
     """message on one line, without its quoted values."""
     return " ".join(VALUES.sub("...", message).split())
 
 
-def _safe(arg):
+def _safe(arg: object) -> object:
     return f"{type(arg).__name__}: {arg}" if isinstance(arg, BaseException) else arg
 
 
 REDACT = Redact()
 
 
-def keep_out_of_logs():
+def keep_out_of_logs() -> None:
     """Install the filter on psycopg's loggers (once per process: addFilter skips a filter already there)."""
     for name in LOGGERS:
         logging.getLogger(name).addFilter(REDACT)

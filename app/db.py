@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from . import conninfo, deadline
-from .config import DEFAULT_SCHEMA_PATH
+from .config import DEFAULT_SCHEMA_PATH, Settings
 from .schema import SchemaError, migrate
 
 _open_lock = threading.Lock()
@@ -74,32 +74,32 @@ class Pool(ConnectionPool):
 
 def init_app(app):
     conninfo.keep_out_of_logs()
-    config = app.config
-    given = conninfo_to_dict(config["DATABASE_URL"])
+    settings = Settings.of(app)
+    given = conninfo_to_dict(settings.database_url)
     # open=False: the pool is opened lazily in the process that uses it, so
     # a gunicorn master never holds connections that its workers inherit.
     app.extensions["db_pool"] = Pool(
-        config["DATABASE_URL"],
+        settings.database_url,
         timeouts={
-            "lock_timeout": config["PG_LOCK_TIMEOUT_MS"],
-            "statement_timeout": config["PG_STATEMENT_TIMEOUT_MS"],
+            "lock_timeout": settings.pg_lock_timeout_ms,
+            "statement_timeout": settings.pg_statement_timeout_ms,
             # A client that vanished mid-transaction frees its locks soon.
-            "idle_in_transaction_session_timeout": config["LOCK_TTL_MS"],
+            "idle_in_transaction_session_timeout": settings.lock_ttl_ms,
             # A delivery's statements are sent in one go (ledger._apply_new):
             # a client that died while they wait on a lock gets them rolled
             # back, not committed after it is gone.
             "client_connection_check_interval": CLIENT_CHECK_MS,
         },
         min_size=1,
-        max_size=config["PG_POOL_SIZE"],
-        timeout=config["PG_POOL_TIMEOUT_MS"] / 1000,
+        max_size=settings.pg_pool_size,
+        timeout=settings.pg_pool_timeout_ms / 1000,
         open=False,
         name="webhook-ledger",
         kwargs={
             "autocommit": True,  # transactions are explicit: transaction() below
-            "connect_timeout": max(1, config["PG_POOL_TIMEOUT_MS"] // 1000),
+            "connect_timeout": max(1, settings.pg_pool_timeout_ms // 1000),
             "application_name": "webhook-ledger",
-            "prepare_threshold": config["PG_PREPARE_THRESHOLD"],
+            "prepare_threshold": settings.pg_prepare_threshold,
             **{name: value for name, value in TCP_SETTINGS.items() if name not in given},
         },
         # A connection that died while idle (a restarted server or pooler) is
@@ -211,7 +211,8 @@ def init_db_command():
     """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
     from .ledger import recompute_effects  # the ledger imports this module
 
-    path, policy = current_app.config["SCHEMA_PATH"], current_app.config["POLICY"]
+    settings = Settings.of(current_app)
+    path, policy = settings.schema_path, settings.policy
     pool = get_pool(current_app)
     with unavailable_in_one_line():
         with pool.connection() as conn:

@@ -11,11 +11,11 @@ from typing import NamedTuple
 
 import psycopg
 from flask import current_app, jsonify
-from gunicorn.http.errors import ParseException as MalformedRequest
+from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
 from . import delivery
-from .config import UnknownSource
+from .config import Settings, UnknownSource
 from .delivery import Outcome
 from .events import InvalidEvent, InvalidJSON, Unprocessable
 from .ledger import PayloadMismatch, PaymentMismatch, RetryLater
@@ -101,7 +101,7 @@ def _answer(status, body, retry_after=False):
     response = jsonify(body)
     response.status_code = status
     if retry_after:
-        response.headers["Retry-After"] = str(current_app.config["RETRY_AFTER_SECONDS"])
+        response.headers["Retry-After"] = str(Settings.of(current_app).retry_after_seconds)
     return response
 
 
@@ -140,7 +140,7 @@ def _internal_error(exc):
     while frame is not None and frame.tb_next is not None:
         frame = frame.tb_next
     where = f"{frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame else "?"
-    hint = HINTS.get(getattr(exc, "sqlstate", None))
+    hint = HINTS.get(getattr(exc, "sqlstate", None) or "")
     log.error("internal error: %s%s at %s%s", type(exc).__name__, _sqlstate(exc), where, f" ({hint})" if hint else "")
     return _answer(500, {"error": "internal"})
 

@@ -18,6 +18,7 @@ import logging
 import secrets
 from enum import StrEnum
 
+from .config import Settings
 from .delivery import Outcome
 from .redis_client import UNAVAILABLE, RedisLink, Unusable
 
@@ -79,8 +80,8 @@ FORGET_BATCH = 1000
 
 
 def init_app(app):
-    app.extensions["redis"] = RedisLink(app.config["REDIS_URL"], app.config["REDIS_CLUSTER"],
-                                        app.config["REDIS_TIMEOUT_MS"] / 1000)
+    settings = Settings.of(app)
+    app.extensions["redis"] = RedisLink(settings.redis_url, settings.redis_cluster, settings.redis_timeout_ms / 1000)
 
 
 class EventLock:

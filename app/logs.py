@@ -77,17 +77,21 @@ def _echo_request_id(response):
     return response
 
 
-def _install_record_factory():
-    """Stamp the current request's id on every log record made while serving it."""
-    base = logging.getLogRecordFactory()
-    if getattr(base, "adds_request_id", False):
-        return
+class _RecordFactory:
+    """Stamps the current request's id on every log record made while serving it."""
 
-    def factory(*args, **kwargs):
-        record = base(*args, **kwargs)
+    def __init__(self, base):
+        self.base = base
+
+    def __call__(self, *args, **kwargs):
+        record = self.base(*args, **kwargs)
         if has_request_context() and "request_id" in g:
             record.request_id = g.request_id
         return record
 
-    factory.adds_request_id = True
-    logging.setLogRecordFactory(factory)
+
+def _install_record_factory():
+    """Install _RecordFactory once per process, whatever number of apps are made."""
+    base = logging.getLogRecordFactory()
+    if not isinstance(base, _RecordFactory):
+        logging.setLogRecordFactory(_RecordFactory(base))

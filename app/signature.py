@@ -19,7 +19,8 @@ import hashlib
 import hmac
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
+from typing import Protocol
 
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _BASE64_DIGEST = re.compile(r"[A-Za-z0-9+/]{43}=")  # 32 bytes, standard alphabet
@@ -34,7 +35,13 @@ class SignatureError(ValueError):
     """The delivery is not authentic; the message says why in general terms."""
 
 
-def verify(scheme, body: bytes, headers: Mapping, secrets, tolerance: int, now: float | None = None) -> int:
+class Headers(Protocol):
+    """What verify reads of a request's headers: a dict's or Werkzeug's Headers' items()."""
+
+    def items(self) -> Iterable[tuple[str, str]]: ...
+
+
+def verify(scheme, body: bytes, headers: Headers, secrets, tolerance: int, now: float | None = None) -> int:
     """Return the index of the secret that signed the delivery, or raise SignatureError."""
     lowered = {str(name).lower(): value for name, value in headers.items()}
     return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)

@@ -7,7 +7,7 @@ from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
 from . import delivery, ledger, lock, signature
-from .config import DEFAULT_SOURCE, UnknownSource
+from .config import DEFAULT_SOURCE, Settings, UnknownSource
 from .db import get_pool
 from .delivery import Outcome
 from .events import effect_of, parse
@@ -26,24 +26,24 @@ bp = Blueprint("webhooks", __name__)
 @bp.post("/api/webhooks/<source>", strict_slashes=False, provide_automatic_options=False)
 def receive(source):
     """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
-    config = current_app.config
+    settings = Settings.of(current_app)
     # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<source>.
-    sender = None if source == DEFAULT_SOURCE else config["SOURCES"].get(source or DEFAULT_SOURCE)
+    sender = None if source == DEFAULT_SOURCE else settings.sources.get(source or DEFAULT_SOURCE)
     record = delivery.current()
     record.source = sender and sender.name
     if sender is None:
         # Before anything is read: an unknown source costs a dict lookup.
         raise UnknownSource("no such source")
-    body = _raw_json_body(config["MAX_BODY_BYTES"])
+    body = _raw_json_body(settings.max_body_bytes)
     record.secret_index = signature.verify(sender.scheme, body, request.headers, sender.secrets, sender.tolerance)
 
     event = parse(body, sender.scheme, request.headers, sender.event_source)
-    effect = effect_of(event, config["POLICY"])
+    effect = effect_of(event, settings.policy)
     record.event_id, record.event_type, record.payment_id = event.id, event.type, effect.payment_id
 
     record.body_sha256 = hashlib.sha256(body).digest()
     event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, record.body_sha256,
-                                config["LOCK_TTL_MS"], config["REDIS_DONE_TTL_SECONDS"] * 1000)
+                                settings.lock_ttl_ms, settings.redis_done_ttl_seconds * 1000)
     record.redis = event_lock.acquire()
     record.redis_fault = event_lock.fault
     if record.redis == LockState.DONE:
@@ -53,13 +53,14 @@ def receive(source):
     elif record.redis == LockState.HELD_ELSEWHERE:
         raise lock.InProgress("another delivery of this event is being processed; retry later")
     else:
-        result = None
+        applied = None  # None when the transaction raised: release() leaves no done marker
         try:
-            result = ledger.apply_event(get_pool(current_app), event, effect, record.body_sha256)
+            applied = ledger.apply_event(get_pool(current_app), event, effect, record.body_sha256)
         finally:
             if record.redis == LockState.ACQUIRED:
-                event_lock.release(result)
+                event_lock.release(applied)
                 record.redis_fault = event_lock.fault
+        result = applied
 
     record.stored_sha256 = result.stored_sha256
     record.change, record.balance_after = result.change, result.balance_after
@@ -103,5 +104,5 @@ def ready():
             conn.execute("SELECT 1")
     except psycopg.OperationalError:
         body = {"status": "unavailable", "postgres": "unavailable", **body}
-        return body, 503, {"Retry-After": str(current_app.config["RETRY_AFTER_SECONDS"])}
+        return body, 503, {"Retry-After": str(Settings.of(current_app).retry_after_seconds)}
     return {"status": "ok", "postgres": "ok", **body}

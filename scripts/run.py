@@ -273,8 +273,8 @@ def prepare_database(config):
     """Apply the schema and create the demo user; return the next demo event id and its balance."""
     log("applying the schema")
     try:
-        with psycopg.connect(config["DATABASE_URL"], autocommit=True, connect_timeout=10) as conn:
-            apply_schema(conn, config["SCHEMA_PATH"], config["POLICY"].currency)
+        with psycopg.connect(config.database_url, autocommit=True, connect_timeout=10) as conn:
+            apply_schema(conn, config.schema_path, config.policy.currency)
             conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)"
                          " ON CONFLICT (user_id) DO NOTHING", [DEMO_USER])
             # The first evt_demo_N this database has not seen, so that the printed
@@ -294,16 +294,16 @@ def banner(base_url, event_id, balance, config, secret_from_env, external):
     """What to paste into another terminal. Only the demo secret is ever printed."""
     body = json.dumps({"id": event_id, "type": "payment.succeeded",
                        "data": {"userId": DEMO_USER, "amountCents": 1000}}, separators=(",", ":"))
-    scheme = config["WEBHOOK_SIGNATURE_SCHEME"]
+    scheme = config.webhook_signature_scheme
     headers = {"Content-Type": "application/json",
-               **sign(scheme, body.encode(), config["WEBHOOK_SECRET"], msg_id=event_id)}
+               **sign(scheme, body.encode(), config.webhook_secret, msg_id=event_id)}
     signed_with = "WEBHOOK_SECRET" if secret_from_env else f"the DEMO secret '{DEMO_SECRET}'"
     if scheme in ("stripe", "standard-webhooks"):
-        signed_with += f"; its signed timestamp expires in {config['WEBHOOK_TOLERANCE_SECONDS']} s"
+        signed_with += f"; its signed timestamp expires in {config.webhook_tolerance_seconds} s"
     curl = " ".join([f"curl -sS -w 'HTTP %{{http_code}}\\n' -X POST {base_url}/api/webhooks",
                      *(f"-H {shlex.quote(f'{name}: {value}')}" for name, value in headers.items()),
                      '--data-binary "$BODY"'])
-    psql_target = '"$DATABASE_URL"' if external else shlex.quote(config["DATABASE_URL"])
+    psql_target = '"$DATABASE_URL"' if external else shlex.quote(config.database_url)
     demo = "" if secret_from_env else f"\nWEBHOOK_SECRET = {DEMO_SECRET}  <- a DEMO secret, for local use only\n"
     rule = "=" * 70
     return f"""

@@ -31,6 +31,17 @@ from .helpers import (
     sources_config,
 )
 
+# The fixtures that start servers, and so have no place in a test marked unit (`make check`).
+SERVER_FIXTURES = {"pg_server", "postgresql", "redis_server", "gunicorn", "installed_venv"}
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_server(request):
+    """A test marked unit that asks for a server fails at once: `make check` stays fast and needs no server."""
+    if request.node.get_closest_marker("unit"):
+        servers = SERVER_FIXTURES & set(request.fixturenames)
+        assert not servers, f"marked unit, but starts {sorted(servers)}: remove the mark (docs/testing.md)"
+
 
 @pytest.fixture(scope="session")
 def pg_server():
@@ -155,7 +166,7 @@ def sign(scheme, source):
 
 # What a build reads: the checkout without its local state.
 NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", ".run", "build", "dist", "*.egg-info", "__pycache__",
-                                     ".pytest_cache", ".hypothesis")
+                                     ".pytest_cache", ".hypothesis", ".mypy_cache")
 # pip may fetch the build backend and the dependencies (or take them from its
 # cache and PIP_FIND_LINKS): a build and a fresh install took about 10 s here.
 PIP_TIMEOUT = 600

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import signature, verify
-from app.config import DEFAULT_SOURCE
+from app.config import DEFAULT_SOURCE, Settings
 from devservers import packages
 
 SCHEMES = signature.SCHEMES
@@ -109,11 +109,11 @@ def deliver(client, event, secret=None, source=None, **headers):
     A named source is signed with its scheme and source_secret unless secret is given.
     """
     body = encode(event)
-    config = client.application.config
+    settings = Settings.of(client.application)
     if source in (None, DEFAULT_SOURCE):
-        scheme = config["WEBHOOK_SIGNATURE_SCHEME"]
+        scheme = settings.webhook_signature_scheme
     else:
-        sender = config["SOURCES"].get(source)
+        sender = settings.sources.get(source)
         scheme = sender.scheme if sender else "hmac-sha256"  # an unknown source: signed all the same
         secret = secret or source_secret(source, scheme)
     return client.post(source_path(source), data=body,

@@ -39,6 +39,7 @@ def test_each_alert_fires_on_its_traffic_and_only_then(promtool):
     assert "SUCCESS" in done.stdout
 
 
+@pytest.mark.unit
 def test_every_alert_is_tested():
     alerts = set(re.findall(r"^\s+- alert: (\w+)$", RULES.read_text(), re.M))
     tested = set(re.findall(r"^\s+alertname: (\w+)$", RULE_TESTS.read_text(), re.M))

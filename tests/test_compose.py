@@ -43,6 +43,7 @@ def app_image_services():
     return {name: service for name, service in SERVICES.items() if service.get("image") == image}
 
 
+@pytest.mark.unit
 def test_the_image_is_built_once_from_the_dockerfile_and_reused():
     assert list(builders()) == ["app"]
     assert builders()["app"]["build"] == "." and (ROOT / "Dockerfile").exists()
@@ -52,12 +53,14 @@ def test_the_image_is_built_once_from_the_dockerfile_and_reused():
             assert service.get("pull_policy") == "never", f"{name} would try to pull the locally built image"
 
 
+@pytest.mark.unit
 def test_no_service_repeats_the_images_cmd():
     for name, service in app_image_services().items():
         assert service.get("command") != image_cmd(), name
     assert "command" not in SERVICES["app"]
 
 
+@pytest.mark.unit
 def test_the_app_outlasts_gunicorns_graceful_timeout_before_sigkill():
     graceful = int(re.search(r"^graceful_timeout = (\d+)$", GUNICORN_CONF, re.M).group(1))
     assert seconds(SERVICES["app"]["stop_grace_period"]) > graceful
@@ -69,6 +72,7 @@ def test_postgres_is_the_major_version_the_tests_run(pg_server):
     assert SERVICES["postgres"]["image"] == f"postgres:{major}"
 
 
+@pytest.mark.unit
 def test_the_schema_is_applied_before_the_app_starts():
     migrate, app = SERVICES["migrate"], SERVICES["app"]
     assert migrate["command"] == ["flask", "--app", "app", "init-db"]
@@ -77,6 +81,7 @@ def test_the_schema_is_applied_before_the_app_starts():
     assert migrate["restart"] == "no"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["migrate", "app"])
 def test_every_setting_passed_is_one_the_app_reads(name):
     environment = SERVICES[name]["environment"]
@@ -84,6 +89,7 @@ def test_every_setting_passed_is_one_the_app_reads(name):
     assert {"DATABASE_URL", "REDIS_URL", "WEBHOOK_SECRET"} <= set(environment)
 
 
+@pytest.mark.unit
 def test_the_published_port_is_the_images():
     exposed = re.search(r"^EXPOSE (\d+)$", DOCKERFILE, re.M).group(1)
     bind = re.search(r"^ENV BIND=0\.0\.0\.0:(\d+)$", DOCKERFILE, re.M).group(1)

@@ -1,14 +1,19 @@
 """app/config.py and the factory: typed settings, fail fast, clear messages."""
 
 import base64
+import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from app import config, create_app
-from app.config import ConfigError, Source
+from app.config import ConfigError, Settings, Source
 from devservers import ROOT
+
+# Starts no server: in `make check` (docs/testing.md).
+pytestmark = pytest.mark.unit
 
 BASE = {"DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0",
         "WEBHOOK_SECRET": "default-secret-0123456789"}
@@ -16,14 +21,33 @@ BASE = {"DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.
 
 def test_defaults_match_the_readme():
     parsed = config.from_env(BASE)
-    assert parsed["LOCK_TTL_MS"] == 10000
-    assert parsed["MAX_BODY_BYTES"] == 1048576
-    assert parsed["WEBHOOK_SIGNATURE_SCHEME"] == "hmac-sha256"
-    assert parsed["WEBHOOK_SECRET"] == (b"default-secret-0123456789",)
-    assert parsed["WEBHOOK_TOLERANCE_SECONDS"] == 300
-    assert parsed["REDIS_CLUSTER"] is False
-    assert parsed["PG_PREPARE_THRESHOLD"] == 5  # psycopg's own default
+    assert parsed.lock_ttl_ms == 10000
+    assert parsed.max_body_bytes == 1048576
+    assert parsed.webhook_signature_scheme == "hmac-sha256"
+    assert parsed.webhook_secret == (b"default-secret-0123456789",)
+    assert parsed.webhook_tolerance_seconds == 300
+    assert parsed.redis_cluster is False
+    assert parsed.pg_prepare_threshold == 5  # psycopg's own default
     assert config.check_nesting(parsed) == []
+
+
+def test_settings_are_one_frozen_object_with_a_field_per_setting():
+    parsed = config.from_env(BASE)
+    names = {field.name for field in dataclasses.fields(Settings)}
+    assert names == {name.lower() for name in config.SETTINGS} | {"sources", "policy"}
+    assert (parsed.schema_path, parsed.policy) == (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.lock_ttl_ms = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        parsed.sources["other"] = parsed.sources["default"]  # type: ignore[index]
+
+
+def test_the_factory_keeps_the_settings_a_test_dict_makes_as_the_environment_would():
+    app = create_app({**BASE, "LOCK_TTL_MS": 9000, "SCHEMA_PATH": "schema.sql"})
+    assert Settings.of(app) == config.from_env({**BASE, "LOCK_TTL_MS": "9000", "SCHEMA_PATH": "schema.sql"})
+    assert Settings.of(app).lock_ttl_ms == 9000 and Settings.of(app).schema_path == Path("schema.sql").resolve()
+    assert app.config["MAX_CONTENT_LENGTH"] == Settings.of(app).max_body_bytes + 1
+    assert "LOCK_TTL_MS" not in app.config  # one place to read a setting from
 
 
 @pytest.mark.parametrize("override, message", [
@@ -92,7 +116,7 @@ def test_values_libpq_refuses_only_when_connecting_are_refused_at_start_without_
     "postgresql://my_db/ledger?sslmode=verify-full&target_session_attrs=prefer-standby&require_auth=!password",
 ])
 def test_database_urls_that_libpq_accepts_are_accepted(url):
-    assert config.from_env({**BASE, "DATABASE_URL": url})["DATABASE_URL"] == url
+    assert config.from_env({**BASE, "DATABASE_URL": url}).database_url == url
 
 
 @pytest.mark.parametrize("url, cluster", [
@@ -102,12 +126,12 @@ def test_database_urls_that_libpq_accepts_are_accepted(url):
 ])
 def test_redis_urls_that_redis_py_accepts_are_accepted(url, cluster):
     parsed = config.from_env({**BASE, "REDIS_URL": url, "REDIS_CLUSTER": cluster})
-    assert (parsed["REDIS_URL"], parsed["REDIS_CLUSTER"]) == (url, cluster == "TRUE" or cluster == "true")
+    assert (parsed.redis_url, parsed.redis_cluster) == (url, cluster == "TRUE" or cluster == "true")
 
 
 @pytest.mark.parametrize("raw, threshold", [("off", None), ("OFF", None), ("0", 0), ("5", 5), ("100", 100)])
 def test_prepare_threshold_is_an_integer_or_off(raw, threshold):
-    assert config.from_env({**BASE, "PG_PREPARE_THRESHOLD": raw})["PG_PREPARE_THRESHOLD"] == threshold
+    assert config.from_env({**BASE, "PG_PREPARE_THRESHOLD": raw}).pg_prepare_threshold == threshold
 
 
 @pytest.mark.parametrize("name, url", [
@@ -128,7 +152,7 @@ def test_a_bad_url_is_refused_without_repeating_its_password(name, url):
 
 def test_secrets_are_comma_separated_and_stripped():
     parsed = config.from_env({**BASE, "WEBHOOK_SECRET": " new-secret-0123456789 ,old-secret-0123456789"})
-    assert parsed["WEBHOOK_SECRET"] == (b"new-secret-0123456789", b"old-secret-0123456789")
+    assert parsed.webhook_secret == (b"new-secret-0123456789", b"old-secret-0123456789")
 
 
 LONG = "a-secret-of-16-b"  # MIN_SECRET_BYTES exactly
@@ -153,9 +177,9 @@ def test_short_secrets_and_ambiguous_lists_are_refused_without_echoing_them(sche
 
 def test_the_shortest_secret_accepted_is_16_bytes_of_key():
     decoded = "whsec_" + base64.b64encode(b"k" * 16).decode()
-    assert config.from_env({**BASE, "WEBHOOK_SECRET": LONG})["WEBHOOK_SECRET"] == (LONG.encode(),)
+    assert config.from_env({**BASE, "WEBHOOK_SECRET": LONG}).webhook_secret == (LONG.encode(),)
     assert config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks",
-                            "WEBHOOK_SECRET": decoded})["WEBHOOK_SECRET"] == (b"k" * 16,)
+                            "WEBHOOK_SECRET": decoded}).webhook_secret == (b"k" * 16,)
 
 
 @pytest.mark.parametrize("scheme", ["hmac-sha256", "stripe", "github"])
@@ -163,13 +187,13 @@ def test_secrets_are_used_as_written_outside_standard_webhooks(scheme):
     # Stripe's whsec_ secret is itself the HMAC key; it is not base64-decoded.
     parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": scheme,
                               "WEBHOOK_SECRET": "whsec_abcdefghijkl=,k0123456789abcdef"})
-    assert parsed["WEBHOOK_SECRET"] == (b"whsec_abcdefghijkl=", b"k0123456789abcdef")
+    assert parsed.webhook_secret == (b"whsec_abcdefghijkl=", b"k0123456789abcdef")
 
 
 def test_standard_webhooks_secrets_are_decoded_at_start_up():
     parsed = config.from_env({**BASE, "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks",
                               "WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_YS1zZWNyZXQtb2YtMTYtYg"})
-    assert parsed["WEBHOOK_SECRET"] == (base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), b"a-secret-of-16-b")
+    assert parsed.webhook_secret == (base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), b"a-secret-of-16-b")
 
 
 @pytest.mark.parametrize("secrets, message", [
@@ -191,7 +215,7 @@ def test_named_sources_are_parsed_with_their_own_settings():
                               "WEBHOOK_STRIPE_SECRET": "whsec_new_0123456789, whsec_old_0123456789",
                               "WEBHOOK_BILLING_EU_SECRET": "0042000000000000",
                               "WEBHOOK_BILLING_EU_SCHEME": "github", "WEBHOOK_BILLING_EU_TOLERANCE_SECONDS": "9"})
-    assert parsed["SOURCES"] == {
+    assert parsed.sources == {
         "default": Source("default", "hmac-sha256", (BASE["WEBHOOK_SECRET"].encode(),), 60),
         "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60),
         "billing-eu": Source("billing-eu", "github", (b"0042000000000000",), 9),
@@ -201,8 +225,8 @@ def test_named_sources_are_parsed_with_their_own_settings():
 def test_without_its_secret_the_default_source_is_off_when_named_sources_are_set():
     environ = {name: value for name, value in BASE.items() if name != "WEBHOOK_SECRET"}
     parsed = config.from_env({**environ, "WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "billing-secret-0123"})
-    assert parsed["WEBHOOK_SECRET"] is None
-    assert set(parsed["SOURCES"]) == {"billing"}
+    assert parsed.webhook_secret is None
+    assert set(parsed.sources) == {"billing"}
 
 
 NAMED = {"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "billing-secret-0123"}
@@ -285,7 +309,7 @@ def test_a_moved_source_shares_the_old_sources_events_and_may_share_its_secret()
     parsed = config.from_env({**BASE, "WEBHOOK_SECRET": SHARED, "WEBHOOK_SOURCES": "stripe,github",
                               "WEBHOOK_STRIPE_SECRET": SHARED, "WEBHOOK_STRIPE_MOVED_FROM": " default ",
                               "WEBHOOK_GITHUB_SECRET": "github-secret-0123456789", "WEBHOOK_GITHUB_MOVED_FROM": "gone"})
-    sources = parsed["SOURCES"]
+    sources = parsed.sources
     assert [(s.name, s.event_source) for s in sources.values()] == [
         ("default", "default"), ("stripe", "default"), ("github", "gone")]  # the old source need not be served
     assert sources["stripe"].moved_from == "default" and sources["default"].moved_from is None

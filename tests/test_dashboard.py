@@ -96,6 +96,7 @@ def served(pg_server):
     return names
 
 
+@pytest.mark.unit
 def test_the_dashboard_is_a_grafana_dashboard_on_a_prometheus_variable():
     dashboard = _dashboard()
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36

@@ -88,6 +88,7 @@ def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
     assert EventLock(link, event, b"\x02" * 32, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("event_id", ["evt_1", "evt_2", "a{b}c", "{x}", "x}y", "}y", "ünïcödé", "e" * 128])
 @pytest.mark.parametrize("source", ["default", "billing"])
 def test_an_events_two_keys_share_one_cluster_slot(event_id, source):

@@ -101,6 +101,7 @@ def test_access_log_is_on_with_access_log_true(gunicorn, db, tmp_path):
     assert any('"GET /ready HTTP/1.1" 200' in message for message in access)
 
 
+@pytest.mark.unit
 def test_a_terminal_gets_human_lines_from_the_same_records():
     import io
     import logging

@@ -25,6 +25,7 @@ def programs_run():
     return found
 
 
+@pytest.mark.unit
 def test_every_program_run_by_name_is_listed():
     listed = {**SERVERS, **IMAGE}
     unlisted = {name: str(where) for name, where in programs_run().items()
@@ -33,6 +34,7 @@ def test_every_program_run_by_name_is_listed():
     assert {"haproxy", "pgbouncer", "redis-cli", "podman"} <= set(programs_run())
 
 
+@pytest.mark.unit
 def test_cluster_needs_a_subset_of_the_tests():
     assert set(GROUPS["cluster"].items()) <= set(GROUPS["test"].items())
 

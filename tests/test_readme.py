@@ -2,8 +2,13 @@
 
 import re
 
+import pytest
+
 from app.config import SETTINGS
 from devservers import ROOT
+
+# Starts no server: in `make check` (docs/testing.md).
+pytestmark = pytest.mark.unit
 
 README = (ROOT / "README.md").read_text()
 

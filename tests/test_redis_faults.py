@@ -140,6 +140,7 @@ def test_a_cluster_that_is_down_at_start_only_degrades(make_app, config, db):
     assert client.get("/ready").json["redis_reason"] == "unavailable"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("exc, reason", [
     (redis.exceptions.ConnectionError("Error 111 connecting"), "unavailable"),
     (redis.exceptions.TimeoutError("Timeout reading from socket"), "unavailable"),

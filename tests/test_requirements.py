@@ -12,6 +12,9 @@ from packaging.utils import canonicalize_name
 
 from devservers import ROOT
 
+# Starts no server: in `make check` (docs/testing.md).
+pytestmark = pytest.mark.unit
+
 LOCKS = {"runtime": ROOT / "requirements.lock", "test": ROOT / "requirements-test.lock"}
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==([^\s\\;]+)", re.M)
 

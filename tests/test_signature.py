@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 
 from app.signature import SCHEMES, SignatureError, sign, verify
 
+# Starts no server: in `make check` (docs/testing.md).
+pytestmark = pytest.mark.unit
+
 BODY = b'{"id":"evt_1","type":"payment.succeeded","data":{}}'
 NOT_UTF8 = b'{"id":"evt_1","note":"\xff\xfe caf\xe9"}'  # the providers' verifiers raise on these
 NOW = 1_700_000_000

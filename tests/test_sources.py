@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app.config import DEFAULT_SOURCE
+from app.config import DEFAULT_SOURCE, Settings
 from app.lock import done_key
 
 from .helpers import (
@@ -64,7 +64,7 @@ def credited(db, event_id):
 @pytest.mark.parametrize("name", FOUR)
 def test_each_scheme_verifies_on_its_own_named_source_in_one_app(make_app, config, db, redis_client, name):
     client = make_app(sources_config(config, FOUR)).test_client()
-    assert client.application.config["SOURCES"][name].scheme == SCHEME_OF[name]
+    assert Settings.of(client.application).sources[name].scheme == SCHEME_OF[name]
     event = provider_payment(SCHEME_OF[name], "evt_own_source", cents=40)
     first = deliver(client, event, source=name)
     assert (first.status_code, first.json) == (200, {"status": "processed", "event_id": "evt_own_source"})
@@ -229,7 +229,7 @@ def test_unknown_source_is_refused_before_the_body_is_read(make_app, config, db)
 
 def test_default_path_is_404_when_only_named_sources_are_configured(make_app, config, db, redis_client):
     client = make_app(sources_config(config, {"billing": None}, WEBHOOK_SECRET=None)).test_client()
-    assert DEFAULT_SOURCE not in client.application.config["SOURCES"]
+    assert DEFAULT_SOURCE not in Settings.of(client.application).sources
     event = payment("evt_sources_only")
     response = deliver(client, event)  # signed with the would-be default secret
     assert (response.status_code, response.json) == (404, {"error": "unknown_source"})
@@ -244,7 +244,7 @@ def test_default_path_is_404_when_only_named_sources_are_configured(make_app, co
                                           ("billing", "hmac-sha256"), ("stripe-eu", "hmac-sha256")])
 def test_scheme_defaults_to_the_name_when_it_is_a_scheme_else_hmac_sha256(make_app, config, db, name, scheme):
     client = make_app(sources_config(config, {name: None})).test_client()
-    assert client.application.config["SOURCES"][name].scheme == scheme
+    assert Settings.of(client.application).sources[name].scheme == scheme
     body = encode(payment("evt_default_scheme"))
     headers = signed_headers(body, source_secret(name, scheme), scheme=scheme)
     assert post_delivery(client, body, headers, source=name).json["status"] == "processed"
@@ -268,7 +268,7 @@ def test_tolerance_is_per_source_and_defaults_to_the_deployments(make_app, confi
     app_config = sources_config(config, {"strict": scheme, "lenient": scheme}, WEBHOOK_TOLERANCE_SECONDS=600,
                                 WEBHOOK_STRICT_TOLERANCE_SECONDS=60)
     client = make_app(app_config).test_client()
-    sources = client.application.config["SOURCES"]
+    sources = Settings.of(client.application).sources
     assert (sources["strict"].tolerance, sources["lenient"].tolerance, sources[DEFAULT_SOURCE].tolerance) == \
         (60, 600, 600)
     body = encode(payment("evt_window"))

@@ -267,6 +267,7 @@ def test_other_routes_answer_json(client, method, path, status, error):
     assert response.json["error"] == error
 
 
+@pytest.mark.unit
 def test_health_touches_no_dependency(make_app):
     app = make_app({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
                     "REDIS_URL": "redis://127.0.0.1:1/0", "WEBHOOK_SECRET": SECRET})
