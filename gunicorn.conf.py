@@ -12,24 +12,18 @@ from gunicorn import glogging
 
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
-# the host's); threads overlap each delivery's waits on PostgreSQL and Redis.
-# The database pool has one connection per thread (PG_POOL_SIZE). On 2 cores,
-# 2 workers x 4 threads measured best (docs/performance.md: 1x8, 2x8, 3x4
-# and 4x2 were slower); re-measured after the logging and Redis changes, 4x2
-# and 8x1 were not better beyond the shared machine's noise.
+# the host's); threads overlap each delivery's waits on PostgreSQL and Redis,
+# one pooled connection each (PG_POOL_SIZE). No other shape did better
+# (docs/performance.md).
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 # gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
 # senders that stall mid-request no longer hold every thread (gunicorn_worker.py).
 worker_class = "gunicorn_worker.ThreadWorker"
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
-# Under gthread this is a heartbeat, not a limit on a request: the master
-# restarts a worker whose main loop has not checked in for 30 s (a worker
-# stuck as a whole), while a thread that waits longer than that on one
-# request is left to wait. What ends a request is inside the app: PostgreSQL's
-# lock_timeout (1 s) and statement_timeout (2 s), set in each transaction; the
-# pool's acquire timeout (3 s); tcp_user_timeout and TCP keepalives (11 s) for
-# a database host that vanished; REDIS_TIMEOUT_MS (250 ms) on every Redis
-# call. 30 s is above all of them and above LOCK_TTL_MS (10 s).
+# Under gthread, a heartbeat of the worker as a whole, not a limit on a
+# request: the app's own timeouts end a request (docs/deploying.md), the
+# longest after 11 s (a vanished database host). 30 s is above all of them
+# and above LOCK_TTL_MS (10 s).
 timeout = 30
 graceful_timeout = 20
 keepalive = 5
@@ -40,16 +34,12 @@ preload_app = False
 control_socket_disable = True
 
 # -- logs: one line per record on stdout, gunicorn's and the app's ----------
-# The app's loggers propagate to the root handler; gunicorn's two loggers are
-# sent there too. logformat.py (not the app: importing the app into the
-# master would stop a HUP from loading new code into the new workers) writes
-# JSON lines, or human lines when stdout is a terminal (`make run`).
-# One line per delivery is the app's (app/logs.py: method, path, status,
-# bytes, latency, request id, and the event's id, type and outcome), so
-# gunicorn's access line is off unless ACCESS_LOG=true: it repeated that line
-# for every delivery, at about a tenth of a worker's CPU (docs/performance.md).
-# With it off, requests that are not deliveries (/health, /ready, /metrics)
-# are not logged.
+# logformat.py formats them, not the app: importing the app into the master
+# would stop a HUP from loading new code into the new workers.
+# The app logs one line per delivery (app/logs.py); gunicorn's access line
+# repeated it at about a tenth of a worker's CPU (docs/performance.md), so it
+# is off unless ACCESS_LOG=true, and requests that are not deliveries
+# (/health, /ready, /metrics) are not logged.
 accesslog = "-" if os.environ.get("ACCESS_LOG", "false").strip().lower() == "true" else None
 errorlog = "-"
 
@@ -80,9 +70,8 @@ logconfig_dict = {
 }
 
 # -- metrics: prometheus-client's multiprocess mode -------------------------
-# Every worker writes its metrics to files in this folder and a scrape merges
-# them. It must be set before a worker imports prometheus_client; when the
-# environment names none, a private one is made (and removed on exit).
+# Set here, before any worker imports prometheus_client; a private folder
+# (removed on exit) when the environment names none.
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="webhook-ledger-metrics-")
     _PRIVATE_METRICS_DIR = os.environ["PROMETHEUS_MULTIPROC_DIR"]
@@ -114,9 +103,8 @@ def on_starting(server):
 
 def post_fork(server, worker):
     # A worker cannot boot without its metrics folder, and gunicorn's master
-    # stops when one fails to: a /tmp cleaner that removed it would take the
-    # host down at the next worker restart. So each new worker makes it again
-    # (the counts of the files removed are lost: Prometheus sees a reset).
+    # stops when one fails to: a folder a /tmp cleaner removed is made again
+    # (its counts are lost: Prometheus sees a reset).
     _metrics_dir()
 
 

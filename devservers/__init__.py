@@ -2,16 +2,19 @@
 a private PostgreSQL cluster, redis-server and gunicorn, each on a free port,
 each stopped by its owner; Prometheus, for the dashboard test.
 devservers.topology adds haproxy, PgBouncer and a Redis Cluster, for the
-topology tests and `make cluster`."""
+topology tests and `make cluster`; devservers.peer the receiver `make bench`
+compares with. The scripts' supervision is in devservers.supervise."""
 
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -48,6 +51,34 @@ def children(pid):
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return sorted(found)
+
+
+def descendants(pid):
+    """pid and all its descendants."""
+    pids = [pid]
+    for child in children(pid):
+        pids += descendants(child)
+    return pids
+
+
+def answers_tcp(port):
+    """Whether something accepts connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stop_group(proc, timeout):
+    """SIGTERM proc's process group (a server started in a session of its own), SIGKILL it after timeout."""
+    if proc and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
 
 
 def pg_bindir():
@@ -113,6 +144,10 @@ class Postgres:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
         except subprocess.CalledProcessError:
             pass
+
+    def createdb(self, dbname):
+        self._run(str(self.bindir / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, dbname)
+        return self.url(dbname)
 
     def url(self, dbname="postgres"):
         return f"postgresql://{self.user}@{self.host}:{self.port}/{dbname}"
@@ -207,14 +242,17 @@ class Gunicorn:
     def worker_pids(self):
         return children(self.proc.pid)
 
+    def settings(self):
+        """workers, threads and worker_class as gunicorn.conf.py resolves them in this server's environment."""
+        with tempfile.TemporaryDirectory() as metrics_dir:  # so that the config makes no folder of its own
+            out = subprocess.run(
+                [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "--print-config", "wsgi:app"],
+                cwd=ROOT, env={**self.env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+                capture_output=True, text=True, check=True).stdout
+        return dict(re.findall(r"^(workers|threads|worker_class)\s+= (.*)$", out, re.M))
+
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_group(self.proc, 20)
 
 
 class Prometheus:

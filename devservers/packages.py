@@ -1,7 +1,8 @@
-"""The one list of the Debian packages that the tests and `make cluster` run,
-beyond the README's prerequisites: each program -> its package. `make test`
-runs `python -m devservers.packages test`, which installs what is missing
-when it may (root and apt-get) and otherwise names the packages in one line.
+"""The one list of the Debian packages that the tests, `make cluster` and
+`make bench` run, beyond the README's prerequisites: each program -> its
+package. `make test` and `make cluster` run `python -m devservers.packages
+<group>`, which installs what is missing when it may (root and apt-get) and
+otherwise names the packages in one line; `make bench` only names them.
 Standard library only: it runs before anything else is installed."""
 
 import os
@@ -30,14 +31,18 @@ SERVERS = {
 # apt mirror (there is no registry of images to pull from), and the README's
 # curl, which it sends to the container.
 IMAGE = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap", "curl": "curl", "openssl": "openssl"}
+# `make bench`: its load generator, and the peer receiver (Node) with the
+# npm that sets it up. Named when missing, never installed by the bench.
+BENCH = {"wrk": "wrk", "node": "nodejs", "npm": "npm"}
 GROUPS = {
     "test": {**SERVERS, **IMAGE},
     "cluster": {name: SERVERS[name] for name in ("redis-server", "redis-cli", "haproxy", "pgbouncer")},
     # scripts/fresh_machine_check.py: its container gets a network of its own
     # from slirp4netns (no bridge here), so its tests' ports race no one else's.
     "check": {**{name: IMAGE[name] for name in ("podman", "runc", "mmdebstrap")}, "slirp4netns": "slirp4netns"},
+    "bench": BENCH,
 }
-# Another engineer's apt-get may hold dpkg's lock on a shared machine: wait for it.
+# On a shared machine another apt-get may hold dpkg's lock: wait for it.
 APT_LOCK_WAIT_SECONDS = 600
 
 
@@ -55,7 +60,7 @@ def program(name):
 
 
 def package(name):
-    return {**SERVERS, **IMAGE}.get(name, name)
+    return {**SERVERS, **IMAGE, **BENCH}.get(name, name)
 
 
 def image_test_skipped():
@@ -75,6 +80,10 @@ def missing(programs):
         if not find(name) and deb not in found:
             found.append(deb)
     return found
+
+
+def how_to_install(packages):
+    return f"{' '.join(packages)} (as root: apt-get install {' '.join(packages)})"
 
 
 def may_install():
@@ -113,7 +122,7 @@ def ensure(group):
         return 0
     optional = set(IMAGE.values()) if group == "test" else set()
     what = "missing Debian packages" if set(needed) - optional else "the image test will be skipped, missing"
-    sys.stderr.write(f"{what}: {' '.join(needed)} (as root: apt-get install {' '.join(needed)})\n")
+    sys.stderr.write(f"{what}: {how_to_install(needed)}\n")
     return 1 if set(needed) - optional else 0
 
 

@@ -20,20 +20,12 @@ from pathlib import Path
 import psycopg
 import redis
 
-from . import ROOT, Gunicorn, Postgres, Redis, free_port, wait_until
+from . import ROOT, Gunicorn, Postgres, Redis, answers_tcp, free_port, wait_until
 from .packages import program
 
 DEPLOY = ROOT / "deploy"
 DB_NAME = "webhook_ledger"  # the database deploy/pgbouncer.ini serves
 APP_USER, STATS_USER = "ledger", "pgbouncer"  # the roles deploy/pgbouncer.ini names
-
-
-def _answers_tcp(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _as_user(name):
@@ -88,7 +80,7 @@ class PgBouncer:
     def _listening(self):
         if self.proc.poll() is not None:
             raise RuntimeError(f"pgbouncer exited with {self.proc.returncode} (log: {self.dir / 'pgbouncer.log'})")
-        return _answers_tcp(self.port)
+        return answers_tcp(self.port)
 
     def url(self, user=APP_USER, dbname=DB_NAME):
         return f"postgresql://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/{dbname}"

@@ -2,12 +2,12 @@
 side by side with a peer receiver under the same load.
 
 Starts a throwaway PostgreSQL and Redis on loopback, the app under gunicorn
-with the production gunicorn.conf.py, and a peer receiver (by default the
-seed's Node implementation in ../shared/peer) with its own database on the
-same PostgreSQL and its own Redis database number. wrk replays the same
-pre-signed requests to both, one receiver at a time, and the bench prints
-both with the ratios project/peer. After every run the ledgers' invariants
-are checked.
+with the production gunicorn.conf.py, and a peer receiver (devservers/peer.py)
+with its own database on the same PostgreSQL and its own Redis database
+number. wrk replays the same pre-signed requests to both, one receiver at a
+time, and the bench prints both with the ratios project/peer. After every run
+the ledgers' invariants are checked. It installs nothing: a missing program
+stops it with one line naming the Debian packages to install.
 
 BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
@@ -23,8 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,11 +39,8 @@ import psycopg
 from app import verify
 from app.db import apply_schema
 from app.signature import sign
-from devservers import Gunicorn, Postgres, Redis, children, free_port, wait_until
-
-ROOT = Path(__file__).resolve().parent.parent
-PEER_DIR = ROOT.parent / "shared" / "peer"  # the seed's Node implementation, when it is there
-PEER_COPY = ROOT / ".run" / "bench-peer"  # PEER_DIR is read-only: npm ci runs in this copy
+from devservers import ROOT, Gunicorn, Postgres, Redis, children, descendants, peer
+from devservers.packages import BENCH, how_to_install, missing, program
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ONLY = [name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()]
@@ -59,7 +54,7 @@ USERS = [uuid.UUID(hashlib.md5(f"user-{n}".encode()).hexdigest()) for n in range
 NEW_EVENTS = 12_000 * DURATION
 WRK_LUA = ROOT / "scripts" / "bench.lua"
 
-# The issue's goals, in the order printed: (what, measured key, comparison, bound).
+# The goals of docs/performance.md, in the order printed: (what, measured key, comparison, bound).
 GOALS = [
     ("new events req/s, project/peer", "new_rps", ">=", 0.75),
     ("new events p99, project/peer", "new_p99", "<=", 1.5),
@@ -79,16 +74,12 @@ def sh(*args, **kw):
     return result.stdout
 
 
-def apt_install(*packages):
-    print(f"installing {' '.join(packages)} (apt-get)...", file=sys.stderr, flush=True)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
-
-
-def ensure_wrk():
-    if not shutil.which("wrk"):
-        apt_install("wrk")
+def check_programs():
+    """Stop, naming the Debian packages to install, when a program the bench runs is missing."""
+    needed = missing(BENCH if peer.runs_node() else {"wrk": BENCH["wrk"]})
+    if needed:
+        no_peer = "; or BENCH_PEER=off, without the peer" if {BENCH["node"], BENCH["npm"]} & set(needed) else ""
+        raise SystemExit(f"bench: missing Debian packages: {how_to_install(needed)}{no_peer}")
 
 
 # -- requests ------------------------------------------------------------------
@@ -151,14 +142,6 @@ def cpu_ms(pids):
     return total * 1000 / tick
 
 
-def tree(pid):
-    """pid and all its descendants."""
-    pids = [pid]
-    for child in children(pid):
-        pids += tree(child)
-    return pids
-
-
 def peak_rss_mb(pids):
     peaks = []
     for pid in pids:
@@ -176,7 +159,7 @@ def run_wrk(url, requests_file=None, delay_ms=None):
         env["BENCH_REQUESTS"] = str(requests_file)
     if delay_ms:
         env["BENCH_DELAY_MS"] = str(round(delay_ms))
-    out = sh("wrk", "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{DURATION}s", "--timeout", "10s",
+    out = sh(program("wrk"), "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{DURATION}s", "--timeout", "10s",
              "-s", str(WRK_LUA), url, env=env)
     return json.loads(out[out.index("BENCH_JSON ") + len("BENCH_JSON "):].splitlines()[0])
 
@@ -230,82 +213,6 @@ def check_peer(conn):
     return "ok" if not (wrong or stuck) else f"BROKEN: {wrong} wrong balances, {stuck} not completed"
 
 
-def gunicorn_settings(env):
-    """workers, threads and worker class as gunicorn.conf.py resolves them in env."""
-    with tempfile.TemporaryDirectory() as metrics_dir:  # so that the config makes no folder of its own
-        out = sh(sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "--print-config",
-                 "wsgi:app", cwd=ROOT, env={**os.environ, **env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
-    return dict(re.findall(r"^(workers|threads|worker_class)\s+= (.*)$", out, re.M))
-
-
-def peer_command():
-    """(command, schema file, None), or (None, None, why not) when no peer can run."""
-    if os.environ.get("BENCH_PEER", "").lower() in ("off", "0", "false", "no"):
-        return None, None, "BENCH_PEER=off"
-    if os.environ.get("BENCH_PEER_CMD"):
-        schema = os.environ.get("BENCH_PEER_SCHEMA")
-        if not schema:
-            return None, None, "BENCH_PEER_CMD is set but BENCH_PEER_SCHEMA (the peer's schema file) is not"
-        return shlex.split(os.environ["BENCH_PEER_CMD"]), Path(schema).resolve(), None
-    if not (PEER_DIR / "app.mjs").exists():
-        return None, None, f"no peer: BENCH_PEER_CMD is not set and {PEER_DIR} does not exist"
-    try:
-        if not (shutil.which("node") and shutil.which("npm")):
-            apt_install("nodejs", "npm")
-        lock = (PEER_DIR / "package-lock.json").read_bytes()
-        fresh = (PEER_COPY / "node_modules").is_dir() and (PEER_COPY / "package-lock.json").read_bytes() == lock
-        if not fresh:
-            shutil.rmtree(PEER_COPY, ignore_errors=True)
-        PEER_COPY.mkdir(parents=True, exist_ok=True)
-        for f in PEER_DIR.iterdir():
-            if f.is_file():
-                shutil.copyfile(f, PEER_COPY / f.name)
-        if not fresh:
-            print(f"npm ci in {PEER_COPY}...", file=sys.stderr, flush=True)
-            sh("npm", "ci", "--no-audit", "--no-fund", cwd=PEER_COPY)
-    except (OSError, subprocess.CalledProcessError, SystemExit) as exc:
-        return None, None, f"no peer: could not set up node and {PEER_DIR} ({str(exc).strip()[:200]})"
-    return ["node", str(PEER_COPY / "app.mjs")], PEER_COPY / "schema.sql", None
-
-
-def start_peer(command, schema, pg, redis, work):
-    sh("createdb", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, "peer")
-    # The peer's schema drops and recreates its tables: psql, for its VACUUM outside a transaction.
-    sh("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", str(schema), pg.url("peer"))
-    conn = psycopg.connect(pg.url("peer"), autocommit=True)
-    for user in USERS:
-        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0) ON CONFLICT DO NOTHING",
-                     [user])
-    port = free_port()
-    # Its own Redis database: the seed's lock keys are lock:webhook:<id>, as the project's.
-    env = {**os.environ, "DATABASE_URL": pg.url("peer"), "REDIS_URL": redis.url.rsplit("/", 1)[0] + "/1",
-           "WEBHOOK_SECRET": SECRET, "PORT": str(port), "HOST": "127.0.0.1",
-           "PG_POOL_MAX": os.environ.get("BENCH_PEER_POOL_MAX", str(CONNECTIONS))}
-    proc = subprocess.Popen(command, env=env, stdout=open(work / "peer.log", "ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-    def listening():
-        if proc.poll() is not None:
-            raise SystemExit(f"the peer exited with {proc.returncode}: see {work / 'peer.log'}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    wait_until(listening, timeout=20, what="the peer")
-    return proc, conn, f"http://127.0.0.1:{port}", env["PG_POOL_MAX"]
-
-
-def stop(proc):
-    if proc and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 # -- the run ---------------------------------------------------------------------
 
 def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=None):
@@ -334,33 +241,37 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=Non
 
 
 def main():
-    ensure_wrk()
+    check_programs()
     work = Path(tempfile.mkdtemp(prefix="webhook-ledger-bench-"))
     pg_dir = tempfile.mkdtemp(prefix="webhook-ledger-bench-pg-")  # its own 0700 folder, owned by postgres
     pg = Postgres(pg_dir).init().start()
     redis = Redis().start()
-    server = peer_proc = None
+    server = peer_server = None
     try:
-        sh("createdb", "-h", pg.host, "-p", str(pg.port), "-U", pg.user, "bench")
-        conn = psycopg.connect(pg.url("bench"), autocommit=True)
+        conn = psycopg.connect(pg.createdb("bench"), autocommit=True)
         apply_schema(conn)
         for user in USERS:
             conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
 
         env = {"DATABASE_URL": pg.url("bench"), "REDIS_URL": redis.url, "WEBHOOK_SECRET": SECRET}
-        settings = gunicorn_settings(env)
         # workers and threads None: gunicorn.conf.py decides, from the environment as in production.
-        server = Gunicorn(env, workers=None, threads=None, log_path=work / "gunicorn.log").start()
+        server = Gunicorn(env, workers=None, threads=None, log_path=work / "gunicorn.log")
+        settings = server.settings()
+        server.start()
         project = Receiver("project", server.base, lambda: [server.proc.pid] + children(server.proc.pid),
                            lambda: children(server.proc.pid), conn, check_project)
         receivers = [project]
 
-        command, schema, no_peer = peer_command()
-        peer_pool = None
+        command, schema, no_peer = peer.command()
+        peer_pool = os.environ.get("BENCH_PEER_POOL_MAX", str(CONNECTIONS))
         if command:
-            peer_proc, peer_conn, peer_base, peer_pool = start_peer(command, schema, pg, redis, work)
-            receivers.append(Receiver("peer", peer_base, lambda: tree(peer_proc.pid), lambda: [peer_proc.pid],
-                                      peer_conn, check_peer))
+            peer_server = peer.Peer(command, schema, pg, redis, SECRET, USERS, peer_pool, work / "peer.log")
+            try:
+                peer_server.start()
+            except RuntimeError as exc:
+                raise SystemExit(str(exc)) from None
+            receivers.append(Receiver("peer", peer_server.base, lambda: descendants(peer_server.proc.pid),
+                                      lambda: [peer_server.proc.pid], peer_server.conn, check_peer))
         pg_pids = [int(Path(pg.data / "postmaster.pid").read_text().split()[0])]
 
         # Completed events to re-deliver: processed once by each receiver, before any timing.
@@ -396,7 +307,8 @@ def main():
     finally:
         if server:
             server.stop()
-        stop(peer_proc)
+        if peer_server:
+            peer_server.stop()
         redis.stop()
         pg.stop("immediate")
         shutil.rmtree(work, ignore_errors=True)

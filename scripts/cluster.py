@@ -23,26 +23,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
-from run import DEMO_USER, Failed, banner, check_settings, port_free, say, supervise
 
 from app.config import from_env
 from app.db import apply_schema
-from devservers.packages import program
+from devservers.demo import add_demo_user, banner, check_settings
+from devservers.packages import GROUPS, program
+from devservers.supervise import Failed, logger, port_free, say, supervise
 from devservers.topology import Topology
 
 # 3 app hosts share this machine: gunicorn.conf.py's one worker per core on
 # each would be 3x the cores; 2 workers x 4 threads each is what the
 # topology tests run.
 HOST_WORKERS, HOST_THREADS = 2, 4
-NEEDED = ("haproxy", "pgbouncer", "redis-server", "redis-cli")
 # haproxy's, where `make run` has 8000: both can run at once.
 DEFAULT_PORT = 8080
 # Enough of each server's log to see why it stopped, not a screenful each.
 LOG_TAIL_LINES = 5
 
-
-def log(message):
-    say(f"cluster: {message}\n", fd=2)
+log = logger("cluster")
 
 
 def main():
@@ -50,7 +48,7 @@ def main():
 
 
 def run(cleanup):
-    for name in NEEDED:
+    for name in GROUPS["cluster"]:
         try:
             program(name)
         except RuntimeError as exc:
@@ -102,7 +100,7 @@ def prepare(conninfo):
     """The schema and the demo user, as the app's own role."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         apply_schema(conn)
-        conn.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [DEMO_USER])
+        add_demo_user(conn)
 
 
 def describe(topology, base):

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from devservers import ROOT
-from devservers.packages import GROUPS, IMAGE, SERVERS, find, image_test_skipped
+from devservers.packages import BENCH, GROUPS, IMAGE, SERVERS, find, image_test_skipped
 
 SOURCES = [*ROOT.glob("tests/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
 # Run by name but not installed by the list: the shell, and apt itself.
@@ -27,11 +27,11 @@ def programs_run():
 
 @pytest.mark.unit
 def test_every_program_run_by_name_is_listed():
-    listed = {**SERVERS, **IMAGE}
+    listed = {**SERVERS, **IMAGE, **BENCH}
     unlisted = {name: str(where) for name, where in programs_run().items()
                 if name not in listed and name not in NOT_LISTED}
     assert unlisted == {}, "add them to devservers/packages.py"
-    assert {"haproxy", "pgbouncer", "redis-cli", "podman"} <= set(programs_run())
+    assert {"haproxy", "pgbouncer", "redis-cli", "podman", "wrk"} <= set(programs_run())
 
 
 @pytest.mark.unit

@@ -6,6 +6,7 @@ import pytest
 
 from app.config import SETTINGS
 from devservers import ROOT
+from devservers.demo import DEMO_SECRET, DEMO_USER
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit
@@ -31,6 +32,5 @@ def test_every_setting_is_documented_with_its_default():
 
 
 def test_readme_curl_example_matches_make_run():
-    script = (ROOT / "scripts" / "run.py").read_text()
-    assert "dev-secret-change-me" in script and "dev-secret-change-me" in README
-    assert "00000000-0000-4000-8000-000000000001" in script
+    assert DEMO_SECRET == "dev-secret-change-me" and DEMO_SECRET in README
+    assert DEMO_USER in README
