@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import threading
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -70,6 +71,13 @@ def test_unavailable_and_redis_degraded_are_counted(make_app, config, db):
 def _scrape(base):
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
         return samples(response.read().decode())
+
+
+def _scrape_ok(base):
+    try:
+        return _scrape(base) is not None
+    except urllib.error.HTTPError:
+        return False
 
 
 def _delivery_pids(log_path):
@@ -178,5 +186,8 @@ def test_an_empty_file_left_by_a_worker_killed_at_boot_stops_no_scrape(gunicorn,
     (metrics_dir / f"summary_{victim}.db").touch()  # what it would leave, killed between the two
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: len(server.worker_pids()) == 2 and victim not in server.worker_pids(), what="a new worker")
+    # The new worker may itself be between creating and sizing its files for a moment (the same upstream
+    # window): wait for its first good scrape. Before the fix no scrape ever succeeded again.
+    wait_until(lambda: _scrape_ok(server.base), timeout=10, what="a scrape that succeeds")
     for _ in range(4):  # whichever worker answers the scrape
         assert _scrape(server.base) is not None
