@@ -19,6 +19,9 @@ import time
 import uuid
 from pathlib import Path
 
+# devservers is the checkout's, not the wheel's (it does not ship).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from devservers import ROOT, free_port, readme, wait_until
 from devservers import image as images
 from devservers.packages import ensure, program
