@@ -6,12 +6,14 @@ from datetime import UTC
 import click
 from flask import current_app
 from flask.cli import AppGroup
+from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
-from .config import DEFAULT_SOURCE, Settings
+from .config import Settings
 from .db import get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
+from .events import DEFAULT_SOURCE
 from .redis_client import reason_of
 
 
@@ -27,7 +29,6 @@ events = Commands("events", help="Inspect, replay and purge stored webhook event
 ledger_group = Commands("ledger", help="Check the ledger.")
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
-STATUSES = ("processing", "completed", "failed")
 LIST_EVENTS = """
     SELECT source, event_id, event_type, status, attempts, mismatches, created_at, last_error
     FROM webhook_events
@@ -40,8 +41,8 @@ LIST_EVENTS = """
 """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
-           e.last_mismatch_at, e.payload_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           j.kind, j.payment_id, j.user_id, j.amount_cents, j.created_at
+           e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
+           j.kind, j.payment_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
@@ -72,7 +73,7 @@ def _table(header, rows):
 
 @events.command("list")
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Repeatable.")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(list(ledger.Status)), help="Repeatable.")
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
@@ -82,13 +83,13 @@ def list_events(sources, statuses, types, since, limit):
     params = {"sources": list(sources) or None, "statuses": list(statuses) or None, "types": list(types) or None,
               "limit": limit, "since": since.replace(tzinfo=UTC) if since else None}
     with transaction(get_pool(current_app)) as conn:
-        rows = conn.execute(LIST_EVENTS, params).fetchall()
+        rows = conn.cursor(row_factory=namedtuple_row).execute(LIST_EVENTS, params).fetchall()
     if not rows:
         click.echo("no events")
         return
     header = ("SOURCE", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
-    _table(header, [(src, eid, etype, status, attempts, mismatches, _utc(created), (error or "")[:60])
-                    for src, eid, etype, status, attempts, mismatches, created, error in rows])
+    _table(header, [(r.source, r.event_id, r.event_type, r.status, r.attempts, r.mismatches, _utc(r.created_at),
+                     (r.last_error or "")[:60]) for r in rows])
 
 
 @events.command("show")
@@ -97,29 +98,29 @@ def list_events(sources, statuses, types, since, limit):
 def show_event(event_id, source):
     """Show one stored event: the bytes received, status, attempts, last error, times."""
     with transaction(get_pool(current_app)) as conn:
-        row = conn.execute(SHOW_EVENT, [source, event_id]).fetchone()
+        row = conn.cursor(row_factory=namedtuple_row).execute(SHOW_EVENT, [source, event_id]).fetchone()
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
-    (src, eid, etype, status, attempts, error, mismatches, mismatch_at, sha256, created, updated, completed,
-     body, kind, payment_id, user, cents, changed_at) = row
-    if body is None:
+    if row.body is None:
         kept = "not kept (stored by the release before sources)"
     else:
-        kept = "match" if hashlib.sha256(body).digest() == sha256 else "DO NOT MATCH their SHA-256"
+        kept = "match" if hashlib.sha256(row.body).digest() == row.body_sha256 else "DO NOT MATCH their SHA-256"
+    change = (f"{row.kind} of payment {row.payment_id}: {row.amount_cents:+} cents to {row.user_id} "
+              f"at {_utc(row.changed_at)}" if row.kind else "-")
     fields = [
-        ("source", src), ("event id", eid), ("type", etype), ("status", status), ("attempts", attempts),
-        ("last error", error or "-"), ("mismatches", f"{mismatches} (last {_utc(mismatch_at)})"),
-        ("payload sha256", sha256.hex()), ("stored bytes", kept),
-        ("received", _utc(created)), ("updated", _utc(updated)), ("completed", _utc(completed)),
-        ("balance change", f"{kind} of payment {payment_id}: {cents:+} cents to {user} at {_utc(changed_at)}"
-                           if kind else "-"),
+        ("source", row.source), ("event id", row.event_id), ("type", row.event_type), ("status", row.status),
+        ("attempts", row.attempts), ("last error", row.last_error or "-"),
+        ("mismatches", f"{row.mismatches} (last {_utc(row.last_mismatch_at)})"),
+        ("body sha256", row.body_sha256.hex()), ("stored bytes", kept),
+        ("received", _utc(row.created_at)), ("updated", _utc(row.updated_at)), ("completed", _utc(row.completed_at)),
+        ("balance change", change),
     ]
     for name, value in fields:
         click.echo(f"{name + ':':<16}{value}")
-    if body is not None:
+    if row.body is not None:
         # The bytes as received, not re-serialised: the event of record.
-        click.echo(f"payload ({len(body)} bytes, as received):")
-        click.echo(bytes(body).decode("utf-8", errors="backslashreplace"))
+        click.echo(f"body ({len(row.body)} bytes, as received):")
+        click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
 
 
 def _replayed(source, event_id, result):
@@ -152,7 +153,7 @@ def replay_events(event_id, all_failed, source):
     else:
         keys = [(source or DEFAULT_SOURCE, event_id)]
     policy = Settings.of(current_app).policy
-    results = [_replayed(src, eid, ledger.replay(pool, src, eid, policy)) for src, eid in keys]
+    results = [_replayed(source, event_id, ledger.replay(pool, source, event_id, policy)) for source, event_id in keys]
     for _, message in results:
         click.echo(message)
     failures = sum(not ok for ok, _ in results)

@@ -20,7 +20,7 @@ from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
 from . import conninfo
-from .events import Policy
+from .events import DEFAULT_SOURCE, Policy
 from .signature import SCHEMES
 
 if TYPE_CHECKING:
@@ -58,12 +58,10 @@ class ConfigError(click.ClickException):
         return f"configuration error: {self.message}"
 
 
-class UnknownSource(LookupError):
+class UnknownSourceError(LookupError):
     """No source of that name is configured: answered 404."""
 
 
-# The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
-DEFAULT_SOURCE = "default"
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key>.
@@ -204,7 +202,7 @@ def _database_url(name: str, raw: str) -> str:
         raise ConfigError(f"{name} is not a PostgreSQL URL or key=value conninfo string: {reason}") from None
     try:
         conninfo.check(params)  # what libpq checks only when it connects
-    except conninfo.BadValue as exc:
+    except conninfo.BadValueError as exc:
         raise ConfigError(f"{name} {exc}") from None
     return url
 

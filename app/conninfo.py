@@ -36,7 +36,7 @@ AUTH_METHODS = ("password", "md5", "gss", "sspi", "scram-sha-256", "oauth", "non
 HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
 
 
-class BadValue(ValueError):
+class BadValueError(ValueError):
     """A conninfo value libpq would refuse; the message names the parameter, never its value."""
 
 
@@ -44,20 +44,20 @@ def check(params: Mapping[str, Any]) -> None:
     """Refuse the values of params (conninfo_to_dict's) that libpq would refuse when connecting."""
     for entry in _entries(params, "host"):
         if entry and not entry.startswith(("/", "@")) and not _is_address(entry) and not HOST_NAME.fullmatch(entry):
-            raise BadValue("has a host that is not a host name, an address or a socket path "
+            raise BadValueError("has a host that is not a host name, an address or a socket path "
                            "(a password holding @, / or ? must write it %40, %2F or %3F)")
     if not all(_is_address(entry) for entry in _entries(params, "hostaddr") if entry):
-        raise BadValue("has a hostaddr that is not an IP address")
+        raise BadValueError("has a hostaddr that is not an IP address")
     if not all(entry.isdigit() and 1 <= int(entry) <= 65535 for entry in _entries(params, "port") if entry):
-        raise BadValue("has a port that is not a number from 1 to 65535")
+        raise BadValueError("has a port that is not a number from 1 to 65535")
     for keyword, choices in CHOICES.items():
         if keyword in params and params[keyword] not in choices:
-            raise BadValue(f"has an invalid {keyword}: libpq accepts {', '.join(choices)}")
+            raise BadValueError(f"has an invalid {keyword}: libpq accepts {', '.join(choices)}")
     for keyword in INTEGERS:
         if keyword in params and not re.fullmatch(r"\s*-?\d+\s*", str(params[keyword])):
-            raise BadValue(f"has a {keyword} that is not an integer")
+            raise BadValueError(f"has a {keyword} that is not an integer")
     if not all(method.removeprefix("!") in AUTH_METHODS for method in _entries(params, "require_auth")):
-        raise BadValue(f"has an invalid require_auth: libpq accepts {', '.join(AUTH_METHODS)}, each maybe after !")
+        raise BadValueError(f"has an invalid require_auth: libpq accepts {', '.join(AUTH_METHODS)}, each maybe after !")
 
 
 def _entries(params: Mapping[str, Any], keyword: str) -> list[str]:

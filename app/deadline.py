@@ -5,7 +5,7 @@ the server runs. A frozen server (SIGSTOP, a storage layer that hangs)
 enforces none of them, and its kernel still acknowledges TCP, so neither
 keepalives nor tcp_user_timeout end the wait. The client bounds it instead:
 a connection whose answer has not come within its deadline is closed, and
-the wait raises NotAnswering, an OperationalError (503 for a delivery and
+the wait raises NotAnsweringError, an OperationalError (503 for a delivery and
 /ready, one line for a `flask` command).
 """
 
@@ -17,7 +17,7 @@ from psycopg import errors
 MARGIN_MS = 1000
 
 
-class NotAnswering(psycopg.OperationalError):
+class NotAnsweringError(psycopg.OperationalError):
     """PostgreSQL did not answer within the deadline; the connection was closed."""
 
 
@@ -46,4 +46,4 @@ class Connection(psycopg.Connection):
             # Mid-exchange, the connection cannot be used again: closed, as
             # psycopg closes one whose cancelled query never ended.
             self.pgconn.finish()
-            raise NotAnswering(f"PostgreSQL did not answer within {kwargs['timeout']:g} s") from None
+            raise NotAnsweringError(f"PostgreSQL did not answer within {kwargs['timeout']:g} s") from None

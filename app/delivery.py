@@ -9,10 +9,15 @@ After the answer, one log line and the metrics are taken from it.
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from flask import current_app, g, request
 
 from . import logs
+
+if TYPE_CHECKING:  # they import Outcome from here
+    from .ledger import Change
+    from .lock import LockState
 
 
 class Outcome(StrEnum):
@@ -21,7 +26,7 @@ class Outcome(StrEnum):
     PROCESSED = "processed"  # effects committed by this delivery
     DUPLICATE = "duplicate"  # committed before; nothing changed
     FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
-    MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)
+    PAYLOAD_MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)
     PAYMENT_MISMATCH = "payment_mismatch"  # its payment was credited with another user, amount or currency (409)
     IN_PROGRESS = "in_progress"  # a twin delivery holds the lock (409)
     UNAVAILABLE = "unavailable"  # the database did not answer; nothing committed (503)
@@ -36,14 +41,14 @@ class Delivery:
     event_id: str | None = None
     event_type: str | None = None
     secret_index: int | None = None  # which of the rotated secrets verified it
-    redis: str | None = None  # the lock's LockState
+    lock_state: "LockState | None" = None  # logged as `redis`
     redis_fault: str | None = None  # a Redis fault's reason (redis_client.py), if the lock met one
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received
     stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
     payment_id: str | None = None  # the payment the event credits or refunds
-    change: str | None = None  # the balance change it made (ledger.Change)
+    change: "Change | None" = None  # the balance change it made
     balance_after: int | None = None  # the user's balance after that change
 
     @property
@@ -57,7 +62,7 @@ class Delivery:
 PREFIX = "/api/webhooks"
 
 
-def current():
+def current_delivery():
     """The current request's delivery record, or None if it is not a delivery."""
     return g.get("delivery")
 

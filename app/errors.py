@@ -14,12 +14,11 @@ from flask import current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
-from . import delivery
-from .config import Settings, UnknownSource
-from .delivery import Outcome
-from .events import InvalidEvent, InvalidJSON, Unprocessable
-from .ledger import PayloadMismatch, PaymentMismatch, RetryLater
-from .lock import InProgress
+from .config import Settings, UnknownSourceError
+from .delivery import Outcome, current_delivery
+from .events import InvalidEventError, InvalidJSONError, UnprocessableError
+from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
+from .lock import InProgressError
 from .signature import SignatureError
 
 log = logging.getLogger(__name__)
@@ -41,22 +40,22 @@ _UNAVAILABLE = Answer(503, "unavailable", Outcome.UNAVAILABLE, "the database is 
 # hierarchy, so a subclass answers as its base does.
 ANSWERS = {
     SignatureError: Answer(401, "invalid_signature", Outcome.REJECTED),
-    InvalidJSON: Answer(400, "invalid_json", Outcome.REJECTED),
-    InvalidEvent: Answer(400, "invalid_event", Outcome.REJECTED),
-    Unprocessable: Answer(422, "unprocessable", Outcome.FAILED, names_event=True),
-    PayloadMismatch: Answer(409, "payload_mismatch", Outcome.MISMATCH, names_event=True),
-    PaymentMismatch: Answer(409, "payment_mismatch", Outcome.PAYMENT_MISMATCH, names_event=True),
-    InProgress: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
+    InvalidJSONError: Answer(400, "invalid_json", Outcome.REJECTED),
+    InvalidEventError: Answer(400, "invalid_event", Outcome.REJECTED),
+    UnprocessableError: Answer(422, "unprocessable", Outcome.FAILED, names_event=True),
+    PayloadMismatchError: Answer(409, "payload_mismatch", Outcome.PAYLOAD_MISMATCH, names_event=True),
+    PaymentMismatchError: Answer(409, "payment_mismatch", Outcome.PAYMENT_MISMATCH, names_event=True),
+    InProgressError: Answer(409, "in_progress", Outcome.IN_PROGRESS, retry_after=True, names_event=True,
                        extra={"status": "in_progress"}),
     # gunicorn reads a chunked body as the view asks for it, so its framing
     # errors (a chunk size that is not hexadecimal, a chunk without its CRLF,
     # a bad extension or trailer) reach the app: the sender's fault, not a bug.
     MalformedRequest: Answer(400, "bad_request", Outcome.REJECTED, "malformed chunked request body"),
     # The body is the code alone (docs/design.md, Answers): nothing about what is configured.
-    UnknownSource: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
+    UnknownSourceError: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
     # Transient: nothing was committed, and the sender's retry will find the
     # event as it was. A row purged under the delivery:
-    RetryLater: _UNAVAILABLE,
+    RetryLaterError: _UNAVAILABLE,
     # psycopg's OperationalError and its subclasses: connection refused or
     # lost (a server or PgBouncer restarting, AdminShutdown, CannotConnectNow,
     # a pooler's own errors, SQLSTATE class 08), PoolTimeout (no connection
@@ -113,11 +112,12 @@ def _domain_error(exc):
     message = str(exc) if answer.message is None else answer.message
     if message:
         body["message"] = message
-    record = delivery.current()
-    if record is not None:
-        record.outcome, record.reason = answer.outcome, answer.error if answer.outcome == Outcome.REJECTED else None
-        if answer.names_event and record.event_id is not None:
-            body["event_id"] = record.event_id
+    delivery = current_delivery()
+    if delivery is not None:
+        delivery.outcome = answer.outcome
+        delivery.reason = answer.error if answer.outcome == Outcome.REJECTED else None
+        if answer.names_event and delivery.event_id is not None:
+            body["event_id"] = delivery.event_id
     return _answer(answer.status, body, answer.retry_after)
 
 
@@ -127,9 +127,9 @@ def _http_error(exc):
         # within the server's deadline (gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
     error = _CODES.get(exc.code, "http_error")
-    record = delivery.current()
-    if record is not None:
-        record.outcome, record.reason = Outcome.REJECTED, error
+    delivery = current_delivery()
+    if delivery is not None:
+        delivery.outcome, delivery.reason = Outcome.REJECTED, error
     return _answer(exc.code, {"error": error, "message": exc.description}, exc.code == 503)
 
 

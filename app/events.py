@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
+# The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
+DEFAULT_SOURCE = "default"
 MAX_ID_CHARS = 128
 MAX_TYPE_CHARS = 64
 PAYMENT_SUCCEEDED = "payment.succeeded"
@@ -37,15 +39,15 @@ EFFECT_VERSION = 2
 MAX_CENTS = 2**63 - 1
 
 
-class InvalidJSON(ValueError):
+class InvalidJSONError(ValueError):
     """The body is not a UTF-8 JSON object."""
 
 
-class InvalidEvent(ValueError):
+class InvalidEventError(ValueError):
     """The body is JSON, but id/type/data are missing or of the wrong type."""
 
 
-class Unprocessable(ValueError):
+class UnprocessableError(ValueError):
     """Authentic and well-formed, but the business effect cannot apply."""
 
 
@@ -60,7 +62,7 @@ class Event:
     data: dict
     document: dict  # the whole body, parsed
     body: bytes  # the bytes received: the event of record
-    source: str = "default"  # with id, what identifies the event
+    source: str = DEFAULT_SOURCE  # with id, what identifies the event
 
 
 class Kind(StrEnum):
@@ -100,26 +102,26 @@ DEFAULT_POLICY = Policy()
 
 
 def _reject_constant(name):
-    raise InvalidJSON(f"{name} is not valid JSON")
+    raise InvalidJSONError(f"{name} is not valid JSON")
 
 
 def load(body: bytes) -> dict:
-    """Return the JSON object in body, or raise InvalidJSON: the live path's and replay's one decoder."""
+    """Return the JSON object in body, or raise InvalidJSONError: the live path's and replay's one decoder."""
     try:
         document = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
-        raise InvalidJSON("body is not valid UTF-8") from None
+        raise InvalidJSONError("body is not valid UTF-8") from None
     except RecursionError:
-        raise InvalidJSON("body is nested too deeply") from None
+        raise InvalidJSONError("body is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, over-long integers, NaN
-        raise InvalidJSON("body is not valid JSON") from exc
+        raise InvalidJSONError("body is not valid JSON") from exc
     if not isinstance(document, dict):
-        raise InvalidJSON("body must be a JSON object")
+        raise InvalidJSONError("body must be a JSON object")
     return document
 
 
-def parse(body: bytes, scheme: str = "hmac-sha256", headers=None, source: str = "default") -> Event:
-    """Return the event in body (and, per scheme, headers), or raise InvalidJSON / InvalidEvent."""
+def parse(body: bytes, scheme: str = "hmac-sha256", headers=None, source: str = DEFAULT_SOURCE) -> Event:
+    """Return the event in body (and, per scheme, headers), or raise InvalidJSONError / InvalidEventError."""
     document = load(body)
     headers = {} if headers is None else headers
     if scheme == "github" and "type" not in document:
@@ -132,7 +134,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers=None, source: str = 
     return Event(event_id, event_type, _data_field(document), document, body, source)
 
 
-def stored_event(source: str, event_id: str, event_type: str, body: bytes | None, sha256: bytes | None) -> Event:
+def stored_event(source: str, event_id: str, event_type: str, body: bytes | None,
+                 body_sha256: bytes | None) -> Event:
     """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
     The bytes are checked against their SHA-256 and decoded by the live
@@ -143,11 +146,11 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
     """
     if body is None:
         raise StoredBodyError("its bytes were not kept (stored by the release before sources)")
-    if sha256 is not None and hashlib.sha256(body).digest() != bytes(sha256):
+    if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
         document = load(body)
-    except InvalidJSON as exc:
+    except InvalidJSONError as exc:
         raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
     data = document["data"] if isinstance(document.get("data"), dict) else document
     return Event(id=event_id, type=event_type, data=data, document=document, body=body, source=source)
@@ -156,20 +159,20 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
 def _github_event(document, body, headers, source):
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
     if event_type in RULES:
-        raise InvalidEvent("a payment must name its type in the signed body, not in the X-GitHub-Event header")
+        raise InvalidEventError("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
     return Event(event_id, event_type, document, document, body, source)
 
 
 def _text(value, label, max_chars):
     if value is None:
-        raise InvalidEvent(f"{label} is missing")
+        raise InvalidEventError(f"{label} is missing")
     if not isinstance(value, str):
-        raise InvalidEvent(f"{label} must be a string")
+        raise InvalidEventError(f"{label} must be a string")
     if not 1 <= len(value) <= max_chars:
-        raise InvalidEvent(f"{label} must be 1 to {max_chars} characters")
+        raise InvalidEventError(f"{label} must be 1 to {max_chars} characters")
     if not _storable(value):
-        raise InvalidEvent(f"{label} contains characters that cannot be stored")
+        raise InvalidEventError(f"{label} contains characters that cannot be stored")
     return value
 
 
@@ -185,7 +188,7 @@ def _storable(value):
 def _data_field(document):
     data = document.get("data")
     if not isinstance(data, dict):
-        raise InvalidEvent("'data' must be an object")
+        raise InvalidEventError("'data' must be an object")
     return data
 
 

@@ -16,19 +16,27 @@ import psycopg
 
 from .db import one_query, transaction
 from .delivery import Outcome
-from .events import DEFAULT_POLICY, EFFECT_VERSION, StoredBodyError, Unprocessable, effect_of, stored_event
+from .events import DEFAULT_POLICY, EFFECT_VERSION, StoredBodyError, UnprocessableError, effect_of, stored_event
 
 
-class RetryLater(RuntimeError):
+class RetryLaterError(RuntimeError):
     """Nothing was committed and a retry will succeed: answered 503."""
 
 
-class PayloadMismatch(ValueError):
+class PayloadMismatchError(ValueError):
     """This event id was stored before with a different effect: answered 409."""
 
 
-class PaymentMismatch(ValueError):
+class PaymentMismatchError(ValueError):
     """The event's payment was credited by another event naming another user, amount or currency: 409."""
+
+
+class Status(StrEnum):
+    """An event's webhook_events.status."""
+
+    PROCESSING = "processing"  # never outlives apply_event's transaction
+    COMPLETED = "completed"  # its effect is committed
+    FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
 
 
 class Change(StrEnum):
@@ -64,17 +72,17 @@ class Result(NamedTuple):
     def raise_for_outcome(self):
         """Raise the exception that answers a FAILED or mismatched result; return self otherwise."""
         if self.outcome == Outcome.FAILED:
-            raise Unprocessable(self.problem)
-        if self.outcome == Outcome.MISMATCH:
-            raise PayloadMismatch("this event id was delivered before with a different effect")
+            raise UnprocessableError(self.problem)
+        if self.outcome == Outcome.PAYLOAD_MISMATCH:
+            raise PayloadMismatchError("this event id was delivered before with a different effect")
         if self.outcome == Outcome.PAYMENT_MISMATCH:
-            raise PaymentMismatch(self.problem)
+            raise PaymentMismatchError(self.problem)
         return self
 
 
 APPLY_EVENT = """
-    SELECT * FROM apply_event(%(source)s, %(event_id)s, %(type)s, %(body)s, %(sha256)s, %(effect)s, %(keep_json)s,
-                              %(problem)s, %(kind)s, %(payment_id)s, %(user_id)s, %(amount)s, %(currency)s)
+    SELECT * FROM apply_event(%(source)s, %(event_id)s, %(type)s, %(body)s, %(body_sha256)s, %(effect_sha256)s,
+    %(keep_json)s, %(problem)s, %(kind)s, %(payment_id)s, %(user_id)s, %(amount)s, %(currency)s)
 """
 
 
@@ -86,7 +94,7 @@ def apply_event(pool, event, effect, body_sha256):
     count and nothing else.
     """
     params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-              "sha256": body_sha256, "effect": effect.sha256, "keep_json": True, "problem": effect.problem,
+              "body_sha256": body_sha256, "effect_sha256": effect.sha256, "keep_json": True, "problem": effect.problem,
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
               "amount": effect.amount_cents, "currency": effect.currency}
     try:
@@ -101,7 +109,8 @@ def apply_event(pool, event, effect, body_sha256):
 
 
 STORED_EVENT = """
-    SELECT event_type, status, body, payload_sha256 FROM webhook_events WHERE source = %s AND event_id = %s
+    SELECT event_type, status, body, payload_sha256 AS body_sha256 FROM webhook_events
+    WHERE source = %s AND event_id = %s
 """
 
 
@@ -115,14 +124,14 @@ def replay(pool, source, event_id, policy=DEFAULT_POLICY):
         row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None
-    event_type, status, body, sha256 = row
-    if status == "completed":
+    event_type, status, body, body_sha256 = row
+    if status == Status.COMPLETED:
         return Result(Outcome.DUPLICATE, "already completed")
     try:
-        event = stored_event(source, event_id, event_type, body, sha256)
+        event = stored_event(source, event_id, event_type, body, body_sha256)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
-    result = apply_event(pool, event, effect_of(event, policy), bytes(sha256))
+    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256))
     if result.outcome == Outcome.DUPLICATE and result.change is None:
         return result._replace(problem="completed meanwhile by another delivery")
     return result
@@ -131,7 +140,7 @@ def replay(pool, source, event_id, policy=DEFAULT_POLICY):
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, body, payload_sha256 FROM webhook_events
+    SELECT id, source, event_id, event_type, body, payload_sha256 AS body_sha256 FROM webhook_events
     WHERE effect_version IS DISTINCT FROM %(version)s AND body IS NOT NULL
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 """
@@ -150,9 +159,9 @@ def recompute_effects(pool, policy=DEFAULT_POLICY):
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, body, sha256 in rows:
+            for row_id, source, event_id, event_type, body, body_sha256 in rows:
                 try:
-                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), sha256), policy)
+                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256), policy)
                 except StoredBodyError:
                     effect = None  # unreadable bytes: verify reports them; compared by bytes meanwhile
                 conn.execute(SET_EFFECT, [effect and effect.sha256, EFFECT_VERSION, row_id])

@@ -20,7 +20,8 @@ from enum import StrEnum
 
 from .config import Settings
 from .delivery import Outcome
-from .redis_client import UNAVAILABLE, RedisLink, Unusable
+from .events import DEFAULT_SOURCE
+from .redis_client import UNAVAILABLE, RedisLink, UnusableError
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,18 @@ class LockState(StrEnum):
     DEGRADED = "degraded"  # Redis could not be used (unavailable or a fault): PostgreSQL alone decides
 
 
-class InProgress(RuntimeError):
+class InProgressError(RuntimeError):
     """Another delivery of the event holds its lock now: answered 409, retry later."""
 
 
 # Redis hashes only what lies between the first "{" and the next "}": the
 # source's name and a ":" at least (a name has no "}"), the same for both keys
 # of an event whatever its id, so that one script may touch both on a cluster.
-def lock_key(event_id, source="default"):
+def lock_key(event_id, source=DEFAULT_SOURCE):
     return f"{LOCK_PREFIX}{{{source}:{event_id}}}"
 
 
-def done_key(event_id, source="default"):
+def done_key(event_id, source=DEFAULT_SOURCE):
     return f"{DONE_PREFIX}{{{source}:{event_id}}}"
 
 
@@ -91,8 +92,8 @@ class EventLock:
         self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
-        self._effect = effect_sha256.hex()
-        self._sha256 = body_sha256
+        self._effect_sha256 = effect_sha256.hex()
+        self._body_sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
         self.fault = None  # the reason of a Redis fault met by this delivery, if any
@@ -101,8 +102,8 @@ class EventLock:
     def acquire(self):
         """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used."""
         try:
-            taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._effect])
-        except Unusable as exc:
+            taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._effect_sha256])
+        except UnusableError as exc:
             self._failed(exc.reason, "event %r proceeds unlocked")
             return LockState.DEGRADED
         if isinstance(taken, bytes):
@@ -117,13 +118,13 @@ class EventLock:
         if result is not None and result.committed:
             # A duplicate leaves the bytes stored before; a processed event stored these.
             duplicate = result.outcome == Outcome.DUPLICATE and result.stored_sha256
-            stored = result.stored_sha256 if duplicate else self._sha256
-            marker = self._effect + ":" + stored.hex()
+            stored = result.stored_sha256 if duplicate else self._body_sha256
+            marker = self._effect_sha256 + ":" + stored.hex()
         args = [self._token, marker, self._done_ttl_ms]
         try:
             if not self._link.run(RELEASE, self._keys, args):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
-        except Unusable as exc:
+        except UnusableError as exc:
             self._failed(exc.reason, "lock of event %r left to expire")
 
     def _failed(self, reason, what):
@@ -138,7 +139,7 @@ def probe(link):
     keys = [lock_key(PROBE_EVENT_ID), done_key(PROBE_EVENT_ID)]
     try:
         link.run(ACQUIRE, keys, [secrets.token_hex(16), 1, ""])
-    except Unusable as exc:
+    except UnusableError as exc:
         return exc.reason
     return None
 

@@ -51,7 +51,7 @@ def log_delivery(delivery, response, seconds):
         "status": response.status_code, "bytes": response.content_length,
         "source": delivery.source, "event_id": delivery.event_id, "event_type": delivery.event_type,
         "outcome": delivery.outcome, "reason": delivery.reason, "latency_ms": round(seconds * 1000, 1),
-        "secret_index": delivery.secret_index, "redis": delivery.redis, "redis_fault": delivery.redis_fault,
+        "secret_index": delivery.secret_index, "redis": delivery.lock_state, "redis_fault": delivery.redis_fault,
         "payment_id": delivery.payment_id, "change": delivery.change,
     }
     if delivery.reserialised:

@@ -104,7 +104,7 @@ class Metrics:
                 self.below_zero.labels(source=delivery.source).inc()
         if delivery.outcome == Outcome.PAYMENT_MISMATCH:
             self.payment_mismatches.labels(source=delivery.source).inc()
-        if delivery.redis == LockState.DEGRADED:
+        if delivery.lock_state == LockState.DEGRADED:
             self.redis_degraded.inc()
         if delivery.redis_fault:
             self.redis_faults.labels(reason=delivery.redis_fault).inc()

@@ -43,7 +43,7 @@ FAULT_INTERVAL = 60.0
 _CODE = re.compile(r"[A-Z][A-Z_]{1,31}")
 
 
-class Unusable(Exception):
+class UnusableError(Exception):
     """Redis could not be used for this call; reason is UNAVAILABLE or the fault's."""
 
     def __init__(self, reason):
@@ -99,7 +99,7 @@ class RedisLink:
         return self._client
 
     def run(self, script, keys, args):
-        """Run a Lua script (EVALSHA, loaded again after a restart); raise Unusable when Redis cannot be used."""
+        """Run a Lua script (EVALSHA, loaded again after a restart); raise UnusableError when Redis cannot be used."""
         try:
             if script not in self._scripts:
                 self._scripts[script] = self.client().register_script(script)
@@ -114,7 +114,7 @@ class RedisLink:
             except NoScriptError:
                 return registered(keys=keys, args=args)
         except (RedisError, RedisClusterException) as exc:
-            raise Unusable(self.failed(exc)) from None
+            raise UnusableError(self.failed(exc)) from None
 
     def failed(self, exc):
         """Record a failed call; log a fault at most once per FAULT_INTERVAL per reason. Return the reason."""

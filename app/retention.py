@@ -7,6 +7,7 @@ and not credited twice.
 """
 
 from .db import transaction
+from .ledger import Status
 
 # Longer than Stripe's 30-day window for resending an event by hand, so that
 # a resent event still finds its row (and its payload hash) in the table.
@@ -35,7 +36,7 @@ def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE, source=None):
     Completed events only, and failed ones too when include_failed; every
     source's, or source's only.
     """
-    statuses = ["completed", "failed"] if include_failed else ["completed"]
+    statuses = [Status.COMPLETED, Status.FAILED] if include_failed else [Status.COMPLETED]
     deleted = 0
     with transaction(pool) as conn:
         cutoff = conn.execute(CUTOFF, [days]).fetchone()[0]

@@ -20,15 +20,17 @@ went back to the card after the credit was spent), which is not an error.
 
 from typing import NamedTuple
 
-from .events import DEFAULT_POLICY, RULES, Kind, StoredBodyError, effect_of, stored_event
+from psycopg.rows import namedtuple_row
+
+from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, StoredBodyError, effect_of, stored_event
 
 DUPLICATED_IDS = """
-    SELECT source, event_id, count(*) FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
+    SELECT source, event_id, count(*) AS times FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
     ORDER BY source, event_id
 """
 STUCK = "SELECT source, event_id, created_at FROM webhook_events WHERE status = 'processing' ORDER BY created_at"
 WRONG_BALANCES = """
-    SELECT u.user_id, u.balance_cents, u.opening_balance_cents, coalesce(j.changed, 0)
+    SELECT u.user_id, u.balance_cents, u.opening_balance_cents, coalesce(j.changed, 0) AS changed
     FROM user_balances u
     LEFT JOIN (SELECT user_id, sum(amount_cents) AS changed FROM ledger_journal GROUP BY user_id) j USING (user_id)
     WHERE u.balance_cents <> u.opening_balance_cents + coalesce(j.changed, 0)
@@ -61,8 +63,8 @@ JOURNAL_WITHOUT_PAYMENT = """
 # Each completed payment or refund still stored, with its journal row (if any)
 # and its payment (if any): what it did, to compare with what its bytes say.
 COMPLETED_EFFECTS = """
-    SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256,
-           CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END,
+    SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
+           CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
            j.kind, j.payment_id, j.user_id, j.amount_cents, p.refunded_cents
     FROM webhook_events e
     LEFT JOIN ledger_journal j USING (source, event_id)
@@ -96,69 +98,70 @@ def check(conn, policy=DEFAULT_POLICY):
         # statement timeout: the sums read whole tables.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute("SET LOCAL statement_timeout = 0")
-        problems = [f"duplicated event id {eid!r} of source {src!r}: stored {n} times"
-                    for src, eid, n in conn.execute(DUPLICATED_IDS)]
-        problems += [f"stuck event {_name(src, eid)}: 'processing' since {at:%Y-%m-%d %H:%M:%S%z}"
-                     for src, eid, at in conn.execute(STUCK)]
-        problems += [f"balance of user {user}: {balance} cents, expected {opening + changed} "
-                     f"(opening {opening} + journal {changed})"
-                     for user, balance, opening, changed in conn.execute(WRONG_BALANCES)]
-        problems += [f"journal row of event {_name(src, eid)}: the event is {status!r}, not completed"
-                     for src, eid, status in conn.execute(JOURNAL_OF_UNFINISHED)]
-        problems += [_payment_problem(*row) for row in conn.execute(WRONG_PAYMENTS)]
-        problems += [f"journal row of event {_name(src, eid)}: no payment {pid!r}"
-                     for src, eid, pid in conn.execute(JOURNAL_WITHOUT_PAYMENT)]
-        with conn.cursor(name="completed_effects") as rows:  # streamed, not loaded whole
+        cur = conn.cursor(row_factory=namedtuple_row)
+        problems = [f"duplicated event id {r.event_id!r} of source {r.source!r}: stored {r.times} times"
+                    for r in cur.execute(DUPLICATED_IDS)]
+        problems += [f"stuck event {_name(r.source, r.event_id)}: 'processing' since {r.created_at:%Y-%m-%d %H:%M:%S%z}"
+                     for r in cur.execute(STUCK)]
+        problems += [f"balance of user {r.user_id}: {r.balance_cents} cents, expected "
+                     f"{r.opening_balance_cents + r.changed} (opening {r.opening_balance_cents} + journal {r.changed})"
+                     for r in cur.execute(WRONG_BALANCES)]
+        problems += [f"journal row of event {_name(r.source, r.event_id)}: the event is {r.status!r}, not completed"
+                     for r in cur.execute(JOURNAL_OF_UNFINISHED)]
+        problems += [_payment_problem(r) for r in cur.execute(WRONG_PAYMENTS)]
+        problems += [f"journal row of event {_name(r.source, r.event_id)}: no payment {r.payment_id!r}"
+                     for r in cur.execute(JOURNAL_WITHOUT_PAYMENT)]
+        with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
-            stored = [p for row in rows if (p := _effect_problem(conn, policy, *row))]
-        problems += stored
-        below_zero = [f"balance of user {user} is below zero: {balance} cents"
-                      for user, balance in conn.execute(BELOW_ZERO)]
+            problems += [p for row in rows if (p := _effect_problem(cur, policy, row))]
+        below_zero = [f"balance of user {r.user_id} is below zero: {r.balance_cents} cents"
+                      for r in cur.execute(BELOW_ZERO)]
         counts = Counts(*conn.execute(COUNTS).fetchone())
     return Report(problems, below_zero, counts)
 
 
 def _name(source, event_id):
-    return repr(event_id) if source == "default" else f"{event_id!r} of source {source!r}"
+    return repr(event_id) if source == DEFAULT_SOURCE else f"{event_id!r} of source {source!r}"
 
 
-def _payment_problem(source, payment_id, user_id, amount, refunded, credits, exact_credits, debited):
-    name = repr(payment_id) if source == "default" else f"{payment_id!r} of source {source!r}"
-    if credits != 1:
-        return f"payment {name}: credited {credits} times"
-    if exact_credits != 1:
-        return f"payment {name}: its credit is not {amount} cents to {user_id}"
-    return f"payment {name}: refunds debited {debited} cents, its refunded total is {refunded}"
+def _payment_problem(row):
+    name = _name(row.source, row.payment_id)
+    if row.credits != 1:
+        return f"payment {name}: credited {row.credits} times"
+    if row.exact_credits != 1:
+        return f"payment {name}: its credit is not {row.amount_cents} cents to {row.user_id}"
+    return f"payment {name}: refunds debited {row.debited} cents, its refunded total is {row.refunded_cents}"
 
 
-def _effect_problem(conn, policy, source, event_id, event_type, body, sha256, legacy_text,
-                    kind, journal_payment, journal_user, journal_cents, refunded):
-    name = _name(source, event_id)
+def _effect_problem(cur, policy, row):
+    """Why a completed event's balance change is not what its stored bytes say, or None."""
+    name = _name(row.source, row.event_id)
+    # Stored before the bytes were kept: its jsonb copy, unchecked.
+    body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
     try:
-        if body is None:  # stored before the bytes were kept: its jsonb copy, unchecked
-            body, sha256 = legacy_text, None
-        effect = effect_of(stored_event(source, event_id, event_type, body, sha256), policy)
+        effect = effect_of(stored_event(row.source, row.event_id, row.event_type, body, body_sha256), policy)
     except StoredBodyError as exc:
         return f"completed event {name}: {exc}"
     if effect.problem:
         return f"completed event {name}: {effect.problem}"
-    if kind is None:  # no balance change: a payment announced again, or a refunded total already applied
-        payment = conn.execute(PAYMENT, [source, effect.payment_id]).fetchone()
+    if row.kind is None:  # no balance change: a payment announced again, or a refunded total already applied
+        payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
         if payment is None:
             return f"completed event {name}: no payment {effect.payment_id!r} in the ledger"
-        if effect.kind == Kind.CREDIT and payment[:2] != (effect.user_id, effect.amount_cents):
-            return f"completed event {name}: payment {effect.payment_id!r} was credited {payment[1]} cents " \
-                   f"to {payment[0]}, its bytes say {effect.amount_cents} cents to {effect.user_id}"
-        if effect.kind == Kind.REFUND and payment[2] < effect.amount_cents:
+        if effect.kind == Kind.CREDIT and (payment.user_id, payment.amount_cents) != (effect.user_id,
+                                                                                      effect.amount_cents):
+            return f"completed event {name}: payment {effect.payment_id!r} was credited {payment.amount_cents} " \
+                   f"cents to {payment.user_id}, its bytes say {effect.amount_cents} cents to {effect.user_id}"
+        if effect.kind == Kind.REFUND and payment.refunded_cents < effect.amount_cents:
             return f"completed event {name}: refunded total {effect.amount_cents} cents not applied " \
-                   f"(payment {effect.payment_id!r} has {payment[2]})"
+                   f"(payment {effect.payment_id!r} has {payment.refunded_cents})"
         return None
-    if kind != effect.kind or journal_payment != effect.payment_id:
-        return f"completed event {name}: journal has a {kind} of payment {journal_payment!r}, its bytes say " \
+    if row.kind != effect.kind or row.payment_id != effect.payment_id:
+        return f"completed event {name}: journal has a {row.kind} of payment {row.payment_id!r}, its bytes say " \
                f"a {effect.kind} of payment {effect.payment_id!r}"
-    if kind == Kind.CREDIT and (journal_user, journal_cents) != (effect.user_id, effect.amount_cents):
-        return (f"completed event {name}: credit of {journal_cents} cents to {journal_user}, "
+    if row.kind == Kind.CREDIT and (row.user_id, row.amount_cents) != (effect.user_id, effect.amount_cents):
+        return (f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, "
                 f"its bytes say {effect.amount_cents} cents to {effect.user_id}")
-    if kind == Kind.REFUND and refunded < effect.amount_cents:
-        return f"completed event {name}: refunded total {effect.amount_cents} cents, payment has {refunded}"
+    if row.kind == Kind.REFUND and row.refunded_cents < effect.amount_cents:
+        return f"completed event {name}: refunded total {effect.amount_cents} cents, payment has {row.refunded_cents}"
     return None

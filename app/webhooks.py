@@ -6,11 +6,11 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import delivery, ledger, lock, signature
-from .config import DEFAULT_SOURCE, Settings, UnknownSource
+from . import ledger, lock, signature
+from .config import Settings, UnknownSourceError
 from .db import get_pool
-from .delivery import Outcome
-from .events import effect_of, parse
+from .delivery import Outcome, current_delivery
+from .events import DEFAULT_SOURCE, effect_of, parse
 from .lock import LockState
 
 bp = Blueprint("webhooks", __name__)
@@ -22,50 +22,50 @@ bp = Blueprint("webhooks", __name__)
 # otherwise fail every delivery (a redirect is not followed by providers), and
 # the source's secret verifies it all the same. POST only, OPTIONS included:
 # any other method is a 405, logged and counted like every answer here.
-@bp.post("/api/webhooks", defaults={"source": None}, strict_slashes=False, provide_automatic_options=False)
-@bp.post("/api/webhooks/<source>", strict_slashes=False, provide_automatic_options=False)
-def receive(source):
+@bp.post("/api/webhooks", defaults={"name": None}, strict_slashes=False, provide_automatic_options=False)
+@bp.post("/api/webhooks/<name>", strict_slashes=False, provide_automatic_options=False)
+def receive(name):
     """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
     settings = Settings.of(current_app)
-    # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<source>.
-    sender = None if source == DEFAULT_SOURCE else settings.sources.get(source or DEFAULT_SOURCE)
-    record = delivery.current()
-    record.source = sender and sender.name
-    if sender is None:
+    # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<name>.
+    source = None if name == DEFAULT_SOURCE else settings.sources.get(name or DEFAULT_SOURCE)
+    delivery = current_delivery()
+    delivery.source = source and source.name
+    if source is None:
         # Before anything is read: an unknown source costs a dict lookup.
-        raise UnknownSource("no such source")
+        raise UnknownSourceError("no such source")
     body = _raw_json_body(settings.max_body_bytes)
-    record.secret_index = signature.verify(sender.scheme, body, request.headers, sender.secrets, sender.tolerance)
+    delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance)
 
-    event = parse(body, sender.scheme, request.headers, sender.event_source)
+    event = parse(body, source.scheme, request.headers, source.event_source)
     effect = effect_of(event, settings.policy)
-    record.event_id, record.event_type, record.payment_id = event.id, event.type, effect.payment_id
+    delivery.event_id, delivery.event_type, delivery.payment_id = event.id, event.type, effect.payment_id
 
-    record.body_sha256 = hashlib.sha256(body).digest()
-    event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, record.body_sha256,
+    delivery.body_sha256 = hashlib.sha256(body).digest()
+    event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, delivery.body_sha256,
                                 settings.lock_ttl_ms, settings.redis_done_ttl_seconds * 1000)
-    record.redis = event_lock.acquire()
-    record.redis_fault = event_lock.fault
-    if record.redis == LockState.DONE:
+    delivery.lock_state = event_lock.acquire()
+    delivery.redis_fault = event_lock.fault
+    if delivery.lock_state == LockState.DONE:
         # This effect was committed before (the marker is set only after
         # COMMIT): a duplicate, answered without touching PostgreSQL.
         result = ledger.Result(Outcome.DUPLICATE, stored_sha256=event_lock.stored_sha256)
-    elif record.redis == LockState.HELD_ELSEWHERE:
-        raise lock.InProgress("another delivery of this event is being processed; retry later")
+    elif delivery.lock_state == LockState.HELD_ELSEWHERE:
+        raise lock.InProgressError("another delivery of this event is being processed; retry later")
     else:
         applied = None  # None when the transaction raised: release() leaves no done marker
         try:
-            applied = ledger.apply_event(get_pool(current_app), event, effect, record.body_sha256)
+            applied = ledger.apply_event(get_pool(current_app), event, effect, delivery.body_sha256)
         finally:
-            if record.redis == LockState.ACQUIRED:
+            if delivery.lock_state == LockState.ACQUIRED:
                 event_lock.release(applied)
-                record.redis_fault = event_lock.fault
+                delivery.redis_fault = event_lock.fault
         result = applied
 
-    record.stored_sha256 = result.stored_sha256
-    record.change, record.balance_after = result.change, result.balance_after
-    record.outcome = result.raise_for_outcome().outcome
-    return {"status": record.outcome, "event_id": event.id}
+    delivery.stored_sha256 = result.stored_sha256
+    delivery.change, delivery.balance_after = result.change, result.balance_after
+    delivery.outcome = result.raise_for_outcome().outcome
+    return {"status": delivery.outcome, "event_id": event.id}
 
 
 def _raw_json_body(limit):

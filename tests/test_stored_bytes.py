@@ -16,8 +16,8 @@ from app import ledger, verify
 from app.db import get_pool
 from app.events import (
     DEFAULT_POLICY,
-    InvalidEvent,
-    InvalidJSON,
+    InvalidEventError,
+    InvalidJSONError,
     StoredBodyError,
     effect_of,
     parse,
@@ -142,7 +142,7 @@ def test_for_any_body_the_live_and_the_stored_reading_agree(amount, currency):
     body = _payment_text("evt_any", amount, currency)
     try:
         live = parse(body)
-    except (InvalidJSON, InvalidEvent):
+    except (InvalidJSONError, InvalidEventError):
         return  # 400: nothing is stored, so nothing is ever replayed
     replayed = stored_event("default", live.id, live.type, body, hashlib.sha256(body).digest())
     assert effect_of(replayed, DEFAULT_POLICY) == effect_of(live, DEFAULT_POLICY)
