@@ -1,5 +1,5 @@
 """The peer receiver that `make bench` measures beside the project: by default
-the Node implementation in ../shared/peer when it is there (copied to
+the Node prototype in BENCH_PEER_DIR (../shared/peer) when it is there (copied to
 .run/bench-peer, where `npm ci` runs), or any BENCH_PEER_CMD with its
 BENCH_PEER_SCHEMA; BENCH_PEER=off: none. It gets its own database on the
 bench's PostgreSQL and its own Redis database number."""
@@ -15,7 +15,7 @@ import psycopg
 
 from . import ROOT, answers_tcp, free_port, stop_group, wait_until
 
-PEER_DIR = ROOT.parent / "shared" / "peer"
+PEER_DIR = Path(os.environ.get("BENCH_PEER_DIR") or ROOT.parent / "shared" / "peer")
 PEER_COPY = ROOT / ".run" / "bench-peer"  # PEER_DIR is read-only: npm ci runs in this copy
 DB_NAME = "peer"
 

@@ -48,7 +48,7 @@ DURATION = 3 if QUICK else 8  # seconds per wrk run
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 WRK_THREADS = 2
 SECRET = "bench-secret-0123456789"
-# The peer's schema.sql seeds users md5('user-<n>'); both ledgers get these 100.
+# The peer's schema.sql creates users md5('user-<n>'); both ledgers get these 100.
 USERS = [uuid.UUID(hashlib.md5(f"user-{n}".encode()).hexdigest()) for n in range(1, 101)]
 # Enough distinct new events that no run wraps around at 12k req/s.
 NEW_EVENTS = 12_000 * DURATION
@@ -85,7 +85,7 @@ def check_programs():
 # -- requests ------------------------------------------------------------------
 
 def event(event_id, n):
-    """An event of the seed's shape, which both receivers take."""
+    """A payment.succeeded in the service's own shape, which both receivers take."""
     user = USERS[n % len(USERS)]
     return {"id": event_id, "type": "payment.succeeded",
             "data": {"userId": str(user), "amountCents": 1 + n % 997, "currency": "usd",
@@ -199,7 +199,7 @@ def check_project(conn):
 
 
 def check_peer(conn):
-    """The same ledger check on the seed's tables (its payload column holds the event's data)."""
+    """The same ledger check on the peer's tables (its payload column holds the event's data)."""
     try:
         wrong, stuck = conn.execute("""
             SELECT (SELECT count(*) FROM user_balances b LEFT JOIN (
