@@ -73,7 +73,8 @@ def _table(header, rows):
 
 @events.command("list")
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(list(ledger.Status)), help="Repeatable.")
+@click.option("--status", "statuses", multiple=True, help="Repeatable.",
+              type=click.Choice([status.value for status in ledger.Status]))
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
