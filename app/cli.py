@@ -1,20 +1,22 @@
-"""Operator commands: `flask events list|show|replay|purge`, `flask ledger verify` and `flask redis forget-done`."""
+"""Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger verify`
+and `flask redis forget-done`."""
 
 import hashlib
 from datetime import UTC
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
+from flask.cli import AppGroup, with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
 from .config import Settings
-from .db import get_pool, statement_timeout, transaction, unavailable_in_one_line
+from .db import apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .events import DEFAULT_SOURCE
 from .redis_client import reason_of
+from .schema import SchemaError
 
 
 class Commands(AppGroup):
@@ -56,6 +58,7 @@ SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
 
 
 def init_app(app):
+    app.cli.add_command(init_db_command)
     app.cli.add_command(events)
     app.cli.add_command(ledger_group)
     app.cli.add_command(redis_group)
@@ -69,6 +72,30 @@ def _table(header, rows):
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     for row in [header, *rows]:
         click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
+
+
+@click.command("init-db")
+@with_appcontext
+def init_db_command():
+    """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
+    settings = Settings.of(current_app)
+    path, policy = settings.schema_path, settings.policy
+    pool = get_pool(current_app)
+    with unavailable_in_one_line():
+        with pool.connection() as conn:
+            try:
+                applied = apply_schema(conn, path, policy.currency)
+            except SchemaError as exc:
+                raise click.ClickException(str(exc)) from None
+        if applied.created:
+            click.echo(f"created the schema from {path}")
+        for name in applied.ran:
+            click.echo(f"applied migration {name}")
+        if not applied.created and not applied.ran:
+            click.echo("schema up to date: no migration to apply")
+        recomputed = ledger.recompute_effects(pool, policy)
+    if recomputed:
+        click.echo(f"recomputed the effects of {recomputed} stored events")
 
 
 @events.command("list")

@@ -13,15 +13,13 @@ from contextlib import contextmanager, suppress
 
 import click
 import psycopg
-from flask import current_app
-from flask.cli import with_appcontext
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from . import conninfo, deadline
 from .config import DEFAULT_SCHEMA_PATH, Settings
-from .schema import SchemaError, migrate
+from .schema import migrate
 
 _open_lock = threading.Lock()
 
@@ -85,7 +83,7 @@ def init_app(app):
             "statement_timeout": settings.pg_statement_timeout_ms,
             # A client that vanished mid-transaction frees its locks soon.
             "idle_in_transaction_session_timeout": settings.lock_ttl_ms,
-            # A delivery's statements are sent in one go (ledger._apply_new):
+            # A delivery's statements are sent in one go (one_query):
             # a client that died while they wait on a lock gets them rolled
             # back, not committed after it is gone.
             "client_connection_check_interval": CLIENT_CHECK_MS,
@@ -107,7 +105,6 @@ def init_app(app):
         # would then answer 503.
         check=_check_if_closed,
     )
-    app.cli.add_command(init_db_command)
 
 
 def _check_if_closed(conn):
@@ -203,29 +200,3 @@ def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
     (LEDGER_CURRENCY), for a migration that needs it. Returns schema.Applied.
     """
     return migrate(conn, path, currency)
-
-
-@click.command("init-db")
-@with_appcontext
-def init_db_command():
-    """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
-    from .ledger import recompute_effects  # the ledger imports this module
-
-    settings = Settings.of(current_app)
-    path, policy = settings.schema_path, settings.policy
-    pool = get_pool(current_app)
-    with unavailable_in_one_line():
-        with pool.connection() as conn:
-            try:
-                applied = apply_schema(conn, path, policy.currency)
-            except SchemaError as exc:
-                raise click.ClickException(str(exc)) from None
-        if applied.created:
-            click.echo(f"created the schema from {path}")
-        for name in applied.ran:
-            click.echo(f"applied migration {name}")
-        if not applied.created and not applied.ran:
-            click.echo("schema up to date: no migration to apply")
-        recomputed = recompute_effects(pool, policy)
-    if recomputed:
-        click.echo(f"recomputed the effects of {recomputed} stored events")

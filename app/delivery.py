@@ -9,15 +9,10 @@ After the answer, one log line and the metrics are taken from it.
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from flask import current_app, g, request
 
 from . import logs
-
-if TYPE_CHECKING:  # they import Outcome from here
-    from .ledger import Change
-    from .lock import LockState
 
 
 class Outcome(StrEnum):
@@ -41,14 +36,14 @@ class Delivery:
     event_id: str | None = None
     event_type: str | None = None
     secret_index: int | None = None  # which of the rotated secrets verified it
-    lock_state: "LockState | None" = None  # logged as `redis`
+    lock_state: StrEnum | None = None  # the lock.LockState that taking the lock found; logged as `redis`
     redis_fault: str | None = None  # a Redis fault's reason (redis_client.py), if the lock met one
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received
     stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
     payment_id: str | None = None  # the payment the event credits or refunds
-    change: "Change | None" = None  # the balance change it made
+    change: StrEnum | None = None  # the ledger.Change it made
     balance_after: int | None = None  # the user's balance after that change
 
     @property
