@@ -73,7 +73,9 @@ def _table(header, rows):
 
 @events.command("list")
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(list(ledger.Status)), help="Repeatable.")
+# The values, not the members: click (8.2+) matches an Enum's members by their names (FAILED).
+@click.option("--status", "statuses", multiple=True, type=click.Choice([status.value for status in ledger.Status]),
+              help="Repeatable.")
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
