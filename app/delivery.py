@@ -6,12 +6,14 @@ outcome); errors.py sets the outcome of a delivery that ends in an error.
 After the answer, one log line and the metrics are taken from it.
 """
 
+from __future__ import annotations
+
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from flask import current_app, g, request
+from flask import Flask, Response, current_app, g, request
 
 from . import logs
 
@@ -41,18 +43,18 @@ class Delivery:
     event_id: str | None = None
     event_type: str | None = None
     secret_index: int | None = None  # which of the rotated secrets verified it
-    lock_state: "LockState | None" = None  # logged as `redis`
+    lock_state: LockState | None = None  # logged as `redis`
     redis_fault: str | None = None  # a Redis fault's reason (redis_client.py), if the lock met one
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received
     stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
     payment_id: str | None = None  # the payment the event credits or refunds
-    change: "Change | None" = None  # the balance change it made
+    change: Change | None = None  # the balance change it made
     balance_after: int | None = None  # the user's balance after that change
 
     @property
-    def reserialised(self):
+    def reserialised(self) -> bool:
         """The same effect arrived in other bytes than the stored ones (a provider re-serialising)."""
         return None not in (self.body_sha256, self.stored_sha256) and self.body_sha256 != self.stored_sha256
 
@@ -62,23 +64,23 @@ class Delivery:
 PREFIX = "/api/webhooks"
 
 
-def current_delivery():
+def current_delivery() -> Delivery | None:
     """The current request's delivery record, or None if it is not a delivery."""
     return g.get("delivery")
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.before_request(_begin)
     app.after_request(_finish)
 
 
-def _begin():
+def _begin() -> None:
     # Before routing's own errors are raised: the view names the source.
     if request.path == PREFIX or request.path.startswith(PREFIX + "/"):
         g.delivery = Delivery(source=None)
 
 
-def _finish(response):
+def _finish(response: Response) -> Response:
     delivery = g.pop("delivery", None)
     if delivery is not None:
         seconds = time.perf_counter() - delivery.started
