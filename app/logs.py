@@ -8,14 +8,21 @@ command's own output on stdout stays clean. Both format with logformat.py:
 JSON lines, or human lines on a terminal.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 import sys
 import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from flask import g, has_request_context, request
+from flask import Flask, Response, g, has_request_context, request
 
 from logformat import formatter_for
+
+if TYPE_CHECKING:  # it imports this module
+    from .delivery import Delivery
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # What a proxy or the provider may send: a UUID, a trace id, a delivery id.
@@ -26,7 +33,7 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 delivery_log = logging.getLogger("app.webhooks")
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     _install_record_factory()
     root = logging.getLogger()
     if not root.handlers:
@@ -38,8 +45,8 @@ def init_app(app):
     app.after_request(_echo_request_id)
 
 
-def log_delivery(delivery, response, seconds):
-    """The one line per delivery (an app.delivery.Delivery); never the body, the signature or the secret.
+def log_delivery(delivery: Delivery, response: Response, seconds: float) -> None:
+    """The one line per delivery; never the body, the signature or the secret.
 
     It carries what gunicorn's access line does (off by default), so that one line per delivery is enough.
     """
@@ -55,23 +62,24 @@ def log_delivery(delivery, response, seconds):
         "payment_id": delivery.payment_id, "change": delivery.change,
     }
     if delivery.reserialised:
+        assert delivery.body_sha256 is not None and delivery.stored_sha256 is not None  # reserialised says so
         # The same effect in other bytes: both hashes, so that the two bodies can be told apart.
         fields.update(body_sha256=delivery.body_sha256.hex(), stored_sha256=delivery.stored_sha256.hex())
     delivery_log.info("delivery", extra=fields)
 
 
-def request_id(header):
+def request_id(header: str | None) -> str:
     """Return header if it is a safe request id, else a new random one."""
     if header and _SAFE_REQUEST_ID.fullmatch(header):
         return header
     return uuid.uuid4().hex
 
 
-def _take_request_id():
+def _take_request_id() -> None:
     g.request_id = request_id(request.headers.get(REQUEST_ID_HEADER))
 
 
-def _echo_request_id(response):
+def _echo_request_id(response: Response) -> Response:
     if "request_id" in g:
         response.headers[REQUEST_ID_HEADER] = g.request_id
     return response
@@ -80,17 +88,17 @@ def _echo_request_id(response):
 class _RecordFactory:
     """Stamps the current request's id on every log record made while serving it."""
 
-    def __init__(self, base):
+    def __init__(self, base: Callable[..., logging.LogRecord]) -> None:
         self.base = base
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self.base(*args, **kwargs)
         if has_request_context() and "request_id" in g:
             record.request_id = g.request_id
         return record
 
 
-def _install_record_factory():
+def _install_record_factory() -> None:
     """Install _RecordFactory once per process, whatever number of apps are made."""
     base = logging.getLogRecordFactory()
     if not isinstance(base, _RecordFactory):

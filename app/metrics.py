@@ -9,7 +9,7 @@ tests' Flask client) each app counts in a registry of its own.
 import os
 import time
 
-from flask import Response, current_app
+from flask import Flask, Response, current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -20,7 +20,8 @@ from prometheus_client import (
     multiprocess,
 )
 
-from .delivery import Outcome
+from .db import Pool
+from .delivery import Delivery, Outcome
 from .ledger import Change
 from .lock import LockState
 
@@ -52,7 +53,7 @@ CHANGES = {
 
 
 class Metrics:
-    def __init__(self, registry):
+    def __init__(self, registry: CollectorRegistry) -> None:
         # source: a configured name only (never a name taken from a request).
         self.deliveries = Counter(
             "webhook_ledger_deliveries", "Deliveries to POST /api/webhooks by outcome; reason names a rejection",
@@ -89,8 +90,8 @@ class Metrics:
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
 
-    def observe_delivery(self, delivery, seconds):
-        """Count one delivery (an app.delivery.Delivery record) by outcome, and its latency."""
+    def observe_delivery(self, delivery: Delivery, seconds: float) -> None:
+        """Count one delivery by outcome, and its latency."""
         if delivery.source is None:
             self.unknown_source.inc()
             return
@@ -109,7 +110,7 @@ class Metrics:
         if delivery.redis_fault:
             self.redis_faults.labels(reason=delivery.redis_fault).inc()
 
-    def observe_pool(self, pool, at_most_every=0.0):
+    def observe_pool(self, pool: Pool, at_most_every: float = 0.0) -> None:
         now = time.monotonic()
         if now - self._pool_observed_at < at_most_every:
             return
@@ -120,14 +121,14 @@ class Metrics:
             gauge.set(stats.get(key, 0))
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
     app.extensions["metrics"] = Metrics(registry)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.after_request(_observe_pool)
 
 
-def scrape():
+def scrape() -> Response:
     """The Prometheus text exposition of every worker's metrics."""
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
     if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -141,7 +142,7 @@ def scrape():
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
-def _observe_pool(response):
+def _observe_pool(response: Response) -> Response:
     # After requests, so that each worker's figures are recent even when
     # another worker answers the scrapes; at most once a second, since
     # reading and writing the figures costs more than the rest of a duplicate.
