@@ -97,7 +97,7 @@ def init_app(app: Flask) -> None:
             "statement_timeout": settings.pg_statement_timeout_ms,
             # A client that vanished mid-transaction frees its locks soon.
             "idle_in_transaction_session_timeout": settings.lock_ttl_ms,
-            # A delivery's statements are sent in one go (ledger._apply_new):
+            # A delivery's statements are sent in one go (one_query):
             # a client that died while they wait on a lock gets them rolled
             # back, not committed after it is gone.
             "client_connection_check_interval": CLIENT_CHECK_MS,
