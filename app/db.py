@@ -44,10 +44,8 @@ CLIENT_CHECK_MS = 500
 # TCP settings of every connection (libpq parameters; DATABASE_URL may set
 # its own). Without them a server that vanished without a reset (a failover,
 # a dropped route) leaves a statement waiting for the kernel's default of
-# about two hours. An idle or waiting connection is probed after 5 s of
-# silence, every 2 s, and given up after 3 unanswered probes (11 s); data
-# sent and not acknowledged for 11 s ends the connection too. A busy server
-# still answers probes (its kernel does), so a slow statement is not cut.
+# two hours. A busy server still answers probes (its kernel does), so a slow
+# statement is not cut.
 TCP_SETTINGS = {
     "keepalives": 1,
     "keepalives_idle": 5,

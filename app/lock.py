@@ -85,8 +85,8 @@ return 0
 # command, ACL, slot, memory) on an id of its own, with a 1 ms lock that
 # expires on its own. An event with this id would at worst see a 409 for 1 ms.
 PROBE_EVENT_ID = "webhook-ledger:ready-probe"
-# done markers deleted per round trip by forget_done: a batch is a few tens
-# of kilobytes, and the server never blocks long on one.
+# done markers deleted per round trip by forget_done: a batch small enough
+# that the server never blocks long on one.
 FORGET_BATCH = 1000
 
 

@@ -25,8 +25,8 @@ from .delivery import Delivery, Outcome
 from .ledger import Change
 from .lock import LockState
 
-# A duplicate is answered in about a millisecond, a processed event in a few;
-# the pool acquire timeout (3 s) ends the slowest in a 503.
+# From a duplicate answered by Redis alone up past PG_POOL_TIMEOUT_MS, whose
+# 503 ends the slowest delivery.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Seconds between two readings of a worker's pool figures outside a scrape.
@@ -76,7 +76,6 @@ class Metrics:
             "webhook_ledger_redis_faults",
             "Deliveries that met a Redis fault (an error answer, not an outage), by reason: NOPERM, OOM, ...",
             ["reason"], registry=registry)
-        # The ledger's changes, by the source whose events made them.
         self.changes = {change: Counter(name, text, ["source"], registry=registry)
                         for change, (name, text) in CHANGES.items()}
         self.payment_mismatches = Counter(
@@ -144,7 +143,7 @@ def scrape() -> Response:
 
 def _observe_pool(response: Response) -> Response:
     # After requests, so that each worker's figures are recent even when
-    # another worker answers the scrapes; at most once a second, since
-    # reading and writing the figures costs more than the rest of a duplicate.
+    # another worker answers the scrapes; at most every POOL_INTERVAL, since
+    # on every request they would be a large share of a duplicate's cost.
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
     return response

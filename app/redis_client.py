@@ -4,7 +4,7 @@ failures told apart.
 Redis only saves work (docs/design.md, invariant 3): when it cannot be used, a
 delivery goes on and PostgreSQL decides. Two kinds of failure:
 - **unavailable**: Redis did not answer (refused, timed out, loading, every
-  cluster node unreachable). The caller logs a WARNING, as it always has.
+  cluster node unreachable). The caller logs a WARNING.
 - **fault**: Redis answered with an error that no retry cures (NOPERM from an
   ACL, OOM, CROSSSLOT, NOSCRIPT that cannot be reloaded, MOVED past the
   redirect limit, a wrong password). Logged here at ERROR, at most once per
@@ -107,11 +107,10 @@ class RedisLink:
             if script not in self._scripts:
                 self._scripts[script] = self.client().register_script(script)
             registered = self._scripts[script]
-            # EVALSHA straight through execute_command: redis-py's Script call
-            # adds layers that cost more than the round trip (docs/performance.md).
-            # When Redis lacks the script (restarted, flushed, a new primary),
-            # the Script call loads it (SCRIPT LOAD, as the documented ACL
-            # allows; not EVAL) and runs it.
+            # EVALSHA straight through execute_command, cheaper than redis-py's
+            # Script call (docs/performance.md). When Redis lacks the script
+            # (restarted, flushed, a new primary), the Script call loads it
+            # (SCRIPT LOAD, as the documented ACL allows; not EVAL) and runs it.
             try:
                 return registered.registered_client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
             except NoScriptError:

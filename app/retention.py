@@ -14,8 +14,8 @@ from .ledger import Status
 # Longer than Stripe's 30-day window for resending an event by hand, so that
 # a resent event still finds its row (and its payload hash) in the table.
 DEFAULT_DAYS = 35
-# Rows per transaction: each batch holds its row locks for milliseconds, well
-# inside the statement timeout, and never locks the table.
+# Rows per transaction: each batch holds its row locks briefly, well inside
+# the statement timeout, and never locks the table.
 BATCH_SIZE = 1000
 
 CUTOFF = "SELECT now() - make_interval(days => %s)"
