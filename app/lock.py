@@ -62,9 +62,8 @@ def done_key(event_id: str, source: str = DEFAULT_SOURCE) -> str:
     return f"{DONE_PREFIX}{{{source}:{event_id}}}"
 
 
-# The done marker's value: the committed effect's SHA-256, ':', and that of
-# the stored bytes (hex), so that the same effect in other bytes is a
-# duplicate answered here, and its log line can name both bodies.
+# The done marker is '<effect SHA-256>:<stored bytes' SHA-256>' (hex): the
+# bytes' hash lets a duplicate's log line name both bodies.
 # KEYS: lock, done marker. ARGV: token, lock TTL (ms), effect SHA-256 (hex).
 # The marker: this effect was committed before; 1: lock taken; 0: held by a twin.
 ACQUIRE = """

@@ -73,10 +73,8 @@ def receive(name: str | None) -> dict[str, str]:
 def _raw_json_body(limit: int) -> bytes:
     if not _is_json(request.mimetype):
         raise UnsupportedMediaType("Content-Type must be application/json")
-    # Flask answers 413 for a Content-Length past MAX_CONTENT_LENGTH; a
-    # chunked body has none, and Werkzeug cuts it at MAX_CONTENT_LENGTH
-    # without a word. That is one byte more than the limit (create_app), so
-    # that a body cut there is told from one that fits.
+    # A chunked body has no Content-Length for Flask's 413: Werkzeug cuts it
+    # silently at MAX_CONTENT_LENGTH, one byte past the limit (create_app).
     body = request.get_data(cache=False)
     if len(body) > limit:
         raise RequestEntityTooLarge(f"the body is larger than {limit} bytes")
