@@ -8,6 +8,7 @@ new code into the new workers).
 
 import logging
 import re
+from typing import TextIO
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
@@ -19,7 +20,7 @@ RENAME = {"levelname": "level", "name": "logger", "process": "pid"}
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
-def json_formatter():
+def json_formatter() -> logging.Formatter:
     # orjson: the same JSON as the standard library's encoder, in a fraction
     # of the time (one line per delivery; docs/performance.md).
     return OrjsonFormatter(FORMAT, rename_fields=RENAME, timestamp=True)
@@ -34,10 +35,10 @@ class HumanFormatter(logging.Formatter):
     colour the terminal or pass for another field.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-5s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
-    def format(self, record):
+    def format(self, record: logging.LogRecord) -> str:
         record.message = record.getMessage()
         record.asctime = self.formatTime(record, self.datefmt)
         fields = [self.formatMessage(record).translate(_ESCAPES)]
@@ -60,7 +61,7 @@ _ESCAPES = {c: {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}.get(c, f"\\u{c:04x}") for
 _BARE = re.compile(r"[A-Za-z0-9._:/@+,%-]+")
 
 
-def _value(value):
+def _value(value: object) -> str:
     if isinstance(value, (int, float)):  # bool too
         return str(value)
     text = str(value)
@@ -69,12 +70,12 @@ def _value(value):
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').translate(_ESCAPES) + '"'
 
 
-def formatter_for(stream):
+def formatter_for(stream: TextIO) -> logging.Formatter:
     """Human lines on a terminal (`make run`), JSON lines otherwise."""
     return HumanFormatter() if stream.isatty() else json_formatter()
 
 
-def stdout_formatter():
+def stdout_formatter() -> logging.Formatter:
     """logconfig_dict's factory for gunicorn's stdout handler."""
     import sys
 

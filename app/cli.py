@@ -2,17 +2,19 @@
 and `flask redis forget-done`."""
 
 import hashlib
-from datetime import UTC
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import click
-from flask import current_app
+from flask import Flask, current_app
 from flask.cli import AppGroup, with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, lock, retention, verify
 from .config import Settings
-from .db import apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
+from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .events import DEFAULT_SOURCE
 from .redis_client import reason_of
@@ -22,7 +24,7 @@ from .schema import SchemaError
 class Commands(AppGroup):
     """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable."""
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context) -> Any:
         with unavailable_in_one_line():
             return super().invoke(ctx)
 
@@ -57,18 +59,18 @@ SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
                       help="The event's source (a name from WEBHOOK_SOURCES).")
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.cli.add_command(init_db_command)
     app.cli.add_command(events)
     app.cli.add_command(ledger_group)
     app.cli.add_command(redis_group)
 
 
-def _utc(moment):
+def _utc(moment: datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _table(header, rows):
+def _table(header: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     for row in [header, *rows]:
         click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
@@ -76,7 +78,7 @@ def _table(header, rows):
 
 @click.command("init-db")
 @with_appcontext
-def init_db_command():
+def init_db_command() -> None:
     """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
     settings = Settings.of(current_app)
     path, policy = settings.schema_path, settings.policy
@@ -100,18 +102,20 @@ def init_db_command():
 
 @events.command("list")
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
-@click.option("--status", "statuses", multiple=True, help="Repeatable.",
-              type=click.Choice([status.value for status in ledger.Status]))
+# The values, not the members: click (8.2+) matches an Enum's members by their names (FAILED).
+@click.option("--status", "statuses", multiple=True, type=click.Choice([status.value for status in ledger.Status]),
+              help="Repeatable.")
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
-def list_events(sources, statuses, types, since, limit):
+def list_events(sources: tuple[str, ...], statuses: tuple[str, ...], types: tuple[str, ...], since: datetime | None,
+                limit: int) -> None:
     """List stored events, newest first."""
     params = {"sources": list(sources) or None, "statuses": list(statuses) or None, "types": list(types) or None,
               "limit": limit, "since": since.replace(tzinfo=UTC) if since else None}
     with transaction(get_pool(current_app)) as conn:
-        rows = conn.cursor(row_factory=namedtuple_row).execute(LIST_EVENTS, params).fetchall()
+        rows: list[NamedRow] = conn.cursor(row_factory=namedtuple_row).execute(LIST_EVENTS, params).fetchall()
     if not rows:
         click.echo("no events")
         return
@@ -123,10 +127,11 @@ def list_events(sources, statuses, types, since, limit):
 @events.command("show")
 @click.argument("event_id")
 @SOURCE
-def show_event(event_id, source):
+def show_event(event_id: str, source: str) -> None:
     """Show one stored event: the bytes received, status, attempts, last error, times."""
     with transaction(get_pool(current_app)) as conn:
-        row = conn.cursor(row_factory=namedtuple_row).execute(SHOW_EVENT, [source, event_id]).fetchone()
+        cursor = conn.cursor(row_factory=namedtuple_row)
+        row: NamedRow | None = cursor.execute(SHOW_EVENT, [source, event_id]).fetchone()
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
     if row.body is None:
@@ -151,7 +156,7 @@ def show_event(event_id, source):
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
 
 
-def _replayed(source, event_id, result):
+def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple[bool, str]:
     """Return (ok, the line that tells what replaying event_id did)."""
     if source != DEFAULT_SOURCE:
         event_id = f"{source}/{event_id}"
@@ -170,7 +175,7 @@ def _replayed(source, event_id, result):
 @click.option("--all-failed", is_flag=True, help="Replay every failed event, oldest first.")
 @click.option("--source", help=f"The event's source [default: {DEFAULT_SOURCE}]; with --all-failed, "
                                 "only this source's events [default: every source's].")
-def replay_events(event_id, all_failed, source):
+def replay_events(event_id: str | None, all_failed: bool, source: str | None) -> None:
     """Re-run stored failed events, from their stored bytes, through the ledger transaction (exactly once)."""
     if bool(event_id) == all_failed:
         raise click.UsageError("give either EVENT_ID or --all-failed")
@@ -199,7 +204,7 @@ def replay_events(event_id, all_failed, source):
 @click.option("--force", is_flag=True, help=f"Allow a window under {retention.DEFAULT_DAYS} days, or --include-failed.")
 @click.option("--batch-size", default=retention.BATCH_SIZE, show_default=True, type=click.IntRange(1, 100000))
 @click.option("--source", help="Only this source's events [default: every source's].")
-def purge_events(days, include_failed, force, batch_size, source):
+def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, source: str | None) -> None:
     """Delete old completed events in short batches; the ledger's journal and payments are kept."""
     if days < retention.DEFAULT_DAYS and not force:
         raise click.UsageError(f"--older-than {days} is under {retention.DEFAULT_DAYS} days, the minimum that "
@@ -212,7 +217,7 @@ def purge_events(days, include_failed, force, batch_size, source):
 
 
 @ledger_group.command("verify")
-def verify_ledger():
+def verify_ledger() -> None:
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     pool = get_pool(current_app)
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
@@ -230,7 +235,7 @@ def verify_ledger():
 
 
 @redis_group.command("forget-done")
-def forget_done():
+def forget_done() -> None:
     """Delete every done marker (all primaries of a cluster). Run after PostgreSQL lost commits (failover, restore)."""
     try:
         deleted = lock.forget_done(current_app.extensions["redis"])

@@ -91,9 +91,7 @@ class Source:
 # A setting's parser: (its name, its raw text) -> its value, or ConfigError naming it.
 Parser = Callable[[str, str], Any]
 
-# name -> (parser, default). A default of None means the setting is required.
-# The timeouts nest so that the inner one fails first with a clean answer:
-# lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
+
 def _int(minimum: int, why: str = "") -> Callable[[str, str], int]:
     def parse(name: str, raw: str) -> int:
         try:
@@ -243,6 +241,9 @@ def _prepare_threshold(name: str, raw: str) -> int | None:
     return _int(0)(name, raw)
 
 
+# name -> (parser, default). A default of None means the setting is required.
+# The timeouts nest so that the inner one fails first with a clean answer:
+# lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
 SETTINGS: dict[str, tuple[Parser, str | None]] = {
     "DATABASE_URL": (_database_url, None),
     "REDIS_URL": (_redis_url, None),

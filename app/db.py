@@ -6,22 +6,35 @@ never for the session: behind PgBouncer in transaction mode a session is
 shared by every client, and the `options` startup parameter is refused.
 """
 
+from __future__ import annotations
+
 import os
 import select
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 import psycopg
+from flask import Flask
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from . import conninfo, deadline
 from .config import DEFAULT_SCHEMA_PATH, Settings
 from .schema import migrate
 
+if TYPE_CHECKING:
+    from .schema import Applied
+
 _open_lock = threading.Lock()
+
+# A row of psycopg's namedtuple_row: its fields are its query's columns, which mypy cannot see.
+NamedRow = Any
 
 # How often a running statement checks that its client is still connected
 # (a poll on the socket: cheap). Well under LOCK_TTL_MS, so that a dead
@@ -30,10 +43,8 @@ CLIENT_CHECK_MS = 500
 # TCP settings of every connection (libpq parameters; DATABASE_URL may set
 # its own). Without them a server that vanished without a reset (a failover,
 # a dropped route) leaves a statement waiting for the kernel's default of
-# about two hours. An idle or waiting connection is probed after 5 s of
-# silence, every 2 s, and given up after 3 unanswered probes (11 s); data
-# sent and not acknowledged for 11 s ends the connection too. A busy server
-# still answers probes (its kernel does), so a slow statement is not cut.
+# two hours. A busy server still answers probes (its kernel does), so a slow
+# statement is not cut.
 TCP_SETTINGS = {
     "keepalives": 1,
     "keepalives_idle": 5,
@@ -43,14 +54,14 @@ TCP_SETTINGS = {
 }
 
 
-class Pool(ConnectionPool):
+class Pool(ConnectionPool[deadline.Connection]):
     """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms).
 
     Its connections wait for an answer no longer than a pooler's queue, a
     statement and a margin (deadline.py): a frozen server is a 503, not a hang.
     """
 
-    def __init__(self, conninfo, timeouts, **kwargs):
+    def __init__(self, conninfo: str, timeouts: Mapping[str, int], **kwargs: Any) -> None:
         super().__init__(conninfo, connection_class=deadline.Connection, configure=self._configure, **kwargs)
         self.timeouts = timeouts
         self.deadline = self.deadline_under(timeouts["statement_timeout"])
@@ -58,11 +69,11 @@ class Pool(ConnectionPool):
         self.set_timeouts = "SELECT " + ", ".join(
             f"set_config('{name}', '{int(ms)}', true)" for name, ms in timeouts.items()) + ";\n"
 
-    def deadline_under(self, statement_timeout_ms):
+    def deadline_under(self, statement_timeout_ms: int) -> float | None:
         """Its connections' deadline (seconds) under statement_timeout_ms: its own timeout is a pooler's queue's."""
         return deadline.seconds(self.timeout * 1000, statement_timeout_ms)
 
-    def _configure(self, conn):
+    def _configure(self, conn: deadline.Connection) -> None:
         conn.deadline = self.deadline  # first: the statement below is bounded too
         # The worker's pid in pg_stat_activity tells an operator (and the crash
         # test) which gunicorn worker holds a backend. Through PgBouncer it names
@@ -70,7 +81,7 @@ class Pool(ConnectionPool):
         conn.execute("SELECT set_config('application_name', %s, false)", [f"webhook-ledger:{os.getpid()}"])
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     conninfo.keep_out_of_logs()
     settings = Settings.of(app)
     given = conninfo_to_dict(settings.database_url)
@@ -107,7 +118,7 @@ def init_app(app):
     )
 
 
-def _check_if_closed(conn):
+def _check_if_closed(conn: deadline.Connection) -> None:
     """Ask a pooled connection whether it is alive (one empty query) only when its socket has something to say.
 
     An idle connection has nothing to read unless its server closed it (a
@@ -122,9 +133,9 @@ def _check_if_closed(conn):
         ConnectionPool.check_connection(conn)
 
 
-def get_pool(app):
+def get_pool(app: Flask) -> Pool:
     """Return the app's pool, opening it on first use in this process."""
-    pool = app.extensions["db_pool"]
+    pool: Pool = app.extensions["db_pool"]
     if pool.closed:
         with _open_lock:
             if pool.closed:
@@ -133,7 +144,7 @@ def get_pool(app):
 
 
 @contextmanager
-def transaction(pool, read_only=False, **timeouts):
+def transaction(pool: Pool, read_only: bool = False, **timeouts: int) -> Iterator[deadline.Connection]:
     """A pooled connection inside one transaction that has the pool's timeouts; commit, or roll back on error.
 
     BEGIN and the SET LOCALs travel as one simple-protocol message, so
@@ -158,7 +169,7 @@ def transaction(pool, read_only=False, **timeouts):
 
 
 @contextmanager
-def statement_timeout(pool, conn, ms):
+def statement_timeout(pool: Pool, conn: deadline.Connection, ms: int) -> Iterator[deadline.Connection]:
     """conn's client-side deadline (deadline.py) follows a statement timeout of ms (0: none), then the pool's again."""
     conn.deadline = pool.deadline_under(ms)
     try:
@@ -167,7 +178,7 @@ def statement_timeout(pool, conn, ms):
         conn.deadline = pool.deadline
 
 
-def one_query(pool, statement, params):
+def one_query(pool: Pool, statement: str, params: Mapping[str, object] | Sequence[object]) -> TupleRow | None:
     """Run statement with the pool's timeouts in ONE message to the server; return its first row.
 
     The timeouts and the statement travel as one simple-protocol query (the
@@ -184,7 +195,7 @@ def one_query(pool, statement, params):
 
 
 @contextmanager
-def unavailable_in_one_line():
+def unavailable_in_one_line() -> Iterator[None]:
     """For a `flask` command: PostgreSQL unreachable, timed out or frozen ends it with one line (exit 1)."""
     try:
         yield
@@ -193,7 +204,7 @@ def unavailable_in_one_line():
         raise click.ClickException(f"database unavailable: {reason}") from None
 
 
-def apply_schema(conn, path=DEFAULT_SCHEMA_PATH, currency="usd"):
+def apply_schema(conn: psycopg.Connection[Any], path: Path = DEFAULT_SCHEMA_PATH, currency: str = "usd") -> Applied:
     """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/schema.py).
 
     Safe to run twice, and from two hosts at once. currency is the ledger's

@@ -9,8 +9,15 @@ the wait raises NotAnsweringError, an OperationalError (503 for a delivery and
 /ready, one line for a `flask` command).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import psycopg
 from psycopg import errors
+
+if TYPE_CHECKING:
+    from psycopg.abc import RV, PQGen
 
 # Past the pooler's queue and statement_timeout: the network's share, and
 # the time a running server takes to cancel a statement and say so.
@@ -21,7 +28,7 @@ class NotAnsweringError(psycopg.OperationalError):
     """PostgreSQL did not answer within the deadline; the connection was closed."""
 
 
-def seconds(queue_ms, statement_timeout_ms):
+def seconds(queue_ms: float, statement_timeout_ms: int) -> float | None:
     """The longest a healthy server takes to answer one round trip; None (no bound) when statements have none.
 
     A wait in a pooler's queue first (PgBouncer's query_wait_timeout, set as
@@ -30,12 +37,12 @@ def seconds(queue_ms, statement_timeout_ms):
     return (queue_ms + statement_timeout_ms + MARGIN_MS) / 1000 if statement_timeout_ms else None
 
 
-class Connection(psycopg.Connection):
+class Connection(psycopg.Connection[Any]):
     """psycopg's connection, each of whose waits for the server ends after `deadline` seconds (None: never)."""
 
-    deadline = None
+    deadline: float | None = None
 
-    def wait(self, gen, *args, **kwargs):
+    def wait(self, gen: PQGen[RV], *args: Any, **kwargs: Any) -> RV:
         # Every round trip after the connection is made comes through here
         # (execute, a pipeline's sync, commit); connect_timeout bounds the connection itself.
         if kwargs.get("timeout") is None:

@@ -7,10 +7,11 @@ else. No stack trace or secret ever reaches a body.
 """
 
 import logging
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import psycopg
-from flask import current_app, jsonify
+from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
@@ -31,14 +32,14 @@ class Answer(NamedTuple):
     message: str | None = None  # None: the exception's own message, written to be shown
     retry_after: bool = False
     names_event: bool = False  # the body carries the event's id (the sender learns which event it refers to)
-    extra: dict | None = None  # more fields of the body
+    extra: dict[str, str] | None = None  # more fields of the body
 
 
 _UNAVAILABLE = Answer(503, "unavailable", Outcome.UNAVAILABLE, "the database is unavailable; retry later", True)
 
 # Domain exception -> its answer. Looked up along the exception's class
 # hierarchy, so a subclass answers as its base does.
-ANSWERS = {
+ANSWERS: dict[type[Exception], Answer] = {
     SignatureError: Answer(401, "invalid_signature", Outcome.REJECTED),
     InvalidJSONError: Answer(400, "invalid_json", Outcome.REJECTED),
     InvalidEventError: Answer(400, "invalid_event", Outcome.REJECTED),
@@ -89,14 +90,14 @@ _CODES = {
 }
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.register_error_handler(HTTPException, _http_error)
     for exception in ANSWERS:
         app.register_error_handler(exception, _domain_error)
     app.register_error_handler(Exception, _internal_error)
 
 
-def _answer(status, body, retry_after=False):
+def _answer(status: int, body: Mapping[str, object], retry_after: bool = False) -> Response:
     response = jsonify(body)
     response.status_code = status
     if retry_after:
@@ -104,7 +105,7 @@ def _answer(status, body, retry_after=False):
     return response
 
 
-def _domain_error(exc):
+def _domain_error(exc: Exception) -> Response:
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
     if answer.status == 503:
         log.warning("database unavailable: %s%s", type(exc).__name__, _sqlstate(exc))
@@ -121,11 +122,12 @@ def _domain_error(exc):
     return _answer(answer.status, body, answer.retry_after)
 
 
-def _http_error(exc):
+def _http_error(exc: HTTPException) -> Response:
     if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
         # Werkzeug's word for a body read that failed: here, because the body did not arrive
         # within the server's deadline (gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
+    assert exc.code is not None  # Flask answers a code-less HTTPException itself, without a handler
     error = _CODES.get(exc.code, "http_error")
     delivery = current_delivery()
     if delivery is not None:
@@ -133,7 +135,7 @@ def _http_error(exc):
     return _answer(exc.code, {"error": error, "message": exc.description}, exc.code == 503)
 
 
-def _internal_error(exc):
+def _internal_error(exc: Exception) -> Response:
     # The type and the innermost frame locate the bug without printing a
     # traceback whose locals could hold the body or the secret.
     frame = exc.__traceback__
@@ -145,7 +147,7 @@ def _internal_error(exc):
     return _answer(500, {"error": "internal"})
 
 
-def _sqlstate(exc):
+def _sqlstate(exc: Exception) -> str:
     # The code only: a database message can quote the values of the row.
     code = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
     return f" (SQLSTATE {code})" if code else ""

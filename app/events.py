@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple, NoReturn, Protocol, cast
 
 # The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
 DEFAULT_SOURCE = "default"
@@ -55,12 +55,18 @@ class StoredBodyError(ValueError):
     """A stored event's bytes are missing, do not match their hash, or no longer parse."""
 
 
+class Headers(Protocol):
+    """What parse reads of a request's headers: a dict's or Werkzeug's Headers' get()."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class Event:
     id: str
     type: str
-    data: dict
-    document: dict  # the whole body, parsed
+    data: dict[str, Any]
+    document: dict[str, Any]  # the whole body, parsed
     body: bytes  # the bytes received: the event of record
     source: str = DEFAULT_SOURCE  # with id, what identifies the event
 
@@ -101,11 +107,11 @@ class Policy:
 DEFAULT_POLICY = Policy()
 
 
-def _reject_constant(name):
+def _reject_constant(name: str) -> NoReturn:
     raise InvalidJSONError(f"{name} is not valid JSON")
 
 
-def load(body: bytes) -> dict:
+def load(body: bytes) -> dict[str, Any]:
     """Return the JSON object in body, or raise InvalidJSONError: the live path's and replay's one decoder."""
     try:
         document = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
@@ -120,7 +126,8 @@ def load(body: bytes) -> dict:
     return document
 
 
-def parse(body: bytes, scheme: str = "hmac-sha256", headers=None, source: str = DEFAULT_SOURCE) -> Event:
+def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = None,
+          source: str = DEFAULT_SOURCE) -> Event:
     """Return the event in body (and, per scheme, headers), or raise InvalidJSONError / InvalidEventError."""
     document = load(body)
     headers = {} if headers is None else headers
@@ -156,7 +163,7 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
     return Event(id=event_id, type=event_type, data=data, document=document, body=body, source=source)
 
 
-def _github_event(document, body, headers, source):
+def _github_event(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
     event_type = _text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
     if event_type in RULES:
         raise InvalidEventError("a payment must name its type in the signed body, not in the X-GitHub-Event header")
@@ -164,7 +171,7 @@ def _github_event(document, body, headers, source):
     return Event(event_id, event_type, document, document, body, source)
 
 
-def _text(value, label, max_chars):
+def _text(value: object, label: str, max_chars: int) -> str:
     if value is None:
         raise InvalidEventError(f"{label} is missing")
     if not isinstance(value, str):
@@ -176,7 +183,7 @@ def _text(value, label, max_chars):
     return value
 
 
-def _storable(value):
+def _storable(value: str) -> bool:
     """PostgreSQL text cannot hold NUL; a lone surrogate is not encodable."""
     try:
         value.encode("utf-8")
@@ -185,7 +192,7 @@ def _storable(value):
     return "\x00" not in value
 
 
-def _data_field(document):
+def _data_field(document: dict[str, Any]) -> dict[str, Any]:
     data = document.get("data")
     if not isinstance(data, dict):
         raise InvalidEventError("'data' must be an object")
@@ -204,11 +211,12 @@ def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     sha256 = _sha256([event.type, "refused" if problem else "applies", *fields])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    payment_id, user_id, amount, currency, _ = fields
-    return Effect(rule.kind, payment_id, user_id and uuid.UUID(user_id), amount, currency, sha256=sha256)
+    # Of the types _problem has just checked.
+    payment_id, user_id, amount, currency, _ = cast(tuple[str, str | None, int, str, object], fields)
+    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, sha256=sha256)
 
 
-def _sha256(values):
+def _sha256(values: list[object]) -> bytes:
     return hashlib.sha256(json.dumps(values, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
@@ -226,11 +234,11 @@ class Fields(NamedTuple):
 
 class Rule(NamedTuple):
     kind: Kind
-    read: Callable  # (event, policy) -> Fields
+    read: Callable[[Event, Policy], Fields]
     labels: Fields  # where each field is read from, for the 422's message
 
 
-def _uuid(value):
+def _uuid(value: object) -> object:
     if not isinstance(value, str):
         return value
     try:
@@ -239,16 +247,16 @@ def _uuid(value):
         return value
 
 
-def _lower(value):
+def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
-def _currency_or_ledgers(data, policy):
+def _currency_or_ledgers(data: dict[str, Any], policy: Policy) -> object:
     """This service's own shape may omit the currency: it is then the ledger's."""
     return _lower(data["currency"]) if "currency" in data else policy.currency
 
 
-def _read_payment(event, policy):
+def _read_payment(event: Event, policy: Policy) -> Fields:
     data = event.data
     # Without a paymentId, each event is its own payment.
     payment_id = data["paymentId"] if "paymentId" in data else event.id
@@ -256,30 +264,30 @@ def _read_payment(event, policy):
     return Fields(payment_id, _uuid(data.get("userId")), data.get("amountCents"), currency, None)
 
 
-def _read_payment_refunded(event, policy):
+def _read_payment_refunded(event: Event, policy: Policy) -> Fields:
     data = event.data
     currency = _currency_or_ledgers(data, policy)
     return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), currency, None)
 
 
-def _read_payment_intent(event, policy):
+def _read_payment_intent(event: Event, policy: Policy) -> Fields:
     intent = _object(event.data.get("object"))
     user_id = _uuid(_object(intent.get("metadata")).get("user_id"))
     return Fields(intent.get("id"), user_id, intent.get("amount_received"), _lower(intent.get("currency")),
                   event.document.get("livemode") is True)
 
 
-def _read_charge_refunded(event, policy):
+def _read_charge_refunded(event: Event, policy: Policy) -> Fields:
     charge = _object(event.data.get("object"))
     return Fields(charge.get("payment_intent"), None, charge.get("amount_refunded"), _lower(charge.get("currency")),
                   event.document.get("livemode") is True)
 
 
-def _object(value):
+def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _problem(rule, fields, policy):
+def _problem(rule: Rule, fields: Fields, policy: Policy) -> str | None:
     """Why an effect with these fields cannot apply (a 422's message), or None."""
     labels = rule.labels
     if fields.livemode is False and not policy.accept_test_events:
@@ -298,7 +306,7 @@ def _problem(rule, fields, policy):
     return None
 
 
-def _is_uuid(value):
+def _is_uuid(value: object) -> bool:
     """Whether value is a UUID in its canonical spelling (as _uuid leaves every UUID)."""
     try:
         return isinstance(value, str) and str(uuid.UUID(value)) == value

@@ -14,9 +14,19 @@ from typing import NamedTuple
 
 import psycopg
 
-from .db import one_query, transaction
+from .db import Pool, one_query, transaction
 from .delivery import Outcome
-from .events import DEFAULT_POLICY, EFFECT_VERSION, StoredBodyError, UnprocessableError, effect_of, stored_event
+from .events import (
+    DEFAULT_POLICY,
+    EFFECT_VERSION,
+    Effect,
+    Event,
+    Policy,
+    StoredBodyError,
+    UnprocessableError,
+    effect_of,
+    stored_event,
+)
 
 
 class RetryLaterError(RuntimeError):
@@ -65,11 +75,11 @@ class Result(NamedTuple):
     balance_after: int | None = None
 
     @property
-    def committed(self):
+    def committed(self) -> bool:
         """Whether the event's effect is committed (by this delivery or an earlier one)."""
         return self.outcome in (Outcome.PROCESSED, Outcome.DUPLICATE)
 
-    def raise_for_outcome(self):
+    def raise_for_outcome(self) -> "Result":
         """Raise the exception that answers a FAILED or mismatched result; return self otherwise."""
         if self.outcome == Outcome.FAILED:
             raise UnprocessableError(self.problem)
@@ -86,7 +96,7 @@ APPLY_EVENT = """
 """
 
 
-def apply_event(pool, event, effect, body_sha256):
+def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes) -> Result:
     """Record event (whose effect is effect_of(event)) and apply its effect atomically; return a Result.
 
     body_sha256 is the SHA-256 of the bytes received. A failure is committed
@@ -104,6 +114,7 @@ def apply_event(pool, event, effect, body_sha256):
         # surrogate escape, a number beyond numeric's range): the bytes are
         # the event of record, so it is stored and applied without the copy.
         row = one_query(pool, APPLY_EVENT, {**params, "keep_json": False})
+    assert row is not None  # a SELECT of a function returning one row
     outcome, problem, stored_sha256, change, balance_after = row
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
 
@@ -114,7 +125,7 @@ STORED_EVENT = """
 """
 
 
-def replay(pool, source, event_id, policy=DEFAULT_POLICY):
+def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLICY) -> Result | None:
     """Re-apply a stored event from its stored bytes, as a new delivery of them would; None if none is stored.
 
     A completed event is left as it is: Result(DUPLICATE, "already completed").
@@ -148,7 +159,7 @@ SET_EFFECT = "UPDATE webhook_events SET effect_sha256 = %s, effect_version = %s 
 EFFECTS_BATCH = 1000
 
 
-def recompute_effects(pool, policy=DEFAULT_POLICY):
+def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> int:
     """Recompute, from their stored bytes, the effects that an older rule hashed; return how many.
 
     Run by `flask init-db` after the schema: until then a re-delivery of such

@@ -14,14 +14,24 @@ skipped (degraded). The braces are a Redis Cluster hash tag: both keys of an
 event hash to one slot, so one script can touch both.
 """
 
+from __future__ import annotations
+
 import logging
 import secrets
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from .config import Settings
 from .delivery import Outcome
-from .events import DEFAULT_SOURCE
+from .events import DEFAULT_SOURCE, Event
 from .redis_client import UNAVAILABLE, RedisLink, UnusableError
+
+if TYPE_CHECKING:
+    import redis
+    from flask import Flask
+    from redis.cluster import RedisCluster
+
+    from .ledger import Result
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +54,16 @@ class InProgressError(RuntimeError):
 # Redis hashes only what lies between the first "{" and the next "}": the
 # source's name and a ":" at least (a name has no "}"), the same for both keys
 # of an event whatever its id, so that one script may touch both on a cluster.
-def lock_key(event_id, source=DEFAULT_SOURCE):
+def lock_key(event_id: str, source: str = DEFAULT_SOURCE) -> str:
     return f"{LOCK_PREFIX}{{{source}:{event_id}}}"
 
 
-def done_key(event_id, source=DEFAULT_SOURCE):
+def done_key(event_id: str, source: str = DEFAULT_SOURCE) -> str:
     return f"{DONE_PREFIX}{{{source}:{event_id}}}"
 
 
-# The done marker's value: the committed effect's SHA-256, ':', and that of
-# the stored bytes (hex), so that the same effect in other bytes is a
-# duplicate answered here, and its log line can name both bodies.
+# The done marker is '<effect SHA-256>:<stored bytes' SHA-256>' (hex): the
+# bytes' hash lets a duplicate's log line name both bodies.
 # KEYS: lock, done marker. ARGV: token, lock TTL (ms), effect SHA-256 (hex).
 # The marker: this effect was committed before; 1: lock taken; 0: held by a twin.
 ACQUIRE = """
@@ -75,12 +84,12 @@ return 0
 # command, ACL, slot, memory) on an id of its own, with a 1 ms lock that
 # expires on its own. An event with this id would at worst see a 409 for 1 ms.
 PROBE_EVENT_ID = "webhook-ledger:ready-probe"
-# done markers deleted per round trip by forget_done: a batch is a few tens
-# of kilobytes, and the server never blocks long on one.
+# done markers deleted per round trip by forget_done: a batch small enough
+# that the server never blocks long on one.
 FORGET_BATCH = 1000
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     settings = Settings.of(app)
     app.extensions["redis"] = RedisLink(settings.redis_url, settings.redis_cluster, settings.redis_timeout_ms / 1000)
 
@@ -88,7 +97,8 @@ def init_app(app):
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, link, event, effect_sha256, body_sha256, ttl_ms, done_ttl_ms):
+    def __init__(self, link: RedisLink, event: Event, effect_sha256: bytes, body_sha256: bytes, ttl_ms: int,
+                 done_ttl_ms: int) -> None:
         self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
@@ -96,10 +106,10 @@ class EventLock:
         self._body_sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
-        self.fault = None  # the reason of a Redis fault met by this delivery, if any
-        self.stored_sha256 = None  # of the committed bytes, when the marker answered
+        self.fault: str | None = None  # the reason of a Redis fault met by this delivery, if any
+        self.stored_sha256: bytes | None = None  # of the committed bytes, when the marker answered
 
-    def acquire(self):
+    def acquire(self) -> LockState:
         """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used."""
         try:
             taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._effect_sha256])
@@ -112,29 +122,30 @@ class EventLock:
             return LockState.DONE
         return LockState.ACQUIRED if taken == 1 else LockState.HELD_ELSEWHERE
 
-    def release(self, result):
+    def release(self, result: Result | None) -> None:
         """Delete the lock if this delivery still owns it; mark the event done if result is committed."""
         marker = ""
         if result is not None and result.committed:
             # A duplicate leaves the bytes stored before; a processed event stored these.
-            duplicate = result.outcome == Outcome.DUPLICATE and result.stored_sha256
-            stored = result.stored_sha256 if duplicate else self._body_sha256
+            stored = self._body_sha256
+            if result.outcome == Outcome.DUPLICATE and result.stored_sha256:
+                stored = result.stored_sha256
             marker = self._effect_sha256 + ":" + stored.hex()
-        args = [self._token, marker, self._done_ttl_ms]
+        args: list[str | int] = [self._token, marker, self._done_ttl_ms]
         try:
             if not self._link.run(RELEASE, self._keys, args):
                 log.warning("lock of event %r expired before release; left to its new owner", self.event_id)
         except UnusableError as exc:
             self._failed(exc.reason, "lock of event %r left to expire")
 
-    def _failed(self, reason, what):
+    def _failed(self, reason: str, what: str) -> None:
         if reason == UNAVAILABLE:
             log.warning(f"redis unavailable, {what}", self.event_id)
         else:
             self.fault = reason  # logged (at most once a minute) by the link, counted with the delivery
 
 
-def probe(link):
+def probe(link: RedisLink) -> str | None:
     """Return None if Redis runs the lock script now, else why not (UNAVAILABLE or a fault's reason)."""
     keys = [lock_key(PROBE_EVENT_ID), done_key(PROBE_EVENT_ID)]
     try:
@@ -144,7 +155,7 @@ def probe(link):
     return None
 
 
-def forget_done(link):
+def forget_done(link: RedisLink) -> int:
     """Delete every done marker, on every primary of a cluster; return how many were deleted.
 
     After PostgreSQL lost commits (a failover, a restore), a marker could
@@ -162,7 +173,7 @@ def forget_done(link):
     return deleted + (_unlink(client, batch) if batch else 0)
 
 
-def _unlink(client, keys):
+def _unlink(client: redis.Redis | RedisCluster, keys: list[bytes]) -> int:
     # One UNLINK per key in one pipeline: the keys of a batch lie in many
     # slots, which a single multi-key UNLINK on a cluster refuses (CROSSSLOT).
     pipe = client.pipeline(transaction=False)

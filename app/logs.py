@@ -1,5 +1,5 @@
-"""Structured logs: one line per record, each carrying the request id, and
-the one line per delivery.
+"""Structured logs: one line per record, each carrying the request id (the
+line per delivery is delivery.py's).
 
 Under gunicorn, `logconfig_dict` in gunicorn.conf.py routes gunicorn's and
 the app's loggers to one handler on stdout. Elsewhere (the `flask` CLI,
@@ -8,12 +8,16 @@ command's own output on stdout stays clean. Both format with logformat.py:
 JSON lines, or human lines on a terminal.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 import sys
 import uuid
+from collections.abc import Callable
+from typing import Any
 
-from flask import g, has_request_context, request
+from flask import Flask, Response, g, has_request_context, request
 
 from logformat import formatter_for
 
@@ -22,11 +26,8 @@ REQUEST_ID_HEADER = "X-Request-ID"
 # Anything longer or with other characters is replaced, never logged.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
-# Named for the endpoint whose deliveries it logs (operators filter on it).
-delivery_log = logging.getLogger("app.webhooks")
 
-
-def init_app(app):
+def init_app(app: Flask) -> None:
     _install_record_factory()
     root = logging.getLogger()
     if not root.handlers:
@@ -38,40 +39,18 @@ def init_app(app):
     app.after_request(_echo_request_id)
 
 
-def log_delivery(delivery, response, seconds):
-    """The one line per delivery (an app.delivery.Delivery); never the body, the signature or the secret.
-
-    It carries what gunicorn's access line does (off by default), so that one line per delivery is enough.
-    """
-    fields = {
-        # A path that reaches no source may hold anything a sender chose (a
-        # secret pasted into a URL, say): only a configured source's is logged.
-        "method": request.method, "path": request.path if delivery.source else None,
-        "remote_addr": request.remote_addr,
-        "status": response.status_code, "bytes": response.content_length,
-        "source": delivery.source, "event_id": delivery.event_id, "event_type": delivery.event_type,
-        "outcome": delivery.outcome, "reason": delivery.reason, "latency_ms": round(seconds * 1000, 1),
-        "secret_index": delivery.secret_index, "redis": delivery.lock_state, "redis_fault": delivery.redis_fault,
-        "payment_id": delivery.payment_id, "change": delivery.change,
-    }
-    if delivery.reserialised:
-        # The same effect in other bytes: both hashes, so that the two bodies can be told apart.
-        fields.update(body_sha256=delivery.body_sha256.hex(), stored_sha256=delivery.stored_sha256.hex())
-    delivery_log.info("delivery", extra=fields)
-
-
-def request_id(header):
+def request_id(header: str | None) -> str:
     """Return header if it is a safe request id, else a new random one."""
     if header and _SAFE_REQUEST_ID.fullmatch(header):
         return header
     return uuid.uuid4().hex
 
 
-def _take_request_id():
+def _take_request_id() -> None:
     g.request_id = request_id(request.headers.get(REQUEST_ID_HEADER))
 
 
-def _echo_request_id(response):
+def _echo_request_id(response: Response) -> Response:
     if "request_id" in g:
         response.headers[REQUEST_ID_HEADER] = g.request_id
     return response
@@ -80,17 +59,17 @@ def _echo_request_id(response):
 class _RecordFactory:
     """Stamps the current request's id on every log record made while serving it."""
 
-    def __init__(self, base):
+    def __init__(self, base: Callable[..., logging.LogRecord]) -> None:
         self.base = base
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self.base(*args, **kwargs)
         if has_request_context() and "request_id" in g:
             record.request_id = g.request_id
         return record
 
 
-def _install_record_factory():
+def _install_record_factory() -> None:
     """Install _RecordFactory once per process, whatever number of apps are made."""
     base = logging.getLogRecordFactory()
     if not isinstance(base, _RecordFactory):

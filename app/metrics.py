@@ -9,7 +9,7 @@ tests' Flask client) each app counts in a registry of its own.
 import os
 import time
 
-from flask import Response, current_app
+from flask import Flask, Response, current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -20,12 +20,13 @@ from prometheus_client import (
     multiprocess,
 )
 
-from .delivery import Outcome
+from .db import Pool
+from .delivery import Delivery, Outcome
 from .ledger import Change
 from .lock import LockState
 
-# A duplicate is answered in about a millisecond, a processed event in a few;
-# the pool acquire timeout (3 s) ends the slowest in a 503.
+# From a duplicate answered by Redis alone up past PG_POOL_TIMEOUT_MS, whose
+# 503 ends the slowest delivery.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Seconds between two readings of a worker's pool figures outside a scrape.
@@ -52,7 +53,7 @@ CHANGES = {
 
 
 class Metrics:
-    def __init__(self, registry):
+    def __init__(self, registry: CollectorRegistry) -> None:
         # source: a configured name only (never a name taken from a request).
         self.deliveries = Counter(
             "webhook_ledger_deliveries", "Deliveries to POST /api/webhooks by outcome; reason names a rejection",
@@ -75,8 +76,8 @@ class Metrics:
             "webhook_ledger_redis_faults",
             "Deliveries that met a Redis fault (an error answer, not an outage), by reason: NOPERM, OOM, ...",
             ["reason"], registry=registry)
-        # The ledger's changes, by the source whose events made them.
-        self.changes = {change: Counter(name, text, ["source"], registry=registry)
+        # Keyed by value: a delivery's change is a StrEnum (delivery.py), equal to its value.
+        self.changes: dict[str, Counter] = {change: Counter(name, text, ["source"], registry=registry)
                         for change, (name, text) in CHANGES.items()}
         self.payment_mismatches = Counter(
             "webhook_ledger_payment_mismatches",
@@ -89,8 +90,8 @@ class Metrics:
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
 
-    def observe_delivery(self, delivery, seconds):
-        """Count one delivery (an app.delivery.Delivery record) by outcome, and its latency."""
+    def observe_delivery(self, delivery: Delivery, seconds: float) -> None:
+        """Count one delivery by outcome, and its latency."""
         if delivery.source is None:
             self.unknown_source.inc()
             return
@@ -109,7 +110,7 @@ class Metrics:
         if delivery.redis_fault:
             self.redis_faults.labels(reason=delivery.redis_fault).inc()
 
-    def observe_pool(self, pool, at_most_every=0.0):
+    def observe_pool(self, pool: Pool, at_most_every: float = 0.0) -> None:
         now = time.monotonic()
         if now - self._pool_observed_at < at_most_every:
             return
@@ -120,14 +121,14 @@ class Metrics:
             gauge.set(stats.get(key, 0))
 
 
-def init_app(app):
+def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
     app.extensions["metrics"] = Metrics(registry)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.after_request(_observe_pool)
 
 
-def scrape():
+def scrape() -> Response:
     """The Prometheus text exposition of every worker's metrics."""
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
     if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -141,9 +142,9 @@ def scrape():
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
-def _observe_pool(response):
+def _observe_pool(response: Response) -> Response:
     # After requests, so that each worker's figures are recent even when
-    # another worker answers the scrapes; at most once a second, since
-    # reading and writing the figures costs more than the rest of a duplicate.
+    # another worker answers the scrapes; at most every POOL_INTERVAL, since
+    # on every request they would be a large share of a duplicate's cost.
     current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
     return response

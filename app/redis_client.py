@@ -4,7 +4,7 @@ failures told apart.
 Redis only saves work (docs/design.md, invariant 3): when it cannot be used, a
 delivery goes on and PostgreSQL decides. Two kinds of failure:
 - **unavailable**: Redis did not answer (refused, timed out, loading, every
-  cluster node unreachable). The caller logs a WARNING, as it always has.
+  cluster node unreachable). The caller logs a WARNING.
 - **fault**: Redis answered with an error that no retry cures (NOPERM from an
   ACL, OOM, CROSSSLOT, NOSCRIPT that cannot be reloaded, MOVED past the
   redirect limit, a wrong password). Logged here at ERROR, at most once per
@@ -16,10 +16,13 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -46,12 +49,12 @@ _CODE = re.compile(r"[A-Z][A-Z_]{1,31}")
 class UnusableError(Exception):
     """Redis could not be used for this call; reason is UNAVAILABLE or the fault's."""
 
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
-def reason_of(exc):
+def reason_of(exc: RedisError | RedisClusterException) -> str:
     """UNAVAILABLE when Redis did not answer; else the code Redis answered, or the client's exception class."""
     if isinstance(exc, RedisClusterException) and isinstance(exc.__cause__, RedisError | RedisClusterException):
         return reason_of(exc.__cause__)  # "cannot be connected": the last node's own error says why
@@ -60,7 +63,7 @@ def reason_of(exc):
     auth = isinstance(exc, AuthenticationError | AuthorizationError)
     if isinstance(exc, ConnectionError | TimeoutError) and not auth:
         return UNAVAILABLE
-    if isinstance(exc, ResponseError) or auth:
+    if isinstance(exc, ResponseError | AuthenticationError | AuthorizationError):
         code = exc.status_code or str(exc).split(" ", 1)[0]
         if _CODE.fullmatch(code):
             return code
@@ -70,17 +73,17 @@ def reason_of(exc):
 class RedisLink:
     """The client (a cluster's is made on first use), its registered scripts, and the faults seen."""
 
-    def __init__(self, url, cluster, timeout_s):
+    def __init__(self, url: str, cluster: bool, timeout_s: float) -> None:
         self._url, self._cluster, self._timeout_s = url, cluster, timeout_s
         # A cluster client asks a node for the slot map as it is made: made
         # later, a cluster that is down at start only degrades the service.
-        self._client = None if cluster else self._connect()
+        self._client: redis.Redis | RedisCluster | None = None if cluster else self._connect()
         self._made = threading.Lock()
-        self._scripts = {}
-        self._faults = {}  # reason -> [monotonic time last seen, last logged, seen since logged]
+        self._scripts: dict[str, Script] = {}
+        self._faults: dict[str, list[Any]] = {}  # reason -> [monotonic time last seen, last logged, seen since logged]
         self._faults_lock = threading.Lock()
 
-    def _connect(self):
+    def _connect(self) -> redis.Redis | RedisCluster:
         options = {"socket_timeout": self._timeout_s, "socket_connect_timeout": self._timeout_s}
         if self._cluster:
             # No retry of a failed call either: the client has already
@@ -90,7 +93,7 @@ class RedisLink:
         # stall per delivery when Redis is down. One try, then degrade.
         return redis.Redis.from_url(self._url, retry=Retry(NoBackoff(), 0), **options)
 
-    def client(self):
+    def client(self) -> redis.Redis | RedisCluster:
         """The client, made now if it is a cluster's and not made yet (this may raise, as a call would)."""
         if self._client is None:
             with self._made:
@@ -98,17 +101,16 @@ class RedisLink:
                     self._client = self._connect()
         return self._client
 
-    def run(self, script, keys, args):
+    def run(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """Run a Lua script (EVALSHA, loaded again after a restart); raise UnusableError when Redis cannot be used."""
         try:
             if script not in self._scripts:
                 self._scripts[script] = self.client().register_script(script)
             registered = self._scripts[script]
-            # EVALSHA straight through execute_command: redis-py's Script call
-            # adds layers that cost more than the round trip (docs/performance.md).
-            # When Redis lacks the script (restarted, flushed, a new primary),
-            # the Script call loads it (SCRIPT LOAD, as the documented ACL
-            # allows; not EVAL) and runs it.
+            # EVALSHA straight through execute_command, cheaper than redis-py's
+            # Script call (docs/performance.md). When Redis lacks the script
+            # (restarted, flushed, a new primary), the Script call loads it
+            # (SCRIPT LOAD, as the documented ACL allows; not EVAL) and runs it.
             try:
                 return registered.registered_client.execute_command("EVALSHA", registered.sha, len(keys), *keys, *args)
             except NoScriptError:
@@ -116,7 +118,7 @@ class RedisLink:
         except (RedisError, RedisClusterException) as exc:
             raise UnusableError(self.failed(exc)) from None
 
-    def failed(self, exc):
+    def failed(self, exc: RedisError | RedisClusterException) -> str:
         """Record a failed call; log a fault at most once per FAULT_INTERVAL per reason. Return the reason."""
         reason = reason_of(exc)
         if reason == UNAVAILABLE:
@@ -137,7 +139,7 @@ class RedisLink:
                   reason, type(exc).__name__, detail, count, FAULT_INTERVAL)
         return reason
 
-    def recent_fault(self):
+    def recent_fault(self) -> str | None:
         """The reason of the fault seen last, if it was seen in the last FAULT_INTERVAL; else None."""
         now = time.monotonic()
         with self._faults_lock:

@@ -6,14 +6,16 @@ payment redelivered later is recognised by its journal row (or its payment)
 and not credited twice.
 """
 
-from .db import transaction
+from datetime import datetime
+
+from .db import Pool, transaction
 from .ledger import Status
 
 # Longer than Stripe's 30-day window for resending an event by hand, so that
 # a resent event still finds its row (and its payload hash) in the table.
 DEFAULT_DAYS = 35
-# Rows per transaction: each batch holds its row locks for milliseconds, well
-# inside the statement timeout, and never locks the table.
+# Rows per transaction: each batch holds its row locks briefly, well inside
+# the statement timeout, and never locks the table.
 BATCH_SIZE = 1000
 
 CUTOFF = "SELECT now() - make_interval(days => %s)"
@@ -30,7 +32,8 @@ DELETE_BATCH = """
 """
 
 
-def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE, source=None):
+def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int = BATCH_SIZE,
+          source: str | None = None) -> tuple[int, datetime]:
     """Delete the events received more than days ago; return (rows deleted, cutoff).
 
     Completed events only, and failed ones too when include_failed; every
@@ -39,7 +42,9 @@ def purge(pool, days, include_failed=False, batch_size=BATCH_SIZE, source=None):
     statuses = [Status.COMPLETED, Status.FAILED] if include_failed else [Status.COMPLETED]
     deleted = 0
     with transaction(pool) as conn:
-        cutoff = conn.execute(CUTOFF, [days]).fetchone()[0]
+        row = conn.execute(CUTOFF, [days]).fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    cutoff = row[0]
     while True:  # each batch is a transaction of its own, with the pool's timeouts
         with transaction(pool) as conn:
             count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size,

@@ -17,8 +17,10 @@ transaction whatever happens to the client.
 """
 
 import hashlib
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import psycopg
 from psycopg import sql
 
 # pg_advisory_xact_lock's key: init-db's, used by no other lock of the app.
@@ -51,10 +53,10 @@ class SchemaError(RuntimeError):
 
 class Applied(NamedTuple):
     created: bool  # the database was empty: schema.sql made it whole
-    ran: list  # the names of the migrations that ran, in order
+    ran: list[str]  # the names of the migrations that ran, in order
 
 
-def migrate(conn, schema_path, currency):
+def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> Applied:
     """Bring conn's database to schema_path's schema, under the lock, in one transaction; return what was done.
 
     The migrations are the folder `migrations` beside schema_path. currency
@@ -92,11 +94,18 @@ def migrate(conn, schema_path, currency):
     return Applied(created, ran)
 
 
-def _release(conn):
+def _release(conn: psycopg.Connection[Any]) -> list[str] | None:
     """The migrations the schema of a database made before schema_migrations had; None if it is empty."""
-    if conn.execute("SELECT to_regclass('webhook_events')").fetchone()[0] is None:
+    if _value(conn, "SELECT to_regclass('webhook_events')") is None:
         return None
     for query, had in RELEASES:
-        if conn.execute(query).fetchone()[0]:
+        if _value(conn, query):
             return had
     raise SchemaError("webhook_events exists, but no release's schema is recognised: nothing was changed")
+
+
+def _value(conn: psycopg.Connection[Any], query: str) -> Any:
+    """The one value of a query that returns one row (a SELECT without FROM)."""
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]

@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
@@ -41,17 +41,19 @@ class Headers(Protocol):
     def items(self) -> Iterable[tuple[str, str]]: ...
 
 
-def verify(scheme, body: bytes, headers: Headers, secrets, tolerance: int, now: float | None = None) -> int:
+def verify(scheme: str, body: bytes, headers: Headers, secrets: Sequence[bytes], tolerance: int,
+           now: float | None = None) -> int:
     """Return the index of the secret that signed the delivery, or raise SignatureError."""
     lowered = {str(name).lower(): value for name, value in headers.items()}
     return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)
 
 
-def _hmac_sha256(body, headers, secrets, tolerance, now):
+def _hmac_sha256(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
+                 now: float) -> int:
     return _match(secrets, [body], [_hex(_required(headers, "X-Signature").strip(), "X-Signature")])
 
 
-def _stripe(body, headers, secrets, tolerance, now):
+def _stripe(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float) -> int:
     name = "Stripe-Signature"
     stamps, signatures = [], []
     for item in _required(headers, name).split(","):
@@ -71,7 +73,8 @@ def _stripe(body, headers, secrets, tolerance, now):
     return _match(secrets, [stamps[0].encode(), b".", body], signatures)
 
 
-def _standard_webhooks(body, headers, secrets, tolerance, now):
+def _standard_webhooks(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
+                       now: float) -> int:
     msg_id = _required(headers, "webhook-id")
     if not _WEBHOOK_ID.fullmatch(msg_id):
         raise SignatureError("malformed webhook-id header: expected 1 to 128 visible ASCII characters")
@@ -92,7 +95,7 @@ def _standard_webhooks(body, headers, secrets, tolerance, now):
     return _match(secrets, [msg_id.encode(), b".", stamp.encode(), b".", body], signatures)
 
 
-def _github(body, headers, secrets, tolerance, now):
+def _github(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float) -> int:
     name = "X-Hub-Signature-256"
     algorithm, equals, digest = _required(headers, name).strip().partition("=")
     if algorithm != "sha256" or not equals:
@@ -100,7 +103,7 @@ def _github(body, headers, secrets, tolerance, now):
     return _match(secrets, [body], [_hex(digest, name)])
 
 
-_VERIFIERS = {
+_VERIFIERS: dict[str, Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int]] = {
     "hmac-sha256": _hmac_sha256,
     "stripe": _stripe,
     "standard-webhooks": _standard_webhooks,
@@ -109,20 +112,20 @@ _VERIFIERS = {
 SCHEMES = tuple(_VERIFIERS)
 
 
-def _required(headers, name):
+def _required(headers: Mapping[str, str], name: str) -> str:
     value = headers.get(name.lower())
     if not isinstance(value, str) or not value.strip():
         raise SignatureError(f"missing {name} header")
     return value
 
 
-def _hex(value, header):
+def _hex(value: str, header: str) -> bytes:
     if not _HEX_DIGEST.fullmatch(value):
         raise SignatureError(f"malformed {header} header: expected 64 hex digits")
     return bytes.fromhex(value)
 
 
-def _check_timestamp(value, header, tolerance, now):
+def _check_timestamp(value: str, header: str, tolerance: int, now: float) -> None:
     """Refuse a delivery signed too long ago (a replay) or too far ahead (a skewed or forged clock)."""
     if not _UNIX_SECONDS.fullmatch(value):
         raise SignatureError(f"malformed {header} header: expected a timestamp in Unix seconds")
@@ -133,7 +136,7 @@ def _check_timestamp(value, header, tolerance, now):
         raise SignatureError("timestamp is too far in the future: outside the tolerance window")
 
 
-def _match(secrets, signed_parts, received):
+def _match(secrets: Sequence[bytes], signed_parts: Sequence[bytes], received: Sequence[bytes]) -> int:
     """Return the index of the first secret whose HMAC of signed_parts is among received."""
     # Every secret and every candidate is compared, so the time taken does not tell which matched.
     matched = -1
@@ -147,7 +150,7 @@ def _match(secrets, signed_parts, received):
     return matched
 
 
-def _mac(secret, *parts):
+def _mac(secret: bytes, *parts: bytes) -> bytes:
     # Fed part by part: the body is never copied into a bigger buffer.
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     for part in parts:
@@ -159,7 +162,8 @@ def _mac(secret, *parts):
 # recipes, `make run`'s printed command and `make bench` ---------------------
 
 
-def sign(scheme, body: bytes, secrets, *, timestamp: int | None = None, msg_id: str | None = None) -> dict:
+def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int | None = None,
+         msg_id: str | None = None) -> dict[str, str]:
     """Return the signature headers a sender of scheme sends with body.
 
     secrets are keys as configured (Standard Webhooks': the bytes after
@@ -170,17 +174,17 @@ def sign(scheme, body: bytes, secrets, *, timestamp: int | None = None, msg_id: 
     return _SIGNERS[scheme](body, list(secrets), int(time.time() if timestamp is None else timestamp), msg_id)
 
 
-def _sign_hmac_sha256(body, secrets, timestamp, msg_id):
+def _sign_hmac_sha256(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
     return {"X-Signature": _mac(secrets[0], body).hex()}
 
 
-def _sign_stripe(body, secrets, timestamp, msg_id):
+def _sign_stripe(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
     t = str(timestamp)
     v1 = ",".join(f"v1={_mac(s, t.encode(), b'.', body).hex()}" for s in secrets)
     return {"Stripe-Signature": f"t={t},{v1}"}
 
 
-def _sign_standard_webhooks(body, secrets, timestamp, msg_id):
+def _sign_standard_webhooks(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
     if not msg_id:
         raise ValueError("standard-webhooks signs a webhook-id: pass msg_id")
     t = str(timestamp)
@@ -190,11 +194,11 @@ def _sign_standard_webhooks(body, secrets, timestamp, msg_id):
     return {"webhook-id": msg_id, "webhook-timestamp": t, "webhook-signature": signatures}
 
 
-def _sign_github(body, secrets, timestamp, msg_id):
+def _sign_github(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
     return {"X-Hub-Signature-256": "sha256=" + _mac(secrets[0], body).hex()}
 
 
-_SIGNERS = {
+_SIGNERS: dict[str, Callable[[bytes, list[bytes], int, str | None], dict[str, str]]] = {
     "hmac-sha256": _sign_hmac_sha256,
     "stripe": _sign_stripe,
     "standard-webhooks": _sign_standard_webhooks,

@@ -18,11 +18,13 @@ Balances below zero are reported apart: a refund may leave one (the money
 went back to the card after the credit was spent), which is not an error.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import psycopg
 from psycopg.rows import namedtuple_row
 
-from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, StoredBodyError, effect_of, stored_event
+from .db import NamedRow
+from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, Policy, StoredBodyError, effect_of, stored_event
 
 DUPLICATED_IDS = """
     SELECT source, event_id, count(*) AS times FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
@@ -86,19 +88,19 @@ class Counts(NamedTuple):
 
 
 class Report(NamedTuple):
-    problems: list  # one line per offending row: the ledger is inconsistent
-    below_zero: list  # one line per balance below zero: reported, not a problem
+    problems: list[str]  # one line per offending row: the ledger is inconsistent
+    below_zero: list[str]  # one line per balance below zero: reported, not a problem
     counts: Counts
 
 
-def check(conn, policy=DEFAULT_POLICY):
+def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Report:
     """Return a Report of the ledger's invariants on one snapshot."""
     with conn.transaction():
         # One consistent snapshot, however busy the receiver is, and no
         # statement timeout: the sums read whole tables.
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute("SET LOCAL statement_timeout = 0")
-        cur = conn.cursor(row_factory=namedtuple_row)
+        cur: psycopg.Cursor[NamedRow] = conn.cursor(row_factory=namedtuple_row)
         problems = [f"duplicated event id {r.event_id!r} of source {r.source!r}: stored {r.times} times"
                     for r in cur.execute(DUPLICATED_IDS)]
         problems += [f"stuck event {_name(r.source, r.event_id)}: 'processing' since {r.created_at:%Y-%m-%d %H:%M:%S%z}"
@@ -116,15 +118,17 @@ def check(conn, policy=DEFAULT_POLICY):
             problems += [p for row in rows if (p := _effect_problem(cur, policy, row))]
         below_zero = [f"balance of user {r.user_id} is below zero: {r.balance_cents} cents"
                       for r in cur.execute(BELOW_ZERO)]
-        counts = Counts(*conn.execute(COUNTS).fetchone())
+        row = conn.execute(COUNTS).fetchone()
+        assert row is not None  # a SELECT without FROM returns one row
+        counts = Counts(*row)
     return Report(problems, below_zero, counts)
 
 
-def _name(source, event_id):
+def _name(source: str, event_id: str) -> str:
     return repr(event_id) if source == DEFAULT_SOURCE else f"{event_id!r} of source {source!r}"
 
 
-def _payment_problem(row):
+def _payment_problem(row: NamedRow) -> str:
     name = _name(row.source, row.payment_id)
     if row.credits != 1:
         return f"payment {name}: credited {row.credits} times"
@@ -133,7 +137,7 @@ def _payment_problem(row):
     return f"payment {name}: refunds debited {row.debited} cents, its refunded total is {row.refunded_cents}"
 
 
-def _effect_problem(cur, policy, row):
+def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow) -> str | None:
     """Why a completed event's balance change is not what its stored bytes say, or None."""
     name = _name(row.source, row.event_id)
     # Stored before the bytes were kept: its jsonb copy, unchecked.

@@ -1,6 +1,7 @@
 """The HTTP surface: POST /api/webhooks, GET /health, GET /ready."""
 
 import hashlib
+from collections.abc import Mapping
 
 import psycopg
 from flask import Blueprint, current_app, request
@@ -24,13 +25,14 @@ bp = Blueprint("webhooks", __name__)
 # any other method is a 405, logged and counted like every answer here.
 @bp.post("/api/webhooks", defaults={"name": None}, strict_slashes=False, provide_automatic_options=False)
 @bp.post("/api/webhooks/<name>", strict_slashes=False, provide_automatic_options=False)
-def receive(name):
+def receive(name: str | None) -> dict[str, str]:
     """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
     settings = Settings.of(current_app)
     # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<name>.
     source = None if name == DEFAULT_SOURCE else settings.sources.get(name or DEFAULT_SOURCE)
     delivery = current_delivery()
-    delivery.source = source and source.name
+    assert delivery is not None  # every request under delivery.PREFIX is one
+    delivery.source = None if source is None else source.name
     if source is None:
         # Before anything is read: an unknown source costs a dict lookup.
         raise UnknownSourceError("no such source")
@@ -68,31 +70,29 @@ def receive(name):
     return {"status": delivery.outcome, "event_id": event.id}
 
 
-def _raw_json_body(limit):
+def _raw_json_body(limit: int) -> bytes:
     if not _is_json(request.mimetype):
         raise UnsupportedMediaType("Content-Type must be application/json")
-    # Flask answers 413 for a Content-Length past MAX_CONTENT_LENGTH; a
-    # chunked body has none, and Werkzeug cuts it at MAX_CONTENT_LENGTH
-    # without a word. That is one byte more than the limit (create_app), so
-    # that a body cut there is told from one that fits.
+    # A chunked body has no Content-Length for Flask's 413: Werkzeug cuts it
+    # silently at MAX_CONTENT_LENGTH, one byte past the limit (create_app).
     body = request.get_data(cache=False)
     if len(body) > limit:
         raise RequestEntityTooLarge(f"the body is larger than {limit} bytes")
     return body
 
 
-def _is_json(mimetype):
+def _is_json(mimetype: str) -> bool:
     return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
 
 
 @bp.get("/health")
-def health():
+def health() -> dict[str, str]:
     """Liveness: touches no dependency."""
     return {"status": "ok"}
 
 
 @bp.get("/ready")
-def ready():
+def ready() -> Mapping[str, str] | tuple[Mapping[str, str], int, Mapping[str, str]]:
     """Readiness: PostgreSQL must answer; Redis is reported (with why it is degraded), not required."""
     link = current_app.extensions["redis"]
     # Why Redis cannot be used now, or the fault that deliveries met lately
