@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.rows import namedtuple_row
 
 from app import signature, verify
 from app.config import DEFAULT_SOURCE, Settings
@@ -225,6 +226,12 @@ def balance(conn, user=ALICE):
     return conn.execute("SELECT balance_cents FROM user_balances WHERE user_id = %s", [user]).fetchone()[0]
 
 
+def stored_event_row(conn, event_id):
+    """event_id's row of webhook_events, its columns by name (row.status, row.attempts, ...); None if not stored."""
+    return conn.cursor(row_factory=namedtuple_row).execute(
+        "SELECT * FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+
+
 def event_rows(conn, source=None):
     """How many events are stored: all of them, or source's."""
     return conn.execute("SELECT count(*) FROM webhook_events WHERE %(source)s::text IS NULL OR source = %(source)s",
@@ -237,12 +244,12 @@ def assert_ledger_consistent(conn):
     refunded total; and `flask ledger verify`'s own checks clean."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
-    paid = conn.execute(PAID_BY_STORED_EVENTS).fetchall()
-    payments = [(source, payment_id) for source, payment_id, _, _, _ in paid]
+    paid = conn.cursor(row_factory=namedtuple_row).execute(PAID_BY_STORED_EVENTS).fetchall()
+    payments = [(row.source, row.payment_id) for row in paid]
     assert len(payments) == len(set(payments)), "a payment announced with two users or amounts was completed twice"
     expected = {user: opening for user, opening in OPENING.items()}
-    for _, _, user, cents, refunded in paid:
-        expected[user] = expected.get(user, 0) + cents - refunded
+    for row in paid:
+        expected[row.user_id] = expected.get(row.user_id, 0) + row.cents - row.refunded_cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
@@ -273,7 +280,7 @@ PAID_BY_STORED_EVENTS = """
             FROM completed WHERE event_type = 'charge.refunded'
         ) AS refund (source, payment_id, total) GROUP BY source, payment_id
     )
-    SELECT source, payment_id, user_id, cents, coalesce(total, 0)
+    SELECT source, payment_id, user_id, cents, coalesce(total, 0) AS refunded_cents
     FROM paid LEFT JOIN refunded USING (source, payment_id)
 """
 
