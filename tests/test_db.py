@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
+from psycopg.rows import namedtuple_row
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.deadline import MARGIN_MS
@@ -278,8 +279,9 @@ def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_se
     assert first.exit_code == 0, first.output
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
-    recorded = db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
-    assert [(name, ran) for name, _, ran, _ in recorded] == [(name, False) for name in MIGRATIONS]
+    recorded = db.cursor(row_factory=namedtuple_row).execute(
+        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
+    assert [(row.name, row.ran) for row in recorded] == [(name, False) for name in MIGRATIONS]
 
     second = app.test_cli_runner().invoke(args=["init-db"])
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
