@@ -67,9 +67,10 @@ def encode(event):
     return event if isinstance(event, bytes) else json.dumps(event).encode()
 
 
-def secret_for(scheme, seed):
-    """A secret for scheme, written as its provider issues one (e.g. for rotation tests)."""
-    return "whsec_" + base64.b64encode(seed.encode()).decode() if scheme == "standard-webhooks" else seed
+def secret_for(scheme, key):
+    """A secret for scheme made of the text key, written as its provider issues one (e.g. for rotation tests):
+    Standard Webhooks' is whsec_ and key in base64, every other scheme's is key itself."""
+    return "whsec_" + base64.b64encode(key.encode()).decode() if scheme == "standard-webhooks" else key
 
 
 def signing_key(secret, scheme):

@@ -137,7 +137,7 @@ def test_stripe_test_mode_and_another_ledger_currency_credit_when_configured(mak
 
 
 @pytest.mark.parametrize("currency, status", [("eur", 422), ("USD", 200), (7, 422)])
-def test_a_seed_payment_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
+def test_a_payment_in_the_services_own_shape_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
     response = deliver(client, payment("evt_currency", cents=10, currency=currency))
     assert response.status_code == status
     assert balance(db) == (1010 if status == 200 else 1000)
@@ -198,7 +198,7 @@ def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, d
 
 
 @GITHUB
-def test_github_seed_event_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
+def test_github_event_in_the_services_own_shape_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
     # X-GitHub-Delivery is not signed; a body that has its own id keeps it.
     body = encode(payment("evt_gh_1", cents=10))
     assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
