@@ -209,16 +209,17 @@ def read_answer(sock):
     return int(head.split(b" ", 2)[1]), json.loads(body)
 
 
-def burst(bases, body, headers, copies=50, source=None):
-    """Send copies of one delivery to source at the same instant, spread over bases; return every answer."""
-    barrier = threading.Barrier(copies)
+def burst(bases, body, headers, twins=50, source=None):
+    """Send twins of one delivery (this many, the same bytes and headers) to source at the same instant, spread
+    over bases; return every answer."""
+    barrier = threading.Barrier(twins)
 
     def send(i):
         barrier.wait()
         return http_post(bases[i % len(bases)], body, headers, source=source)
 
-    with ThreadPoolExecutor(copies) as pool:
-        return list(pool.map(send, range(copies)))
+    with ThreadPoolExecutor(twins) as pool:
+        return list(pool.map(send, range(twins)))
 
 
 # -- the ledger, read back --------------------------------------------------------

@@ -287,7 +287,7 @@ def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db
 def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(make_app, config, db, scheme):
     tolerance = 3
     client = make_app({**config, "WEBHOOK_TOLERANCE_SECONDS": tolerance}).test_client()
-    body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted copy writes
+    body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted delivery writes
     signed_at = int(time.time())
     captured = signed_by_the_provider(scheme, body, signed_at, msg_id="evt_replayed")
     assert post_delivery(client, body, captured).status_code == 422

@@ -237,7 +237,7 @@ def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, sche
 
 
 @EVERY_SCHEME
-def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client, scheme):
+def test_twin_of_a_delivery_in_progress_is_409_with_retry_after(client, db, redis_client, scheme):
     event = payment("evt_busy")
     redis_client.set(lock_key("evt_busy"), "held-by-a-twin", px=10000)
     response = deliver(client, event)
