@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.rows import namedtuple_row
 
 from app import signature, verify
 from app.config import DEFAULT_SOURCE, Settings
@@ -66,9 +67,10 @@ def encode(event):
     return event if isinstance(event, bytes) else json.dumps(event).encode()
 
 
-def secret_for(scheme, seed):
-    """A secret for scheme, written as its provider issues one (e.g. for rotation tests)."""
-    return "whsec_" + base64.b64encode(seed.encode()).decode() if scheme == "standard-webhooks" else seed
+def secret_for(scheme, key):
+    """A secret for scheme made of the text key, written as its provider issues one (e.g. for rotation tests):
+    Standard Webhooks' is whsec_ and key in base64, every other scheme's is key itself."""
+    return "whsec_" + base64.b64encode(key.encode()).decode() if scheme == "standard-webhooks" else key
 
 
 def signing_key(secret, scheme):
@@ -207,22 +209,35 @@ def read_answer(sock):
     return int(head.split(b" ", 2)[1]), json.loads(body)
 
 
-def burst(bases, body, headers, copies=50, source=None):
-    """Send copies of one delivery to source at the same instant, spread over bases; return every answer."""
-    barrier = threading.Barrier(copies)
+def burst(bases, body, headers, twins=50, source=None):
+    """Send twins of one delivery (this many, the same bytes and headers) to source at the same instant, spread
+    over bases; return every answer."""
+    barrier = threading.Barrier(twins)
 
     def send(i):
         barrier.wait()
         return http_post(bases[i % len(bases)], body, headers, source=source)
 
-    with ThreadPoolExecutor(copies) as pool:
-        return list(pool.map(send, range(copies)))
+    with ThreadPoolExecutor(twins) as pool:
+        return list(pool.map(send, range(twins)))
 
 
 # -- the ledger, read back --------------------------------------------------------
 
 def balance(conn, user=ALICE):
     return conn.execute("SELECT balance_cents FROM user_balances WHERE user_id = %s", [user]).fetchone()[0]
+
+
+def stored_event_row(conn, event_id):
+    """event_id's row of webhook_events, its columns by name (row.status, row.attempts, ...); None if not stored.
+
+    Every column but the jsonb payload, which psycopg parses with Python's json: a number of more than 4300
+    digits in it would raise, and a test of such a body reads the rest of the row. Read the payload on its own.
+    """
+    return conn.cursor(row_factory=namedtuple_row).execute(
+        "SELECT id, source, event_id, event_type, status, body, attempts, last_error, created_at, updated_at,"
+        " completed_at, payload_sha256, effect_sha256, effect_version, mismatches, last_mismatch_at"
+        " FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
 
 
 def event_rows(conn, source=None):
@@ -237,12 +252,12 @@ def assert_ledger_consistent(conn):
     refunded total; and `flask ledger verify`'s own checks clean."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
-    paid = conn.execute(PAID_BY_STORED_EVENTS).fetchall()
-    payments = [(source, payment_id) for source, payment_id, _, _, _ in paid]
+    paid = conn.cursor(row_factory=namedtuple_row).execute(PAID_BY_STORED_EVENTS).fetchall()
+    payments = [(row.source, row.payment_id) for row in paid]
     assert len(payments) == len(set(payments)), "a payment announced with two users or amounts was completed twice"
     expected = {user: opening for user, opening in OPENING.items()}
-    for _, _, user, cents, refunded in paid:
-        expected[user] = expected.get(user, 0) + cents - refunded
+    for row in paid:
+        expected[row.user_id] = expected.get(row.user_id, 0) + row.cents - row.refunded_cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
@@ -273,7 +288,7 @@ PAID_BY_STORED_EVENTS = """
             FROM completed WHERE event_type = 'charge.refunded'
         ) AS refund (source, payment_id, total) GROUP BY source, payment_id
     )
-    SELECT source, payment_id, user_id, cents, coalesce(total, 0)
+    SELECT source, payment_id, user_id, cents, coalesce(total, 0) AS refunded_cents
     FROM paid LEFT JOIN refunded USING (source, payment_id)
 """
 

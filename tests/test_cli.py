@@ -4,7 +4,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from .helpers import BOB, UNKNOWN_USER, assert_ledger_consistent, balance, deliver, event_rows, payment
+from .helpers import (
+    BOB,
+    UNKNOWN_USER,
+    assert_ledger_consistent,
+    balance,
+    deliver,
+    event_rows,
+    payment,
+    stored_event_row,
+)
 
 
 @pytest.fixture
@@ -20,10 +29,6 @@ def run(app):
 def _age(db, event_id, days):
     db.execute("UPDATE webhook_events SET created_at = now() - make_interval(days => %s) WHERE event_id = %s",
                [days, event_id])
-
-
-def _status(db, event_id):
-    return db.execute("SELECT status, attempts FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
 
 
 # -- list and show ------------------------------------------------------------
@@ -90,13 +95,15 @@ def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, r
     result = run("events", "replay", "evt_replay")
     assert result.exit_code == 1
     assert "still failed: unknown user" in result.output
-    assert _status(db, "evt_replay") == ("failed", 2)
+    stored = stored_event_row(db, "evt_replay")
+    assert stored.status == "failed" and stored.attempts == 2
 
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     result = run("events", "replay", "evt_replay")
     assert result.exit_code == 0, result.output
     assert result.output == "evt_replay: processed; now completed\n"
-    assert _status(db, "evt_replay") == ("completed", 3)
+    stored = stored_event_row(db, "evt_replay")
+    assert stored.status == "completed" and stored.attempts == 3
     assert balance(db, UNKNOWN_USER) == 700
 
     # Replaying again, and the provider's own retry, change nothing.

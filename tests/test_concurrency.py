@@ -35,7 +35,7 @@ def _assert_one_processed(answers, event_id):
 
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
-def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign, source):
+def test_fifty_concurrent_twins_credit_once(gunicorn, db, sign, source):
     server = gunicorn(workers=3, threads=4)
     body = encode(payment("evt_burst", cents=125))
     _assert_one_processed(burst([server.base], body, sign(body), source=source), "evt_burst")
@@ -45,7 +45,7 @@ def test_fifty_concurrent_copies_credit_once(gunicorn, db, sign, source):
 
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
-def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign, source):
+def test_fifty_concurrent_twins_across_two_hosts_credit_once(gunicorn, db, sign, source):
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
     body = encode(payment("evt_two_hosts", user=BOB, cents=990))
     _assert_one_processed(burst([h.base for h in hosts], body, sign(body), source=source), "evt_two_hosts")
@@ -54,8 +54,8 @@ def test_fifty_concurrent_copies_across_two_hosts_credit_once(gunicorn, db, sign
     assert_ledger_consistent(db)
 
 
-def test_concurrent_copies_of_one_id_on_two_sources_credit_once_each(gunicorn, db, config):
-    """Two providers that happen to use one id, each sending copies at the same instant: two events, two credits."""
+def test_concurrent_twins_of_one_id_on_two_sources_credit_once_each(gunicorn, db, config):
+    """Two providers that happen to use one id, each sending twins at the same instant: two events, two credits."""
     named = sources_config(config, {"billing": None, "stripe": None})
     hosts = [gunicorn(workers=2, threads=4, **named), gunicorn(workers=2, threads=4, **named)]
     body = encode(payment("evt_shared", cents=70))
@@ -66,7 +66,7 @@ def test_concurrent_copies_of_one_id_on_two_sources_credit_once_each(gunicorn, d
     def send(i):
         source, headers = sends[i]
         barrier.wait()
-        # Each source's copies are spread over both hosts.
+        # Each source's twins are spread over both hosts.
         return source, http_post(hosts[i // 2 % 2].base, body, headers, source=source)
 
     with ThreadPoolExecutor(len(sends)) as pool:
@@ -80,7 +80,7 @@ def test_concurrent_copies_of_one_id_on_two_sources_credit_once_each(gunicorn, d
 
 
 @EVERY_SCHEME
-def test_shuffled_copies_of_many_events_sum_to_distinct_credits(gunicorn, db, sign):
+def test_shuffled_deliveries_of_many_events_sum_to_distinct_credits(gunicorn, db, sign):
     """A provider that retries every non-2xx until it gets a 2xx."""
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=2, threads=4)]
     rng = random.Random(7)

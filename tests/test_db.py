@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row, namedtuple_row
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.deadline import MARGIN_MS
@@ -278,8 +279,9 @@ def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_se
     assert first.exit_code == 0, first.output
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
-    recorded = db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
-    assert [(name, ran) for name, _, ran, _ in recorded] == [(name, False) for name in MIGRATIONS]
+    recorded = db.cursor(row_factory=namedtuple_row).execute(
+        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
+    assert [(row.name, row.ran) for row in recorded] == [(name, False) for name in MIGRATIONS]
 
     second = app.test_cli_runner().invoke(args=["init-db"])
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
@@ -361,19 +363,23 @@ def test_a_new_migration_runs_once_in_order(db, tmp_path):
 # -- settings that hold through a transaction pooler (PgBouncer) --------------
 
 def _settings(conn):
-    return conn.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),"
-                        " current_setting('idle_in_transaction_session_timeout')").fetchone()
+    """The session's three timeouts, by name."""
+    return conn.cursor(row_factory=dict_row).execute(
+        "SELECT current_setting('lock_timeout') AS lock_timeout,"
+        " current_setting('statement_timeout') AS statement_timeout,"
+        " current_setting('idle_in_transaction_session_timeout') AS idle").fetchone()
 
 
 def test_timeouts_hold_inside_each_transaction_and_end_with_it(app):
     pool = get_pool(app)
     with transaction(pool) as conn:
-        assert _settings(conn) == ("1s", "2s", "10s")  # PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS, LOCK_TTL_MS
+        # From PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS and LOCK_TTL_MS.
+        assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "2s", "idle": "10s"}
         assert conn.info.transaction_status == TransactionStatus.INTRANS
     with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
-        assert _settings(conn) == ("0", "0", "0")
+        assert _settings(conn) == {"lock_timeout": "0", "statement_timeout": "0", "idle": "0"}
     with transaction(pool, read_only=True, statement_timeout=0) as conn:
-        assert _settings(conn) == ("1s", "0", "10s")
+        assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "0", "idle": "10s"}
         assert conn.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
         assert conn.execute("SHOW transaction_read_only").fetchone()[0] == "on"
 
@@ -391,7 +397,8 @@ def test_the_ledger_transaction_runs_with_the_timeouts(make_app, config, db):
     client = make_app({**config, "PG_LOCK_TIMEOUT_MS": 1234, "PG_STATEMENT_TIMEOUT_MS": 2345,
                        "LOCK_TTL_MS": 6789}).test_client()
     assert deliver(client, payment("evt_settings")).json["status"] == "processed"
-    assert db.execute("SELECT * FROM seen").fetchall() == [("1234ms", "2345ms", "6789ms")]
+    assert db.cursor(row_factory=dict_row).execute("SELECT * FROM seen").fetchall() == [
+        {"lock_timeout": "1234ms", "statement_timeout": "2345ms", "idle": "6789ms"}]
 
 
 def test_a_session_never_gets_the_timeouts_as_a_startup_option(app):

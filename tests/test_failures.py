@@ -73,7 +73,7 @@ def _in_thread(fn, *args, **kwargs):
 # -- a lock that expires while its delivery is still inside the transaction --
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
-def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client, sign, source):
+def test_twin_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_client, sign, source):
     # A long lock wait keeps the first delivery in its transaction well past the TTL.
     server = gunicorn(workers=2, threads=2, LOCK_TTL_MS=300, PG_LOCK_TIMEOUT_MS=10000,
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
@@ -83,7 +83,7 @@ def test_copy_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="first delivery blocked")
         wait_until(lambda: not redis_client.exists(lock_key("evt_slow", source)), what="lock expiry")
         second, second_result = _in_thread(http_post, server.base, body, sign(body), source=source)
-        # The second copy took the expired lock and now waits on the first's insert.
+        # The twin took the expired lock and now waits on the first's insert.
         wait_until(lambda: len(_app_backends_waiting(db)) == 2, what="second delivery blocked")
         assert redis_client.exists(lock_key("evt_slow", source))
     first.join(30), second.join(30)
@@ -191,11 +191,11 @@ def test_redis_hung_degrades_within_its_socket_timeout(make_app, config, db, own
 
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
-def test_concurrent_copies_with_redis_down_credit_once(gunicorn, db, own_redis, sign, source):
+def test_concurrent_twins_with_redis_down_credit_once(gunicorn, db, own_redis, sign, source):
     server = gunicorn(workers=2, threads=4, REDIS_URL=own_redis.url)
     own_redis.stop()
     body = encode(payment("evt_burst_no_redis", cents=70))
-    answers = burst([server.base], body, sign(body), copies=30, source=source)
+    answers = burst([server.base], body, sign(body), twins=30, source=source)
     outcomes = sorted(body["status"] for _, body, _ in answers)
     assert outcomes == ["duplicate"] * 29 + ["processed"]
     assert balance(db) == 1070

@@ -6,12 +6,16 @@ import uuid
 
 import pytest
 
-from .helpers import ALICE, assert_ledger_consistent, balance, deliver, encode, payment, signed_headers
-
-
-def _row(db, event_id):
-    return db.execute("SELECT status, attempts, mismatches, last_mismatch_at IS NOT NULL, payload_sha256 "
-                      "FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+from .helpers import (
+    ALICE,
+    assert_ledger_consistent,
+    balance,
+    deliver,
+    encode,
+    payment,
+    signed_headers,
+    stored_event_row,
+)
 
 
 def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
@@ -19,25 +23,27 @@ def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     client.post("/api/webhooks", data=body, headers=signed_headers(body))
     assert db.execute("SELECT event_id, user_id, amount_cents FROM ledger_journal").fetchall() == \
         [("evt_journal", ALICE, 250)]
-    assert _row(db, "evt_journal")[4] == hashlib.sha256(body).digest()
+    assert stored_event_row(db, "evt_journal").payload_sha256 == hashlib.sha256(body).digest()
 
 
 @pytest.mark.parametrize("first_cents, stored_status", [(250, "completed"), (0, "failed")])
 def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client, db, first_cents, stored_status):
     original = payment("evt_twice", cents=first_cents)
     deliver(client, original)
-    before = (balance(db), _row(db, "evt_twice")[:2])
+    stored = stored_event_row(db, "evt_twice")
+    before = (balance(db), stored.status, stored.attempts)
 
     forged = payment("evt_twice", cents=99999)
     response = deliver(client, forged)
     assert response.status_code == 409
     assert response.json["error"] == "payload_mismatch"
     assert response.json["event_id"] == "evt_twice"
-    assert (balance(db), _row(db, "evt_twice")[:2]) == before
-    assert before[1][0] == stored_status
-    assert _row(db, "evt_twice")[2:4] == (1, True)
-    stored = db.execute("SELECT payload FROM webhook_events WHERE event_id = 'evt_twice'").fetchone()[0]
-    assert stored["data"]["amountCents"] == first_cents  # the stored payload is not overwritten
+    after = stored_event_row(db, "evt_twice")
+    assert (balance(db), after.status, after.attempts) == before
+    assert stored.status == stored_status
+    assert after.mismatches == 1 and after.last_mismatch_at is not None
+    payload = db.execute("SELECT payload FROM webhook_events WHERE event_id = 'evt_twice'").fetchone()[0]
+    assert payload["data"]["amountCents"] == first_cents  # the stored payload is not overwritten
     assert_ledger_consistent(db)
 
 
@@ -47,14 +53,14 @@ def test_same_effect_in_other_bytes_is_a_duplicate(client, db):
     response = deliver(client, json.dumps(event, indent=1).encode())
     assert response.json == {"status": "duplicate", "event_id": "evt_bytes"}
     assert balance(db) == 1005
-    assert _row(db, "evt_bytes")[2] == 0  # not a mismatch
+    assert stored_event_row(db, "evt_bytes").mismatches == 0  # not a mismatch
 
 
 def test_identical_redelivery_is_still_a_duplicate(client, db):
     event = payment("evt_same", cents=5)
     deliver(client, event)
     assert deliver(client, event).json == {"status": "duplicate", "event_id": "evt_same"}
-    assert _row(db, "evt_same")[2] == 0
+    assert stored_event_row(db, "evt_same").mismatches == 0
 
 
 # -- effects compare on normalised values ------------------------------------------
@@ -75,7 +81,7 @@ def test_the_same_credit_spelled_otherwise_is_a_duplicate(client, db, first, aga
     response = deliver(client, payment("evt_spelled", user=DORA, cents=70, **again))
     assert response.json == {"status": "duplicate", "event_id": "evt_spelled"}
     assert balance(db, DORA) == 70
-    assert _row(db, "evt_spelled")[2] == 0  # not a mismatch
+    assert stored_event_row(db, "evt_spelled").mismatches == 0  # not a mismatch
     assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 1
 
 

@@ -14,6 +14,7 @@ import pytest
 import stripe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row
 
 from app.delivery import Outcome
 
@@ -30,6 +31,7 @@ from .helpers import (
     post_delivery,
     samples,
     signed_headers,
+    stored_event_row,
 )
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
@@ -72,17 +74,16 @@ def payment_refunded(payment_id, refunded_total, event_id=None, **extra):
             "data": {"paymentId": payment_id, "amountRefundedCents": refunded_total, **extra}}
 
 
-def _payment_row(db, payment_id):
-    return db.execute("SELECT user_id, amount_cents, refunded_cents FROM payments WHERE payment_id = %s",
-                      [payment_id]).fetchone()
+def _payment(db, payment_id):
+    """The payment's row, {column: value}."""
+    return db.cursor(row_factory=dict_row).execute(
+        "SELECT user_id, amount_cents, refunded_cents FROM payments WHERE payment_id = %s", [payment_id]).fetchone()
 
 
 def _journal(db):
-    return db.execute("SELECT kind, payment_id, user_id, amount_cents FROM ledger_journal ORDER BY id").fetchall()
-
-
-def _event(db, event_id):
-    return db.execute("SELECT status, last_error FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+    """The journal's rows in order, each {column: value}."""
+    return db.cursor(row_factory=dict_row).execute(
+        "SELECT kind, payment_id, user_id, amount_cents FROM ledger_journal ORDER BY id").fetchall()
 
 
 def _metrics(client):
@@ -98,10 +99,11 @@ def test_two_stripe_events_for_one_payment_intent_credit_once(client, db):
     assert send_stripe(client, first).json == {"status": "processed", "event_id": first.id}
     assert send_stripe(client, second).json == {"status": "duplicate", "event_id": second.id}
     assert balance(db) == 1250
-    assert _payment_row(db, "pi_twice") == (ALICE, 250, 0)
-    assert _journal(db) == [("credit", "pi_twice", ALICE, 250)]
+    assert _payment(db, "pi_twice") == {"user_id": ALICE, "amount_cents": 250, "refunded_cents": 0}
+    assert _journal(db) == [{"kind": "credit", "payment_id": "pi_twice", "user_id": ALICE, "amount_cents": 250}]
     # Both events are recorded, and both completed: the second announced a payment already credited.
-    assert _event(db, second.id) == ("completed", None)
+    stored = stored_event_row(db, second.id)
+    assert stored.status == "completed" and stored.last_error is None
     counted = _metrics(client)
     assert counted[("webhook_ledger_payments_credited_total", (("source", "default"),))] == 1
     assert counted[("webhook_ledger_payment_duplicates_total", (("source", "default"),))] == 1
@@ -121,13 +123,13 @@ def test_the_same_payment_named_otherwise_is_409_payment_mismatch_recorded_and_n
         assert (response.status_code, response.json["error"], response.json["event_id"]) == \
             (409, "payment_mismatch", other.id)
         assert "pi_clash" in response.json["message"]
-        status, last_error = _event(db, other.id)
-        assert status == "failed" and "pi_clash" in last_error
+        stored = stored_event_row(db, other.id)
+        assert stored.status == "failed" and "pi_clash" in stored.last_error
         assert _metrics(client)[("webhook_ledger_payment_mismatches_total", (("source", "default"),))] == 1
         # The provider's retry of it is refused alike.
         assert send_stripe(client, other).status_code == 409
     assert (balance(db), balance(db, BOB)) == (1250, 0)
-    assert _journal(db) == [("credit", "pi_clash", ALICE, 250)]
+    assert _journal(db) == [{"kind": "credit", "payment_id": "pi_clash", "user_id": ALICE, "amount_cents": 250}]
     assert_ledger_consistent(db)
 
 
@@ -137,7 +139,7 @@ def test_payments_sharing_a_payment_id_credit_once_and_without_one_each_credits(
     assert deliver(client, payment("evt_c", cents=100, paymentId=None)).json["status"] == "processed"
     assert deliver(client, payment("evt_d", cents=100, paymentId=None)).json["status"] == "processed"
     assert balance(db) == 1300
-    assert [row[1] for row in _journal(db)] == ["pay_1", "evt_c", "evt_d"]
+    assert [row["payment_id"] for row in _journal(db)] == ["pay_1", "evt_c", "evt_d"]
     assert_ledger_consistent(db)
 
 
@@ -150,22 +152,22 @@ def test_a_payment_id_that_cannot_name_a_payment_is_422(client, db, payment_id):
 
 
 @STRIPE
-@pytest.mark.parametrize("copies", [2, 8])
-def test_concurrent_events_for_one_payment_intent_credit_once(gunicorn, db, copies):
+@pytest.mark.parametrize("events", [2, 8])
+def test_concurrent_events_for_one_payment_intent_credit_once(gunicorn, db, events):
     server = gunicorn(workers=2, threads=4)
-    deliveries = [stripe_signed(intent_succeeded("pi_burst", cents=400)) for _ in range(copies)]
-    barrier = threading.Barrier(copies)
+    deliveries = [stripe_signed(intent_succeeded("pi_burst", cents=400)) for _ in range(events)]
+    barrier = threading.Barrier(events)
 
     def send(delivery):
         barrier.wait()
         return http_post(server.base, *delivery)
 
-    with ThreadPoolExecutor(copies) as pool:
+    with ThreadPoolExecutor(events) as pool:
         answers = list(pool.map(send, deliveries))
     outcomes = Counter((status, body["status"]) for status, body, _ in answers)
-    assert outcomes == {(200, "processed"): 1, (200, "duplicate"): copies - 1}, outcomes
+    assert outcomes == {(200, "processed"): 1, (200, "duplicate"): events - 1}, outcomes
     assert balance(db) == 1400
-    assert _journal(db) == [("credit", "pi_burst", ALICE, 400)]
+    assert _journal(db) == [{"kind": "credit", "payment_id": "pi_burst", "user_id": ALICE, "amount_cents": 400}]
     assert_ledger_consistent(db)
 
 
@@ -200,8 +202,8 @@ def test_refunds_debit_the_highest_total_once_whatever_their_order(client, db, t
         response = deliver(client, payment_refunded("pay_r", total))
         assert response.json["status"] == "processed"
     assert balance(db) == 1000 + 250 - max(totals)
-    assert _payment_row(db, "pay_r") == (ALICE, 250, max(totals))
-    debits = [cents for kind, _, _, cents in _journal(db) if kind == "refund"]
+    assert _payment(db, "pay_r") == {"user_id": ALICE, "amount_cents": 250, "refunded_cents": max(totals)}
+    debits = [row["amount_cents"] for row in _journal(db) if row["kind"] == "refund"]
     assert sum(debits) == -max(totals) and all(cents < 0 for cents in debits)
     assert_ledger_consistent(db)
 
@@ -213,7 +215,7 @@ def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
     assert send_stripe(client, charge_refunded("pi_refund", 500, cents=500)).json["status"] == "processed"
     assert send_stripe(client, charge_refunded("pi_refund", 200, cents=500)).json["status"] == "processed"
     assert balance(db, BOB) == 0
-    assert _payment_row(db, "pi_refund") == (BOB, 500, 500)
+    assert _payment(db, "pi_refund") == {"user_id": BOB, "amount_cents": 500, "refunded_cents": 500}
     assert _metrics(client)[("webhook_ledger_refunds_applied_total", (("source", "default"),))] == 2
     assert_ledger_consistent(db)
 
@@ -230,7 +232,7 @@ def test_a_refund_above_its_payment_or_malformed_is_422_and_debits_nothing(clien
     response = deliver(client, refund)
     assert (response.status_code, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
-    assert _event(db, refund["id"])[0] == "failed"
+    assert stored_event_row(db, refund["id"]).status == "failed"
     assert balance(db) == 1250
     assert_ledger_consistent(db)
 
@@ -254,14 +256,15 @@ def test_a_refund_before_its_payment_is_422_then_applied_by_the_retry(client, db
     for event in (refund, retried):
         response = deliver(client, event)
         assert (response.status_code, response.json["message"]) == (422, "unknown payment pay_late")
-        assert _event(db, event["id"]) == ("failed", "unknown payment pay_late")
+        stored = stored_event_row(db, event["id"])
+        assert stored.status == "failed" and stored.last_error == "unknown payment pay_late"
     deliver(client, payment("evt_late_paid", cents=200, paymentId="pay_late"))
     # The provider's retry of one, `flask events replay` of the other.
     assert deliver(client, refund).json["status"] == "processed"
     result = run_cli("events", "replay", retried["id"])
     assert result.exit_code == 0, result.output
     assert balance(db) == 1000 + 200 - 150
-    assert _payment_row(db, "pay_late") == (ALICE, 200, 150)
+    assert _payment(db, "pay_late") == {"user_id": ALICE, "amount_cents": 200, "refunded_cents": 150}
     assert_ledger_consistent(db)
 
 

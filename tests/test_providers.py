@@ -26,6 +26,7 @@ from .helpers import (
     post_delivery,
     secret_for,
     signed_headers,
+    stored_event_row,
 )
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
@@ -62,11 +63,6 @@ def signed_by_the_provider(scheme, body, timestamp=None, msg_id=None):
             "webhook-signature": signature}
 
 
-def _row(db, event_id):
-    return db.execute("SELECT event_type, status, attempts, updated_at FROM webhook_events WHERE event_id = %s",
-                      [event_id]).fetchone()
-
-
 # -- stripe ---------------------------------------------------------------------
 
 @STRIPE
@@ -77,7 +73,8 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
         "status": "processed", "event_id": event["id"]}
     assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
     assert balance(db, BOB) == 4200
-    assert _row(db, event["id"])[:3] == ("payment_intent.succeeded", "completed", 1)
+    stored = stored_event_row(db, event["id"])
+    assert stored.event_type == "payment_intent.succeeded" and stored.status == "completed" and stored.attempts == 1
     assert_ledger_consistent(db)
 
 
@@ -93,7 +90,8 @@ def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db,
     response = post_delivery(client, body, signed_by_the_provider(scheme, body))
     assert (response.status_code, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
-    assert _row(db, "evt_bad_intent")[1:3] == ("failed", 1)
+    stored = stored_event_row(db, "evt_bad_intent")
+    assert stored.status == "failed" and stored.attempts == 1
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
 
@@ -111,7 +109,8 @@ def test_a_failed_stripe_payment_retried_with_changed_pending_webhooks_is_proces
         answer = post_delivery(client, retried, signed_by_the_provider(scheme, retried))
         assert answer.json["status"] == ("processed" if pending == 2 else "duplicate")
     assert balance(db, UNKNOWN_USER) == 900
-    assert _row(db, "evt_retried_by_stripe")[1:3] == ("completed", 2)
+    stored = stored_event_row(db, "evt_retried_by_stripe")
+    assert stored.status == "completed" and stored.attempts == 2
 
 
 @STRIPE
@@ -138,7 +137,7 @@ def test_stripe_test_mode_and_another_ledger_currency_credit_when_configured(mak
 
 
 @pytest.mark.parametrize("currency, status", [("eur", 422), ("USD", 200), (7, 422)])
-def test_a_seed_payment_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
+def test_a_payment_in_the_services_own_shape_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
     response = deliver(client, payment("evt_currency", cents=10, currency=currency))
     assert response.status_code == status
     assert balance(db) == (1010 if status == 200 else 1000)
@@ -155,7 +154,8 @@ def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, d
     retry = post_delivery(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
     assert retry.json == {"status": "duplicate", "event_id": "msg_2b3c4d"}
     assert balance(db) == 1075
-    assert _row(db, "msg_2b3c4d")[:3] == ("payment.succeeded", "completed", 1)
+    stored = stored_event_row(db, "msg_2b3c4d")
+    assert stored.event_type == "payment.succeeded" and stored.status == "completed" and stored.attempts == 1
 
 
 @STANDARD_WEBHOOKS
@@ -163,7 +163,7 @@ def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db
     body = encode({"id": "evt_in_body", **standard_event(cents=5)})
     assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
     assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
-    assert event_rows(db) == 2 and _row(db, "evt_in_body") is None
+    assert event_rows(db) == 2 and stored_event_row(db, "evt_in_body") is None
 
 
 @STANDARD_WEBHOOKS
@@ -191,13 +191,14 @@ def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, d
     headers = signed_headers(body, scheme=scheme, event_id=delivery, github_event="ping")
     assert post_delivery(client, body, headers).json == {"status": "processed", "event_id": delivery}
     assert post_delivery(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
-    assert _row(db, delivery)[:3] == ("ping", "completed", 1)
+    stored = stored_event_row(db, delivery)
+    assert stored.event_type == "ping" and stored.status == "completed" and stored.attempts == 1
     assert db.execute("SELECT payload->>'zen' FROM webhook_events").fetchone()[0] == "Design for failure."
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
 
 @GITHUB
-def test_github_seed_event_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
+def test_github_event_in_the_services_own_shape_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
     # X-GitHub-Delivery is not signed; a body that has its own id keeps it.
     body = encode(payment("evt_gh_1", cents=10))
     assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
@@ -286,15 +287,15 @@ def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db
 def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(make_app, config, db, scheme):
     tolerance = 3
     client = make_app({**config, "WEBHOOK_TOLERANCE_SECONDS": tolerance}).test_client()
-    body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted copy writes
+    body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted delivery writes
     signed_at = int(time.time())
     captured = signed_by_the_provider(scheme, body, signed_at, msg_id="evt_replayed")
     assert post_delivery(client, body, captured).status_code == 422
     assert post_delivery(client, body, captured).status_code == 422  # inside the window: a retry, recorded
-    before = _row(db, "evt_replayed")
-    assert before[1:3] == ("failed", 2)
+    before = stored_event_row(db, "evt_replayed")
+    assert before.status == "failed" and before.attempts == 2
     wait_until(lambda: time.time() > signed_at + tolerance + 0.5, timeout=10, what="the window to pass")
     replay = post_delivery(client, body, captured)
     assert (replay.status_code, replay.json["error"]) == (401, "invalid_signature")
     assert "too old" in replay.json["message"]
-    assert _row(db, "evt_replayed") == before  # attempts and updated_at untouched
+    assert stored_event_row(db, "evt_replayed") == before  # attempts, updated_at, every column untouched

@@ -91,7 +91,7 @@ def test_missing_headers_are_signature_errors(scheme):
         check(scheme, {})
 
 
-# -- hmac-sha256 (seed 000) ---------------------------------------------------
+# -- hmac-sha256 ---------------------------------------------------------------
 
 def test_hmac_sha256_is_hex_hmac_of_the_raw_bytes():
     assert sign("hmac-sha256", BODY, [b"k"]) == {"X-Signature": hmac.new(b"k", BODY, hashlib.sha256).hexdigest()}

@@ -40,7 +40,8 @@ SCHEME_OF = {DEFAULT_SOURCE: "hmac-sha256", "billing": "hmac-sha256", "stripe": 
 
 
 def provider_payment(scheme, event_id, cents, user=ALICE):
-    """A payment as the source's provider sends one: Stripe's payment_intent.succeeded, else seed 000's."""
+    """A payment as the source's provider sends one: Stripe's payment_intent.succeeded, else the service's own
+    shape (payment.succeeded)."""
     if scheme != "stripe":
         return payment(event_id, user=user, cents=cents)
     intent = {"id": f"pi_{event_id}", "object": "payment_intent", "amount_received": cents, "currency": "usd",
@@ -185,7 +186,7 @@ def test_a_provider_moved_to_a_named_source_is_not_credited_again(make_app, conf
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_rotation_is_per_source_and_the_log_names_the_secret_index(make_app, config, db, scheme, caplog):
-    new, old, retired = (secret_for(scheme, f"{seed}-secret-0123456789") for seed in ("new", "old", "retired"))
+    new, old, retired = (secret_for(scheme, f"{name}-secret-0123456789") for name in ("new", "old", "retired"))
     app_config = sources_config(config, {"rotating": scheme, "steady": scheme},
                                 WEBHOOK_ROTATING_SECRET=f"{new},{old}",
                                 WEBHOOK_STEADY_SECRET=source_secret("steady", scheme))

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 GOOD = {"DATABASE_URL": "postgresql://ledger:pg-s3cret@127.0.0.1:1/ledger", "REDIS_URL": "redis://127.0.0.1:1/0",
         "WEBHOOK_SECRET": "whsec-startup-test"}
-# The few seconds the issue allows; the master stops before it forks a worker.
+# At once: the master stops before it forks a worker (docs/deploying.md, "With gunicorn"), so a few seconds
+# is ample, and a restart loop would show as a timeout here.
 EXIT_WITHIN_S = 5
 EX_CONFIG = 78  # sysexits.h, as gunicorn.conf.py and `flask` exit on a configuration error
 

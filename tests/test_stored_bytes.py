@@ -35,6 +35,7 @@ from .helpers import (
     payment,
     post_delivery,
     signed_headers,
+    stored_event_row,
 )
 
 
@@ -42,11 +43,6 @@ from .helpers import (
 def run(app):
     runner = app.test_cli_runner()
     return lambda *args: runner.invoke(args=list(args))
-
-
-def _stored(db, event_id):
-    return db.execute("SELECT status, body, payload_sha256, attempts, last_error FROM webhook_events "
-                      "WHERE event_id = %s", [event_id]).fetchone()
 
 
 def _payment_text(event_id, amount_json, extra=""):
@@ -59,8 +55,9 @@ def test_the_exact_bytes_are_stored_with_their_hash(client, db):
     body = b'{"type":"payment.succeeded",  "id":"evt_exact","data":{"amountCents":250,"userId":"' + \
         str(ALICE).encode() + b'"}}  \n'
     assert post_delivery(client, body, signed_headers(body)).json["status"] == "processed"
-    status, stored, sha256, _, _ = _stored(db, "evt_exact")
-    assert (status, bytes(stored), bytes(sha256)) == ("completed", body, hashlib.sha256(body).digest())
+    stored = stored_event_row(db, "evt_exact")
+    assert stored.status == "completed" and bytes(stored.body) == body
+    assert bytes(stored.payload_sha256) == hashlib.sha256(body).digest()
 
 
 # -- replay and verify decide as the live path did --------------------------------
@@ -72,7 +69,7 @@ def test_an_exponent_amount_fails_live_and_on_replay(client, db, run):
     result = run("events", "replay", "evt_exponent")
     assert (result.exit_code, result.output) == \
         (1, "evt_exponent: still failed: data.amountCents must be a positive integer\n")
-    assert balance(db) == 1000 and _stored(db, "evt_exponent")[0] == "failed"
+    assert balance(db) == 1000 and stored_event_row(db, "evt_exponent").status == "failed"
     assert run("ledger", "verify").exit_code == 0
 
 
@@ -156,13 +153,13 @@ def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, c
     live = post_delivery(client, body, signed_headers(body)).status_code
     pool = get_pool(app)
     if live >= 400 and live != 422:
-        assert _stored(db, event_id) is None
+        assert stored_event_row(db, event_id) is None
         return
     replayed = ledger.replay(pool, "default", event_id)
     if live == 200:
         assert replayed.problem == "already completed"
     else:
-        assert replayed.outcome == "failed" and replayed.problem == _stored(db, event_id)[4]
+        assert replayed.outcome == "failed" and replayed.problem == stored_event_row(db, event_id).last_error
     with pool.connection() as conn:
         assert verify.check(conn).problems == []
 
@@ -173,13 +170,14 @@ def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed
     event = payment("evt_retry_bytes", user=UNKNOWN_USER, cents=40)
     assert deliver(client, event).status_code == 422
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
-    first_sha = bytes(_stored(db, "evt_retry_bytes")[2])
+    first_sha = bytes(stored_event_row(db, "evt_retry_bytes").payload_sha256)
     resent = json.dumps(event, indent=2).encode()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
         assert post_delivery(client, resent, signed_headers(resent)).json["status"] == "processed"
-    status, stored, sha256, attempts, last_error = _stored(db, "evt_retry_bytes")
-    assert (status, bytes(stored), attempts, last_error) == ("completed", resent, 2, None)
-    assert bytes(sha256) == hashlib.sha256(resent).digest() != first_sha
+    stored = stored_event_row(db, "evt_retry_bytes")
+    assert stored.status == "completed" and bytes(stored.body) == resent
+    assert stored.attempts == 2 and stored.last_error is None
+    assert bytes(stored.payload_sha256) == hashlib.sha256(resent).digest() != first_sha
     line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
     assert (line.body_sha256, line.stored_sha256) == (hashlib.sha256(resent).hexdigest(), first_sha.hex())
     counted = app.extensions["metrics"].reserialised.labels(source="default", outcome="processed")._value.get()

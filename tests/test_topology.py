@@ -2,7 +2,7 @@
 haproxy in front of 3 gunicorn hosts, PgBouncer in transaction mode in front
 of PostgreSQL, and a Redis Cluster of 3 primaries and 3 replicas.
 
-Each test sends a storm of concurrent copies of the same events, spread over
+Each test sends a storm of events, each with its twins at once, spread over
 haproxy and each host directly, while one part fails; then it plays the
 provider, retrying every event not yet answered 2xx. After that, every event
 is credited exactly once, nothing answered 500, and the ledger balances. The
@@ -40,11 +40,11 @@ ENV = {
 }
 LOCK_TIMEOUT_S = 1.0  # PG_LOCK_TIMEOUT_MS's default, which the hosts run with
 STATEMENT_TIMEOUT_S = 2.0  # PG_STATEMENT_TIMEOUT_MS's default
-# A storm: 100 events x 6 copies. Each event's copies are sent together, one
+# A storm: 100 events x 6 twins. Each event's twins are sent together, one
 # to each of haproxy and the 3 hosts (and 2 more round the ring), by 24
 # senders, so ~4 events are contended on every host at any moment; 1-4 s
 # on 2 cores, long enough for a fault to land in the middle.
-EVENTS, COPIES, SENDERS = 100, 6, 24
+EVENTS, TWINS, SENDERS = 100, 6, 24
 FAULT_AT = 0.25  # the fault starts once this share of the storm is answered
 # The provider's retries: every 250 ms (Retry-After says 1 s; a test has no
 # day to wait), for at most 30 s, above the 4 s lock TTL of a killed host.
@@ -88,9 +88,9 @@ def post(base, event):
 
 
 def storm(targets, events, fault=None):
-    """COPIES of each event at once over targets; fault() runs once FAULT_AT of them are answered.
+    """TWINS of each event at once over targets; fault() runs once FAULT_AT of them are answered.
     Return the answers and the fault's (start, end)."""
-    deliveries = [(event, targets[(i + k) % len(targets)]) for i, event in enumerate(events) for k in range(COPIES)]
+    deliveries = [(event, targets[(i + k) % len(targets)]) for i, event in enumerate(events) for k in range(TWINS)]
     answers, window, errors = [], [], []
     enough = threading.Event()
 
@@ -217,7 +217,7 @@ def cluster_client(topology):
 
 
 def targets(topology):
-    """haproxy and every host directly, as the copies of one event arrive."""
+    """haproxy and every host directly, as the twins of one event arrive."""
     return [topology.base] + [host.base for host in topology.hosts]
 
 
@@ -309,7 +309,7 @@ def test_host_killed_mid_storm_credits_each_event_once(topology, db, host2_back)
     report(f"host2 SIGKILLed (master and workers); haproxy resent {resent}, {redispatched} to another host",
            answers, retries, window)
     assert cut == ["connection error"]
-    # Copies sent straight to the dead host cannot be answered; the provider retries them.
+    # Twins sent straight to the dead host cannot be answered; the provider retries them.
     assert_exactly_once(db, events, opening, answers, retries, allowed=TRANSIENT | {"connection error"})
     # Only those: haproxy sent its own requests for host2 to the live hosts, and its checks took host2 out.
     names = {topology.base: "haproxy", **{h.base: f"host{i + 1}" for i, h in enumerate(topology.hosts)}}
@@ -346,7 +346,7 @@ def test_redis_primary_failed_over_mid_storm_credits_each_event_once(topology, d
 
     topology.redis.wait_healthy()  # the old primary now follows the new one
     assert topology.redis.primary_of(lock_key(events[0]["id"])) == replica
-    # The hosts follow the new primary: one more copy of each is a duplicate,
+    # The hosts follow the new primary: one more delivery of each is a duplicate,
     # and its done marker is written there.
     again = Counter(post(topology.base, event) for event in events)
     assert again == {"200 duplicate": len(events)}, again

@@ -26,6 +26,7 @@ from .helpers import (
     signing_key,
     source_secret,
     sources_config,
+    stored_event_row,
 )
 
 
@@ -36,9 +37,8 @@ def test_new_event_is_processed_and_credited(client, db, scheme):
     assert response.status_code == 200
     assert response.json == {"status": "processed", "event_id": event["id"]}
     assert balance(db) == 1250
-    row = db.execute("SELECT status, attempts, event_type FROM webhook_events WHERE event_id = %s",
-                     [event["id"]]).fetchone()
-    assert row == ("completed", 1, "payment.succeeded")
+    stored = stored_event_row(db, event["id"])
+    assert stored.status == "completed" and stored.attempts == 1 and stored.event_type == "payment.succeeded"
 
 
 @EVERY_SCHEME
@@ -207,10 +207,9 @@ def test_unprocessable_payment_is_422_and_recorded(client, db, data, reason):
     assert response.json["error"] == "unprocessable"
     assert reason in response.json["message"]
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
-    status, attempts, last_error = db.execute(
-        "SELECT status, attempts, last_error FROM webhook_events WHERE event_id = 'evt_bad_payment'").fetchone()
-    assert (status, attempts) == ("failed", 1)
-    assert reason in last_error
+    stored = stored_event_row(db, "evt_bad_payment")
+    assert stored.status == "failed" and stored.attempts == 1
+    assert reason in stored.last_error
 
 
 def test_credit_that_would_overflow_is_422(client, db):
@@ -231,15 +230,14 @@ def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, sche
     assert response.json == {"status": "processed", "event_id": "evt_early"}
     assert deliver(client, event).json["status"] == "duplicate"
     assert balance(db, UNKNOWN_USER) == 700
-    status, attempts, last_error, completed_at = db.execute(
-        "SELECT status, attempts, last_error, completed_at FROM webhook_events").fetchone()
-    assert (status, attempts) == ("completed", 3)
+    stored = stored_event_row(db, "evt_early")
+    assert stored.status == "completed" and stored.attempts == 3
     # The attempts stay countable; last_error is why it is failed, and it is not any more.
-    assert last_error is None and completed_at is not None
+    assert stored.last_error is None and stored.completed_at is not None
 
 
 @EVERY_SCHEME
-def test_in_progress_copy_is_409_with_retry_after(client, db, redis_client, scheme):
+def test_twin_of_a_delivery_in_progress_is_409_with_retry_after(client, db, redis_client, scheme):
     event = payment("evt_busy")
     redis_client.set(lock_key("evt_busy"), "held-by-a-twin", px=10000)
     response = deliver(client, event)
@@ -292,8 +290,9 @@ def test_an_authentic_payment_that_jsonb_cannot_hold_is_stored_and_credited_from
     assert response.json == {"status": "processed", "event_id": "evt_jsonb"}
     assert balance(db) == 1250
     # The bytes are the event of record; the jsonb copy, for querying only, is absent.
-    assert db.execute("SELECT status, body, payload FROM webhook_events WHERE event_id = 'evt_jsonb'").fetchone() \
-        == ("completed", body, None)
+    stored = stored_event_row(db, "evt_jsonb")
+    assert stored.status == "completed" and stored.body == body
+    assert db.execute("SELECT payload FROM webhook_events WHERE event_id = 'evt_jsonb'").fetchone()[0] is None
     assert post_delivery(client, body, signed_headers(body)).json["status"] == "duplicate"
     assert balance(db) == 1250
 
