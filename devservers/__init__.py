@@ -20,13 +20,23 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import port_for
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The ports free_port handed out in this process: servers chosen together
+# (a Redis Cluster's nodes and bus ports) never get the same one.
+_GIVEN: set[int] = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing uses now, outside the kernel's ephemeral range, so that no
+    outgoing connection (a readiness probe's, say) takes it before its server
+    binds it, and never one this process handed out already."""
+    port = port_for.select_random(exclude_ports=_GIVEN)
+    _GIVEN.add(port)
+    return port
 
 
 def wait_until(predicate, timeout=15.0, interval=0.05, what="condition"):
