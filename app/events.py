@@ -199,6 +199,10 @@ def _data_field(document: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+# Fields of the types _problem has just checked (for the type checker; built once, not per event).
+_CheckedFields = tuple[str, str | None, int, str, object]
+
+
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     """What applying event does to the ledger (never raises: a refusal is the Effect's problem)."""
     rule = RULES.get(event.type)
@@ -211,8 +215,7 @@ def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     sha256 = _sha256([event.type, "refused" if problem else "applies", *fields])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    # Of the types _problem has just checked.
-    payment_id, user_id, amount, currency, _ = cast(tuple[str, str | None, int, str, object], fields)
+    payment_id, user_id, amount, currency, _ = cast(_CheckedFields, fields)
     return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, sha256=sha256)
 
 
