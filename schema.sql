@@ -1,13 +1,16 @@
--- webhook-ledger schema: the current one, whole; the file to read. Needs
--- PostgreSQL 14 or later (CREATE OR REPLACE TRIGGER).
+-- webhook-ledger schema: the current tables, whole; the file to read. Needs
+-- PostgreSQL 14 or later (CREATE OR REPLACE TRIGGER). The money rule (the
+-- functions and the view that apply and account for every movement) is in
+-- money.sql, beside this file.
 --
 -- `flask init-db` (app/schema.py) runs it on an empty database and records
 -- every file of migrations/ as included. A database created earlier gets the
--- migrations it lacks instead, in order. So a change to the schema is made
--- twice: here, and in a new migrations/NNN_what.sql that takes a database at
--- the previous version to it (a migration, once released, never changes);
--- tests/test_db.py checks that both ways end in the same tables, constraints,
--- indexes and functions.
+-- migrations it lacks instead, in order. Either way money.sql is then applied
+-- again, whole. So a change to a table is made twice: here, and in a new
+-- migrations/NNN_what.sql that takes a database at the previous version to it
+-- (a migration, once released, never changes); a change to the rule is made
+-- once, in money.sql. tests/test_db.py checks that both ways end in the same
+-- tables, constraints, indexes and functions.
 
 -- The ledger: one row per user, credited by payments and debited by their
 -- refunds. The opening balance is the balance the row was created with (set
@@ -62,7 +65,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by: `flask init-db`
     -- recomputes, from the stored bytes, the effects of rows stored under an
     -- older rule (NULL: the first), so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 2,
+    effect_version   SMALLINT DEFAULT 3,
     mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
     last_mismatch_at TIMESTAMPTZ,
     CONSTRAINT webhook_events_source_event_id_key UNIQUE (source, event_id)
@@ -79,8 +82,11 @@ CREATE INDEX IF NOT EXISTS webhook_events_created_at_idx
 -- One row per payment credited, per source. Its primary key is what
 -- "a payment is credited at most once" rests on, as webhook_events' unique
 -- constraint is for events: however many events announce one payment, in
--- whatever order or concurrency, one insert wins. refunded_cents is the
--- highest refunded total applied: a refund event debits only what it adds.
+-- whatever order or concurrency, one insert wins. Every movement of the
+-- payment locks this row first. refunded_cents is the highest running total
+-- of refunds seen (Stripe's charge.refunded, payment.refunded); debited_cents
+-- what its refunds and disputes take from its user now, as money.sql's
+-- payment_accounts computes it.
 CREATE TABLE IF NOT EXISTS payments (
     source         TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
     -- The provider's payment: a Stripe PaymentIntent's id, a payment's
@@ -90,15 +96,42 @@ CREATE TABLE IF NOT EXISTS payments (
     amount_cents   BIGINT NOT NULL CHECK (amount_cents > 0),
     currency       TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
     refunded_cents BIGINT NOT NULL DEFAULT 0 CHECK (refunded_cents BETWEEN 0 AND amount_cents),
+    debited_cents  BIGINT NOT NULL DEFAULT 0 CHECK (debited_cents BETWEEN 0 AND amount_cents),
     event_id       TEXT NOT NULL,             -- the event whose delivery credited it
     created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (source, payment_id)
 );
 
+-- One row per movement of a payment that has its own identity at the
+-- provider: a refund object (kind 'refund', Stripe's re_...) or a dispute
+-- (kind 'dispute'). Its primary key is what "each movement applies once"
+-- rests on. state only moves forward: 'applied' (a refund seen counted, a
+-- dispute's funds withdrawn) then 'reversed' (a refund seen failed or
+-- canceled, a dispute's funds reinstated); a movement first seen reversed is
+-- never applied. The amount is what the movement takes from the payment.
+CREATE TABLE IF NOT EXISTS movements (
+    source       TEXT NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('refund', 'dispute')),
+    movement_id  TEXT NOT NULL CHECK (char_length(movement_id) BETWEEN 1 AND 128),
+    payment_id   TEXT NOT NULL,
+    amount_cents BIGINT NOT NULL CHECK (amount_cents > 0),
+    state        TEXT NOT NULL CHECK (state IN ('applied', 'reversed')),
+    event_id     TEXT NOT NULL,               -- the event that first announced it
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, kind, movement_id),
+    FOREIGN KEY (source, payment_id) REFERENCES payments (source, payment_id)
+);
+-- A payment's account sums its movements (money.sql's payment_accounts).
+CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_id);
+
 -- The ledger's journal, append-only: one row per balance change, written in
--- the transaction that changes user_balances. A credit (amount > 0) names
--- the payment it credits, a refund (amount < 0) the payment it debits. It
+-- the transaction that changes user_balances, naming its payment and, for a
+-- refund object or a dispute, its movement (NULL for a credit and for a
+-- running total). Its kind says which way the money went: a 'credit' or a
+-- 'refund_reversed' or 'dispute_reinstated' (amount > 0), a 'refund' or a
+-- 'dispute_withdrawn' (amount < 0). It
 -- outlives the webhook_events row (purge keeps it; hence no foreign key),
 -- and its UNIQUE (source, event_id) (one balance change per event) stops an
 -- event whose row was purged from being applied again, or marked failed,
@@ -113,8 +146,10 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     kind         TEXT NOT NULL,
     payment_id   TEXT NOT NULL CONSTRAINT ledger_journal_payment_id_check
                       CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    movement_id  TEXT,
     CONSTRAINT ledger_journal_kind_check
-        CHECK (kind = 'credit' AND amount_cents > 0 OR kind = 'refund' AND amount_cents < 0),
+        CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
+               OR kind IN ('refund', 'dispute_withdrawn') AND amount_cents < 0),
     CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
@@ -130,158 +165,3 @@ $$;
 CREATE OR REPLACE TRIGGER user_balances_set_opening
     BEFORE INSERT ON user_balances
     FOR EACH ROW EXECUTE FUNCTION user_balances_set_opening();
-
--- The money rule, written once: every delivery (new, retried, replayed) of
--- every event is recorded and applied by this one function, called in one
--- statement (app/ledger.py). The caller has parsed the bytes and checked what
--- it can without the database: p_problem is why the event cannot apply
--- (NULL: it can), p_kind what it does ('credit', 'refund', or NULL: nothing),
--- p_amount a credit's amount or a refund's total refunded so far, p_user a
--- credit's user (a refund's is its payment's). It returns the outcome
--- ('processed', 'duplicate', 'failed', 'payload_mismatch' or
--- 'payment_mismatch'), why it failed, the SHA-256 of the bytes stored before
--- this delivery (when the event was stored already), the balance change made
--- ('credit', 'refund', 'payment_duplicate': a credited payment announced
--- again, or NULL) and the balance it left.
---
--- Locks, always in this order, so that two deliveries never wait on each
--- other in a circle: the event's row (its insert, or FOR UPDATE), then for a
--- credit the user's row and the payment's key (an insert waits only for an
--- uncommitted insert of the same key, whose owner holds its own user's row
--- already), for a refund the payment's row and then its user's. A wait longer than lock_timeout ends the
--- statement with nothing committed (503, retried).
-CREATE OR REPLACE FUNCTION apply_event(
-    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
-    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
-    p_currency text,
-    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_row_id bigint;
-    v_status text;
-    v_effect bytea;
-    v_payment payments%ROWTYPE;
-    v_mismatch boolean := false;
-BEGIN
-    -- Record: a new event is inserted already final when nothing is left to
-    -- decide; a purged event that changed a balance is never inserted again.
-    INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
-                                status, completed_at, last_error)
-    SELECT p_source, p_event_id, p_type, p_body,
-           CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
-           CASE WHEN p_problem IS NOT NULL THEN 'failed' WHEN p_kind IS NULL THEN 'completed' ELSE 'processing' END,
-           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem
-    WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
-    ON CONFLICT (source, event_id) DO NOTHING
-    RETURNING id INTO v_row_id;
-
-    IF v_row_id IS NULL THEN
-        -- Stored before (or by a twin that just committed: the insert waited
-        -- for it). FOR UPDATE serialises two retries of a failed event.
-        SELECT e.id, e.status, e.payload_sha256, e.effect_sha256 INTO v_row_id, v_status, stored_sha256, v_effect
-        FROM webhook_events e WHERE e.source = p_source AND e.event_id = p_event_id
-        FOR UPDATE;
-        IF NOT FOUND THEN
-            IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id) THEN
-                outcome := 'duplicate';  -- purged after it changed a balance: the journal says it is done
-                RETURN;
-            END IF;
-            -- Purged while this delivery ran: the sender's retry will find out.
-            RAISE EXCEPTION 'the event''s row was purged while this delivery ran'
-                USING ERRCODE = 'serialization_failure';
-        END IF;
-        -- Rows stored before effects were kept are compared by their bytes.
-        IF coalesce(v_effect <> p_effect, stored_sha256 <> p_sha256) THEN
-            UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = v_row_id;
-            outcome := 'payload_mismatch';
-            RETURN;
-        END IF;
-        IF v_status = 'completed' THEN
-            outcome := 'duplicate';
-            RETURN;
-        END IF;
-        -- A failed event, tried again from this delivery's bytes.
-        UPDATE webhook_events
-        SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
-            payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
-            effect_version = DEFAULT
-        WHERE id = v_row_id;
-    ELSIF p_problem IS NOT NULL THEN
-        outcome := 'failed';
-        problem := p_problem;
-        RETURN;
-    ELSIF p_kind IS NULL THEN
-        outcome := 'processed';
-        RETURN;
-    END IF;
-
-    -- Decide, and change the balance.
-    problem := p_problem;
-    IF problem IS NULL AND p_kind = 'credit' THEN
-        -- Credit first (its row lock serialises the user's credits), then
-        -- claim the payment's key: a twin announcing the same payment waits
-        -- on that insert, then finds it taken and takes its credit back.
-        UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
-        WHERE user_id = p_user AND balance_cents <= 9223372036854775807 - p_amount
-        RETURNING user_balances.balance_cents INTO balance_after;
-        IF FOUND THEN
-            INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)
-            VALUES (p_source, p_payment, p_user, p_amount, p_currency, p_event_id)
-            ON CONFLICT (source, payment_id) DO NOTHING;
-            IF FOUND THEN
-                INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
-                VALUES (p_source, p_event_id, 'credit', p_payment, p_user, p_amount);
-                change := 'credit';
-            ELSE
-                UPDATE user_balances SET balance_cents = balance_cents - p_amount WHERE user_id = p_user;
-                balance_after := NULL;
-            END IF;
-        END IF;
-        IF change IS NULL THEN
-            SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
-            IF NOT FOUND THEN
-                problem := CASE WHEN EXISTS (SELECT 1 FROM user_balances WHERE user_id = p_user)
-                                THEN 'credit would overflow the balance' ELSE 'unknown user ' || p_user END;
-            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (p_user, p_amount, p_currency)
-            THEN
-                change := 'payment_duplicate';
-            ELSE
-                v_mismatch := true;
-                problem := format('payment %s was credited by event %s with another user, amount or currency',
-                                  p_payment, v_payment.event_id);
-            END IF;
-        END IF;
-    ELSIF problem IS NULL AND p_kind = 'refund' THEN
-        SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment FOR UPDATE;
-        IF NOT FOUND THEN
-            problem := 'unknown payment ' || p_payment;
-        ELSIF v_payment.currency <> p_currency THEN
-            problem := format('refund in %s of payment %s, which was in %s', p_currency, p_payment, v_payment.currency);
-        ELSIF p_amount > v_payment.amount_cents THEN
-            problem := format('refunded total of %s cents is above payment %s''s %s cents',
-                              p_amount, p_payment, v_payment.amount_cents);
-        ELSIF p_amount > v_payment.refunded_cents THEN
-            -- Only what this total adds to the highest one applied so far.
-            UPDATE payments SET refunded_cents = p_amount, updated_at = now()
-            WHERE source = p_source AND payment_id = p_payment;
-            UPDATE user_balances SET balance_cents = balance_cents - (p_amount - v_payment.refunded_cents),
-                                     updated_at = now()
-            WHERE user_id = v_payment.user_id RETURNING balance_cents INTO balance_after;
-            INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
-            VALUES (p_source, p_event_id, 'refund', p_payment, v_payment.user_id,
-                    v_payment.refunded_cents - p_amount);
-            change := 'refund';
-        END IF;  -- else a total already applied (late, repeated, out of order): nothing to debit
-    END IF;
-
-    -- Complete, or record why not.
-    IF problem IS NULL THEN
-        UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(), last_error = NULL
-        WHERE id = v_row_id;
-        outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
-    ELSE
-        UPDATE webhook_events SET status = 'failed', last_error = problem, updated_at = now() WHERE id = v_row_id;
-        outcome := CASE WHEN v_mismatch THEN 'payment_mismatch' ELSE 'failed' END;
-    END IF;
-END
-$$;

@@ -16,7 +16,7 @@ from . import ledger, lock, retention, verify
 from .config import Settings
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
-from .events import DEFAULT_SOURCE
+from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .redis_client import reason_of
 from .schema import SchemaError
 
@@ -46,10 +46,12 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           j.kind, j.payment_id, j.user_id, j.amount_cents, j.created_at AS changed_at
+           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
+SHOW_MOVEMENT = "SELECT state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
+SHOW_ACCOUNT = "SELECT * FROM payment_accounts WHERE source = %s AND payment_id = %s"
 FAILED_EVENTS = """
     SELECT source, event_id FROM webhook_events
     WHERE status = 'failed' AND (%(source)s::text IS NULL OR source = %(source)s)
@@ -96,8 +98,15 @@ def init_db_command() -> None:
         if not applied.created and not applied.ran:
             click.echo("schema up to date: no migration to apply")
         recomputed = ledger.recompute_effects(pool, policy)
-    if recomputed:
-        click.echo(f"recomputed the effects of {recomputed} stored events")
+        if recomputed.effects:
+            click.echo(f"recomputed the effects of {recomputed.effects} stored events")
+        if recomputed.reopened:
+            # Money an earlier release never moved (refunds, disputes it did not know): moved now, once.
+            results = [_replayed(source, event_id, ledger.replay(pool, source, event_id, policy))
+                       for source, event_id in recomputed.reopened]
+            click.echo(f"replayed {len(results)} events an earlier release stored without moving their money:")
+            for _, line in results:
+                click.echo(f"  {line}")
 
 
 @events.command("list")
@@ -129,9 +138,16 @@ def list_events(sources: tuple[str, ...], statuses: tuple[str, ...], types: tupl
 @SOURCE
 def show_event(event_id: str, source: str) -> None:
     """Show one stored event: the bytes received, status, attempts, last error, times."""
+    effect, movement, account = None, None, None
     with transaction(get_pool(current_app)) as conn:
         cursor = conn.cursor(row_factory=namedtuple_row)
         row: NamedRow | None = cursor.execute(SHOW_EVENT, [source, event_id]).fetchone()
+        if row is not None:
+            effect = _stored_effect(row, Settings.of(current_app).policy)
+        if effect is not None and effect.payment_id is not None:
+            if effect.movement_id is not None:
+                movement = cursor.execute(SHOW_MOVEMENT, [source, effect.kind, effect.movement_id]).fetchone()
+            account = cursor.execute(SHOW_ACCOUNT, [source, effect.payment_id]).fetchone()
     if row is None:
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
     if row.body is None:
@@ -146,7 +162,9 @@ def show_event(event_id: str, source: str) -> None:
         ("mismatches", f"{row.mismatches} (last {_utc(row.last_mismatch_at)})"),
         ("body sha256", row.body_sha256.hex()), ("stored bytes", kept),
         ("received", _utc(row.created_at)), ("updated", _utc(row.updated_at)), ("completed", _utc(row.completed_at)),
+        ("movement", _movement_line(effect, movement)),
         ("balance change", change),
+        ("account", _account_line(account)),
     ]
     for name, value in fields:
         click.echo(f"{name + ':':<16}{value}")
@@ -154,6 +172,40 @@ def show_event(event_id: str, source: str) -> None:
         # The bytes as received, not re-serialised: the event of record.
         click.echo(f"body ({len(row.body)} bytes, as received):")
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
+
+
+def _stored_effect(row: NamedRow, policy: Policy) -> Effect | None:
+    """What the stored bytes of a row of SHOW_EVENT say it moves, read by the live path's code; None if unreadable."""
+    try:
+        return effect_of(stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256), policy)
+    except StoredBodyError:
+        return None
+
+
+def _movement_line(effect: Effect | None, movement: NamedRow | None) -> str:
+    """What the event's bytes say it moves, and, for a refund or a dispute, the state recorded for it now."""
+    if effect is None:
+        return "- (its stored bytes cannot be read)"
+    if effect.problem:
+        return f"none: {effect.problem}"
+    if effect.kind is None:
+        return "none (this event moves no money)"
+    said = f"{effect.kind} of payment {effect.payment_id}, {effect.amount_cents} cents"
+    if effect.movement_id is None:
+        return said
+    recorded = movement.state if movement else "not recorded"
+    return f"{effect.kind} {effect.movement_id} {effect.state}: {said} (recorded now: {recorded})"
+
+
+def _account_line(account: NamedRow | None) -> str:
+    """A payment's account (money.sql's payment_accounts), in one line."""
+    if account is None:
+        return "-"
+    return (f"{account.payment_id}: credited {account.credited_cents}, highest refunded total "
+            f"{account.refunded_total_cents}, refunds {account.refunds_applied_cents} applied and "
+            f"{account.refunds_reversed_cents} reversed, disputes {account.disputes_withdrawn_cents} withdrawn and "
+            f"{account.disputes_reinstated_cents} reinstated; {account.debited_cents} debited "
+            f"(due {account.debit_due_cents}) from {account.user_id}")
 
 
 def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple[bool, str]:

@@ -46,7 +46,8 @@ class Delivery:
     reason: str | None = None  # a rejection's error code
     body_sha256: bytes | None = None  # of the bytes received
     stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
-    payment_id: str | None = None  # the payment the event credits or refunds
+    payment_id: str | None = None  # the payment whose money the event moves
+    movement: str | None = None  # a refund or dispute, its id and what the event says: "refund re_1 reversed"
     change: StrEnum | None = None  # the ledger.Change it made
     balance_after: int | None = None  # the user's balance after that change
 
@@ -101,7 +102,7 @@ def _log(delivery: Delivery, response: Response, seconds: float) -> None:
         "source": delivery.source, "event_id": delivery.event_id, "event_type": delivery.event_type,
         "outcome": delivery.outcome, "reason": delivery.reason, "latency_ms": round(seconds * 1000, 1),
         "secret_index": delivery.secret_index, "redis": delivery.lock_state, "redis_fault": delivery.redis_fault,
-        "payment_id": delivery.payment_id, "change": delivery.change,
+        "payment_id": delivery.payment_id, "movement": delivery.movement, "change": delivery.change,
     }
     if delivery.reserialised:
         assert delivery.body_sha256 is not None and delivery.stored_sha256 is not None  # reserialised says so

@@ -17,11 +17,12 @@ that RULES names per type (docs/providers.md has the table).
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, NoReturn, Protocol, cast
+from typing import Any, NamedTuple, NoReturn, Protocol, TypeGuard, cast
 
 # The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
 DEFAULT_SOURCE = "default"
@@ -31,10 +32,17 @@ PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_REFUNDED = "payment.refunded"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
 CHARGE_REFUNDED = "charge.refunded"
+# Stripe's Refund object, in each event that carries it (docs/providers.md).
+REFUND_EVENTS = ("refund.created", "refund.updated", "refund.failed", "charge.refund.updated")
+DISPUTE_FUNDS_WITHDRAWN = "charge.dispute.funds_withdrawn"
+DISPUTE_FUNDS_REINSTATED = "charge.dispute.funds_reinstated"
+# The first Stripe API version whose charge.refunded no longer counts an
+# authorisation released by a partial capture or a cancellation.
+STRIPE_BASIL = "2025-03-31"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 2
+EFFECT_VERSION = 3
 # user_balances.balance_cents is a BIGINT.
 MAX_CENTS = 2**63 - 1
 
@@ -72,10 +80,19 @@ class Event:
 
 
 class Kind(StrEnum):
-    """What an event does to a balance; also ledger_journal.kind."""
+    """What an event moves (apply_event's p_kind); REFUND and DISPUTE are also movements.kind."""
 
     CREDIT = "credit"  # credits a payment to its user, once per payment
-    REFUND = "refund"  # debits a payment's user what its refunded total adds
+    REFUNDED_TOTAL = "refunded_total"  # a running total of the payment's refunds: the highest one counts
+    REFUND = "refund"  # a refund object: taken once when counted, given back once when it failed
+    DISPUTE = "dispute"  # a dispute: its funds withdrawn once, reinstated once
+
+
+class State(StrEnum):
+    """What an event says of a refund or a dispute (movements.state): states only move forward."""
+
+    APPLIED = "applied"  # a refund counted (pending, requires_action, succeeded), a dispute's funds withdrawn
+    REVERSED = "reversed"  # a refund failed or canceled, a dispute's funds reinstated
 
 
 @dataclass(frozen=True)
@@ -89,11 +106,13 @@ class Effect:
 
     kind: Kind | None
     payment_id: str | None = None
-    user_id: uuid.UUID | None = None  # a credit's; a refund's user is its payment's
-    amount_cents: int | None = None  # a credit's amount, or a refund's total refunded so far
+    user_id: uuid.UUID | None = None  # a credit's; every other movement's user is its payment's
+    amount_cents: int | None = None  # a credit's amount, a running total, or a refund's or dispute's amount
     currency: str | None = None
     problem: str | None = None
     sha256: bytes = b""
+    movement_id: str | None = None  # a refund's or a dispute's id
+    state: State | None = None  # what the event says of that refund or dispute
 
 
 @dataclass(frozen=True)
@@ -200,23 +219,25 @@ def _data_field(document: dict[str, Any]) -> dict[str, Any]:
 
 
 # Fields of the types _problem has just checked (for the type checker; built once, not per event).
-_CheckedFields = tuple[str, str | None, int, str, object]
+_CheckedFields = tuple[str, str | None, int, str, object, str | None, State | None]
 
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     """What applying event does to the ledger (never raises: a refusal is the Effect's problem)."""
     rule = RULES.get(event.type)
-    if rule is None:
+    fields = rule.read(event, policy) if rule else None
+    if rule is None or fields is None:  # a type, or an event, that moves no money
         return Effect(None, sha256=_sha256([event.type]))
-    fields = rule.read(event, policy)
-    problem = _problem(rule, fields, policy)
+    problem = fields if isinstance(fields, str) else _problem(rule, fields, policy)
     # A refused effect never compares equal to one that applies, however
     # close their values (a null currency is refused, a missing one implied).
-    sha256 = _sha256([event.type, "refused" if problem else "applies", *fields])
+    sha256 = _sha256([event.type, "refused" if problem else "applies",
+                      *([fields] if isinstance(fields, str) else fields)])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    payment_id, user_id, amount, currency, _ = cast(_CheckedFields, fields)
-    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, sha256=sha256)
+    payment_id, user_id, amount, currency, _, movement_id, state = cast(_CheckedFields, fields)
+    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, sha256=sha256,
+                  movement_id=movement_id, state=state)
 
 
 def _sha256(values: list[object]) -> bytes:
@@ -229,15 +250,20 @@ class Fields(NamedTuple):
     (a float amount, a number id) left as it came, so that it is refused and differs from any that applies."""
 
     payment_id: object
-    user_id: object  # a credit's; None for a refund (its user is the payment's)
-    amount: object  # a credit's amount, or a refund's total refunded so far
+    user_id: object  # a credit's; None for every other movement (its user is the payment's)
+    amount: object  # a credit's amount, a running total, or a refund's or dispute's amount
     currency: object
     livemode: object  # Stripe's; None for this service's own shape, which has no test mode
+    movement_id: object = None  # a refund's or a dispute's id; None for a credit or a running total
+    state: object = None  # a State for a refund or a dispute, or what was sent when it names none
 
 
 class Rule(NamedTuple):
     kind: Kind
-    read: Callable[[Event, Policy], Fields]
+    # Fields; None when this event moves no money (an authorisation released,
+    # never captured); a str when it cannot apply for a reason the fields
+    # alone do not say (the 422's message).
+    read: Callable[[Event, Policy], Fields | str | None]
     labels: Fields  # where each field is read from, for the 422's message
 
 
@@ -277,17 +303,77 @@ def _read_payment_intent(event: Event, policy: Policy) -> Fields:
     intent = _object(event.data.get("object"))
     user_id = _uuid(_object(intent.get("metadata")).get("user_id"))
     return Fields(intent.get("id"), user_id, intent.get("amount_received"), _lower(intent.get("currency")),
-                  event.document.get("livemode") is True)
+                  _livemode(event))
 
 
-def _read_charge_refunded(event: Event, policy: Policy) -> Fields:
+def _read_charge_refunded(event: Event, policy: Policy) -> Fields | str | None:
+    """The Charge's total refunded, of what was captured.
+
+    Before API version 2025-03-31.basil, a partial capture or a cancellation
+    counts the authorisation it releases in amount_refunded (and sends
+    charge.refunded); since, it does not. A charge never captured moved no
+    money. A charge without amount_captured (older API versions) is read
+    as captured whole unless `captured` is false.
+    """
     charge = _object(event.data.get("object"))
-    return Fields(charge.get("payment_intent"), None, charge.get("amount_refunded"), _lower(charge.get("currency")),
-                  event.document.get("livemode") is True)
+    total, amount, captured = charge.get("amount_refunded"), charge.get("amount"), charge.get("amount_captured")
+    if captured is None and charge.get("captured") is False or captured == 0 and _is_cents(captured, zero=True):
+        return None
+    if _is_cents(total) and _is_cents(amount) and _is_cents(captured) and captured < amount:
+        before_basil = _stripe_before(event.document.get("api_version"), STRIPE_BASIL)
+        if before_basil is None:
+            return "api_version must name a Stripe API version to read the refunds of a partially captured charge"
+        if before_basil:
+            total -= amount - captured
+            if total <= 0:
+                return None  # only the released authorisation
+    return Fields(charge.get("payment_intent"), None, total, _lower(charge.get("currency")), _livemode(event))
+
+
+# A Refund's status -> what it says of the refund (Stripe's Refund object).
+REFUND_STATES = {"pending": State.APPLIED, "requires_action": State.APPLIED, "succeeded": State.APPLIED,
+                 "failed": State.REVERSED, "canceled": State.REVERSED}
+
+
+def _read_refund(event: Event, policy: Policy) -> Fields | None:
+    refund = _object(event.data.get("object"))
+    if refund.get("reason") == "expired_uncaptured_charge":
+        return None  # Stripe's own, for an authorisation that expired uncaptured: no money moved
+    status = refund.get("status")
+    state = REFUND_STATES.get(status, status) if isinstance(status, str) else status
+    return Fields(refund.get("payment_intent"), None, refund.get("amount"), _lower(refund.get("currency")),
+                  _livemode(event), refund.get("id"), state)
+
+
+def _read_dispute(state: State) -> Callable[[Event, Policy], Fields]:
+    def read(event: Event, policy: Policy) -> Fields:
+        dispute = _object(event.data.get("object"))
+        return Fields(dispute.get("payment_intent"), None, dispute.get("amount"), _lower(dispute.get("currency")),
+                      _livemode(event), dispute.get("id"), state)
+    return read
+
+
+def _livemode(event: Event) -> bool:
+    return event.document.get("livemode") is True
+
+
+def _stripe_before(api_version: object, version: str) -> bool | None:
+    """Whether a Stripe API version ("2024-06-20", "2025-03-31.basil") is older than version; None if unreadable."""
+    if not isinstance(api_version, str) or not _API_VERSION.fullmatch(api_version):
+        return None
+    return api_version[:10] < version
+
+
+_API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(\.[a-z]+)?")
 
 
 def _object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _is_cents(value: object, zero: bool = False) -> TypeGuard[int]:
+    """Whether value is a number of cents a BIGINT holds (bool is an int in Python; True is not one cent)."""
+    return isinstance(value, int) and not isinstance(value, bool) and (0 if zero else 1) <= value <= MAX_CENTS
 
 
 def _problem(rule: Rule, fields: Fields, policy: Policy) -> str | None:
@@ -297,16 +383,22 @@ def _problem(rule: Rule, fields: Fields, policy: Policy) -> str | None:
         return "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
     if fields.currency != policy.currency:
         return f"{labels.currency} must be the ledger's currency, {policy.currency!r}"
-    payment_id = fields.payment_id
-    if not isinstance(payment_id, str) or not 1 <= len(payment_id) <= MAX_ID_CHARS or not _storable(payment_id):
+    if not _is_id(fields.payment_id):
         return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
     if rule.kind == Kind.CREDIT and not _is_uuid(fields.user_id):
         return f"{labels.user_id} must be a user's UUID"
-    amount = fields.amount
-    # bool is an int in Python; True is not one cent.
-    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= MAX_CENTS:
+    if not _is_cents(fields.amount):
         return f"{labels.amount} must be a positive integer"
+    if rule.kind in (Kind.REFUND, Kind.DISPUTE):
+        if not _is_id(fields.movement_id):
+            return f"{labels.movement_id} must be an id of 1 to {MAX_ID_CHARS} characters"
+        if not isinstance(fields.state, State):
+            return f"{labels.state} must be one of {', '.join(REFUND_STATES)}"
     return None
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS and _storable(value)
 
 
 def _is_uuid(value: object) -> bool:
@@ -317,16 +409,23 @@ def _is_uuid(value: object) -> bool:
         return False
 
 
+_STRIPE_REFUND = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
+                        "livemode", "data.object.id", "data.object.status")
+_STRIPE_DISPUTE = _STRIPE_REFUND._replace(state=None)
+
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still applies.
 RULES = {
     PAYMENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment, Fields(
         "data.paymentId", "data.userId", "data.amountCents", "data.currency", None)),
-    PAYMENT_REFUNDED: Rule(Kind.REFUND, _read_payment_refunded, Fields(
+    PAYMENT_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_payment_refunded, Fields(
         "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
     PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment_intent, Fields(
         "data.object.id", "data.object.metadata.user_id", "data.object.amount_received", "data.object.currency",
         "livemode")),
-    CHARGE_REFUNDED: Rule(Kind.REFUND, _read_charge_refunded, Fields(
+    CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
+    **{refund_event: Rule(Kind.REFUND, _read_refund, _STRIPE_REFUND) for refund_event in REFUND_EVENTS},
+    DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), _STRIPE_DISPUTE),
+    DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), _STRIPE_DISPUTE),
 }

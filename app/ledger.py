@@ -1,10 +1,11 @@
 """The ledger's unit of work: one delivery of one event, applied in ONE statement.
 
 The money rule (record, decide, credit or debit, journal, complete) is
-written once, as the schema's `apply_event` function; every delivery, new
-or stored, and every replay calls it here. Unique constraints decide
-idempotency: webhook_events (source, event_id) per event, payments (source,
-payment_id) per payment; the Redis lock in front of this only saves work. A
+written once, in money.sql (`apply_event`); every delivery, new or stored,
+and every replay calls it here. Unique constraints decide idempotency:
+webhook_events (source, event_id) per event, payments (source, payment_id)
+per payment, movements (source, kind, id) per refund and dispute; the Redis
+lock in front of this only saves work. A
 crash anywhere before COMMIT leaves nothing behind, and a 2xx is answered
 only after COMMIT returned.
 """
@@ -21,6 +22,7 @@ from .events import (
     EFFECT_VERSION,
     Effect,
     Event,
+    Kind,
     Policy,
     StoredBodyError,
     UnprocessableError,
@@ -38,7 +40,7 @@ class PayloadMismatchError(ValueError):
 
 
 class PaymentMismatchError(ValueError):
-    """The event's payment was credited by another event naming another user, amount or currency: 409."""
+    """The event's payment (or refund, or dispute) was announced by another event otherwise: 409."""
 
 
 class Status(StrEnum):
@@ -53,7 +55,10 @@ class Change(StrEnum):
     """The balance change a delivery made (apply_event's `change`): logged and counted."""
 
     CREDIT = "credit"  # a payment credited
-    REFUND = "refund"  # a payment's user debited what a higher refunded total adds
+    REFUND = "refund"  # a refund taken from the payment's user (by its object, or what a higher total adds)
+    REFUND_REVERSED = "refund_reversed"  # a failed or canceled refund given back
+    DISPUTE_WITHDRAWN = "dispute_withdrawn"  # a dispute's funds taken from the payment's user
+    DISPUTE_REINSTATED = "dispute_reinstated"  # a dispute's funds given back
     PAYMENT_DUPLICATE = "payment_duplicate"  # a credited payment announced again by another event: nothing
 
 
@@ -91,8 +96,10 @@ class Result(NamedTuple):
 
 
 APPLY_EVENT = """
-    SELECT * FROM apply_event(%(source)s, %(event_id)s, %(type)s, %(body)s, %(body_sha256)s, %(effect_sha256)s,
-    %(keep_json)s, %(problem)s, %(kind)s, %(payment_id)s, %(user_id)s, %(amount)s, %(currency)s)
+    SELECT * FROM apply_event(p_source => %(source)s, p_event_id => %(event_id)s, p_type => %(type)s,
+    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => %(keep_json)s,
+    p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
+    p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s)
 """
 
 
@@ -106,7 +113,8 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes) ->
     params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
               "body_sha256": body_sha256, "effect_sha256": effect.sha256, "keep_json": True, "problem": effect.problem,
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
-              "amount": effect.amount_cents, "currency": effect.currency}
+              "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
+              "state": effect.state}
     try:
         row = one_query(pool, APPLY_EVENT, params)
     except psycopg.errors.DataError:
@@ -151,31 +159,50 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, body, payload_sha256 AS body_sha256 FROM webhook_events
+    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256
+    FROM webhook_events
     WHERE effect_version IS DISTINCT FROM %(version)s AND body IS NOT NULL
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 """
 SET_EFFECT = "UPDATE webhook_events SET effect_sha256 = %s, effect_version = %s WHERE id = %s"
+# A completed event that its rule's version moved no money for, but this one does.
+REOPEN = "UPDATE webhook_events SET status = 'failed', last_error = %s, updated_at = now() WHERE id = %s"
 EFFECTS_BATCH = 1000
+# The kinds each effect version was the first to move money for: an event of
+# such a kind stored completed by an earlier version moved nothing.
+FIRST_MOVED_IN = {Kind.REFUND: 3, Kind.DISPUTE: 3}
+UNAPPLIED = "stored by an earlier release, whose rule moved no money for it: `flask events replay` applies it"
 
 
-def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> int:
-    """Recompute, from their stored bytes, the effects that an older rule hashed; return how many.
+class Recomputed(NamedTuple):
+    effects: int  # stored effects recomputed
+    reopened: list[tuple[str, str]]  # (source, event id) of the events an earlier rule left unapplied, now failed
+
+
+def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed:
+    """Recompute, from their stored bytes, the effects that an older rule hashed; return what was done.
 
     Run by `flask init-db` after the schema: until then a re-delivery of such
-    an event would not compare equal to its own stored effect. Safe to run
-    twice, and from two hosts at once.
+    an event would not compare equal to its own stored effect. A completed
+    event whose rule moved no money for it (a refund object, a dispute,
+    before version 3) is marked failed, for init-db to replay: nothing an
+    earlier release stored is left unapplied. Safe to run twice, and from
+    two hosts at once.
     """
-    done = 0
+    done, reopened = 0, []
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, body, body_sha256 in rows:
+            for row_id, source, event_id, event_type, status, version, body, body_sha256 in rows:
                 try:
                     effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256), policy)
                 except StoredBodyError:
                     effect = None  # unreadable bytes: verify reports them; compared by bytes meanwhile
                 conn.execute(SET_EFFECT, [effect and effect.sha256, EFFECT_VERSION, row_id])
+                if (status == Status.COMPLETED and effect is not None and effect.kind in FIRST_MOVED_IN
+                        and (version or 1) < FIRST_MOVED_IN[effect.kind]):
+                    conn.execute(REOPEN, [UNAPPLIED, row_id])
+                    reopened.append((source, event_id))
         done += len(rows)
         if len(rows) < EFFECTS_BATCH:
-            return done
+            return Recomputed(done, reopened)

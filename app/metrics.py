@@ -48,7 +48,13 @@ CHANGES = {
     Change.PAYMENT_DUPLICATE: (
         "webhook_ledger_payment_duplicates",
         "Events announcing a payment already credited by another event (200 duplicate, nothing credited)"),
-    Change.REFUND: ("webhook_ledger_refunds_applied", "Refund events that debited what their refunded total adds"),
+    Change.REFUND: ("webhook_ledger_refunds_applied",
+                    "Refund events that debited a refund (by its object, or what a higher refunded total adds)"),
+    Change.REFUND_REVERSED: ("webhook_ledger_refunds_reversed",
+                             "Refunds that failed or were canceled after they were debited, given back"),
+    Change.DISPUTE_WITHDRAWN: ("webhook_ledger_disputes_withdrawn", "Disputes whose funds were withdrawn, debited"),
+    Change.DISPUTE_REINSTATED: ("webhook_ledger_disputes_reinstated",
+                                "Disputes whose funds were reinstated, given back"),
 }
 
 
@@ -81,11 +87,13 @@ class Metrics:
                         for change, (name, text) in CHANGES.items()}
         self.payment_mismatches = Counter(
             "webhook_ledger_payment_mismatches",
-            "Events for a credited payment naming another user, amount or currency (409, nothing credited)",
+            "Events naming a credited payment otherwise (user, amount, currency), or a known refund or dispute"
+            " otherwise (payment, amount): 409, nothing moved",
             ["source"], registry=registry)
         self.below_zero = Counter(
             "webhook_ledger_balances_below_zero",
-            "Refunds that left their user's balance below zero (recorded all the same)", ["source"], registry=registry)
+            "Refunds and disputes that left their user's balance below zero (recorded all the same)", ["source"],
+            registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0

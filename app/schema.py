@@ -1,9 +1,11 @@
 """The schema, versioned: what `flask init-db` runs before it recomputes the stored effects.
 
-schema.sql is the current schema, whole. An empty database gets it, and
-every file of migrations/ is recorded as included. A database created by an
-earlier release gets the migrations it lacks, in the order of their names
-(`NNN_what.sql`). `schema_migrations` records each: its name, its file's
+schema.sql is the current schema's tables, whole. An empty database gets it,
+and every file of migrations/ is recorded as included. A database created by
+an earlier release gets the migrations it lacks, in the order of their names
+(`NNN_what.sql`). Then, either way and on every run, money.sql (the money
+rule: functions and a view, all replaced) is applied whole, so that a rule
+change is one file's diff and no migration. `schema_migrations` records each: its name, its file's
 SHA-256, whether it ran here or the schema had it already, and when. A
 database made before that table existed is told by its tables (RELEASES) and
 recorded at its release first.
@@ -44,6 +46,8 @@ RELEASES = [
      ["001_sources.sql"]),
     ("SELECT to_regclass('ledger_credits') IS NOT NULL", []),  # the first
 ]
+# The money rule, beside schema.sql: applied after the tables, every time.
+MONEY = "money.sql"
 RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
 
 
@@ -59,7 +63,8 @@ class Applied(NamedTuple):
 def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> Applied:
     """Bring conn's database to schema_path's schema, under the lock, in one transaction; return what was done.
 
-    The migrations are the folder `migrations` beside schema_path. currency
+    The migrations are the folder `migrations` beside schema_path, the rule
+    its `money.sql`. currency
     is the ledger's (LEDGER_CURRENCY), which a migration may read as
     `webhook_ledger.currency`. Raises SchemaError, changing nothing, when the
     database records a migration that is not in the folder (it is newer than
@@ -91,6 +96,7 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
         for name in ran:
             conn.execute(files[name].decode())
             conn.execute(RECORD, [name, sha256[name], True])
+        conn.execute((schema_path.parent / MONEY).read_text())
     return Applied(created, ran)
 
 

@@ -3,19 +3,23 @@
 - no (source, event id) is stored twice (invariant 5);
 - no event is left 'processing': that status never outlives its
   transaction (invariant 2);
-- each user's balance = opening balance + the sum of their journal, credits
-  and refunds (invariant 5);
+- each user's balance = opening balance + the sum of their journal
+  (invariant 5);
 - a journal row whose event is still stored belongs to a completed event,
   and a completed payment or refund that is still stored did what its
   stored bytes say (checked against their SHA-256 and read by the same code
   as the receiver's; rows stored before the bytes were kept are read from
   their jsonb copy) (invariants 1 and 6);
-- each payment is credited once, by a credit of its own user and amount,
-  and its refunds debit, in all, exactly its highest refunded total, never
-  more than the payment (invariant 6).
-Purged events leave their journal rows behind, so these hold after a purge.
-Balances below zero are reported apart: a refund may leave one (the money
-went back to the card after the credit was spent), which is not an error.
+- each payment is credited once, by a credit of its own user and amount;
+  what its refunds and disputes debited, in all, in the journal is what
+  the rule says is due from its movements and its highest running total
+  (money.sql's payment_accounts), never more than the payment; and every
+  completed refund or dispute that is still stored is recorded as its bytes
+  say (invariant 6).
+Purged events leave their journal rows and movements behind, so these hold
+after a purge. Balances below zero are reported apart: a refund may leave
+one (the money went back to the card after the credit was spent), which is
+not an error.
 """
 
 from typing import Any, NamedTuple
@@ -24,7 +28,8 @@ import psycopg
 from psycopg.rows import namedtuple_row
 
 from .db import NamedRow
-from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, Policy, StoredBodyError, effect_of, stored_event
+from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, Policy, State, StoredBodyError, effect_of, stored_event
+from .ledger import Change
 
 DUPLICATED_IDS = """
     SELECT source, event_id, count(*) AS times FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
@@ -43,18 +48,22 @@ JOURNAL_OF_UNFINISHED = """
     SELECT j.source, j.event_id, e.status FROM ledger_journal j JOIN webhook_events e USING (source, event_id)
     WHERE e.status <> 'completed' ORDER BY j.source, j.event_id
 """
-# Per payment: its credits in the journal, and what its refunds debited.
+# Per payment: its credits in the journal, what its other journal rows took, what its row says it
+# debited, and what the rule says is due.
 WRONG_PAYMENTS = """
     SELECT * FROM (
-        SELECT p.source, p.payment_id, p.user_id, p.amount_cents, p.refunded_cents,
+        SELECT p.source, p.payment_id, p.user_id, p.amount_cents, p.debited_cents, a.debit_due_cents,
                count(j.id) FILTER (WHERE j.kind = 'credit') AS credits,
                count(j.id) FILTER (WHERE j.kind = 'credit' AND j.user_id = p.user_id
                                      AND j.amount_cents = p.amount_cents) AS exact_credits,
-               -coalesce(sum(j.amount_cents) FILTER (WHERE j.kind = 'refund'), 0) AS debited
-        FROM payments p LEFT JOIN ledger_journal j USING (source, payment_id)
-        GROUP BY p.source, p.payment_id
+               -coalesce(sum(j.amount_cents) FILTER (WHERE j.kind <> 'credit'), 0) AS debited,
+               count(j.id) FILTER (WHERE j.kind <> 'credit' AND j.user_id <> p.user_id) AS others
+        FROM payments p JOIN payment_accounts a USING (source, payment_id)
+        LEFT JOIN ledger_journal j USING (source, payment_id)
+        GROUP BY p.source, p.payment_id, a.debit_due_cents
     ) t
-    WHERE credits <> 1 OR exact_credits <> 1 OR debited <> refunded_cents
+    WHERE credits <> 1 OR exact_credits <> 1 OR others <> 0 OR debited <> debited_cents
+       OR debited_cents <> debit_due_cents
     ORDER BY source, payment_id
 """
 JOURNAL_WITHOUT_PAYMENT = """
@@ -62,18 +71,26 @@ JOURNAL_WITHOUT_PAYMENT = """
     WHERE NOT EXISTS (SELECT 1 FROM payments p WHERE p.source = j.source AND p.payment_id = j.payment_id)
     ORDER BY j.source, j.event_id
 """
-# Each completed payment or refund still stored, with its journal row (if any)
-# and its payment (if any): what it did, to compare with what its bytes say.
+# A journal row of a refund object or a dispute names a movement of its own payment.
+JOURNAL_WITHOUT_MOVEMENT = """
+    SELECT j.source, j.event_id, j.kind, j.movement_id FROM ledger_journal j
+    WHERE j.movement_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM movements m WHERE m.source = j.source AND m.movement_id = j.movement_id
+        AND m.payment_id = j.payment_id AND m.kind = split_part(j.kind, '_', 1))
+    ORDER BY j.source, j.event_id
+"""
+# Each completed event of a type that moves money, still stored, with its journal row (if any): what it
+# did, to compare with what its bytes say.
 COMPLETED_EFFECTS = """
     SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
            CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
-           j.kind, j.payment_id, j.user_id, j.amount_cents, p.refunded_cents
+           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
     LEFT JOIN ledger_journal j USING (source, event_id)
-    LEFT JOIN payments p ON p.source = e.source AND p.payment_id = j.payment_id
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
 PAYMENT = "SELECT user_id, amount_cents, refunded_cents FROM payments WHERE source = %s AND payment_id = %s"
+MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 COUNTS = """
     SELECT (SELECT count(*) FROM user_balances), (SELECT count(*) FROM webhook_events),
            (SELECT count(*) FROM payments), (SELECT count(*) FROM ledger_journal)
@@ -113,6 +130,8 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Rep
         problems += [_payment_problem(r) for r in cur.execute(WRONG_PAYMENTS)]
         problems += [f"journal row of event {_name(r.source, r.event_id)}: no payment {r.payment_id!r}"
                      for r in cur.execute(JOURNAL_WITHOUT_PAYMENT)]
+        problems += [f"journal row of event {_name(r.source, r.event_id)}: a {r.kind} of no movement "
+                     f"{r.movement_id!r} of its payment" for r in cur.execute(JOURNAL_WITHOUT_MOVEMENT)]
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
             problems += [p for row in rows if (p := _effect_problem(cur, policy, row))]
@@ -134,11 +153,15 @@ def _payment_problem(row: NamedRow) -> str:
         return f"payment {name}: credited {row.credits} times"
     if row.exact_credits != 1:
         return f"payment {name}: its credit is not {row.amount_cents} cents to {row.user_id}"
-    return f"payment {name}: refunds debited {row.debited} cents, its refunded total is {row.refunded_cents}"
+    if row.others:
+        return f"payment {name}: {row.others} journal rows debit or credit another user than {row.user_id}"
+    if row.debited != row.debited_cents:
+        return f"payment {name}: its journal debited {row.debited} cents, its row says {row.debited_cents}"
+    return f"payment {name}: {row.debited_cents} cents debited, its refunds and disputes make {row.debit_due_cents} due"
 
 
 def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow) -> str | None:
-    """Why a completed event's balance change is not what its stored bytes say, or None."""
+    """Why a completed event's balance change (or its record) is not what its stored bytes say, or None."""
     name = _name(row.source, row.event_id)
     # Stored before the bytes were kept: its jsonb copy, unchecked.
     body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
@@ -148,24 +171,46 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
         return f"completed event {name}: {exc}"
     if effect.problem:
         return f"completed event {name}: {effect.problem}"
-    if row.kind is None:  # no balance change: a payment announced again, or a refunded total already applied
+    if effect.kind is None:  # its bytes say it moves no money
+        return f"completed event {name}: journal has a {row.kind}, its bytes move no money" if row.kind else None
+    if row.kind is not None and (row.kind not in CHANGES_OF[effect.kind] or row.payment_id != effect.payment_id
+                                 or row.movement_id != effect.movement_id):
+        return f"completed event {name}: journal has a {row.kind} of payment {row.payment_id!r}, its bytes say " \
+               f"a {effect.kind} of payment {effect.payment_id!r}"
+    if effect.kind == Kind.CREDIT:
+        if row.kind is not None:
+            if (row.user_id, row.amount_cents) != (effect.user_id, effect.amount_cents):
+                return (f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, "
+                        f"its bytes say {effect.amount_cents} cents to {effect.user_id}")
+            return None
+        # A payment announced again: nothing credited, the payment is the one its bytes name.
         payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
         if payment is None:
             return f"completed event {name}: no payment {effect.payment_id!r} in the ledger"
-        if effect.kind == Kind.CREDIT and (payment.user_id, payment.amount_cents) != (effect.user_id,
-                                                                                      effect.amount_cents):
+        if (payment.user_id, payment.amount_cents) != (effect.user_id, effect.amount_cents):
             return f"completed event {name}: payment {effect.payment_id!r} was credited {payment.amount_cents} " \
                    f"cents to {payment.user_id}, its bytes say {effect.amount_cents} cents to {effect.user_id}"
-        if effect.kind == Kind.REFUND and payment.refunded_cents < effect.amount_cents:
-            return f"completed event {name}: refunded total {effect.amount_cents} cents not applied " \
-                   f"(payment {effect.payment_id!r} has {payment.refunded_cents})"
         return None
-    if row.kind != effect.kind or row.payment_id != effect.payment_id:
-        return f"completed event {name}: journal has a {row.kind} of payment {row.payment_id!r}, its bytes say " \
-               f"a {effect.kind} of payment {effect.payment_id!r}"
-    if row.kind == Kind.CREDIT and (row.user_id, row.amount_cents) != (effect.user_id, effect.amount_cents):
-        return (f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, "
-                f"its bytes say {effect.amount_cents} cents to {effect.user_id}")
-    if row.kind == Kind.REFUND and row.refunded_cents < effect.amount_cents:
-        return f"completed event {name}: refunded total {effect.amount_cents} cents, payment has {row.refunded_cents}"
+    if effect.kind == Kind.REFUNDED_TOTAL:
+        payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
+        if payment is None or payment.refunded_cents < effect.amount_cents:
+            return f"completed event {name}: refunded total {effect.amount_cents} cents not recorded " \
+                   f"(payment {effect.payment_id!r} has {payment and payment.refunded_cents})"
+        return None
+    movement = cur.execute(MOVEMENT, [row.source, effect.kind, effect.movement_id]).fetchone()
+    if movement is None or (movement.payment_id, movement.amount_cents) != (effect.payment_id, effect.amount_cents):
+        return f"completed event {name}: its {effect.kind} {effect.movement_id!r} of {effect.amount_cents} cents " \
+               f"of payment {effect.payment_id!r} is not recorded as such"
+    if effect.state == State.REVERSED and movement.state != State.REVERSED:
+        return f"completed event {name}: its {effect.kind} {effect.movement_id!r} is {movement.state}, " \
+               f"its bytes say {effect.state}"
     return None
+
+
+# The journal kinds an event of each kind may write.
+CHANGES_OF = {
+    Kind.CREDIT: {Change.CREDIT},
+    Kind.REFUNDED_TOTAL: {Change.REFUND},
+    Kind.REFUND: {Change.REFUND, Change.REFUND_REVERSED},
+    Kind.DISPUTE: {Change.DISPUTE_WITHDRAWN, Change.DISPUTE_REINSTATED},
+}

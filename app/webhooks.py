@@ -42,6 +42,7 @@ def receive(name: str | None) -> dict[str, str]:
     event = parse(body, source.scheme, request.headers, source.event_source)
     effect = effect_of(event, settings.policy)
     delivery.event_id, delivery.event_type, delivery.payment_id = event.id, event.type, effect.payment_id
+    delivery.movement = effect.movement_id and f"{effect.kind} {effect.movement_id} {effect.state}"
 
     delivery.body_sha256 = hashlib.sha256(body).digest()
     event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, delivery.body_sha256,

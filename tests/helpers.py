@@ -19,8 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import namedtuple_row
 
-from app import signature, verify
+from app import events, signature, verify
 from app.config import DEFAULT_SOURCE, Settings
+from app.events import DEFAULT_POLICY
 from devservers import packages
 
 SCHEMES = signature.SCHEMES
@@ -246,51 +247,53 @@ def event_rows(conn, source=None):
                         {"source": source}).fetchone()[0]
 
 
-def assert_ledger_consistent(conn):
+def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     """Invariants 5 and 6, from the stored events alone: no (source, id) stored twice; each payment that a
-    completed event announced credited once; balance = opening + those credits - each payment's highest
-    refunded total; and `flask ledger verify`'s own checks clean."""
+    completed event announced credited once; balance = opening + those credits - what the money rule's Python
+    model (expected_debits) says each payment's completed events take; and `flask ledger verify`'s own checks
+    clean. The events are read from their bytes by the live path's reader (events.effect_of, under policy)."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
-    paid = conn.cursor(row_factory=namedtuple_row).execute(PAID_BY_STORED_EVENTS).fetchall()
-    payments = [(row.source, row.payment_id) for row in paid]
-    assert len(payments) == len(set(payments)), "a payment announced with two users or amounts was completed twice"
-    expected = {user: opening for user, opening in OPENING.items()}
-    for row in paid:
-        expected[row.user_id] = expected.get(row.user_id, 0) + row.cents - row.refunded_cents
+    completed = conn.execute("SELECT source, event_id, event_type, body FROM webhook_events"
+                             " WHERE status = 'completed' AND body IS NOT NULL ORDER BY id").fetchall()
+    credits, moves = {}, {}
+    for source, event_id, event_type, body in completed:
+        effect = events.effect_of(events.stored_event(source, event_id, event_type, bytes(body), None), policy)
+        if effect.kind is None:
+            continue
+        key = (source, effect.payment_id)
+        if effect.kind == events.Kind.CREDIT:
+            assert credits.setdefault(key, (effect.user_id, effect.amount_cents)) == \
+                (effect.user_id, effect.amount_cents), f"payment {key} completed with two users or amounts"
+        else:
+            moves.setdefault(key, []).append(effect)
+    expected = dict(OPENING)
+    for key, (user, cents) in credits.items():
+        expected[user] = expected.get(user, 0) + cents - expected_debits(cents, moves.get(key, []))
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
     if not conn.autocommit:
         conn.commit()  # verify's snapshot is a transaction of its own; only reads came before
-    assert verify.check(conn).problems == []
+    assert verify.check(conn, policy).problems == []
 
 
-# Each payment that a completed event announced, with its user, amount and highest refunded total, read
-# from the events' jsonb copies (not from the tables the ledger writes).
-PAID_BY_STORED_EVENTS = """
-    WITH completed AS (SELECT * FROM webhook_events WHERE status = 'completed'),
-    paid AS (
-        SELECT DISTINCT source, coalesce(payload #>> '{data,paymentId}', event_id) AS payment_id,
-               (payload #>> '{data,userId}')::uuid AS user_id, (payload #>> '{data,amountCents}')::bigint AS cents
-        FROM completed WHERE event_type = 'payment.succeeded'
-        UNION
-        SELECT source, payload #>> '{data,object,id}', (payload #>> '{data,object,metadata,user_id}')::uuid,
-               (payload #>> '{data,object,amount_received}')::bigint
-        FROM completed WHERE event_type = 'payment_intent.succeeded'
-    ), refunded AS (
-        SELECT source, payment_id, max(total) AS total FROM (
-            SELECT source, payload #>> '{data,paymentId}', (payload #>> '{data,amountRefundedCents}')::bigint
-            FROM completed WHERE event_type = 'payment.refunded'
-            UNION ALL
-            SELECT source, payload #>> '{data,object,payment_intent}',
-                   (payload #>> '{data,object,amount_refunded}')::bigint
-            FROM completed WHERE event_type = 'charge.refunded'
-        ) AS refund (source, payment_id, total) GROUP BY source, payment_id
-    )
-    SELECT source, payment_id, user_id, cents, coalesce(total, 0) AS refunded_cents
-    FROM paid LEFT JOIN refunded USING (source, payment_id)
-"""
+def expected_debits(credited, effects):
+    """What a credited payment's refunds and disputes take in all, by the rule of docs/design.md, written
+    apart from money.sql: each refund or dispute counts once, reversed if any event says so; the highest
+    running total takes what it says beyond the refund objects known; never more than the payment."""
+    total = max((e.amount_cents for e in effects if e.kind == events.Kind.REFUNDED_TOTAL), default=0)
+    movements = {}
+    for e in effects:
+        if e.kind in (events.Kind.REFUND, events.Kind.DISPUTE):
+            amount, reversed_ = movements.get((e.kind, e.movement_id), (e.amount_cents, False))
+            movements[(e.kind, e.movement_id)] = (amount, reversed_ or e.state == events.State.REVERSED)
+    refunds = [(a, r) for (kind, _), (a, r) in movements.items() if kind == events.Kind.REFUND]
+    disputes = [(a, r) for (kind, _), (a, r) in movements.items() if kind == events.Kind.DISPUTE]
+    known = sum(a for a, _ in refunds)
+    applied = sum(a for a, r in refunds if not r)
+    withdrawn = sum(a for a, r in disputes if not r)
+    return min(credited, applied + max(0, total - known) + withdrawn)
 
 
 def scrape(base):

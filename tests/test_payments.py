@@ -5,13 +5,11 @@ gunicorn."""
 
 import logging
 import threading
-import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import stripe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
@@ -21,52 +19,19 @@ from app.delivery import Outcome
 from .helpers import (
     ALICE,
     BOB,
-    SECRETS,
     assert_ledger_consistent,
     balance,
     deliver,
     encode,
     http_post,
     payment,
-    post_delivery,
     samples,
     signed_headers,
     stored_event_row,
 )
+from .stripe_events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
-
-
-def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None):
-    """payment_intent.succeeded as Stripe sends it, built by stripe-python."""
-    return stripe.Event.construct_from({
-        "id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "type": "payment_intent.succeeded",
-        "livemode": True, "api_version": "2024-06-20", "pending_webhooks": 1,
-        "data": {"object": {"id": intent_id, "object": "payment_intent", "amount": cents, "amount_received": cents,
-                            "currency": currency, "status": "succeeded", "metadata": {"user_id": str(user)}}},
-    }, "sk_test")
-
-
-def charge_refunded(intent_id, refunded_total, currency="usd", event_id=None, cents=250):
-    """charge.refunded as Stripe sends it: the Charge, with the total refunded so far."""
-    return stripe.Event.construct_from({
-        "id": event_id or f"evt_{uuid.uuid4().hex[:24]}", "object": "event", "type": "charge.refunded",
-        "livemode": True, "api_version": "2024-06-20", "pending_webhooks": 1,
-        "data": {"object": {"id": f"ch_{intent_id}", "object": "charge", "payment_intent": intent_id,
-                            "amount": cents, "amount_captured": cents, "amount_refunded": refunded_total,
-                            "refunded": refunded_total == cents, "currency": currency}},
-    }, "sk_test")
-
-
-def stripe_signed(event):
-    """The event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
-    body = str(event).encode()
-    header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], int(time.time()))
-    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
-
-
-def send_stripe(client, event):
-    return post_delivery(client, *stripe_signed(event))
 
 
 def payment_refunded(payment_id, refunded_total, event_id=None, **extra):

@@ -1,0 +1,267 @@
+-- The money rule, written once. `flask init-db` applies this whole file after
+-- schema.sql or the migrations, every time (a repeatable step, in the same
+-- transaction, under the same lock), so a change to the rule is one diff
+-- here; migrations change tables only. Everything in it is CREATE OR
+-- REPLACE, or dropped and created again: safe to apply twice. A function
+-- whose OUT parameters change must be dropped first (CREATE OR REPLACE
+-- cannot change them). tests/test_money.py holds the literals below to the
+-- Python enums (app/events.py, app/ledger.py, app/delivery.py).
+--
+-- The rule (docs/design.md, "Payments and movements"), per payment:
+--   credit   once per (source, payment): its amount, to its user.
+--   refunds  once per (source, 'refund', refund id): a refund object takes
+--            its amount when first seen counted, and gives it back when
+--            first seen failed or canceled ('applied', then 'reversed').
+--   totals   the highest running total seen (payments.refunded_cents)
+--            takes whatever it says beyond the refund objects known, in any
+--            state: one refund announced both ways takes its amount once.
+--   disputes once per (source, 'dispute', dispute id): the funds withdrawn
+--            are taken, the funds reinstated given back.
+--   due      = least(credited, refunds applied + greatest(0, highest total
+--            - refunds known) + disputes withdrawn and not reinstated).
+-- Each of these only grows with the set of events received (a total, a
+-- movement's state), so `due` depends on that set, never on its order; each
+-- event moves the balance by what it changes `due` by, in one journal row.
+
+DROP VIEW IF EXISTS payment_accounts;
+-- Each payment's account: what was credited, what its refunds (by object and
+-- by running total) and disputes took and gave back, what is due and what is
+-- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
+-- verify` checks that `debited_cents` equals it and the journal.
+CREATE VIEW payment_accounts AS
+SELECT p.source, p.payment_id, p.user_id, p.currency,
+       p.amount_cents AS credited_cents,
+       p.refunded_cents AS refunded_total_cents,
+       m.refunds_known_cents, m.refunds_applied_cents, m.refunds_reversed_cents,
+       m.disputes_withdrawn_cents, m.disputes_reinstated_cents,
+       least(p.amount_cents, m.refunds_applied_cents + greatest(0, p.refunded_cents - m.refunds_known_cents)
+                             + m.disputes_withdrawn_cents) AS debit_due_cents,
+       p.debited_cents
+FROM payments p
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0) AS refunds_known_cents,
+           coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund' AND state = 'applied'), 0)
+               AS refunds_applied_cents,
+           coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund' AND state = 'reversed'), 0)
+               AS refunds_reversed_cents,
+           coalesce(sum(amount_cents) FILTER (WHERE kind = 'dispute' AND state = 'applied'), 0)
+               AS disputes_withdrawn_cents,
+           coalesce(sum(amount_cents) FILTER (WHERE kind = 'dispute' AND state = 'reversed'), 0)
+               AS disputes_reinstated_cents
+    FROM movements m WHERE m.source = p.source AND m.payment_id = p.payment_id
+) m;
+
+-- Every delivery (new, retried, replayed, reconciled) of every event is
+-- recorded and applied by this one function, in one statement
+-- (app/ledger.py, called with named arguments). The caller has parsed the
+-- bytes and checked what it can without the database: p_problem is why the
+-- event cannot apply (NULL: it can); p_kind what it moves: 'credit',
+-- 'refunded_total', 'refund', 'dispute', or NULL (nothing); p_amount a
+-- credit's amount, a running total, or a movement's amount; p_user a
+-- credit's user (every other movement's is its payment's); p_movement a
+-- refund's or a dispute's id, and p_state what the event says of it,
+-- 'applied' or 'reversed'. It returns the outcome ('processed', 'duplicate',
+-- 'failed', 'payload_mismatch' or 'payment_mismatch'), why it failed, the
+-- SHA-256 of the bytes stored before this delivery (when the event was
+-- stored already), the balance change made ('credit', 'refund',
+-- 'refund_reversed', 'dispute_withdrawn', 'dispute_reinstated',
+-- 'payment_duplicate': a credited payment announced again, or NULL) and the
+-- balance it left.
+--
+-- Locks, always in this order, so that two deliveries never wait on each
+-- other in a circle: the event's row (its insert, or FOR UPDATE), then the
+-- payment's row (a credit's insert of its key, any other movement's FOR
+-- UPDATE, which serialises every movement of one payment), then the
+-- movement's row, then the user's row. A wait longer than lock_timeout ends
+-- the statement with nothing committed (503, retried).
+CREATE OR REPLACE FUNCTION apply_event(
+    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
+    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
+    p_currency text, p_movement text, p_state text,
+    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row_id bigint;
+    v_status text;
+    v_effect bytea;
+    v_payment payments%ROWTYPE;
+    v_movement movements%ROWTYPE;
+    v_due bigint;
+    v_mismatch boolean := false;
+BEGIN
+    -- Record: a new event is inserted already final when nothing is left to
+    -- decide; a purged event that changed a balance is never inserted again.
+    INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
+                                status, completed_at, last_error)
+    SELECT p_source, p_event_id, p_type, p_body,
+           CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
+           CASE WHEN p_problem IS NOT NULL THEN 'failed' WHEN p_kind IS NULL THEN 'completed' ELSE 'processing' END,
+           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem
+    WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
+    ON CONFLICT (source, event_id) DO NOTHING
+    RETURNING id INTO v_row_id;
+
+    IF v_row_id IS NULL THEN
+        -- Stored before (or by a twin that just committed: the insert waited
+        -- for it). FOR UPDATE serialises two retries of a failed event.
+        SELECT e.id, e.status, e.payload_sha256, e.effect_sha256 INTO v_row_id, v_status, stored_sha256, v_effect
+        FROM webhook_events e WHERE e.source = p_source AND e.event_id = p_event_id
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id) THEN
+                outcome := 'duplicate';  -- purged after it changed a balance: the journal says it is done
+                RETURN;
+            END IF;
+            -- Purged while this delivery ran: the sender's retry will find out.
+            RAISE EXCEPTION 'the event''s row was purged while this delivery ran'
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+        -- Rows stored before effects were kept are compared by their bytes.
+        IF coalesce(v_effect <> p_effect, stored_sha256 <> p_sha256) THEN
+            UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = v_row_id;
+            outcome := 'payload_mismatch';
+            RETURN;
+        END IF;
+        IF v_status = 'completed' THEN
+            outcome := 'duplicate';
+            RETURN;
+        END IF;
+        -- A failed event, tried again from this delivery's bytes.
+        UPDATE webhook_events
+        SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
+            payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
+            effect_version = DEFAULT
+        WHERE id = v_row_id;
+    ELSIF p_problem IS NOT NULL THEN
+        outcome := 'failed';
+        problem := p_problem;
+        RETURN;
+    ELSIF p_kind IS NULL THEN
+        outcome := 'processed';
+        RETURN;
+    END IF;
+
+    -- Decide, and change the balance.
+    problem := p_problem;
+    IF problem IS NULL AND p_kind = 'credit' THEN
+        -- The payment's key first: a twin announcing the same payment waits
+        -- on this insert, then finds it taken. Then the user's row.
+        INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)
+        SELECT p_source, p_payment, p_user, p_amount, p_currency, p_event_id
+        WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = p_user)
+        ON CONFLICT (source, payment_id) DO NOTHING;
+        IF FOUND THEN
+            UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
+            WHERE user_id = p_user AND balance_cents <= 9223372036854775807 - p_amount
+            RETURNING user_balances.balance_cents INTO balance_after;
+            IF FOUND THEN
+                INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
+                VALUES (p_source, p_event_id, 'credit', p_payment, p_user, p_amount);
+                change := 'credit';
+            ELSE
+                DELETE FROM payments WHERE source = p_source AND payment_id = p_payment;
+                problem := 'credit would overflow the balance';
+            END IF;
+        ELSE
+            SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
+            IF NOT FOUND THEN
+                problem := 'unknown user ' || p_user;
+            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (p_user, p_amount, p_currency)
+            THEN
+                change := 'payment_duplicate';
+            ELSE
+                v_mismatch := true;
+                problem := format('payment %s was credited by event %s with another user, amount or currency',
+                                  p_payment, v_payment.event_id);
+            END IF;
+        END IF;
+    ELSIF problem IS NULL THEN
+        -- A movement of a credited payment: its row serialises them all.
+        SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment FOR UPDATE;
+        IF NOT FOUND THEN
+            problem := 'unknown payment ' || p_payment;
+        ELSIF v_payment.currency <> p_currency THEN
+            problem := format('%s in %s of payment %s, which was in %s', CASE p_kind WHEN 'dispute' THEN 'dispute'
+                              ELSE 'refund' END, p_currency, p_payment, v_payment.currency);
+        ELSIF p_amount > v_payment.amount_cents THEN
+            problem := CASE WHEN p_kind = 'refunded_total'
+                            THEN format('refunded total of %s cents is above payment %s''s %s cents',
+                                        p_amount, p_payment, v_payment.amount_cents)
+                            ELSE format('%s %s of %s cents is above payment %s''s %s cents',
+                                        p_kind, p_movement, p_amount, p_payment, v_payment.amount_cents) END;
+        ELSIF p_kind = 'refunded_total' THEN
+            IF p_amount > v_payment.refunded_cents THEN
+                UPDATE payments SET refunded_cents = p_amount WHERE source = p_source AND payment_id = p_payment;
+            END IF;  -- else a total already seen (late, repeated, out of order)
+        ELSE
+            INSERT INTO movements (source, kind, movement_id, payment_id, amount_cents, state, event_id)
+            VALUES (p_source, p_kind, p_movement, p_payment, p_amount, p_state, p_event_id)
+            ON CONFLICT (source, kind, movement_id) DO NOTHING;
+            IF NOT FOUND THEN
+                SELECT * INTO v_movement FROM movements
+                WHERE source = p_source AND kind = p_kind AND movement_id = p_movement FOR UPDATE;
+                IF (v_movement.payment_id, v_movement.amount_cents) <> (p_payment, p_amount) THEN
+                    v_mismatch := true;
+                    problem := format('%s %s was announced by event %s with another payment or amount',
+                                      p_kind, p_movement, v_movement.event_id);
+                ELSIF v_movement.state = 'applied' AND p_state = 'reversed' THEN
+                    UPDATE movements SET state = 'reversed', updated_at = now()
+                    WHERE source = p_source AND kind = p_kind AND movement_id = p_movement;
+                END IF;  -- else seen in this state, or a later one, already
+            END IF;
+        END IF;
+        IF problem IS NULL THEN
+            SELECT a.debit_due_cents INTO v_due FROM payment_accounts a
+            WHERE a.source = p_source AND a.payment_id = p_payment;
+            IF v_due <> v_payment.debited_cents THEN
+                -- Named by what the event says; the journal's CHECK refuses
+                -- a sign that disagrees (the rule only grows `due` for an
+                -- applied movement or a total, only shrinks it for a reversal).
+                change := CASE WHEN p_kind = 'dispute' AND p_state = 'applied' THEN 'dispute_withdrawn'
+                               WHEN p_kind = 'dispute' THEN 'dispute_reinstated'
+                               WHEN p_state = 'reversed' THEN 'refund_reversed'
+                               ELSE 'refund' END;
+                UPDATE payments SET debited_cents = v_due, updated_at = now()
+                WHERE source = p_source AND payment_id = p_payment;
+                UPDATE user_balances SET balance_cents = balance_cents - (v_due - v_payment.debited_cents),
+                                         updated_at = now()
+                WHERE user_id = v_payment.user_id RETURNING balance_cents INTO balance_after;
+                INSERT INTO ledger_journal (source, event_id, kind, payment_id, movement_id, user_id, amount_cents)
+                VALUES (p_source, p_event_id, change, p_payment, p_movement, v_payment.user_id,
+                        v_payment.debited_cents - v_due);
+            END IF;
+        END IF;
+    END IF;
+
+    -- Complete, or record why not.
+    IF problem IS NULL THEN
+        UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(), last_error = NULL
+        WHERE id = v_row_id;
+        outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
+    ELSE
+        UPDATE webhook_events SET status = 'failed', last_error = problem, updated_at = now() WHERE id = v_row_id;
+        outcome := CASE WHEN v_mismatch THEN 'payment_mismatch' ELSE 'failed' END;
+    END IF;
+END
+$$;
+
+-- The previous release's signature, for its hosts that still serve during a
+-- rolling upgrade: the same rule (its 'refund' is a running total). Its
+-- effects are hashed by rule 2, so the row it stored says so, and the
+-- `flask init-db` run after the upgrade recomputes them.
+CREATE OR REPLACE FUNCTION apply_event(
+    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
+    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
+    p_currency text,
+    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO outcome, problem, stored_sha256, change, balance_after FROM apply_event(
+        p_source => p_source, p_event_id => p_event_id, p_type => p_type, p_body => p_body, p_sha256 => p_sha256,
+        p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem,
+        p_kind => CASE p_kind WHEN 'refund' THEN 'refunded_total' ELSE p_kind END, p_payment => p_payment,
+        p_user => p_user, p_amount => p_amount, p_currency => p_currency, p_movement => NULL, p_state => NULL);
+    UPDATE webhook_events SET effect_version = 2
+    WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 2;
+END
+$$;

@@ -1,0 +1,82 @@
+"""Stripe's events as Stripe sends them, built by stripe-python (`stripe.Event.construct_from`) and signed by
+its own signer. Each object carries the fields Stripe's API reference shows for it (PaymentIntent, Charge,
+Refund, Dispute: https://docs.stripe.com/api), those the ledger reads among them."""
+
+import time
+import uuid
+
+import stripe
+
+from .helpers import ALICE, SECRETS, post_delivery
+
+API_VERSION = "2025-03-31.basil"  # the default: the version whose charges no longer count released authorisations
+BEFORE_BASIL = "2024-06-20"
+
+
+def _id(prefix):
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def event(event_type, obj, event_id=None, livemode=True, api_version=API_VERSION):
+    """An Event object of event_type carrying obj as data.object."""
+    return stripe.Event.construct_from({
+        "id": event_id or _id("evt"), "object": "event", "type": event_type, "livemode": livemode,
+        "api_version": api_version, "created": int(time.time()), "pending_webhooks": 1,
+        "request": {"id": None, "idempotency_key": None}, "data": {"object": obj},
+    }, "sk_test")
+
+
+def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None, authorized=None):
+    """payment_intent.succeeded: amount is what was authorised, amount_received what was captured."""
+    return event("payment_intent.succeeded", {
+        "id": intent_id, "object": "payment_intent", "amount": authorized or cents, "amount_capturable": 0,
+        "amount_received": cents, "currency": currency, "status": "succeeded", "capture_method": "automatic",
+        "latest_charge": f"ch_{intent_id}", "metadata": {"user_id": str(user)}}, event_id)
+
+
+def charge_refunded(intent_id, refunded_total, currency="usd", event_id=None, cents=250, captured=None,
+                    api_version=API_VERSION):
+    """charge.refunded: the Charge, with the total refunded so far (amount_refunded)."""
+    captured = cents if captured is None else captured
+    return event("charge.refunded", {
+        "id": f"ch_{intent_id}", "object": "charge", "payment_intent": intent_id, "amount": cents,
+        "amount_captured": captured, "amount_refunded": refunded_total, "captured": captured > 0,
+        "refunded": refunded_total == cents, "currency": currency, "status": "succeeded", "paid": True},
+        event_id, api_version=api_version)
+
+
+def refund(refund_id, intent_id, cents, status="succeeded", event_type=None, currency="usd", event_id=None,
+           reason=None):
+    """A Refund object in one of its events (refund.created, refund.updated, refund.failed,
+    charge.refund.updated); by default refund.failed for a failed status, refund.updated otherwise."""
+    failed = status in ("failed", "canceled")
+    event_type = event_type or ("refund.failed" if status == "failed" else "refund.updated")
+    return event(event_type, {
+        "id": refund_id, "object": "refund", "amount": cents, "charge": f"ch_{intent_id}",
+        "payment_intent": intent_id, "currency": currency, "status": status, "reason": reason,
+        "balance_transaction": _id("txn"), "created": int(time.time()), "metadata": {},
+        "failure_reason": "expired_or_canceled_card" if failed else None,
+        "failure_balance_transaction": _id("txn") if failed else None}, event_id)
+
+
+def dispute(dispute_id, intent_id, cents, event_type="charge.dispute.funds_withdrawn", status="needs_response",
+            currency="usd", event_id=None):
+    """A Dispute object in one of its events (charge.dispute.created, .updated, .closed, .funds_withdrawn,
+    .funds_reinstated)."""
+    return event(event_type, {
+        "id": dispute_id, "object": "dispute", "amount": cents, "charge": f"ch_{intent_id}",
+        "payment_intent": intent_id, "currency": currency, "status": status, "reason": "fraudulent",
+        "is_charge_refundable": False, "balance_transactions": [], "created": int(time.time()),
+        "livemode": True, "metadata": {}}, event_id)
+
+
+def stripe_signed(evt):
+    """The event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
+    body = str(evt).encode()
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], int(time.time()))
+    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
+
+
+def send_stripe(client, evt):
+    """POST evt, signed by Stripe's signer, through the Flask client (the app's scheme must be stripe)."""
+    return post_delivery(client, *stripe_signed(evt))
