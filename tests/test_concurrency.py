@@ -108,3 +108,27 @@ def test_shuffled_deliveries_of_many_events_sum_to_distinct_credits(gunicorn, db
         expected = opening + sum(e["data"]["amountCents"] for e in events if e["data"]["userId"] == str(user))
         assert balance(db, user) == expected
     assert_ledger_consistent(db)
+
+
+def test_movements_of_one_users_payments_never_wait_in_a_circle(gunicorn, db):
+    """150 payments of one user, each announced again and refunded at the same time, 8 at once: every movement
+    locks its payment's row before its user's, so none waits for another in a circle (no 503 from contention)."""
+    server = gunicorn(workers=2, threads=4)
+
+    def send(event):
+        body = encode(event)
+        return http_post(server.base, body, signed_headers(body))
+
+    payments = [payment(f"evt_storm_{n}", user=BOB, cents=100, paymentId=f"pay_storm_{n}") for n in range(150)]
+    for event in payments:
+        assert send(event)[0] == 200
+    storm = []
+    for n, event in enumerate(payments):
+        storm.append(payment(f"evt_storm_again_{n}", user=BOB, cents=100, paymentId=f"pay_storm_{n}"))
+        storm.append({"id": f"evt_storm_refund_{n}", "type": "payment.refunded",
+                      "data": {"paymentId": f"pay_storm_{n}", "amountRefundedCents": 40}})
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(send, storm))
+    assert Counter(status for status, _, _ in answers) == {200: 300}
+    assert balance(db, BOB) == 150 * 60
+    assert_ledger_consistent(db)
