@@ -21,16 +21,31 @@ from psycopg.rows import dict_row, namedtuple_row
 
 from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.deadline import MARGIN_MS
-from app.schema import LOCK_KEY, SchemaError
+from app.schema import LOCK_KEY, RECORD, RECORDS, SchemaError
 from devservers import wait_until
 
-from .helpers import ALICE, BOB, OPENING, SECRETS, balance, db_url, deliver, encode, payment, sources_config
+from .helpers import (
+    ALICE,
+    BOB,
+    OPENING,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    deliver,
+    encode,
+    payment,
+    sources_config,
+)
+from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
 
 # The schemas as they were released: before sources (76d09bb), before payments (fbc880a), and the last one
 # before migrations (7dd3d34), which upgraded a database in place by re-running the whole file.
 BEFORE_SOURCES = Path(__file__).parent / "data" / "schema_before_sources.sql"
 BEFORE_PAYMENTS = Path(__file__).parent / "data" / "schema_before_payments.sql"
 BEFORE_MIGRATIONS = Path(__file__).parent / "data" / "schema_before_migrations.sql"
+# The previous release (4de879c): payments and running totals, migrations 001-003, its 13-parameter apply_event.
+BEFORE_MOVEMENTS = Path(__file__).parent / "data" / "schema_before_movements.sql"
 
 
 MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrations").glob("*.sql"))
@@ -46,7 +61,8 @@ def test_schema_applies_twice_without_error(db):
     assert apply_schema(db) == (False, [])
     tables = {r[0] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
-    assert tables == {"user_balances", "webhook_events", "payments", "ledger_journal", "schema_migrations"}
+    assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
+                      "schema_migrations", "payment_accounts"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # An empty database got schema.sql, which includes every migration: none ran.
     assert _recorded(db) == [(name, False) for name in MIGRATIONS] and MIGRATIONS
@@ -115,10 +131,18 @@ def _differences(conn, fresh):
             for item in sorted(items, key=str)]
 
 
+def _drop_schema(db):
+    """Empty db of what init-db made: the view, the tables and every overload of apply_event."""
+    db.execute("DROP VIEW payment_accounts")
+    db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
+    for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'apply_event'"
+                                  " AND pronamespace = 'public'::regnamespace").fetchall():
+        db.execute(f"DROP FUNCTION {function}")
+
+
 def _created_by(db, release):
-    """Empty db, then create the schema as an earlier release did (no schema_migrations, no apply_event)."""
-    db.execute(f"DROP TABLE {', '.join(TABLES)}")
-    db.execute("DROP FUNCTION apply_event")
+    """Empty db, then create the schema as an earlier release did (no schema_migrations, its own apply_event)."""
+    _drop_schema(db)
     db.execute(release.read_text())
 
 
@@ -236,6 +260,140 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     assert balance(db, BOB) == 300 + 80 - 100
 
 
+# How the previous release's app/ledger.py called apply_event: its 13 parameters, by position.
+OLD_APPLY_EVENT = "SELECT * FROM apply_event(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+def _applied_by_the_release_before_movements(db, evt, kind=None, payment_id=None, cents=None, user=None):
+    """Deliver a Stripe event as the previous release applied it: OLD_APPLY_EVENT, its effect hashed by its rule
+    (effect version 2: the type, 'applies', then payment, user, amount, currency, livemode). Its kinds were
+    'credit' and 'refund' (a running total); None for a type it did not know (a refund object, a dispute),
+    which it stored as moving nothing. Returns apply_event's row."""
+    body = stripe_signed(evt)[0]
+    effect = _old_effect(evt.type, "applies", payment_id, user and str(user), cents, "usd", True) if kind \
+        else _old_effect(evt.type)
+    return db.execute(OLD_APPLY_EVENT, ["default", evt.id, evt.type, body, hashlib.sha256(body).digest(), effect,
+                                        True, None, kind, payment_id, user, kind and cents, kind and "usd"]).fetchone()
+
+
+def _created_by_the_release_before_movements(db):
+    """db as that release's init-db made it: its schema.sql, migrations 001-003 recorded as included; the users."""
+    _created_by(db, BEFORE_MOVEMENTS)
+    db.execute(RECORDS)
+    for name in MIGRATIONS[:3]:
+        text = (DEFAULT_SCHEMA_PATH.parent / "migrations" / name).read_bytes()
+        db.execute(RECORD, [name, hashlib.sha256(text).digest(), False])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, %s), (%s, %s)",
+               [value for user in OPENING.items() for value in user])
+
+
+def _stripe_client(make_app, config):
+    return make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
+
+
+def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_its_balances(make_app, config, db):
+    fresh = _catalog(db)
+    _created_by_the_release_before_movements(db)
+    # Its data, made by its own apply_event: credits, a running total, a payment announced by two events.
+    paid_a, paid_b = intent_succeeded("pi_a", user=ALICE, cents=300), intent_succeeded("pi_b", user=BOB, cents=500)
+    twice = [intent_succeeded("pi_c", user=ALICE, cents=40) for _ in range(2)]
+    old = [(paid_a, "credit", "pi_a", 300, ALICE), (paid_b, "credit", "pi_b", 500, BOB),
+           (charge_refunded("pi_b", 200, cents=500), "refund", "pi_b", 200, None),
+           *((evt, "credit", "pi_c", 40, ALICE) for evt in twice)]
+    assert [_applied_by_the_release_before_movements(db, *delivery)[::3] for delivery in old] == [
+        ("processed", "credit"), ("processed", "credit"), ("processed", "refund"), ("processed", "credit"),
+        ("duplicate", "payment_duplicate")]
+    balances = {user: balance(db, user) for user in OPENING}
+    assert balances == {ALICE: 1000 + 300 + 40, BOB: 500 - 200}
+
+    app = make_app(config)
+    outputs = []
+    for _ in range(2):  # the documented upgrade step, safe to run twice
+        result = app.test_cli_runner().invoke(args=["init-db"])
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    assert outputs == ["applied migration 004_movements.sql\nrecomputed the effects of 5 stored events\n",
+                       "schema up to date: no migration to apply\n"]
+    assert _recorded(db) == [(name, name == "004_movements.sql") for name in MIGRATIONS]
+    assert {user: balance(db, user) for user in OPENING} == balances
+    assert db.execute("SELECT payment_id, refunded_cents, debited_cents FROM payments ORDER BY payment_id"
+                      ).fetchall() == [("pi_a", 0, 0), ("pi_b", 200, 200), ("pi_c", 0, 0)]
+    assert _differences(db, fresh) == []
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
+
+    # The new release on the upgraded database: an old event again is a duplicate (its effect recomputed),
+    # and a refund object on an old payment is taken once, then given back once when it failed.
+    client = _stripe_client(make_app, config)
+    assert send_stripe(client, paid_a).json["status"] == "duplicate"
+    for evt in (refund("re_a", "pi_a", 120), refund("re_a", "pi_a", 120, "failed")):
+        assert send_stripe(client, evt).json["status"] == "processed"
+        assert send_stripe(client, evt).json["status"] == "duplicate"
+    assert db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE payment_id = 'pi_a'"
+                      " ORDER BY id").fetchall() == [("credit", None, 300), ("refund", "re_a", -120),
+                                                      ("refund_reversed", "re_a", 120)]
+    assert balance(db, ALICE) == balances[ALICE]
+
+    # A host of the previous release, still serving during the rolling upgrade: its call credits once,
+    # and its row says which rule hashed its effect, so that the next init-db recomputes it.
+    paid_d = intent_succeeded("pi_d", user=BOB, cents=70)
+    for outcome in ("processed", "duplicate"):
+        assert _applied_by_the_release_before_movements(db, paid_d, "credit", "pi_d", 70, BOB)[0] == outcome
+    assert balance(db, BOB) == balances[BOB] + 70
+    assert db.execute("SELECT effect_version FROM webhook_events WHERE event_id = %s", [paid_d.id]).fetchone() == (2,)
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert "recomputed the effects of 1 stored events" in result.output, result.output
+    assert send_stripe(client, paid_d).json["status"] == "duplicate"
+    assert_ledger_consistent(db)
+
+
+def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movements_stored_as_moving_nothing(
+        make_app, config, db):
+    _created_by_the_release_before_movements(db)
+    paid = intent_succeeded("pi_b", user=BOB, cents=500)
+    assert _applied_by_the_release_before_movements(db, paid, "credit", "pi_b", 500, BOB)[0] == "processed"
+    assert _applied_by_the_release_before_movements(db, charge_refunded("pi_b", 200, cents=500), "refund", "pi_b",
+                                                    200)[0] == "processed"
+    # Types it did not know: recorded, completed, nothing moved. re_b is the refund its total counted; re_c
+    # one that failed; du_b a dispute whose funds were withdrawn.
+    unknown = [refund("re_b", "pi_b", 200, event_type="refund.created"), dispute("du_b", "pi_b", 150),
+               refund("re_c", "pi_b", 100, event_type="refund.created"), refund("re_c", "pi_b", 100, "failed")]
+    assert [_applied_by_the_release_before_movements(db, evt)[::3] for evt in unknown] == [("processed", None)] * 4
+    assert balance(db, BOB) == 500 - 200
+
+    app = make_app(config)
+    first = app.test_cli_runner().invoke(args=["init-db"])
+    assert first.exit_code == 0, first.output
+    assert first.output.splitlines() == [
+        "applied migration 004_movements.sql", "recomputed the effects of 6 stored events",
+        "replayed 4 events an earlier release stored without moving their money:",
+        *(f"  {evt.id}: processed; now completed" for evt in unknown)]
+    # Due: re_b (which the total already took) + du_b; re_c came back. 200 + 150, once.
+    assert balance(db, BOB) == 500 - 350
+    assert db.execute("SELECT kind, movement_id, amount_cents, state FROM movements ORDER BY movement_id"
+                      ).fetchall() == [("dispute", "du_b", 150, "applied"), ("refund", "re_b", 200, "applied"),
+                                       ("refund", "re_c", 100, "reversed")]
+    second = app.test_cli_runner().invoke(args=["init-db"])
+    assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
+    assert balance(db, BOB) == 500 - 350
+
+    # A host of the previous release, still serving during the rolling upgrade, stores a refund as moving
+    # nothing; the init-db run after it moves the money.
+    late = refund("re_d", "pi_b", 50, event_type="refund.created")
+    assert _applied_by_the_release_before_movements(db, late)[::3] == ("processed", None)
+    third = app.test_cli_runner().invoke(args=["init-db"])
+    assert third.output.splitlines()[-2:] == [
+        "replayed 1 events an earlier release stored without moving their money:",
+        f"  {late.id}: processed; now completed"], third.output
+    assert balance(db, BOB) == 500 - 400
+    client = _stripe_client(make_app, config)
+    assert [send_stripe(client, evt).json["status"] for evt in [*unknown, late]] == ["duplicate"] * 5
+    assert balance(db, BOB) == 500 - 400
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+    assert_ledger_consistent(db)
+
+
 @pytest.mark.parametrize("column, value", [("event_id", ""), ("event_id", "e" * 129),
                                            ("event_type", "t" * 65), ("status", "done")])
 def test_schema_checks_lengths_and_statuses(db, column, value):
@@ -273,8 +431,8 @@ def test_a_database_of_any_earlier_release_is_recorded_at_it_then_migrated_to_th
 
 def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_second_time(app, db):
     fresh = _catalog(db)
-    db.execute(f"DROP TABLE {', '.join(TABLES)}")
-    db.execute("DROP FUNCTION apply_event, user_balances_set_opening CASCADE")
+    _drop_schema(db)
+    db.execute("DROP FUNCTION user_balances_set_opening CASCADE")
     first = app.test_cli_runner().invoke(args=["init-db"])
     assert first.exit_code == 0, first.output
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
@@ -327,8 +485,9 @@ def test_two_init_dbs_at_once_apply_each_migration_once(db):
 
 
 def _schema_copy(tmp_path):
-    """schema.sql and migrations/ in tmp_path, to change."""
+    """schema.sql, money.sql and migrations/ in tmp_path, to change."""
     shutil.copy(DEFAULT_SCHEMA_PATH, tmp_path / "schema.sql")
+    shutil.copy(DEFAULT_SCHEMA_PATH.parent / "money.sql", tmp_path / "money.sql")
     shutil.copytree(DEFAULT_SCHEMA_PATH.parent / "migrations", tmp_path / "migrations")
     return tmp_path / "schema.sql"
 

@@ -1,0 +1,271 @@
+"""The money rule (money.sql): its SQL speaks the Python enums' words, both ways; for any set of Stripe events
+of one payment (credits, running totals, refund objects, disputes), delivered in any order and any number of
+times, the balance moves by what a small model of the rule, written here, says that set is due; and each
+movement changes the balance once under concurrent deliveries on two hosts, Redis flushed midway. Stripe's
+events are built and signed by stripe-python; real PostgreSQL, Redis and gunicorn."""
+
+import re
+import threading
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import events
+from app.delivery import Outcome
+from app.events import Kind, State
+from app.ledger import Change, Status
+
+from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, http_post
+from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
+
+ROOT = Path(__file__).parent.parent
+STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
+
+
+# -- the SQL's literals are the enums' values -------------------------------------
+
+def _sql(path):
+    """path's SQL without its comments (they quote literals too)."""
+    return re.sub(r"--[^\n]*", "", (ROOT / path).read_text())
+
+
+def _results(expression):
+    """The literals an expression can take: itself, or each THEN and ELSE of its CASEs (not the WHENs' operands)."""
+    return re.findall(r"(?:^|\bTHEN|\bELSE)\s*'(\w+)'", expression.strip())
+
+
+def _assigned(sql, variable):
+    """Every literal assigned to a PL/pgSQL variable (`variable := ...;`)."""
+    return {value for expression in re.findall(rf"\b{variable}\s*:=\s*(.*?);", sql, re.DOTALL)
+            for value in _results(expression)}
+
+
+def _compared(sql, *columns):
+    """Every literal a column or variable is compared with or set to (`x = '...'`, `CASE x WHEN '...'`)."""
+    names = "|".join(columns)
+    found = set(re.findall(rf"(?<![\w.])(?:\w+\.)?(?:{names})\s*=\s*'(\w+)'", sql))
+    for whens in re.findall(rf"CASE\s+(?:{names})\s+((?:WHEN\s+'\w+'\s+THEN\s+.*?)+)(?:ELSE|END)", sql, re.DOTALL):
+        found |= set(re.findall(r"WHEN\s+'(\w+)'", whens))
+    return found
+
+
+def _in_lists(text):
+    """The literals of each `IN (...)` list in text."""
+    return {value for values in re.findall(r"\bIN\s*\(([^)]*)\)", text) for value in re.findall(r"'(\w+)'", values)}
+
+
+def _first(pattern, text, flags=0):
+    """The first group of pattern's first match in text; "" when none (the test then names every value missing)."""
+    match = re.search(pattern, text, flags)
+    return match.group(1) if match else ""
+
+
+def _table(sql, table):
+    """The body of schema.sql's CREATE TABLE of table."""
+    return _first(rf"CREATE TABLE IF NOT EXISTS {table} \((.*?)\n\);", sql, re.DOTALL)
+
+
+def _column_check(sql, table, column):
+    """The literals a column's own CHECK (column IN (...)) allows."""
+    return _in_lists(_first(rf"^\s*{column}\s[^\n]*(CHECK \({column} IN \([^)]*\)\))", _table(sql, table),
+                            re.MULTILINE))
+
+
+def _constraint(sql, table, name):
+    """The literals of the IN lists of a table's named CONSTRAINT (up to the next one, or the table's end)."""
+    return _in_lists(_first(rf"CONSTRAINT {name}\b(.*?)(?:CONSTRAINT|$)", _table(sql, table), re.DOTALL))
+
+
+def _webhook_event_statuses(sql):
+    """The statuses money.sql gives or compares a webhook_events row's: its insert's CASE and `status = '...'`."""
+    insert = _first(r"(INSERT INTO webhook_events.*?;)", sql, re.DOTALL)
+    return set(re.findall(r"\b(?:THEN|ELSE)\s+'(\w+)'", insert)) | _compared(sql, "status", "v_status")
+
+
+MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
+# What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
+APPLY_EVENT_OUTCOMES = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.PAYLOAD_MISMATCH,
+                        Outcome.PAYMENT_MISMATCH}
+# Each: where the literals are, those found there, and the enum's values they must be, all of them.
+LITERALS = {
+    "outcomes": ("money.sql's outcomes (outcome := ...)", _assigned(MONEY, "outcome"), APPLY_EVENT_OUTCOMES),
+    "changes": ("money.sql's changes (change := ..., change = ...)",
+                _assigned(MONEY, "change") | _compared(MONEY, "change"), set(Change)),
+    "kinds": ("money.sql's kinds (p_kind, and movements' kind)", _compared(MONEY, "p_kind", "kind"), set(Kind)),
+    "movement-kinds": ("money.sql's movements' kind", _compared(MONEY, "kind"), {Kind.REFUND, Kind.DISPUTE}),
+    "movement-kinds-check": ("schema.sql's movements kind CHECK", _column_check(SCHEMA, "movements", "kind"),
+                             {Kind.REFUND, Kind.DISPUTE}),
+    "states": ("money.sql's states (p_state, state)", _compared(MONEY, "p_state", "state"), set(State)),
+    "states-check": ("schema.sql's movements state CHECK", _column_check(SCHEMA, "movements", "state"), set(State)),
+    "statuses": ("money.sql's webhook_events statuses", _webhook_event_statuses(MONEY), set(Status)),
+    "journal-kinds": ("schema.sql's ledger_journal_kind_check",
+                      _constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"),
+                      set(Change) - {Change.PAYMENT_DUPLICATE}),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("literals", LITERALS)
+def test_the_money_rules_sql_literals_are_the_python_enums_values_both_ways(literals):
+    where, found, values = LITERALS[literals]
+    unknown = sorted(found - {str(v) for v in values})
+    missing = sorted({str(v) for v in values} - found)
+    assert not unknown, f"{where}: {', '.join(map(repr, unknown))} in the SQL, but not a value of the Python enum"
+    assert not missing, f"{where}: {', '.join(map(repr, missing))} is a value of the Python enum, but never in the SQL"
+
+
+@pytest.mark.unit
+def test_the_schemas_effect_version_default_is_the_rules_effect_version():
+    defaults = re.findall(r"\beffect_version\s+SMALLINT\s+DEFAULT\s+(\d+)", SCHEMA)
+    assert defaults == [str(events.EFFECT_VERSION)], \
+        f"schema.sql's webhook_events.effect_version DEFAULT {defaults} is not events.EFFECT_VERSION = " \
+        f"{events.EFFECT_VERSION}"
+
+
+# -- any set of events, in any order ----------------------------------------------
+
+REFUND_STATUSES = ["pending", "requires_action", "succeeded", "failed", "canceled"]
+# Dispute events that carry the dispute but move no money.
+DISPUTE_NEWS = ["charge.dispute.created", "charge.dispute.updated", "charge.dispute.closed"]
+
+
+def due(credited, totals, refunds, disputes):
+    """What a payment's refunds and disputes take in all, by the rule of docs/design.md, from the SET of its
+    events alone (written apart from money.sql): totals are the running totals seen; refunds maps each
+    refund object to (amount, its statuses seen); disputes each dispute to (amount, its event types seen).
+
+    A refund is counted once, and given back if any event saw it failed or canceled; the highest total takes
+    what it says beyond the refund objects known (in any state: one refund announced both ways counts once);
+    a dispute takes its amount if its funds were withdrawn and not reinstated; never more than the payment.
+    """
+    known = sum(amount for amount, _ in refunds.values())
+    applied = sum(amount for amount, statuses in refunds.values() if not statuses & {"failed", "canceled"})
+    withdrawn = sum(amount for amount, types in disputes.values()
+                    if events.DISPUTE_FUNDS_WITHDRAWN in types and events.DISPUTE_FUNDS_REINSTATED not in types)
+    return min(credited, applied + max(0, max(totals, default=0) - known) + withdrawn)
+
+
+def _stripe_events_of_one_payment(data, intent_id):
+    """Draw a payment and its events; return (its amount, its events, what the rule says they take)."""
+    amount = data.draw(st.integers(1, 10_000), label="amount")
+    cents = st.integers(1, amount)
+    credits = [intent_succeeded(intent_id, user=BOB, cents=amount)
+               for _ in range(data.draw(st.integers(1, 3), label="announcements"))]
+    totals = data.draw(st.lists(cents, max_size=3), label="running totals")
+    sent = credits + [charge_refunded(intent_id, total, cents=amount) for total in totals]
+    refunds, disputes = {}, {}
+    for n in range(data.draw(st.integers(0, 3), label="refund objects")):
+        refund_id, refund_cents = f"re_{n}_{intent_id}", data.draw(cents, label=f"refund {n}")
+        announcement = st.tuples(st.sampled_from(REFUND_STATUSES), st.sampled_from(events.REFUND_EVENTS))
+        statuses = data.draw(st.lists(announcement, min_size=1, max_size=3), label=f"refund {n}'s events")
+        sent += [refund(refund_id, intent_id, refund_cents, status, event_type) for status, event_type in statuses]
+        refunds[refund_id] = (refund_cents, {status for status, _ in statuses})
+    for n in range(data.draw(st.integers(0, 2), label="disputes")):
+        dispute_id, dispute_cents = f"du_{n}_{intent_id}", data.draw(cents, label=f"dispute {n}")
+        moves = data.draw(st.sets(st.sampled_from([events.DISPUTE_FUNDS_WITHDRAWN, events.DISPUTE_FUNDS_REINSTATED]),
+                                  min_size=1), label=f"dispute {n}'s funds")
+        news = data.draw(st.lists(st.sampled_from(DISPUTE_NEWS), max_size=2), label=f"dispute {n}'s news")
+        sent += [dispute(dispute_id, intent_id, dispute_cents, event_type) for event_type in [*moves, *news]]
+        disputes[dispute_id] = (dispute_cents, moves)
+    return amount, sent, due(amount, totals, refunds, disputes)
+
+
+@STRIPE
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_for_any_set_of_stripe_events_in_any_order_the_balance_moves_by_what_the_rule_says_is_due(client, db, data):
+    amount, sent, taken = _stripe_events_of_one_payment(data, f"pi_{uuid.uuid4().hex[:24]}")
+    # Each event delivered at least once, duplicates and reorders included.
+    deliveries = data.draw(st.permutations(sent + data.draw(st.lists(st.sampled_from(sent), max_size=6))))
+    before = balance(db, BOB)
+    for evt in deliveries:
+        response = send_stripe(client, evt)
+        # 422: a movement before its payment's credit (unknown payment), which the provider retries.
+        assert response.status_code in (200, 422), response.json
+    for evt in sent:  # the provider retries what was refused before its payment
+        response = send_stripe(client, evt)
+        assert response.status_code == 200, response.json
+    assert balance(db, BOB) - before == amount - taken
+    assert_ledger_consistent(db)
+
+
+# -- one movement, delivered concurrently on two hosts --------------------------------
+
+PAID = 900  # the payment's amount
+MOVED = 300  # the refund's or the dispute's
+
+
+# The events that announce a refund counted (refund.failed aside).
+ANNOUNCING = ("refund.created", "refund.updated", "charge.refund.updated")
+
+
+def _a_refund(intent_id):
+    return [], [refund("re_x", intent_id, MOVED, "succeeded", ANNOUNCING[n % 3]) for n in range(8)]
+
+
+def _a_dispute_withdrawal(intent_id):
+    return [], [dispute("du_x", intent_id, MOVED) for _ in range(8)]
+
+
+def _a_refunds_failure(intent_id):
+    return [refund("re_x", intent_id, MOVED, "succeeded")], \
+        [refund("re_x", intent_id, MOVED, "failed", "refund.failed") for _ in range(8)]
+
+
+# Each: what is delivered before (one at a time), the eight events delivered at once, the journal row that
+# the eight must make once, and what the payment's user has after all.
+MOVEMENTS = {
+    "a-refund": (_a_refund, ("refund", "re_x", -MOVED), PAID - MOVED),
+    "a-dispute-withdrawal": (_a_dispute_withdrawal, ("dispute_withdrawn", "du_x", -MOVED), PAID - MOVED),
+    "a-refunds-failure": (_a_refunds_failure, ("refund_reversed", "re_x", MOVED), PAID),
+}
+ANSWERS = {(200, "processed"), (200, "duplicate"), (409, "in_progress"), (503, "unavailable")}
+
+
+def _answer(status, body):
+    return status, body.get("status") or body.get("error")
+
+
+@STRIPE
+@pytest.mark.parametrize("movement", MOVEMENTS)
+def test_eight_concurrent_events_of_one_movement_on_two_hosts_with_redis_flushed_midway_move_money_once(
+        gunicorn, db, redis_client, movement):
+    hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=1, threads=4)]
+    events_of, journal_row, after = MOVEMENTS[movement]
+    before, concurrent = events_of("pi_hosts")
+    for evt in [intent_succeeded("pi_hosts", user=BOB, cents=PAID), *before]:
+        assert _answer(*http_post(hosts[0].base, *stripe_signed(evt))[:2]) == (200, "processed")
+    deliveries = [stripe_signed(evt) for evt in concurrent]
+    assert len({evt.id for evt in concurrent}) == 8
+    barrier = threading.Barrier(len(deliveries))
+
+    def send(i):
+        barrier.wait()
+        if i == len(deliveries) // 2:
+            redis_client.flushall()  # the lock's keys and the done markers, gone while the others run
+        return http_post(hosts[i % 2].base, *deliveries[i])[:2]
+
+    with ThreadPoolExecutor(len(deliveries)) as pool:
+        answers = list(pool.map(send, range(len(deliveries))))
+    retries = []
+    for i, answer in enumerate(answers):
+        while _answer(*answer) in {(409, "in_progress"), (503, "unavailable")}:  # the provider retries
+            answer = http_post(hosts[i % 2].base, *deliveries[i])[:2]
+            retries.append(answer)
+        assert answer[0] == 200, answer
+    outcomes = Counter(_answer(*answer) for answer in answers + retries)
+    assert set(outcomes) <= ANSWERS, outcomes
+    # And each once more, as a provider retrying after a timeout would: done, whatever Redis forgot.
+    again = [_answer(*http_post(hosts[i % 2].base, *delivery)[:2]) for i, delivery in enumerate(deliveries)]
+    assert again == [(200, "duplicate")] * len(deliveries)
+    moved = db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE kind <> 'credit'"
+                       " AND event_id = ANY(%s)", [[evt.id for evt in concurrent]]).fetchall()
+    assert moved == [journal_row]
+    assert balance(db, BOB) == OPENING[BOB] + after
+    assert balance(db, ALICE) == OPENING[ALICE]
+    assert_ledger_consistent(db)
