@@ -123,7 +123,7 @@ def test_movements_of_one_users_payments_never_wait_in_a_circle(gunicorn, db):
     for event in payments:
         assert send(event)[0] == 200
     storm = []
-    for n, event in enumerate(payments):
+    for n in range(len(payments)):
         storm.append(payment(f"evt_storm_again_{n}", user=BOB, cents=100, paymentId=f"pay_storm_{n}"))
         storm.append({"id": f"evt_storm_refund_{n}", "type": "payment.refunded",
                       "data": {"paymentId": f"pay_storm_{n}", "amountRefundedCents": 40}})
