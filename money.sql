@@ -60,7 +60,9 @@ CROSS JOIN LATERAL (
 -- credit's amount, a running total, or a movement's amount; p_user a
 -- credit's user (every other movement's is its payment's); p_movement a
 -- refund's or a dispute's id, and p_state what the event says of it,
--- 'applied' or 'reversed'. It returns the outcome ('processed', 'duplicate',
+-- 'applied' or 'reversed'; p_ledger_currency and p_test_events the settings
+-- the caller decided under (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS),
+-- recorded with the event, so that `flask ledger verify` judges it by them. It returns the outcome ('processed', 'duplicate',
 -- 'failed', 'payload_mismatch' or 'payment_mismatch'), why it failed, the
 -- SHA-256 of the bytes stored before this delivery (when the event was
 -- stored already), the balance change made ('credit', 'refund',
@@ -77,7 +79,7 @@ CROSS JOIN LATERAL (
 CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
     p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
-    p_currency text, p_movement text, p_state text,
+    p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -92,11 +94,11 @@ BEGIN
     -- Record: a new event is inserted already final when nothing is left to
     -- decide; a purged event that changed a balance is never inserted again.
     INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
-                                status, completed_at, last_error)
+                                status, completed_at, last_error, ledger_currency, test_events_accepted)
     SELECT p_source, p_event_id, p_type, p_body,
            CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
            CASE WHEN p_problem IS NOT NULL THEN 'failed' WHEN p_kind IS NULL THEN 'completed' ELSE 'processing' END,
-           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem
+           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events
     WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING id INTO v_row_id;
@@ -130,7 +132,7 @@ BEGIN
         UPDATE webhook_events
         SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
             payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
-            effect_version = DEFAULT
+            effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events
         WHERE id = v_row_id;
     ELSIF p_problem IS NOT NULL THEN
         outcome := 'failed';
@@ -260,7 +262,8 @@ BEGIN
         p_source => p_source, p_event_id => p_event_id, p_type => p_type, p_body => p_body, p_sha256 => p_sha256,
         p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem,
         p_kind => CASE p_kind WHEN 'refund' THEN 'refunded_total' ELSE p_kind END, p_payment => p_payment,
-        p_user => p_user, p_amount => p_amount, p_currency => p_currency, p_movement => NULL, p_state => NULL);
+        p_user => p_user, p_amount => p_amount, p_currency => p_currency, p_movement => NULL, p_state => NULL,
+        p_ledger_currency => NULL, p_test_events => NULL);
     UPDATE webhook_events SET effect_version = 2
     WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 2;
 END

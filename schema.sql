@@ -65,7 +65,12 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by: `flask init-db`
     -- recomputes, from the stored bytes, the effects of rows stored under an
     -- older rule (NULL: the first), so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 3,
+    effect_version   SMALLINT DEFAULT 4,
+    -- The settings its outcome was decided under (LEDGER_CURRENCY,
+    -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
+    -- not by today's. NULL on rows stored before they were kept.
+    ledger_currency  TEXT CHECK (ledger_currency ~ '^[a-z]{3}$'),
+    test_events_accepted BOOLEAN,
     mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
     last_mismatch_at TIMESTAMPTZ,
     CONSTRAINT webhook_events_source_event_id_key UNIQUE (source, event_id)

@@ -275,7 +275,7 @@ def verify_ledger() -> None:
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0):
         report = verify.check(conn, Settings.of(current_app).policy)
-    for line in report.problems + report.below_zero:
+    for line in report.problems + report.below_zero + report.settings_changed:
         click.echo(line)
     users, events_, payments, journal = report.counts
     counts = f"{users} users, {events_} stored events, {payments} payments, {journal} journal rows"
@@ -283,7 +283,9 @@ def verify_ledger() -> None:
         click.echo(f"ledger INCONSISTENT: {len(report.problems)} problems ({counts})")
         raise click.exceptions.Exit(1)
     below = f"; {len(report.below_zero)} balances below zero" if report.below_zero else ""
-    click.echo(f"ledger consistent: {counts}{below}")
+    changed = f"; {len(report.settings_changed)} events decided under other settings than today's" \
+        if report.settings_changed else ""
+    click.echo(f"ledger consistent: {counts}{below}{changed}")
 
 
 @redis_group.command("forget-done")

@@ -42,9 +42,16 @@ STRIPE_BASIL = "2025-03-31"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 3
+EFFECT_VERSION = 4
 # user_balances.balance_cents is a BIGINT.
 MAX_CENTS = 2**63 - 1
+# How deep a body may nest, on every path alike: far below what Python's
+# decoder manages on any stack (the live path's, replay's, verify's, about
+# 900 levels), far above any provider's events (Stripe's nest under 10).
+MAX_DEPTH = 64
+# What an event of this service's own shape that names no currency reads as:
+# the ledger's, LEDGER_CURRENCY, put in by effect_of.
+LEDGERS_CURRENCY = "(the ledger's)"
 
 
 class InvalidJSONError(ValueError):
@@ -113,6 +120,11 @@ class Effect:
     sha256: bytes = b""
     movement_id: str | None = None  # a refund's or a dispute's id
     state: State | None = None  # what the event says of that refund or dispute
+    # The setting that refuses it (its problem) under the policy it was read
+    # with: the bytes would apply under another value. Its sha256 is that of
+    # the effect that applies, so a retry or a replay applies it once the
+    # setting allows.
+    setting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,12 +149,29 @@ def load(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise InvalidJSONError("body is not valid UTF-8") from None
     except RecursionError:
-        raise InvalidJSONError("body is nested too deeply") from None
+        raise InvalidJSONError(f"body is nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as exc:  # JSONDecodeError, over-long integers, NaN
         raise InvalidJSONError("body is not valid JSON") from exc
     if not isinstance(document, dict):
         raise InvalidJSONError("body must be a JSON object")
+    # A body with fewer brackets than the limit cannot nest deeper: most are
+    # decided by two counts in C, without a walk.
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth(document) > MAX_DEPTH:
+        raise InvalidJSONError(f"body is nested more than {MAX_DEPTH} levels deep")
     return document
+
+
+def _depth(document: object) -> int:
+    """How many objects and arrays deep document nests (iterative: no stack of its own)."""
+    deepest, todo = 0, [(document, 1)]
+    while todo:
+        value, depth = todo.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:  # past the limit, the answer is known
+                todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = None,
@@ -223,21 +252,31 @@ _CheckedFields = tuple[str, str | None, int, str, object, str | None, State | No
 
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
-    """What applying event does to the ledger (never raises: a refusal is the Effect's problem)."""
+    """What applying event does to the ledger under policy (never raises: a refusal is the Effect's problem).
+
+    A refusal by a setting (Effect.setting) hashes as the effect that
+    applies, so that the same bytes compare equal once the setting allows
+    them. (A currency the event leaves implied is the policy's, as if named:
+    the only value of the policy in a hash, and one no setting refuses.)
+    """
     rule = RULES.get(event.type)
-    fields = rule.read(event, policy) if rule else None
+    fields = rule.read(event) if rule else None
     if rule is None or fields is None:  # a type, or an event, that moves no money
         return Effect(None, sha256=_sha256([event.type]))
-    problem = fields if isinstance(fields, str) else _problem(rule, fields, policy)
+    if not isinstance(fields, str) and fields.currency == LEDGERS_CURRENCY:
+        # Compared as the ledger's currency named: the same credit as one that names it.
+        fields = fields._replace(currency=policy.currency)
+    problem = fields if isinstance(fields, str) else _problem(rule, fields)
     # A refused effect never compares equal to one that applies, however
     # close their values (a null currency is refused, a missing one implied).
     sha256 = _sha256([event.type, "refused" if problem else "applies",
                       *([fields] if isinstance(fields, str) else fields)])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    payment_id, user_id, amount, currency, _, movement_id, state = cast(_CheckedFields, fields)
-    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, sha256=sha256,
-                  movement_id=movement_id, state=state)
+    payment_id, user_id, amount, currency, livemode, movement_id, state = cast(_CheckedFields, fields)
+    setting, problem = _refused_by(rule, livemode, currency, policy)
+    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, problem=problem,
+                  sha256=sha256, movement_id=movement_id, state=state, setting=setting)
 
 
 def _sha256(values: list[object]) -> bytes:
@@ -263,7 +302,7 @@ class Rule(NamedTuple):
     # Fields; None when this event moves no money (an authorisation released,
     # never captured); a str when it cannot apply for a reason the fields
     # alone do not say (the 422's message).
-    read: Callable[[Event, Policy], Fields | str | None]
+    read: Callable[[Event], Fields | str | None]
     labels: Fields  # where each field is read from, for the 422's message
 
 
@@ -280,33 +319,33 @@ def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
-def _currency_or_ledgers(data: dict[str, Any], policy: Policy) -> object:
+def _currency_or_ledgers(data: dict[str, Any]) -> object:
     """This service's own shape may omit the currency: it is then the ledger's."""
-    return _lower(data["currency"]) if "currency" in data else policy.currency
+    return _lower(data["currency"]) if "currency" in data else LEDGERS_CURRENCY
 
 
-def _read_payment(event: Event, policy: Policy) -> Fields:
+def _read_payment(event: Event) -> Fields:
     data = event.data
     # Without a paymentId, each event is its own payment.
     payment_id = data["paymentId"] if "paymentId" in data else event.id
-    currency = _currency_or_ledgers(data, policy)
+    currency = _currency_or_ledgers(data)
     return Fields(payment_id, _uuid(data.get("userId")), data.get("amountCents"), currency, None)
 
 
-def _read_payment_refunded(event: Event, policy: Policy) -> Fields:
+def _read_payment_refunded(event: Event) -> Fields:
     data = event.data
-    currency = _currency_or_ledgers(data, policy)
+    currency = _currency_or_ledgers(data)
     return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), currency, None)
 
 
-def _read_payment_intent(event: Event, policy: Policy) -> Fields:
+def _read_payment_intent(event: Event) -> Fields:
     intent = _object(event.data.get("object"))
     user_id = _uuid(_object(intent.get("metadata")).get("user_id"))
     return Fields(intent.get("id"), user_id, intent.get("amount_received"), _lower(intent.get("currency")),
                   _livemode(event))
 
 
-def _read_charge_refunded(event: Event, policy: Policy) -> Fields | str | None:
+def _read_charge_refunded(event: Event) -> Fields | str | None:
     """The Charge's total refunded, of what was captured.
 
     Before API version 2025-03-31.basil, a partial capture or a cancellation
@@ -335,7 +374,7 @@ REFUND_STATES = {"pending": State.APPLIED, "requires_action": State.APPLIED, "su
                  "failed": State.REVERSED, "canceled": State.REVERSED}
 
 
-def _read_refund(event: Event, policy: Policy) -> Fields | None:
+def _read_refund(event: Event) -> Fields | None:
     refund = _object(event.data.get("object"))
     if refund.get("reason") == "expired_uncaptured_charge":
         return None  # Stripe's own, for an authorisation that expired uncaptured: no money moved
@@ -345,8 +384,8 @@ def _read_refund(event: Event, policy: Policy) -> Fields | None:
                   _livemode(event), refund.get("id"), state)
 
 
-def _read_dispute(state: State) -> Callable[[Event, Policy], Fields]:
-    def read(event: Event, policy: Policy) -> Fields:
+def _read_dispute(state: State) -> Callable[[Event], Fields]:
+    def read(event: Event) -> Fields:
         dispute = _object(event.data.get("object"))
         return Fields(dispute.get("payment_intent"), None, dispute.get("amount"), _lower(dispute.get("currency")),
                       _livemode(event), dispute.get("id"), state)
@@ -376,13 +415,11 @@ def _is_cents(value: object, zero: bool = False) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and (0 if zero else 1) <= value <= MAX_CENTS
 
 
-def _problem(rule: Rule, fields: Fields, policy: Policy) -> str | None:
-    """Why an effect with these fields cannot apply (a 422's message), or None."""
+def _problem(rule: Rule, fields: Fields) -> str | None:
+    """Why an effect with these fields cannot apply whatever the settings (a 422's message), or None."""
     labels = rule.labels
-    if fields.livemode is False and not policy.accept_test_events:
-        return "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
-    if fields.currency != policy.currency:
-        return f"{labels.currency} must be the ledger's currency, {policy.currency!r}"
+    if not (isinstance(fields.currency, str) and _CURRENCY.fullmatch(fields.currency)):
+        return f"{labels.currency} must be a currency's three-letter code"
     if not _is_id(fields.payment_id):
         return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
     if rule.kind == Kind.CREDIT and not _is_uuid(fields.user_id):
@@ -395,6 +432,19 @@ def _problem(rule: Rule, fields: Fields, policy: Policy) -> str | None:
         if not isinstance(fields.state, State):
             return f"{labels.state} must be one of {', '.join(REFUND_STATES)}"
     return None
+
+
+def _refused_by(rule: Rule, livemode: object, currency: str, policy: Policy) -> tuple[str | None, str | None]:
+    """The setting that refuses an effect under policy, and why (a 422's message); (None, None) if none does."""
+    if livemode is False and not policy.accept_test_events:
+        return "STRIPE_ACCEPT_TEST_EVENTS", \
+            "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
+    if currency != policy.currency:
+        return "LEDGER_CURRENCY", f"{rule.labels.currency} must be the ledger's currency, {policy.currency!r}"
+    return None, None
+
+
+_CURRENCY = re.compile(r"[a-z]{3}")
 
 
 def _is_id(value: object) -> bool:

@@ -99,22 +99,23 @@ APPLY_EVENT = """
     SELECT * FROM apply_event(p_source => %(source)s, p_event_id => %(event_id)s, p_type => %(type)s,
     p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => %(keep_json)s,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
-    p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s)
+    p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
+    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s)
 """
 
 
-def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes) -> Result:
-    """Record event (whose effect is effect_of(event)) and apply its effect atomically; return a Result.
+def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy) -> Result:
+    """Record event (whose effect is effect_of(event, policy)) and apply its effect atomically; return a Result.
 
-    body_sha256 is the SHA-256 of the bytes received. A failure is committed
-    (attempts, last_error) with no balance change, a payload mismatch as a
-    count and nothing else.
+    body_sha256 is the SHA-256 of the bytes received; policy is recorded with
+    the event. A failure is committed (attempts, last_error) with no balance
+    change, a payload mismatch as a count and nothing else.
     """
     params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
               "body_sha256": body_sha256, "effect_sha256": effect.sha256, "keep_json": True, "problem": effect.problem,
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
               "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
-              "state": effect.state}
+              "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events}
     try:
         row = one_query(pool, APPLY_EVENT, params)
     except psycopg.errors.DataError:
@@ -150,7 +151,7 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
         event = stored_event(source, event_id, event_type, body, body_sha256)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
-    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256))
+    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256), policy)
     if result.outcome == Outcome.DUPLICATE and result.change is None:
         return result._replace(problem="completed meanwhile by another delivery")
     return result

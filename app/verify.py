@@ -84,7 +84,7 @@ JOURNAL_WITHOUT_MOVEMENT = """
 COMPLETED_EFFECTS = """
     SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
            CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
-           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
+           e.ledger_currency, e.test_events_accepted, j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
     LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
@@ -108,6 +108,8 @@ class Report(NamedTuple):
     problems: list[str]  # one line per offending row: the ledger is inconsistent
     below_zero: list[str]  # one line per balance below zero: reported, not a problem
     counts: Counts
+    # One line per completed event that today's settings would refuse, decided under others: not a problem.
+    settings_changed: list[str] = []
 
 
 def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Report:
@@ -134,13 +136,14 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Rep
                      f"{r.movement_id!r} of its payment" for r in cur.execute(JOURNAL_WITHOUT_MOVEMENT)]
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
-            problems += [p for row in rows if (p := _effect_problem(cur, policy, row))]
+            settings_changed: list[str] = []
+            problems += [p for row in rows if (p := _effect_problem(cur, policy, row, settings_changed))]
         below_zero = [f"balance of user {r.user_id} is below zero: {r.balance_cents} cents"
                       for r in cur.execute(BELOW_ZERO)]
         row = conn.execute(COUNTS).fetchone()
         assert row is not None  # a SELECT without FROM returns one row
         counts = Counts(*row)
-    return Report(problems, below_zero, counts)
+    return Report(problems, below_zero, counts, settings_changed)
 
 
 def _name(source: str, event_id: str) -> str:
@@ -160,8 +163,15 @@ def _payment_problem(row: NamedRow) -> str:
     return f"payment {name}: {row.debited_cents} cents debited, its refunds and disputes make {row.debit_due_cents} due"
 
 
-def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow) -> str | None:
-    """Why a completed event's balance change (or its record) is not what its stored bytes say, or None."""
+def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow,
+                    settings_changed: list[str]) -> str | None:
+    """Why a completed event's balance change (or its record) is not what its stored bytes say, or None.
+
+    An event that today's settings refuse is judged by the settings it was
+    decided under (recorded with it): one line in settings_changed if those
+    differ or are unknown (stored before they were kept), a problem if they
+    are today's.
+    """
     name = _name(row.source, row.event_id)
     # Stored before the bytes were kept: its jsonb copy, unchecked.
     body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
@@ -169,7 +179,16 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
         effect = effect_of(stored_event(row.source, row.event_id, row.event_type, body, body_sha256), policy)
     except StoredBodyError as exc:
         return f"completed event {name}: {exc}"
-    if effect.problem:
+    if effect.setting:
+        then = (row.ledger_currency, row.test_events_accepted)
+        if then == (policy.currency, policy.accept_test_events):
+            return f"completed event {name}: {effect.problem}"
+        decided = "before settings were recorded" if row.ledger_currency is None else (
+            f"under LEDGER_CURRENCY={row.ledger_currency}, "
+            f"STRIPE_ACCEPT_TEST_EVENTS={str(row.test_events_accepted).lower()}")
+        settings_changed.append(f"completed event {name}: today's {effect.setting} refuses it; "
+                                f"it was decided {decided}")
+    elif effect.problem:
         return f"completed event {name}: {effect.problem}"
     if effect.kind is None:  # its bytes say it moves no money
         return f"completed event {name}: journal has a {row.kind}, its bytes move no money" if row.kind else None

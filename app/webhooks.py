@@ -58,7 +58,7 @@ def receive(name: str | None) -> dict[str, str]:
     else:
         applied = None  # None when the transaction raised: release() leaves no done marker
         try:
-            applied = ledger.apply_event(get_pool(current_app), event, effect, delivery.body_sha256)
+            applied = ledger.apply_event(get_pool(current_app), event, effect, delivery.body_sha256, settings.policy)
         finally:
             if delivery.lock_state == LockState.ACQUIRED:
                 event_lock.release(applied)

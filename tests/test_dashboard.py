@@ -192,6 +192,16 @@ def _load(base, url, own_redis):
         conn.execute("UPDATE user_balances SET balance_cents = 0 WHERE user_id = %s", [SPENDER])
     refund = {"type": "payment.refunded", "data": {"paymentId": "pay_2", "amountRefundedCents": 300}}
     assert _send(base, {"id": "evt_refund_2", **refund}) == 200
+    # A refund object that fails, and a dispute won (Stripe's types, relayed by this sender: keyed by type).
+    assert _send(base, payment("evt_pay_3", cents=400, paymentId="pay_3")) == 200
+    for n, (event_type, obj) in enumerate([
+            ("refund.created", {"id": "re_3", "object": "refund", "status": "succeeded"}),
+            ("refund.failed", {"id": "re_3", "object": "refund", "status": "failed"}),
+            ("charge.dispute.funds_withdrawn", {"id": "du_3", "object": "dispute", "status": "needs_response"}),
+            ("charge.dispute.funds_reinstated", {"id": "du_3", "object": "dispute", "status": "won"})]):
+        obj = {**obj, "payment_intent": "pay_3", "amount": 100, "currency": "usd"}
+        assert _send(base, {"id": f"evt_move_{n}", "type": event_type, "livemode": True,
+                            "data": {"object": obj}}) == 200
 
     # 409 in_progress and 503: a delivery waits on BOB's balance row, held here, past PG_LOCK_TIMEOUT_MS,
     # while its twin finds the Redis lock taken.

@@ -1,0 +1,117 @@
+"""The ledger stays right when a setting changes: an event refused by a setting (STRIPE_ACCEPT_TEST_EVENTS,
+LEDGER_CURRENCY) is applied by the provider's retry or by `flask events replay` once the setting allows it,
+with no mismatch counted, because its effect is hashed from its bytes alone; `flask ledger verify` judges each
+event by the settings it was decided under, recorded with it. And one depth limit for every path. Stripe's
+events are built and signed by stripe-python; real PostgreSQL and Redis."""
+
+import json
+
+import pytest
+
+from .helpers import ALICE, BOB, assert_ledger_consistent, balance, deliver, payment, stored_event_row
+from .stripe_events import intent_succeeded, send_stripe
+
+STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
+
+
+def _stripe_client(make_app, config, **settings):
+    return make_app({**config, **settings}).test_client()
+
+
+def _cli(make_app, config, *args, **settings):
+    return make_app({**config, **settings}).test_cli_runner().invoke(args=list(args))
+
+
+@STRIPE
+@pytest.mark.parametrize("applied_by", ["retry", "replay"])
+def test_a_test_mode_event_refused_is_applied_once_test_events_are_accepted(make_app, config, db, applied_by):
+    test_mode = intent_succeeded("pi_test_mode", user=BOB, cents=300)
+    test_mode["livemode"] = False
+    refused = send_stripe(_stripe_client(make_app, config), test_mode)
+    assert refused.status_code == 422 and "STRIPE_ACCEPT_TEST_EVENTS=true" in refused.json["message"]
+    if applied_by == "retry":  # Stripe's next attempt, after the operator set it
+        answer = send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode).json
+        assert answer == {"status": "processed", "event_id": test_mode.id}
+    else:
+        result = _cli(make_app, config, "events", "replay", test_mode.id, STRIPE_ACCEPT_TEST_EVENTS="true")
+        assert result.exit_code == 0 and "processed; now completed" in result.output, result.output
+    stored = stored_event_row(db, test_mode.id)
+    assert (stored.status, stored.mismatches, stored.attempts) == ("completed", 0, 2)
+    assert balance(db, BOB) == 300
+
+
+@STRIPE
+@pytest.mark.parametrize("applied_by", ["retry", "replay"])
+def test_a_payment_refused_for_its_currency_is_credited_once_the_ledger_currency_is_fixed(make_app, config, db,
+                                                                                        applied_by):
+    euros = intent_succeeded("pi_euro", user=BOB, cents=700, currency="eur")
+    assert send_stripe(_stripe_client(make_app, config), euros).status_code == 422  # LEDGER_CURRENCY usd
+    if applied_by == "retry":
+        assert send_stripe(_stripe_client(make_app, config, LEDGER_CURRENCY="eur"), euros).json["status"] == \
+            "processed"
+    else:
+        result = _cli(make_app, config, "events", "replay", "--all-failed", LEDGER_CURRENCY="eur")
+        assert result.exit_code == 0, result.output
+    assert stored_event_row(db, euros.id).mismatches == 0
+    assert balance(db, BOB) == 700
+    assert db.execute("SELECT currency FROM payments WHERE payment_id = 'pi_euro'").fetchone()[0] == "eur"
+
+
+@STRIPE
+def test_verify_judges_each_event_by_the_settings_it_was_decided_under(make_app, config, db):
+    test_mode = intent_succeeded("pi_accepted_then", user=BOB, cents=300)
+    test_mode["livemode"] = False
+    assert send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode).status_code \
+        == 200
+    stored = db.execute("SELECT ledger_currency, test_events_accepted FROM webhook_events WHERE event_id = %s",
+                        [test_mode.id]).fetchone()
+    assert stored == ("usd", True)
+    verified = _cli(make_app, config, "ledger", "verify")  # test events refused again today
+    assert verified.exit_code == 0, verified.output
+    assert f"completed event {test_mode.id!r}: today's STRIPE_ACCEPT_TEST_EVENTS refuses it; it was decided under " \
+           "LEDGER_CURRENCY=usd, STRIPE_ACCEPT_TEST_EVENTS=true" in verified.output
+    assert "1 events decided under other settings than today's" in verified.output
+
+
+@STRIPE
+def test_a_completed_event_its_own_settings_refuse_is_reported(make_app, config, db):
+    paid = intent_succeeded("pi_forged_mode", user=BOB, cents=300)
+    assert send_stripe(_stripe_client(make_app, config), paid).status_code == 200
+    # Its bytes changed to test mode after the fact, hash kept: the settings it was decided under refuse it.
+    forged = json.dumps({**json.loads(str(paid)), "livemode": False}).encode()
+    db.execute("UPDATE webhook_events SET body = %s, payload_sha256 = sha256(%s) WHERE event_id = %s",
+               [forged, forged, paid.id])
+    verified = _cli(make_app, config, "ledger", "verify")
+    assert verified.exit_code == 1
+    assert f"completed event {paid.id!r}: a test-mode event" in verified.output
+
+
+def test_an_implied_currency_and_the_ledgers_named_are_one_credit(client, db):
+    assert deliver(client, payment("evt_implied", cents=10)).json["status"] == "processed"
+    assert deliver(client, payment("evt_implied", cents=10, currency="usd")).json["status"] == "duplicate"
+    assert balance(db, ALICE) == 1010
+
+
+def _nested(depth):
+    """A payment whose data holds a value nested depth levels deep in all (the body's object is level 1)."""
+    event = payment("evt_deep", cents=5)
+    event["data"]["note"] = json.loads("[" * (depth - 2) + "]" * (depth - 2))
+    return json.dumps(event).encode()
+
+
+def test_a_body_nested_beyond_the_limit_is_400_and_writes_nothing(client, db):
+    response = deliver(client, _nested(65))
+    assert (response.status_code, response.json["error"]) == (400, "invalid_json")
+    assert response.json["message"] == "body is nested more than 64 levels deep"
+    assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 0
+
+
+def test_a_body_at_the_limit_is_applied_and_verify_and_replay_read_it_alike(app, client, db):
+    assert deliver(client, _nested(64)).json["status"] == "processed"
+    assert balance(db, ALICE) == 1005
+    runner = app.test_cli_runner()
+    assert runner.invoke(args=["events", "replay", "evt_deep"]).output.strip() == \
+        "evt_deep: already completed; nothing changed"
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+    assert_ledger_consistent(db)
