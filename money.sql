@@ -22,6 +22,11 @@
 -- Each of these only grows with the set of events received (a total, a
 -- movement's state), so `due` depends on that set, never on its order; each
 -- event moves the balance by what it changes `due` by, in one journal row.
+--
+-- Besides events, two functions at the end move a balance, each in one
+-- journal row of its own: `adjust` (an operator's correction, `flask ledger
+-- adjust`) and `spend` (the application spends a user's credit, once per
+-- reference it gives).
 
 DROP VIEW IF EXISTS payment_accounts;
 -- Each payment's account: what was credited, what its refunds (by object and
@@ -266,5 +271,139 @@ BEGIN
         p_ledger_currency => NULL, p_test_events => NULL);
     UPDATE webhook_events SET effect_version = 2
     WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 2;
+END
+$$;
+
+-- The journal rows that no event writes: an operator's adjustment and the
+-- application's spend. Each is one statement that locks the user's row
+-- (which serialises every change of that balance), changes the balance and
+-- writes its journal row, so that balance = opening + journal holds. Both
+-- refuse by raising, with nothing changed (docs/operations.md lists the
+-- SQLSTATEs too): whenever one returns, its row is in the journal.
+--   22023 invalid_parameter_value     an amount, reference, reason or actor
+--                                     that cannot be journaled (0, negative
+--                                     for a spend, empty, too long); (adjust)
+--                                     a payment of another user
+--   P0002 no_data_found               the user has no balance row; (adjust)
+--                                     the payment is unknown
+--   22003 numeric_value_out_of_range  the balance would leave BIGINT's range
+--   23514 check_violation             (spend) the balance would go below
+--                                     zero, and p_allow_negative is false
+--   23505 unique_violation            (spend) the reference was spent
+--                                     before, with another user or amount
+
+-- An operator's correction (`flask ledger adjust`): p_cents, either sign,
+-- added to p_user's balance and journaled as an 'adjustment' with p_reason
+-- and p_actor (who made it). Not idempotent: each call is one more
+-- correction. An adjustment that corrects a payment's credit (one that the
+-- release before payments credited twice) names it, p_source and p_payment:
+-- `flask ledger verify` then counts it with the payment's credits, which
+-- must add up to its amount. Locks the payment's row (when named), then the
+-- user's: the order apply_event takes them in. Returns the journal row's id
+-- and the balance it left.
+CREATE OR REPLACE FUNCTION adjust(p_user uuid, p_cents bigint, p_reason text, p_actor text,
+                                  p_source text DEFAULT NULL, p_payment text DEFAULT NULL,
+                                  OUT journal_id bigint, OUT balance_after bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_paid_to uuid;
+    v_balance bigint;
+BEGIN
+    IF coalesce(p_cents, 0) = 0 THEN
+        RAISE EXCEPTION 'an adjustment of 0 cents changes nothing' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_reason IS NULL OR p_reason !~ '\S' THEN
+        RAISE EXCEPTION 'an adjustment needs a reason' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF char_length(p_reason) > 500 THEN
+        RAISE EXCEPTION 'the reason is % characters long, over 500', char_length(p_reason)
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF coalesce(char_length(p_actor), 0) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'who made the adjustment must be named in 1 to 128 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF (p_source IS NULL) <> (p_payment IS NULL) THEN
+        RAISE EXCEPTION 'a payment is named by its source and its id, both' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_payment IS NOT NULL THEN
+        SELECT user_id INTO v_paid_to FROM payments WHERE source = p_source AND payment_id = p_payment FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'unknown payment % of source %', p_payment, p_source USING ERRCODE = 'no_data_found';
+        ELSIF v_paid_to <> p_user THEN
+            RAISE EXCEPTION 'payment % was credited to user %, not to user %', p_payment, v_paid_to, p_user
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    SELECT balance_cents INTO v_balance FROM user_balances WHERE user_id = p_user FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    ELSIF p_cents > 0 AND v_balance > 9223372036854775807 - p_cents
+       OR p_cents < 0 AND v_balance < -9223372036854775808 - p_cents THEN
+        RAISE EXCEPTION 'an adjustment of % cents would overflow the balance of user % (% cents)',
+                        p_cents, p_user, v_balance USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances SET balance_cents = balance_cents + p_cents, updated_at = now()
+    WHERE user_id = p_user RETURNING balance_cents INTO balance_after;
+    INSERT INTO ledger_journal (kind, source, payment_id, user_id, amount_cents, reason, actor)
+    VALUES ('adjustment', p_source, p_payment, p_user, p_cents, p_reason, p_actor)
+    RETURNING id INTO journal_id;
+END
+$$;
+
+-- The application spends p_cents (> 0) of p_user's credit, once per
+-- p_reference (1-128 characters, the application's own key: an order, a
+-- request id), journaled as a 'spend' of -p_cents. Call it with named
+-- arguments, alone or inside the application's own transaction:
+--   SELECT * FROM spend(p_user => $1, p_cents => $2, p_reference => $3)
+-- A balance may not go below zero unless p_allow_negative (then it may,
+-- within BIGINT's range). A second call with the same reference, user and
+-- amount changes nothing and returns the first call's row, outcome
+-- 'duplicate'; with another user or amount it is refused (23505). A refused
+-- call records nothing: its reference may be tried again. Returns the
+-- outcome ('spent' or 'duplicate'), the spend's journal row and when it was
+-- made, and the user's balance as the call leaves it (on a duplicate, the
+-- balance now).
+CREATE OR REPLACE FUNCTION spend(p_user uuid, p_cents bigint, p_reference text, p_allow_negative boolean DEFAULT false,
+                                 OUT outcome text, OUT journal_id bigint, OUT spent_at timestamptz,
+                                 OUT balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_first ledger_journal%ROWTYPE;
+BEGIN
+    IF p_cents IS NULL OR p_cents <= 0 THEN
+        RAISE EXCEPTION 'a spend of % cents: the amount must be positive', coalesce(p_cents::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF coalesce(char_length(p_reference), 0) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'a spend''s reference must be 1 to 128 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The user's row first: a second call with the same reference waits for
+    -- the first one's commit here, then finds its row.
+    SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+    SELECT * INTO v_first FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference;
+    IF FOUND THEN
+        IF (v_first.user_id, -v_first.amount_cents) <> (p_user, p_cents) THEN
+            RAISE EXCEPTION 'reference % was spent by journal row % with another user or amount',
+                            p_reference, v_first.id USING ERRCODE = 'unique_violation';
+        END IF;
+        outcome := 'duplicate';
+        journal_id := v_first.id;
+        spent_at := v_first.created_at;
+        RETURN;
+    END IF;
+    IF balance_cents < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        RAISE EXCEPTION 'the balance of user % is % cents: spending % would take it below zero',
+                        p_user, balance_cents, p_cents USING ERRCODE = 'check_violation';
+    ELSIF balance_cents < -9223372036854775808 + p_cents THEN
+        RAISE EXCEPTION 'spending % cents would overflow the balance of user % (% cents)',
+                        p_cents, p_user, balance_cents USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances u SET balance_cents = u.balance_cents - p_cents, updated_at = now()
+    WHERE u.user_id = p_user RETURNING u.balance_cents INTO balance_cents;
+    -- A spend of the same reference by another user, running now, makes this
+    -- insert wait for it, then fail on the key: 23505 as well.
+    INSERT INTO ledger_journal (kind, user_id, amount_cents, reference)
+    VALUES ('spend', p_user, -p_cents, p_reference)
+    RETURNING id, created_at INTO journal_id, spent_at;
+    outcome := 'spent';
 END
 $$;

@@ -12,8 +12,9 @@
 -- once, in money.sql. tests/test_db.py checks that both ways end in the same
 -- tables, constraints, indexes and functions.
 
--- The ledger: one row per user, credited by payments and debited by their
--- refunds. The opening balance is the balance the row was created with (set
+-- The ledger: one row per user, credited by payments, debited by their
+-- refunds and disputes and by what the user spends, and corrected by
+-- operators' adjustments. The opening balance is the balance the row was created with (set
 -- by the trigger below unless given), so that `flask ledger verify` can prove
 -- balance = opening + the sum of the user's ledger_journal rows.
 CREATE TABLE IF NOT EXISTS user_balances (
@@ -132,30 +133,50 @@ CREATE TABLE IF NOT EXISTS movements (
 CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_id);
 
 -- The ledger's journal, append-only: one row per balance change, written in
--- the transaction that changes user_balances, naming its payment and, for a
--- refund object or a dispute, its movement (NULL for a credit and for a
--- running total). Its kind says which way the money went: a 'credit' or a
--- 'refund_reversed' or 'dispute_reinstated' (amount > 0), a 'refund' or a
--- 'dispute_withdrawn' (amount < 0). It
+-- the transaction that changes user_balances. A row an event wrote names its
+-- event and its payment and, for a refund object or a dispute, its movement
+-- (NULL for a credit and for a running total); its kind says which way the
+-- money went: a 'credit' or a 'refund_reversed' or 'dispute_reinstated'
+-- (amount > 0), a 'refund' or a 'dispute_withdrawn' (amount < 0). It
 -- outlives the webhook_events row (purge keeps it; hence no foreign key),
 -- and its UNIQUE (source, event_id) (one balance change per event) stops an
 -- event whose row was purged from being applied again, or marked failed,
--- if it is redelivered.
+-- if it is redelivered. A row that no event wrote (money.sql's adjust and
+-- spend) names no event and no movement: an 'adjustment' (an operator's
+-- correction, either sign, never 0) names its reason and who made it, and
+-- the payment whose credit it corrects, if any; a 'spend' (amount < 0: the
+-- application spent the user's credit) names the reference the application
+-- gave, and its UNIQUE (kind, reference) is what makes one spend apply once,
+-- however often it is asked for.
 CREATE TABLE IF NOT EXISTS ledger_journal (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    source       TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    event_id     TEXT NOT NULL CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    source       TEXT CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    event_id     TEXT CHECK (char_length(event_id) BETWEEN 1 AND 128),
     user_id      UUID NOT NULL REFERENCES user_balances (user_id),
     amount_cents BIGINT NOT NULL,
     created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     kind         TEXT NOT NULL,
-    payment_id   TEXT NOT NULL CONSTRAINT ledger_journal_payment_id_check
+    payment_id   TEXT CONSTRAINT ledger_journal_payment_id_check
                       CHECK (char_length(payment_id) BETWEEN 1 AND 128),
     movement_id  TEXT,
+    reference    TEXT CHECK (char_length(reference) BETWEEN 1 AND 128),  -- a spend's, given by the application
+    reason       TEXT CHECK (reason ~ '\S' AND char_length(reason) <= 500),  -- why an adjustment was made
+    actor        TEXT CHECK (char_length(actor) BETWEEN 1 AND 128),  -- who made an adjustment
     CONSTRAINT ledger_journal_kind_check
         CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
-               OR kind IN ('refund', 'dispute_withdrawn') AND amount_cents < 0),
-    CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
+               OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
+               OR kind = 'adjustment' AND amount_cents <> 0),
+    -- What each kind of row names, and nothing else.
+    CONSTRAINT ledger_journal_names_check
+        CHECK (CASE kind
+               WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0
+                                      AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
+               WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
+                                 AND reference IS NOT NULL
+               ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
+               END),
+    CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id),
+    CONSTRAINT ledger_journal_kind_reference_key UNIQUE (kind, reference)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
 

@@ -1,7 +1,9 @@
-"""Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger verify`
+"""Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger verify|adjust`
 and `flask redis forget-done`."""
 
+import getpass
 import hashlib
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +32,7 @@ class Commands(AppGroup):
 
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
-ledger_group = Commands("ledger", help="Check the ledger.")
+ledger_group = Commands("ledger", help="Check the ledger, and correct a balance.")
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 LIST_EVENTS = """
@@ -57,6 +59,8 @@ FAILED_EVENTS = """
     WHERE status = 'failed' AND (%(source)s::text IS NULL OR source = %(source)s)
     ORDER BY created_at, id
 """
+# An adjustment's amount: any that a balance (BIGINT) can hold.
+CENTS = click.IntRange(-2**63, 2**63 - 1)
 SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
                       help="The event's source (a name from WEBHOOK_SOURCES).")
 
@@ -286,6 +290,38 @@ def verify_ledger() -> None:
     changed = f"; {len(report.settings_changed)} events decided under other settings than today's" \
         if report.settings_changed else ""
     click.echo(f"ledger consistent: {counts}{below}{changed}")
+
+
+# ignore_unknown_options: a negative CENTS ("-500") is the argument, not an unknown option.
+@ledger_group.command("adjust", context_settings={"ignore_unknown_options": True})
+@click.argument("user_id", type=click.UUID)
+@click.argument("cents", type=CENTS)
+@click.option("--reason", required=True, help="Why the balance is corrected (required): journaled with it.")
+@click.option("--by", "actor", help="Who makes the correction, journaled with it [default: the OS user].")
+@click.option("--payment", "payment_id", help="The payment whose credit this corrects (one credited twice): "
+                                              "`ledger verify` counts it with that payment's credits.")
+@click.option("--source", default=DEFAULT_SOURCE, show_default=True, help="The payment's source (with --payment).")
+def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | None, payment_id: str | None,
+                   source: str) -> None:
+    """Add CENTS (signed: -500 takes 500 cents away) to USER_ID's balance, journaled as an adjustment."""
+    actor = _os_user() if actor is None else actor
+    payment = None if payment_id is None else (source, payment_id)
+    try:
+        adjusted = ledger.adjust(get_pool(current_app), user_id, cents, reason, actor, payment)
+    except ledger.AdjustmentError as exc:
+        raise click.ClickException(str(exc)) from None
+    named = payment_id if source == DEFAULT_SOURCE else f"{source}/{payment_id}"
+    corrects = "" if payment_id is None else f", correcting payment {named}"
+    click.echo(f"adjusted the balance of user {user_id} by {cents:+} cents to {adjusted.balance_after} cents "
+               f"(journal row {adjusted.journal_id}, by {actor}{corrects})")
+
+
+def _os_user() -> str:
+    """The name of the OS user running the command."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in the environment, and a uid with no passwd entry
+        raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None
 
 
 @redis_group.command("forget-done")

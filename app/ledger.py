@@ -8,8 +8,13 @@ per payment, movements (source, kind, id) per refund and dispute; the Redis
 lock in front of this only saves work. A
 crash anywhere before COMMIT leaves nothing behind, and a 2xx is answered
 only after COMMIT returned.
+
+The journal rows that no event writes are money.sql's too: `adjust` (an
+operator's correction, called here for `flask ledger adjust`) and `spend`
+(which the application calls itself); their vocabulary is here as well.
 """
 
+import uuid
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -60,6 +65,20 @@ class Change(StrEnum):
     DISPUTE_WITHDRAWN = "dispute_withdrawn"  # a dispute's funds taken from the payment's user
     DISPUTE_REINSTATED = "dispute_reinstated"  # a dispute's funds given back
     PAYMENT_DUPLICATE = "payment_duplicate"  # a credited payment announced again by another event: nothing
+
+
+class Entry(StrEnum):
+    """A journal row that no event wrote (ledger_journal.kind): money.sql's adjust and spend write them."""
+
+    ADJUSTMENT = "adjustment"  # an operator's correction, either sign, with its reason and who made it
+    SPEND = "spend"  # the application spent the user's credit, once per reference it gave
+
+
+class SpendOutcome(StrEnum):
+    """What a call of money.sql's spend came to (its `outcome`); a refusal raises instead."""
+
+    SPENT = "spent"  # this call spent the credit
+    DUPLICATE = "duplicate"  # a call with the same reference, user and amount spent it before: nothing changed
 
 
 class Result(NamedTuple):
@@ -207,3 +226,44 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed
         done += len(rows)
         if len(rows) < EFFECTS_BATCH:
             return Recomputed(done, reopened)
+
+
+ADJUST = """
+    SELECT * FROM adjust(p_user => %(user_id)s, p_cents => %(cents)s, p_reason => %(reason)s, p_actor => %(actor)s,
+                         p_source => %(source)s, p_payment => %(payment_id)s)
+"""
+# The SQLSTATEs money.sql's adjust refuses with, changing nothing (its header lists them): an amount, reason,
+# actor or payment it cannot journal; an unknown user or payment; a balance that would leave BIGINT's range.
+ADJUST_REFUSALS = (psycopg.errors.InvalidParameterValue, psycopg.errors.NoDataFound,
+                   psycopg.errors.NumericValueOutOfRange)
+
+
+class AdjustmentError(ValueError):
+    """money.sql's adjust refused the adjustment, for the reason its message gives: nothing was changed."""
+
+
+class Adjustment(NamedTuple):
+    """An adjustment made: its ledger_journal row and the balance it left."""
+
+    journal_id: int
+    balance_after: int
+
+
+def adjust(pool: Pool, user_id: uuid.UUID, cents: int, reason: str, actor: str,
+           payment: tuple[str, str] | None = None) -> Adjustment:
+    """Add cents (either sign, not 0) to user_id's balance, journaled as an adjustment with reason and actor.
+
+    payment is (source, payment id) of the payment whose credit it corrects,
+    if any. One statement (money.sql's adjust), so the balance and its
+    journal row change together or not at all. Raises AdjustmentError when
+    it is refused.
+    """
+    source, payment_id = payment or (None, None)
+    params = {"user_id": user_id, "cents": cents, "reason": reason, "actor": actor, "source": source,
+              "payment_id": payment_id}
+    try:
+        row = one_query(pool, ADJUST, params)
+    except ADJUST_REFUSALS as exc:
+        raise AdjustmentError(exc.diag.message_primary) from None
+    assert row is not None  # a SELECT of a function returning one row
+    return Adjustment(*row)

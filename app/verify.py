@@ -4,22 +4,24 @@
 - no event is left 'processing': that status never outlives its
   transaction (invariant 2);
 - each user's balance = opening balance + the sum of their journal
-  (invariant 5);
+  (invariant 5), and each journal row says what made it: an event, or, for
+  an adjustment, its reason and who made it, for a spend, its reference;
 - a journal row whose event is still stored belongs to a completed event,
   and a completed payment or refund that is still stored did what its
   stored bytes say (checked against their SHA-256 and read by the same code
   as the receiver's; rows stored before the bytes were kept are read from
   their jsonb copy) (invariants 1 and 6);
-- each payment is credited once, by a credit of its own user and amount;
-  what its refunds and disputes debited, in all, in the journal is what
-  the rule says is due from its movements and its highest running total
-  (money.sql's payment_accounts), never more than the payment; and every
-  completed refund or dispute that is still stored is recorded as its bytes
-  say (invariant 6).
+- each payment is credited once, by a credit of its own user and amount
+  (net of the adjustments that correct it); what its refunds and disputes
+  debited, in all, in the journal is what the rule says is due from its
+  movements and its highest running total (money.sql's payment_accounts),
+  never more than the payment; and every completed refund or dispute that
+  is still stored is recorded as its bytes say (invariant 6).
 Purged events leave their journal rows and movements behind, so these hold
-after a purge. Balances below zero are reported apart: a refund may leave
-one (the money went back to the card after the credit was spent), which is
-not an error.
+after a purge. Spends, and adjustments that correct no payment, name no
+payment: the payment checks leave them out. Balances below zero are
+reported apart: a refund may leave one (the money went back to the card
+after the credit was spent), which is not an error.
 """
 
 from typing import Any, NamedTuple
@@ -29,7 +31,7 @@ from psycopg.rows import namedtuple_row
 
 from .db import NamedRow
 from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, Policy, State, StoredBodyError, effect_of, stored_event
-from .ledger import Change
+from .ledger import Change, Entry
 
 DUPLICATED_IDS = """
     SELECT source, event_id, count(*) AS times FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
@@ -48,28 +50,44 @@ JOURNAL_OF_UNFINISHED = """
     SELECT j.source, j.event_id, e.status FROM ledger_journal j JOIN webhook_events e USING (source, event_id)
     WHERE e.status <> 'completed' ORDER BY j.source, j.event_id
 """
-# Per payment: its credits in the journal, what its other journal rows took, what its row says it
-# debited, and what the rule says is due.
+# Per payment: its credits in the journal, and the adjustments that correct them (a payment credited
+# twice by the release before payments), which add up to one credit of its amount; what its other journal
+# rows took, what its row says it debited, and what the rule says is due. A spend names no payment.
 WRONG_PAYMENTS = """
     SELECT * FROM (
         SELECT p.source, p.payment_id, p.user_id, p.amount_cents, p.debited_cents, a.debit_due_cents,
                count(j.id) FILTER (WHERE j.kind = 'credit') AS credits,
                count(j.id) FILTER (WHERE j.kind = 'credit' AND j.user_id = p.user_id
                                      AND j.amount_cents = p.amount_cents) AS exact_credits,
-               -coalesce(sum(j.amount_cents) FILTER (WHERE j.kind <> 'credit'), 0) AS debited,
-               count(j.id) FILTER (WHERE j.kind <> 'credit' AND j.user_id <> p.user_id) AS others
+               coalesce(sum(j.amount_cents) FILTER (WHERE j.kind IN ('credit', 'adjustment')), 0) AS credited,
+               coalesce(sum(j.amount_cents) FILTER (WHERE j.kind = 'adjustment'), 0) AS adjusted,
+               -coalesce(sum(j.amount_cents) FILTER (WHERE j.kind NOT IN ('credit', 'adjustment')), 0) AS debited,
+               count(j.id) FILTER (WHERE j.user_id <> p.user_id) AS others
         FROM payments p JOIN payment_accounts a USING (source, payment_id)
         LEFT JOIN ledger_journal j USING (source, payment_id)
         GROUP BY p.source, p.payment_id, a.debit_due_cents
     ) t
-    WHERE credits <> 1 OR exact_credits <> 1 OR others <> 0 OR debited <> debited_cents
+    WHERE exact_credits = 0 OR credited <> amount_cents OR others <> 0 OR debited <> debited_cents
        OR debited_cents <> debit_due_cents
     ORDER BY source, payment_id
 """
 JOURNAL_WITHOUT_PAYMENT = """
-    SELECT j.source, j.event_id, j.payment_id FROM ledger_journal j
-    WHERE NOT EXISTS (SELECT 1 FROM payments p WHERE p.source = j.source AND p.payment_id = j.payment_id)
+    SELECT j.id, j.kind, j.source, j.event_id, j.payment_id FROM ledger_journal j
+    WHERE (j.kind NOT IN ('adjustment', 'spend') OR j.payment_id IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.source = j.source AND p.payment_id = j.payment_id)
     ORDER BY j.source, j.event_id
+"""
+# A journal row says what made it: an event, or, for an adjustment, its reason and who made it, for a spend,
+# its reference; neither names an event or a movement, a spend no payment either (what schema.sql's
+# ledger_journal_names_check holds).
+UNEXPLAINED = """
+    SELECT id, kind, user_id, amount_cents FROM ledger_journal
+    WHERE CASE kind WHEN 'adjustment' THEN reason IS NULL OR reason !~ '\\S' OR actor IS NULL
+                                           OR num_nonnulls(source, payment_id) = 1
+                    WHEN 'spend' THEN reference IS NULL OR num_nonnulls(source, payment_id) > 0
+                    ELSE source IS NULL OR event_id IS NULL END
+       OR kind IN ('adjustment', 'spend') AND num_nonnulls(event_id, movement_id) > 0
+    ORDER BY id
 """
 # A journal row of a refund object or a dispute names a movement of its own payment.
 JOURNAL_WITHOUT_MOVEMENT = """
@@ -127,11 +145,12 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Rep
         problems += [f"balance of user {r.user_id}: {r.balance_cents} cents, expected "
                      f"{r.opening_balance_cents + r.changed} (opening {r.opening_balance_cents} + journal {r.changed})"
                      for r in cur.execute(WRONG_BALANCES)]
+        problems += [f"journal row {r.id}: {r.kind} of {r.amount_cents:+} cents to user {r.user_id} does not say "
+                     f"what made it: {EXPLAINS.get(r.kind, EXPLAINS[None])}" for r in cur.execute(UNEXPLAINED)]
         problems += [f"journal row of event {_name(r.source, r.event_id)}: the event is {r.status!r}, not completed"
                      for r in cur.execute(JOURNAL_OF_UNFINISHED)]
         problems += [_payment_problem(r) for r in cur.execute(WRONG_PAYMENTS)]
-        problems += [f"journal row of event {_name(r.source, r.event_id)}: no payment {r.payment_id!r}"
-                     for r in cur.execute(JOURNAL_WITHOUT_PAYMENT)]
+        problems += [f"{_row(r)}: no payment {r.payment_id!r}" for r in cur.execute(JOURNAL_WITHOUT_PAYMENT)]
         problems += [f"journal row of event {_name(r.source, r.event_id)}: a {r.kind} of no movement "
                      f"{r.movement_id!r} of its payment" for r in cur.execute(JOURNAL_WITHOUT_MOVEMENT)]
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
@@ -150,12 +169,22 @@ def _name(source: str, event_id: str) -> str:
     return repr(event_id) if source == DEFAULT_SOURCE else f"{event_id!r} of source {source!r}"
 
 
+def _row(row: NamedRow) -> str:
+    """A journal row, named by its event, or (an adjustment, a spend) by its id and kind."""
+    return f"journal row {row.id} ({row.kind})" if row.event_id is None else \
+        f"journal row of event {_name(row.source, row.event_id)}"
+
+
 def _payment_problem(row: NamedRow) -> str:
     name = _name(row.source, row.payment_id)
-    if row.credits != 1:
-        return f"payment {name}: credited {row.credits} times"
-    if row.exact_credits != 1:
+    if row.credits == 0:
+        return f"payment {name}: credited 0 times"
+    if row.exact_credits == 0:
         return f"payment {name}: its credit is not {row.amount_cents} cents to {row.user_id}"
+    if row.credited != row.amount_cents:
+        adjusted = f" and adjusted by {row.adjusted:+} cents" if row.adjusted else ""
+        return f"payment {name}: credited {row.credits} times{adjusted}: {row.credited} cents in all, " \
+               f"not its {row.amount_cents}"
     if row.others:
         return f"payment {name}: {row.others} journal rows debit or credit another user than {row.user_id}"
     if row.debited != row.debited_cents:
@@ -225,6 +254,14 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
                f"its bytes say {effect.state}"
     return None
 
+
+# What a journal row of each kind names, to say what made it.
+EXPLAINS = {
+    Entry.ADJUSTMENT: "an adjustment names its reason and who made it, no event or movement, and the payment it "
+                      "corrects (if any) by its source and id",
+    Entry.SPEND: "a spend names its reference, and no event or payment",
+    None: "a row an event wrote names its source and event",
+}
 
 # The journal kinds an event of each kind may write.
 CHANGES_OF = {

@@ -64,6 +64,12 @@ def payment(event_id=None, user=ALICE, cents=250, **extra):
     return {"id": event_id, "type": "payment.succeeded", "data": data}
 
 
+def payment_refunded(payment_id, refunded_total, event_id=None, **extra):
+    """payment.refunded: payment_id's running total refunded so far."""
+    return {"id": event_id or f"evt_{uuid.uuid4().hex}", "type": "payment.refunded",
+            "data": {"paymentId": payment_id, "amountRefundedCents": refunded_total, **extra}}
+
+
 def encode(event):
     return event if isinstance(event, bytes) else json.dumps(event).encode()
 
@@ -250,8 +256,9 @@ def event_rows(conn, source=None):
 def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     """Invariants 5 and 6, from the stored events alone: no (source, id) stored twice; each payment that a
     completed event announced credited once; balance = opening + those credits - what the money rule's Python
-    model (expected_debits) says each payment's completed events take; and `flask ledger verify`'s own checks
-    clean. The events are read from their bytes by the live path's reader (events.effect_of, under policy)."""
+    model (expected_debits) says each payment's completed events take + the adjustments and spends (which no
+    event makes: their journal rows are their record); and `flask ledger verify`'s own checks clean. The
+    events are read from their bytes by the live path's reader (events.effect_of, under policy)."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
     completed = conn.execute("SELECT source, event_id, event_type, body FROM webhook_events"
@@ -270,6 +277,9 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     expected = dict(OPENING)
     for key, (user, cents) in credits.items():
         expected[user] = expected.get(user, 0) + cents - expected_debits(cents, moves.get(key, []))
+    for user, cents in conn.execute("SELECT user_id, sum(amount_cents) FROM ledger_journal"
+                                    " WHERE kind IN ('adjustment', 'spend') GROUP BY user_id").fetchall():
+        expected[user] = expected.get(user, 0) + cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
     assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0

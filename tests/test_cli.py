@@ -1,11 +1,18 @@
-"""app/cli.py: `flask events list|show|replay|purge` and `flask ledger verify` on real PostgreSQL."""
+"""app/cli.py: `flask events list|show|replay|purge` and `flask ledger verify|adjust` on real PostgreSQL."""
 
+import getpass
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from psycopg.rows import namedtuple_row
+
+from app.ledger import Entry
+from devservers import free_port
 
 from .helpers import (
+    ALICE,
     BOB,
+    OPENING,
     UNKNOWN_USER,
     assert_ledger_consistent,
     balance,
@@ -224,3 +231,172 @@ def test_verify_names_the_offending_event(client, db, run, corruption, expected)
     result = run("ledger", "verify")
     assert result.exit_code == 1
     assert expected in result.output
+
+
+# -- adjust -----------------------------------------------------------------------
+
+REASON = "pay_x credited twice by the release before payments"
+
+
+def _adjustments(db):
+    return db.cursor(row_factory=namedtuple_row).execute(
+        "SELECT id, user_id, amount_cents, reason, actor, source, event_id, payment_id, reference"
+        " FROM ledger_journal WHERE kind = %s ORDER BY id", [Entry.ADJUSTMENT]).fetchall()
+
+
+def test_an_adjustment_is_journaled_with_its_reason_and_the_os_user_in_one_line(db, run):
+    result = run("ledger", "adjust", str(ALICE), "250", "--reason", REASON)
+    assert result.exit_code == 0, result.output
+    (row,) = _adjustments(db)
+    assert result.output == f"adjusted the balance of user {ALICE} by +250 cents to 1250 cents " \
+                            f"(journal row {row.id}, by {getpass.getuser()})\n"
+    assert (row.user_id, row.amount_cents, row.reason, row.actor) == (ALICE, 250, REASON, getpass.getuser())
+    assert (row.source, row.event_id, row.payment_id, row.reference) == (None,) * 4
+    assert balance(db, ALICE) == 1250
+
+
+@pytest.mark.parametrize("args", [
+    [str(ALICE), "-500", "--reason", REASON],
+    ["--reason", REASON, str(ALICE), "-500"],
+    ["--reason", REASON, "--", str(ALICE), "-500"],
+], ids=["before-the-options", "after-the-options", "after-a-double-dash"])
+def test_adjust_takes_a_negative_amount_wherever_it_is_written(db, run, args):
+    result = run("ledger", "adjust", *args)
+    assert result.exit_code == 0, result.output
+    assert "by -500 cents to 500 cents" in result.output
+    assert [row.amount_cents for row in _adjustments(db)] == [-500]
+    assert balance(db, ALICE) == 500
+
+
+def test_adjust_by_journals_who_made_it(db, run):
+    result = run("ledger", "adjust", str(BOB), "100", "--reason", REASON, "--by", "ops:jane")
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(", by ops:jane)\n")
+    assert [row.actor for row in _adjustments(db)] == ["ops:jane"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([ALICE, "0", "--reason", REASON], "an adjustment of 0 cents changes nothing"),
+    ([ALICE, "-5", "--reason", ""], "an adjustment needs a reason"),
+    ([ALICE, "-5", "--reason", " \t\n"], "an adjustment needs a reason"),
+    ([ALICE, "-5", "--reason", "r" * 501], "the reason is 501 characters long, over 500"),
+    ([ALICE, "-5", "--reason", REASON, "--by", ""], "who made the adjustment must be named in 1 to 128 characters"),
+    ([UNKNOWN_USER, "-5", "--reason", REASON], f"unknown user {UNKNOWN_USER}"),
+    ([ALICE, str(2**63 - 1), "--reason", REASON],
+     f"an adjustment of {2**63 - 1} cents would overflow the balance of user {ALICE} (1000 cents)"),
+    ([ALICE, "-5", "--reason", REASON, "--payment", "pay_nope"], "unknown payment pay_nope of source default"),
+    ([ALICE, "-5", "--reason", REASON, "--payment", "pay_evt_bob"],
+     f"payment pay_evt_bob was credited to user {BOB}, not to user {ALICE}"),
+], ids=["zero", "no-reason", "blank-reason", "long-reason", "nobody", "unknown-user", "overflow", "unknown-payment",
+        "another-users-payment"])
+def test_adjust_refuses_what_it_cannot_journal_in_one_line_and_changes_nothing(client, db, run, args, message):
+    deliver(client, payment("evt_bob", user=BOB, cents=40))
+    result = run("ledger", "adjust", *map(str, args))
+    assert (result.exit_code, result.output) == (1, f"Error: {message}\n")
+    assert {user: balance(db, user) for user in OPENING} == {ALICE: 1000, BOB: 40}
+    assert _adjustments(db) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["alice", "-5", "--reason", REASON], "Invalid value for 'USER_ID': 'alice' is not a valid UUID."),
+    ([ALICE, "-5.00", "--reason", REASON], "Invalid value for 'CENTS': '-5.00' is not a valid integer"),
+    ([ALICE, str(2**63), "--reason", REASON], "Invalid value for 'CENTS': 9223372036854775808 is not in the range"),
+    ([ALICE, "-5"], "Missing option '--reason'."),
+    ([ALICE, "--reason", REASON], "Missing argument 'CENTS'."),
+], ids=["user-not-a-uuid", "cents-not-an-integer", "cents-beyond-bigint", "no-reason", "no-cents"])
+def test_adjust_refuses_malformed_arguments_as_usage_errors_and_changes_nothing(db, run, args, message):
+    result = run("ledger", "adjust", *map(str, args))
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1].startswith(f"Error: {message}"), result.output
+    assert "Traceback" not in result.output
+    assert {user: balance(db, user) for user in OPENING} == OPENING
+    assert _adjustments(db) == []
+
+
+def test_adjust_with_postgresql_unreachable_says_so_in_one_line(make_app, config):
+    unreachable = {**config, "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{free_port()}/ledger",
+                   "PG_LOCK_TIMEOUT_MS": 100, "PG_STATEMENT_TIMEOUT_MS": 200, "PG_POOL_TIMEOUT_MS": 500}
+    result = make_app(unreachable).test_cli_runner().invoke(args=["ledger", "adjust", str(ALICE), "-5",
+                                                                  "--reason", REASON])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: database unavailable: ") and result.output.count("\n") == 1, \
+        result.output
+
+
+def test_verify_is_clean_after_adjustments_of_either_sign_and_spends(client, db, run):
+    deliver(client, payment("evt_paid", user=BOB, cents=300))
+    assert run("ledger", "adjust", str(BOB), "-120", "--reason", REASON).exit_code == 0
+    assert run("ledger", "adjust", str(ALICE), "75", "--reason", REASON).exit_code == 0
+    for _ in range(2):
+        db.execute("SELECT spend(p_user => %s, p_cents => 100, p_reference => 'order-1')", [BOB])
+    result = run("ledger", "verify")
+    assert (result.exit_code, result.output) == \
+        (0, "ledger consistent: 2 users, 1 stored events, 1 payments, 4 journal rows\n")
+    assert (balance(db, ALICE), balance(db, BOB)) == (1075, 300 - 120 - 100)
+    assert_ledger_consistent(db)
+
+
+def _credited_twice(client, db):
+    """The journal as migration 002 leaves a payment that the release before payments credited twice."""
+    deliver(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
+    db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
+               " VALUES ('default', 'evt_v2', 'credit', 'pay_v', %s, 50)", [BOB])
+    db.execute("UPDATE user_balances SET balance_cents = balance_cents + 50 WHERE user_id = %s", [BOB])
+
+
+def test_a_payment_credited_twice_is_consistent_once_an_adjustment_of_it_takes_the_second_credit_back(
+        client, db, run):
+    _credited_twice(client, db)
+    before = run("ledger", "verify")
+    assert before.exit_code == 1
+    assert "payment 'pay_v': credited 2 times: 100 cents in all, not its 50" in before.output
+    result = run("ledger", "adjust", str(BOB), "-50", "--payment", "pay_v", "--reason", "pay_v credited twice")
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(", correcting payment pay_v)\n")
+    after = run("ledger", "verify")
+    assert (after.exit_code, after.output) == (0, "ledger consistent: 2 users, 1 stored events, 1 payments, "
+                                                  "3 journal rows\n")
+    assert balance(db, BOB) == 50
+
+
+def test_an_adjustment_that_takes_back_more_than_the_second_credit_is_reported(client, db, run):
+    _credited_twice(client, db)
+    assert run("ledger", "adjust", str(BOB), "-60", "--payment", "pay_v", "--reason", "pay_v credited twice"
+               ).exit_code == 0
+    result = run("ledger", "verify")
+    assert result.exit_code == 1
+    assert "payment 'pay_v': credited 2 times and adjusted by -60 cents: 40 cents in all, not its 50" \
+        in result.output
+
+
+def test_an_adjustment_of_a_payment_does_not_hide_its_second_credit_to_another_user(client, db, run):
+    deliver(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
+    db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
+               " VALUES ('default', 'evt_v2', 'credit', 'pay_v', %s, 50)", [ALICE])
+    db.execute("UPDATE user_balances SET balance_cents = balance_cents + 50 WHERE user_id = %s", [ALICE])
+    assert run("ledger", "adjust", str(BOB), "-50", "--payment", "pay_v", "--reason", "pay_v credited twice"
+               ).exit_code == 0
+    result = run("ledger", "verify")
+    assert result.exit_code == 1
+    assert f"payment 'pay_v': 1 journal rows debit or credit another user than {BOB}" in result.output
+
+
+@pytest.mark.parametrize("corruption, expected", [
+    ("UPDATE ledger_journal SET reason = NULL WHERE kind = 'adjustment'",
+     "journal row {adjustment}: adjustment of -5 cents to user {ALICE} does not say what made it: an adjustment "
+     "names its reason"),
+    ("UPDATE ledger_journal SET source = 'default', payment_id = 'pay_x' WHERE kind = 'spend'",
+     "journal row {spend}: spend of -7 cents to user {ALICE} does not say what made it: a spend names its "
+     "reference, and no event"),
+    ("UPDATE ledger_journal SET source = 'default', payment_id = 'pay_gone' WHERE kind = 'adjustment'",
+     "journal row {adjustment} (adjustment): no payment 'pay_gone'"),
+], ids=["adjustment-without-reason", "spend-of-a-payment", "adjustment-of-no-payment"])
+def test_verify_names_an_adjustment_or_a_spend_it_cannot_account_for(db, run, corruption, expected):
+    assert run("ledger", "adjust", str(ALICE), "-5", "--reason", REASON).exit_code == 0
+    db.execute("SELECT spend(p_user => %s, p_cents => 7, p_reference => 'order-1')", [ALICE])
+    ids = dict(db.execute("SELECT kind, id FROM ledger_journal").fetchall())
+    db.execute("ALTER TABLE ledger_journal DROP CONSTRAINT ledger_journal_names_check")
+    db.execute(corruption)
+    result = run("ledger", "verify")
+    assert result.exit_code == 1
+    assert expected.format(ALICE=ALICE, **ids) in result.output, result.output

@@ -49,6 +49,9 @@ BEFORE_MOVEMENTS = Path(__file__).parent / "data" / "schema_before_movements.sql
 
 
 MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrations").glob("*.sql"))
+# The migrations a database of the release before movements lacks, and the lines init-db prints for them.
+SINCE_MOVEMENTS = MIGRATIONS[MIGRATIONS.index("004_movements.sql"):]
+APPLIED_SINCE_MOVEMENTS = [f"applied migration {name}" for name in SINCE_MOVEMENTS]
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations")
 
 
@@ -132,11 +135,12 @@ def _differences(conn, fresh):
 
 
 def _drop_schema(db):
-    """Empty db of what init-db made: the view, the tables and every overload of apply_event."""
+    """Empty db of what init-db made: the view, the tables and money.sql's functions (every overload)."""
     db.execute("DROP VIEW payment_accounts")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
-    for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'apply_event'"
-                                  " AND pronamespace = 'public'::regnamespace").fetchall():
+    for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
+                                  " ('apply_event', 'adjust', 'spend') AND pronamespace = 'public'::regnamespace"
+                                  ).fetchall():
         db.execute(f"DROP FUNCTION {function}")
 
 
@@ -169,8 +173,11 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
     assert db.execute("SELECT source, event_id, status FROM webhook_events").fetchall() == \
         [("default", "evt_old", "completed")]
     assert db.execute("SELECT source, event_id FROM ledger_journal").fetchall() == [("default", "evt_old")]
+    # The journal's other key is its spends' references (migration 006).
+    keys = {"webhook_events": [("source", "event_id")],
+            "ledger_journal": [("kind", "reference"), ("source", "event_id")]}
     for table in ("webhook_events", "ledger_journal"):
-        assert _unique_keys(db, table) == [("source", "event_id")], table
+        assert _unique_keys(db, table) == keys[table], table
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s",
                           [table, f"{table}_event_id_key"]).fetchone()[0] == 0, table
         # Applied twice, the new column's CHECK is there once.
@@ -260,6 +267,25 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     assert balance(db, BOB) == 300 + 80 - 100
 
 
+def test_after_the_upgrade_the_runbooks_adjustment_of_a_payment_credited_twice_makes_verify_clean(
+        make_app, config, db):
+    _created_by(db, BEFORE_PAYMENTS)
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
+    _stored_before_payments(db, _intent_event("evt_pi_2", "pi_twice", 40), 40, user=BOB)
+    _stored_before_payments(db, _intent_event("evt_pi_3", "pi_twice", 40), 40, user=BOB)
+    cli = make_app(config).test_cli_runner()
+    assert cli.invoke(args=["init-db"]).exit_code == 0
+    assert cli.invoke(args=["ledger", "verify"]).exit_code == 1
+    # docs/deploying.md, "Upgrading the schema": take the second credit back through the journal.
+    adjusted = cli.invoke(args=["ledger", "adjust", str(BOB), "-40", "--payment", "pi_twice",
+                                "--reason", "pi_twice credited twice by the release before payments"])
+    assert adjusted.exit_code == 0, adjusted.output
+    verified = cli.invoke(args=["ledger", "verify"])
+    assert (verified.exit_code, verified.output) == \
+        (0, "ledger consistent: 2 users, 2 stored events, 1 payments, 3 journal rows\n")
+    assert balance(db, BOB) == 40
+
+
 # How the previous release's app/ledger.py called apply_event: its 13 parameters, by position.
 OLD_APPLY_EVENT = "SELECT * FROM apply_event(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
@@ -312,10 +338,10 @@ def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_it
         result = app.test_cli_runner().invoke(args=["init-db"])
         assert result.exit_code == 0, result.output
         outputs.append(result.output)
-    assert outputs == ["applied migration 004_movements.sql\napplied migration 005_settings.sql\n"
-                       "recomputed the effects of 5 stored events\n",
+    assert outputs == ["".join(f"{line}\n" for line in [*APPLIED_SINCE_MOVEMENTS,
+                                                        "recomputed the effects of 5 stored events"]),
                        "schema up to date: no migration to apply\n"]
-    assert _recorded(db) == [(name, name >= "004_movements.sql") for name in MIGRATIONS]
+    assert _recorded(db) == [(name, name in SINCE_MOVEMENTS) for name in MIGRATIONS]
     assert {user: balance(db, user) for user in OPENING} == balances
     assert db.execute("SELECT payment_id, refunded_cents, debited_cents FROM payments ORDER BY payment_id"
                       ).fetchall() == [("pi_a", 0, 0), ("pi_b", 200, 200), ("pi_c", 0, 0)]
@@ -366,8 +392,7 @@ def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movement
     first = app.test_cli_runner().invoke(args=["init-db"])
     assert first.exit_code == 0, first.output
     assert first.output.splitlines() == [
-        "applied migration 004_movements.sql", "applied migration 005_settings.sql",
-        "recomputed the effects of 6 stored events",
+        *APPLIED_SINCE_MOVEMENTS, "recomputed the effects of 6 stored events",
         "replayed 4 events an earlier release stored without moving their money:",
         *(f"  {evt.id}: processed; now completed" for evt in unknown)]
     # Due: re_b (which the total already took) + du_b; re_c came back. 200 + 150, once.
@@ -403,6 +428,45 @@ def test_schema_checks_lengths_and_statuses(db, column, value):
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute("INSERT INTO webhook_events (event_id, event_type, status, payload, payload_sha256) "
                    "VALUES (%(event_id)s, %(event_type)s, %(status)s, '{}', sha256(''))", row)
+
+
+INSERT_JOURNAL = ("INSERT INTO ledger_journal (kind, amount_cents, source, event_id, payment_id, movement_id,"
+                  " reference, reason, actor, user_id) VALUES (%(kind)s, %(amount_cents)s, %(source)s, %(event_id)s,"
+                  " %(payment_id)s, %(movement_id)s, %(reference)s, %(reason)s, %(actor)s, %(user_id)s)")
+ADJUSTMENT = {"kind": "adjustment", "amount_cents": -5, "source": None, "event_id": None, "payment_id": None,
+              "movement_id": None, "reference": None, "reason": "why", "actor": "who", "user_id": ALICE}
+SPEND = {**ADJUSTMENT, "kind": "spend", "reason": None, "actor": None, "reference": "order-1"}
+
+
+@pytest.mark.parametrize("row", [
+    {**ADJUSTMENT, "amount_cents": 0},
+    {**ADJUSTMENT, "reason": None},
+    {**ADJUSTMENT, "reason": " \n"},
+    {**ADJUSTMENT, "actor": None},
+    {**ADJUSTMENT, "event_id": "evt_1", "source": "default"},
+    {**ADJUSTMENT, "payment_id": "pay_1"},  # a payment is named with its source
+    {**ADJUSTMENT, "reference": "order-1"},
+    {**SPEND, "amount_cents": 5},
+    {**SPEND, "reference": None},
+    {**SPEND, "reference": "r" * 129},
+    {**SPEND, "source": "default", "payment_id": "pay_1"},
+    {**SPEND, "reason": "why"},
+    {**ADJUSTMENT, "kind": "credit", "amount_cents": 5},  # an event's row names its event and payment
+], ids=["adjustment-of-0", "adjustment-without-reason", "adjustment-with-a-blank-reason", "adjustment-by-nobody",
+        "adjustment-of-an-event", "adjustment-of-a-payment-without-source", "adjustment-with-a-reference",
+        "spend-that-credits", "spend-without-reference", "spend-with-a-long-reference", "spend-of-a-payment",
+        "spend-with-a-reason", "credit-of-no-event"])
+def test_the_journal_refuses_a_row_that_does_not_say_what_made_it(db, row):
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute(INSERT_JOURNAL, row)
+
+
+def test_a_spends_reference_is_unique_by_construction(db):
+    db.execute(INSERT_JOURNAL, SPEND)
+    db.execute(INSERT_JOURNAL, {**ADJUSTMENT, "amount_cents": 5})  # adjustments have no reference
+    db.execute(INSERT_JOURNAL, {**ADJUSTMENT, "amount_cents": 5})
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute(INSERT_JOURNAL, {**SPEND, "user_id": BOB})
 
 
 # Every way a database reached a release from before schema_migrations: created by it, or created by an

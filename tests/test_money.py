@@ -1,8 +1,9 @@
-"""The money rule (money.sql): its SQL speaks the Python enums' words, both ways; for any set of Stripe events
-of one payment (credits, running totals, refund objects, disputes), delivered in any order and any number of
-times, the balance moves by what a small model of the rule, written here, says that set is due; and each
-movement changes the balance once under concurrent deliveries on two hosts, Redis flushed midway. Stripe's
-events are built and signed by stripe-python; real PostgreSQL, Redis and gunicorn."""
+"""The money rule (money.sql): its SQL speaks the Python enums' words, both ways (the journal's kinds, and
+those of adjust and spend, too); for any set of Stripe events of one payment (credits, running totals, refund
+objects, disputes), delivered in any order and any number of times, the balance moves by what a small model of
+the rule, written here, says that set is due; and each movement changes the balance once under concurrent
+deliveries on two hosts, Redis flushed midway. Stripe's events are built and signed by stripe-python; real
+PostgreSQL, Redis and gunicorn."""
 
 import re
 import threading
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from app import events
 from app.delivery import Outcome
 from app.events import Kind, State
-from app.ledger import Change, Status
+from app.ledger import Change, Entry, SpendOutcome, Status
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, http_post
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
@@ -77,8 +78,28 @@ def _column_check(sql, table, column):
 
 
 def _constraint(sql, table, name):
-    """The literals of the IN lists of a table's named CONSTRAINT (up to the next one, or the table's end)."""
-    return _in_lists(_first(rf"CONSTRAINT {name}\b(.*?)(?:CONSTRAINT|$)", _table(sql, table), re.DOTALL))
+    """The text of a table's named CONSTRAINT (up to the next one, or the table's end)."""
+    return _first(rf"CONSTRAINT {name}\b(.*?)(?:CONSTRAINT|$)", _table(sql, table), re.DOTALL)
+
+
+def _functions(sql, *names):
+    """The text of money.sql's CREATE OR REPLACE FUNCTIONs of these names (every overload)."""
+    return "".join(re.findall(rf"CREATE OR REPLACE FUNCTION (?:{'|'.join(names)})\(.*?\$\$.*?\$\$;", sql, re.DOTALL))
+
+
+def _without_functions(sql, *names):
+    """sql without its CREATE OR REPLACE FUNCTIONs of these names."""
+    return re.sub(rf"CREATE OR REPLACE FUNCTION (?:{'|'.join(names)})\(.*?\$\$.*?\$\$;", "", sql, flags=re.DOTALL)
+
+
+def _inserted(sql, table, column):
+    """The literals that sql's `INSERT INTO table (...) VALUES (...)` put in column."""
+    found = set()
+    for columns, values in re.findall(rf"INSERT INTO {table}\s*\(([^)]*)\)\s*VALUES\s*\((.*?)\)\s*(?:RETURNING|;)",
+                                      sql, re.DOTALL):
+        row = dict(zip([c.strip() for c in columns.split(",")], [v.strip() for v in values.split(",")], strict=True))
+        found |= set(re.findall(r"^'(\w+)'$", row.get(column, "")))
+    return found
 
 
 def _webhook_event_statuses(sql):
@@ -88,24 +109,35 @@ def _webhook_event_statuses(sql):
 
 
 MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
+# The functions that write the journal rows no event writes, and the rule that events move money by.
+ENTRIES, SPEND = _functions(MONEY, "adjust", "spend"), _functions(MONEY, "spend")
+RULE = _without_functions(MONEY, "adjust", "spend")
 # What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
 APPLY_EVENT_OUTCOMES = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.PAYLOAD_MISMATCH,
                         Outcome.PAYMENT_MISMATCH}
 # Each: where the literals are, those found there, and the enum's values they must be, all of them.
 LITERALS = {
-    "outcomes": ("money.sql's outcomes (outcome := ...)", _assigned(MONEY, "outcome"), APPLY_EVENT_OUTCOMES),
+    "outcomes": ("money.sql's outcomes (outcome := ...)", _assigned(RULE, "outcome"), APPLY_EVENT_OUTCOMES),
     "changes": ("money.sql's changes (change := ..., change = ...)",
-                _assigned(MONEY, "change") | _compared(MONEY, "change"), set(Change)),
-    "kinds": ("money.sql's kinds (p_kind, and movements' kind)", _compared(MONEY, "p_kind", "kind"), set(Kind)),
-    "movement-kinds": ("money.sql's movements' kind", _compared(MONEY, "kind"), {Kind.REFUND, Kind.DISPUTE}),
+                _assigned(RULE, "change") | _compared(RULE, "change"), set(Change)),
+    "kinds": ("money.sql's kinds (p_kind, and movements' kind)", _compared(RULE, "p_kind", "kind"), set(Kind)),
+    "movement-kinds": ("money.sql's movements' kind", _compared(RULE, "kind"), {Kind.REFUND, Kind.DISPUTE}),
     "movement-kinds-check": ("schema.sql's movements kind CHECK", _column_check(SCHEMA, "movements", "kind"),
                              {Kind.REFUND, Kind.DISPUTE}),
-    "states": ("money.sql's states (p_state, state)", _compared(MONEY, "p_state", "state"), set(State)),
+    "states": ("money.sql's states (p_state, state)", _compared(RULE, "p_state", "state"), set(State)),
     "states-check": ("schema.sql's movements state CHECK", _column_check(SCHEMA, "movements", "state"), set(State)),
     "statuses": ("money.sql's webhook_events statuses", _webhook_event_statuses(MONEY), set(Status)),
     "journal-kinds": ("schema.sql's ledger_journal_kind_check",
-                      _constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"),
-                      set(Change) - {Change.PAYMENT_DUPLICATE}),
+                      _in_lists(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"))
+                      | _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"), "kind"),
+                      (set(Change) - {Change.PAYMENT_DUPLICATE}) | set(Entry)),
+    "entries": ("money.sql's adjust and spend (the kinds they journal and look up)",
+                _inserted(ENTRIES, "ledger_journal", "kind") | _compared(ENTRIES, "kind"), set(Entry)),
+    "entries-names-check": ("schema.sql's ledger_journal_names_check",
+                            _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_names_check"), "kind"),
+                            set(Entry)),
+    "spend-outcomes": ("money.sql's spend's outcomes (outcome := ...)", _assigned(SPEND, "outcome"),
+                       set(SpendOutcome)),
 }
 
 

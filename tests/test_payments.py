@@ -25,6 +25,7 @@ from .helpers import (
     encode,
     http_post,
     payment,
+    payment_refunded,
     samples,
     signed_headers,
     stored_event_row,
@@ -32,11 +33,6 @@ from .helpers import (
 from .stripe_events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
-
-
-def payment_refunded(payment_id, refunded_total, event_id=None, **extra):
-    return {"id": event_id or f"evt_{uuid.uuid4().hex}", "type": "payment.refunded",
-            "data": {"paymentId": payment_id, "amountRefundedCents": refunded_total, **extra}}
 
 
 def _payment(db, payment_id):
