@@ -132,12 +132,14 @@ CREATE TABLE IF NOT EXISTS movements (
 -- A payment's account sums its movements (money.sql's payment_accounts).
 CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_id);
 
--- The ledger's journal, append-only: one row per balance change, written in
--- the transaction that changes user_balances. A row an event wrote names its
--- event and its payment and, for a refund object or a dispute, its movement
--- (NULL for a credit and for a running total); its kind says which way the
--- money went: a 'credit' or a 'refund_reversed' or 'dispute_reinstated'
--- (amount > 0), a 'refund' or a 'dispute_withdrawn' (amount < 0). It
+-- The ledger's journal, append-only (`flask ledger name-payment` alone
+-- re-files a legacy credit's row under its payment's id): one row per
+-- balance change, written in the transaction that changes user_balances. A
+-- row an event wrote names its event and its payment and, for a refund
+-- object or a dispute, its movement (NULL for a credit and for a running
+-- total); its kind says which way the money went: a 'credit' or a
+-- 'refund_reversed' or 'dispute_reinstated' (amount > 0), a 'refund' or a
+-- 'dispute_withdrawn' (amount < 0). It
 -- outlives the webhook_events row (purge keeps it; hence no foreign key),
 -- and its UNIQUE (source, event_id) (one balance change per event) stops an
 -- event whose row was purged from being applied again, or marked failed,
@@ -179,6 +181,32 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     CONSTRAINT ledger_journal_kind_reference_key UNIQUE (kind, reference)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
+
+-- Credits of an earlier release that an upgrade could not file as their
+-- events say (migrations/001a_legacy_values.sql): their event was purged
+-- before the upgrade, or named a payment id or a currency that the ledger
+-- refuses (its row then moved here as it was, so that no rule reads it again;
+-- a re-delivery is a duplicate by its journal row). The money stays credited,
+-- the payment filed under the event's id; `flask init-db` files it under the
+-- valid payment id or currency its event named, if any, and prints one line
+-- per row (app/legacy.py). Empty on a database created by this file.
+CREATE TABLE IF NOT EXISTS legacy_set_aside (
+    source             TEXT NOT NULL,
+    event_id           TEXT NOT NULL,
+    refused_payment_id JSONB,        -- the payment id the event named, which the ledger refuses (JSON: null, 42, "")
+    refused_currency   JSONB,        -- the currency the event named, which the ledger refuses
+    payment_id         TEXT,         -- the valid payment id the event named, to file the credit under
+    currency           TEXT,         -- the valid currency the event named, to file the credit in
+    -- The event's row as it was stored; NULL for an event purged before the upgrade.
+    event_type         TEXT,
+    body               BYTEA,
+    payload            JSONB,
+    payload_sha256     BYTEA,
+    received_at        TIMESTAMPTZ,
+    set_aside_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    settled_at         TIMESTAMPTZ,  -- when `flask init-db` filed it and printed its line
+    PRIMARY KEY (source, event_id)
+);
 
 -- A user row's opening balance is its balance at insert, unless given.
 CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS trigger

@@ -1,5 +1,5 @@
-"""Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger verify|adjust`
-and `flask redis forget-done`."""
+"""Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger
+verify|adjust|legacy-payments|name-payment` and `flask redis forget-done`."""
 
 import getpass
 import hashlib
@@ -14,7 +14,7 @@ from flask.cli import AppGroup, with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, lock, retention, verify
+from . import ledger, legacy, lock, retention, verify
 from .config import Settings
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
@@ -32,7 +32,7 @@ class Commands(AppGroup):
 
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
-ledger_group = Commands("ledger", help="Check the ledger, and correct a balance.")
+ledger_group = Commands("ledger", help="Check the ledger, correct a balance, name the payments of an earlier release.")
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 LIST_EVENTS = """
@@ -111,6 +111,15 @@ def init_db_command() -> None:
             click.echo(f"replayed {len(results)} events an earlier release stored without moving their money:")
             for _, line in results:
                 click.echo(f"  {line}")
+        settled = legacy.settle(pool)
+        if settled:
+            click.echo(f"set aside {len(settled)} credits of an earlier release that cannot be filed as their events "
+                       "say; each stays credited:")
+            for row in settled:
+                click.echo(f"  {row.line}")
+            for row in settled:
+                if row.payment_id is not None:
+                    _echo_replayed(row.payment_id, legacy.replay_waiting(pool, row.source, row.payment_id, policy))
 
 
 @events.command("list")
@@ -322,6 +331,49 @@ def _os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name in the environment, and a uid with no passwd entry
         raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None
+
+
+@ledger_group.command("legacy-payments")
+@click.option("--source", help="Only this source's payments [default: every source's].")
+def legacy_payments(source: str | None) -> None:
+    """List the payments of an earlier release filed under their event's id, and the events that wait for one."""
+    payments, waiting = legacy.legacy_payments(get_pool(current_app), source)
+    if not payments:
+        click.echo("no payment of an earlier release is filed under its event id")
+    else:
+        _table(("SOURCE", "EVENT ID", "USER", "CENTS", "CURRENCY", "CREDITED (UTC)", "WHY"),
+               [(r.source, r.event_id, r.user_id, r.amount_cents, r.currency, _utc(r.credited_at), legacy.why(r))
+                for r in payments])
+        click.echo(f"{len(payments)} payments of an earlier release are filed under their event id: name each that "
+                   "its provider refunds by another id: flask ledger name-payment EVENT_ID PAYMENT_ID [--source NAME]")
+    if waiting:
+        click.echo("failed events waiting for a payment the ledger does not know:")
+        _table(("SOURCE", "EVENT ID", "TYPE", "RECEIVED (UTC)", "LAST ERROR"),
+               [(r.source, r.event_id, r.event_type, _utc(r.created_at), r.last_error) for r in waiting])
+
+
+@ledger_group.command("name-payment")
+@click.argument("event_id")
+@click.argument("payment_id")
+@SOURCE
+def name_payment(event_id: str, payment_id: str, source: str) -> None:
+    """File the payment that EVENT_ID credited, filed under that event's id, under PAYMENT_ID; replay what waited."""
+    try:
+        named = legacy.name_payment(get_pool(current_app), source, event_id, payment_id,
+                                    Settings.of(current_app).policy)
+    except legacy.NamingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"payment {event_id!r} ({named.amount_cents} cents to {named.user_id}, credited by event {event_id!r}) "
+               f"is now payment {payment_id!r}")
+    _echo_replayed(payment_id, named.replayed)
+
+
+def _echo_replayed(payment_id: str, replayed: list[tuple[str, str, ledger.Result | None]]) -> None:
+    """The failed events that waited for payment_id, replayed now: one line each."""
+    if replayed:
+        click.echo(f"replayed {len(replayed)} failed events that waited for payment {payment_id!r}:")
+        for source, event_id, result in replayed:
+            click.echo(f"  {_replayed(source, event_id, result)[1]}")
 
 
 @redis_group.command("forget-done")

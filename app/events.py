@@ -439,7 +439,10 @@ def _refused_by(rule: Rule, livemode: object, currency: str, policy: Policy) -> 
     if livemode is False and not policy.accept_test_events:
         return "STRIPE_ACCEPT_TEST_EVENTS", \
             "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
-    if currency != policy.currency:
+    # A credit must be in the ledger's currency; every other movement in its
+    # payment's (apply_event checks), which an earlier release may have
+    # credited in another.
+    if rule.kind == Kind.CREDIT and currency != policy.currency:
         return "LEDGER_CURRENCY", f"{rule.labels.currency} must be the ledger's currency, {policy.currency!r}"
     return None, None
 

@@ -3,7 +3,8 @@
 schema.sql is the current schema's tables, whole. An empty database gets it,
 and every file of migrations/ is recorded as included. A database created by
 an earlier release gets the migrations it lacks, in the order of their names
-(`NNN_what.sql`). Then, either way and on every run, money.sql (the money
+(`NNN_what.sql`; `001a_...` sorts between 001 and 002, and a database that
+has 002 gets it last). Then, either way and on every run, money.sql (the money
 rule: functions and a view, all replaced) is applied whole, so that a rule
 change is one file's diff and no migration. `schema_migrations` records each: its name, its file's
 SHA-256, whether it ran here or the schema had it already, and when. A
@@ -37,7 +38,7 @@ RECORDS = """
 """
 # The releases from before schema_migrations, newest first: a query that
 # tells a database made (or upgraded in place) by it, and the migrations
-# its schema had already.
+# its schema had already (not 001a: it creates a table none of them had).
 RELEASES = [
     ("SELECT to_regclass('ledger_journal') IS NOT NULL",  # payments
      ["001_sources.sql", "002_payments.sql"]),

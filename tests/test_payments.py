@@ -183,7 +183,7 @@ def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
 
 @pytest.mark.parametrize("refund, reason", [
     (payment_refunded("pay_x", 251), "above payment pay_x's 250 cents"),
-    (payment_refunded("pay_x", 100, currency="eur"), "data.currency must be the ledger's currency"),
+    (payment_refunded("pay_x", 100, currency="eur"), "refund in eur of payment pay_x, which was in usd"),
     (payment_refunded("pay_x", 0), "data.amountRefundedCents must be a positive integer"),
     (payment_refunded("pay_x", 1.5), "data.amountRefundedCents must be a positive integer"),
     (payment_refunded(None, 100), "data.paymentId must be a payment id"),
