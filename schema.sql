@@ -148,8 +148,9 @@ CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_i
 -- correction, either sign, never 0) names its reason and who made it, and
 -- the payment whose credit it corrects, if any; a 'spend' (amount < 0: the
 -- application spent the user's credit) names the reference the application
--- gave, and its UNIQUE (kind, reference) is what makes one spend apply once,
--- however often it is asked for.
+-- gave, and the unique index on it (spends only: an event's row, most of
+-- the journal, costs that index nothing) is what makes one spend apply
+-- once, however often it is asked for.
 CREATE TABLE IF NOT EXISTS ledger_journal (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source       TEXT CHECK (source ~ '^[a-z0-9-]{1,64}$'),
@@ -177,10 +178,11 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
                                  AND reference IS NOT NULL
                ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
                END),
-    CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id),
-    CONSTRAINT ledger_journal_kind_reference_key UNIQUE (kind, reference)
+    CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
+    WHERE reference IS NOT NULL;
 
 -- Credits of an earlier release that an upgrade could not file as their
 -- events say (migrations/001a_legacy_values.sql): their event was purged

@@ -26,5 +26,6 @@ ALTER TABLE ledger_journal
                WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
                                  AND reference IS NOT NULL
                ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
-               END),
-    ADD CONSTRAINT ledger_journal_kind_reference_key UNIQUE (kind, reference);
+               END);
+-- Spends only (only a spend names a reference): an event's row costs it nothing.
+CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference) WHERE reference IS NOT NULL;

@@ -179,7 +179,7 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
     assert db.execute("SELECT source, event_id FROM ledger_journal").fetchall() == [("default", "evt_old")]
     # The journal's other key is its spends' references (migration 006).
     keys = {"webhook_events": [("source", "event_id")],
-            "ledger_journal": [("kind", "reference"), ("source", "event_id")]}
+            "ledger_journal": [("reference",), ("source", "event_id")]}
     for table in ("webhook_events", "ledger_journal"):
         assert _unique_keys(db, table) == keys[table], table
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s",
