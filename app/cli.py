@@ -46,7 +46,7 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
+           e.origin, j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
@@ -57,6 +57,9 @@ FAILED_EVENTS = """
     WHERE status = 'failed' AND (%(source)s::text IS NULL OR source = %(source)s)
     ORDER BY created_at, id
 """
+# webhook_events.origin, as `events show` tells it.
+ORIGINS = {ledger.Origin.DELIVERY: "delivery (a webhook received)",
+           ledger.Origin.RECONCILE: "reconcile (the provider's event list: its delivery was lost)"}
 SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
                       help="The event's source (a name from WEBHOOK_SOURCES).")
 
@@ -161,6 +164,7 @@ def show_event(event_id: str, source: str) -> None:
         ("attempts", row.attempts), ("last error", row.last_error or "-"),
         ("mismatches", f"{row.mismatches} (last {_utc(row.last_mismatch_at)})"),
         ("body sha256", row.body_sha256.hex()), ("stored bytes", kept),
+        ("origin", ORIGINS.get(row.origin, row.origin)),
         ("received", _utc(row.created_at)), ("updated", _utc(row.updated_at)), ("completed", _utc(row.completed_at)),
         ("movement", _movement_line(effect, movement)),
         ("balance change", change),
@@ -170,7 +174,8 @@ def show_event(event_id: str, source: str) -> None:
         click.echo(f"{name + ':':<16}{value}")
     if row.body is not None:
         # The bytes as received, not re-serialised: the event of record.
-        click.echo(f"body ({len(row.body)} bytes, as received):")
+        received = "as received" if row.origin == ledger.Origin.DELIVERY else "the Event object as listed"
+        click.echo(f"body ({len(row.body)} bytes, {received}):")
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
 
 
