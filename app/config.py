@@ -304,6 +304,9 @@ SETTINGS: dict[str, tuple[Parser, str | None]] = {
     "WEBHOOK_API_KEY": (_api_key, ""),
     # Stripe's API address; the tests point it at a loopback stand-in.
     "STRIPE_API_BASE": (_api_base, "https://api.stripe.com"),
+    # An hourly timer runs reconcile: three hours without a success is two
+    # runs missed and the third late, worth a ticket (the alert reads it).
+    "RECONCILE_MAX_AGE_SECONDS": (_int(60), "10800"),
     # Where `flask init-db` reads the schema: the package's own unless set.
     "SCHEMA_PATH": (_schema_path, ""),
 }
@@ -338,6 +341,7 @@ class Settings:
     stripe_accept_test_events: bool
     webhook_api_key: str | None = field(repr=False)  # None: unset
     stripe_api_base: str
+    reconcile_max_age_seconds: int
     schema_path: Path
     # Every source served, by name: the default one (when it has a secret), then the named ones. Read-only.
     sources: Mapping[str, Source]

@@ -10,6 +10,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app import config as config_module
 from devservers import ROOT, wait_until
@@ -343,3 +344,23 @@ def test_no_api_key_reaches_the_settings_repr():
                                        "WEBHOOK_SECRET": "default-secret-0123456789", "WEBHOOK_API_KEY": API_KEY})
     assert settings.sources["default"].api_key == API_KEY
     assert API_KEY not in repr(settings)
+
+
+def test_the_metrics_say_when_a_source_last_reconciled_and_how_many_events_it_recovered(app, client, db, stand_in):
+    def samples():
+        return {(sample.name, sample.labels.get("status")): sample.value
+                for family in text_string_to_metric_families(client.get("/metrics").text)
+                if family.name.startswith("webhook_ledger_reconcile") for sample in family.samples
+                if sample.labels.get("source") == "default"}
+
+    before = samples()
+    assert before[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] == 0  # never: the alert fires
+    assert before[("webhook_ledger_reconcile_recovered_events_total", None)] == 0
+    assert before[("webhook_ledger_reconcile_max_age_seconds", None)] == 10800
+    stand_in.add(*payments(12))
+    assert run(app).exit_code == 0
+    after = samples()
+    assert after[("webhook_ledger_reconcile_recovered_events_total", None)] == 12
+    assert after[("webhook_ledger_reconcile_runs_total", "completed")] == 1
+    assert after[("webhook_ledger_reconcile_runs_total", "failed")] == 0
+    assert time.time() - after[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] < 60
