@@ -19,8 +19,10 @@ https://docs.stripe.com/api/events/list and https://docs.stripe.com/api/paginati
   error shape; `delay` per answer and `on_request` let a test act mid-run.
 """
 
+import bisect
 import fnmatch
 import json
+import math
 import re
 import threading
 import time
@@ -55,6 +57,7 @@ class StripeStandIn:
     def __init__(self, api_key: str = API_KEY, clock: Callable[[], float] = time.time) -> None:
         self.api_key, self.clock = api_key, clock
         self._events: list[dict[str, Any]] = []  # oldest first, as added (by created, then order of adding)
+        self._sorted: list[tuple[int, int]] = []  # their keys, in the same order
         self._keys: dict[str, tuple[int, int]] = {}  # id -> (created, order added): its place in the list
         self._lock = threading.Lock()
         self._faults: deque[int] = deque()
@@ -72,8 +75,9 @@ class StripeStandIn:
                 document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
                 key = (int(document["created"]), len(self._keys))
                 self._keys[document["id"]] = key
-                self._events.append(document)
-            self._events.sort(key=lambda document: self._keys[document["id"]])
+                index = bisect.bisect(self._sorted, key)
+                self._sorted.insert(index, key)
+                self._events.insert(index, document)
 
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next `times` requests with status (429, 500, 503) in Stripe's error shape."""
@@ -87,24 +91,27 @@ class StripeStandIn:
         if "type" in params and "types" in params:
             raise BadRequestError("types", "You may pass either `type` or `types`, but not both.")
         wanted = _types(params)
-        created = _created(params.get("created"))
-        horizon = self.clock() - HORIZON_SECONDS
-        with self._lock:
-            newest_first = [document for document in reversed(self._events)
-                            if document["created"] >= horizon and wanted(document["type"])
-                            and created(document["created"])]
-            keys = dict(self._keys)
+        low, high = _created_range(params.get("created"))
+        low = max(low, (math.ceil(self.clock() - HORIZON_SECONDS), -1))
         after, before = params.get("starting_after"), params.get("ending_before")
-        if after is not None:
-            cursor = _cursor(keys, after, "starting_after")
-            older = [d for d in newest_first if keys[d["id"]] < cursor]
-            page, has_more = older[:limit], len(older) > limit
-        elif before is not None:
-            cursor = _cursor(keys, before, "ending_before")
-            newer = [d for d in newest_first if keys[d["id"]] > cursor]
-            page, has_more = newer[-limit:], len(newer) > limit
-        else:
-            page, has_more = newest_first[:limit], len(newest_first) > limit
+        with self._lock:
+            if after is not None:
+                high = min(high, _cursor(self._keys, after, "starting_after"))
+            elif before is not None:
+                low = max(low, (_cursor(self._keys, before, "ending_before")[0],
+                                _cursor(self._keys, before, "ending_before")[1] + 1))
+            start, end = bisect.bisect_left(self._sorted, low), bisect.bisect_left(self._sorted, high)
+            # The page's events, and one more to tell has_more: from the cursor outwards.
+            found = []
+            indexes = range(start, end) if before is not None and after is None else range(end - 1, start - 1, -1)
+            for index in indexes:
+                if wanted(self._events[index]["type"]):
+                    found.append(self._events[index])
+                    if len(found) > limit:
+                        break
+        page, has_more = found[:limit], len(found) > limit
+        if before is not None and after is None:
+            page.reverse()  # the events just newer than the cursor, newest first
         return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
 
     # -- the server ---------------------------------------------------------------
@@ -160,6 +167,9 @@ class StripeStandIn:
 def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as Stripe's API
+        # Headers and body are two writes: without this, Nagle's algorithm holds the body
+        # until the client's delayed ACK, 40 ms a request.
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             parts = urlsplit(self.path)
@@ -235,19 +245,23 @@ def _types(params: Mapping[str, Any]) -> Callable[[str], bool]:
     return lambda event_type: True
 
 
-def _created(raw: object) -> Callable[[int], bool]:
+def _created_range(raw: object) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`created` as [low, high) in the list's keys (created, order added)."""
+    low, high = (-(2**62), -1), (2**62, -1)
     if raw is None:
-        return lambda created: True
+        return low, high
     if not isinstance(raw, dict):
         exact = _integer("created", raw)
-        return lambda created: created == exact
+        return (exact, -1), (exact + 1, -1)
     unknown = set(raw) - set(CREATED_OPERATORS)
     if unknown:
         raise BadRequestError(f"created[{sorted(unknown)[0]}]", "Received unknown parameter.", "parameter_unknown")
     bounds = {op: _integer(f"created[{op}]", value) for op, value in raw.items()}
-    checks = {"gt": lambda c, b: c > b, "gte": lambda c, b: c >= b, "lt": lambda c, b: c < b,
-              "lte": lambda c, b: c <= b}
-    return lambda created: all(checks[op](created, bound) for op, bound in bounds.items())
+    starts = [(bounds["gt"] + 1, -1)] if "gt" in bounds else []
+    starts += [(bounds["gte"], -1)] if "gte" in bounds else []
+    ends = [(bounds["lt"], -1)] if "lt" in bounds else []
+    ends += [(bounds["lte"] + 1, -1)] if "lte" in bounds else []
+    return max([low, *starts]), min([high, *ends])
 
 
 def _cursor(keys: Mapping[str, tuple[int, int]], event_id: str, param: str) -> tuple[int, int]:
