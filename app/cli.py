@@ -362,6 +362,10 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         raise click.exceptions.Exit(1)
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def summary_lines(summary: reconcile.Summary) -> list[str]:
     """A run's summary, as `flask reconcile` prints it."""
     run = "dry run, nothing written" if summary.dry_run else f"run {summary.run_id}"
@@ -372,11 +376,12 @@ def summary_lines(summary: reconcile.Summary) -> list[str]:
     if summary.status == reconcile.RunStatus.YIELDED:
         return [*lines, summary.message]
     tally = summary.tally
+    pages = _count(tally.pages, "page")
     if summary.dry_run:
-        lines.append(f"  {tally.pages} pages, {tally.listed} listed: {tally.applied} not stored (would be applied), "
+        lines.append(f"  {pages}, {tally.listed} listed: {tally.applied} not stored (would be applied), "
                      f"{tally.retried} stored failed (would be tried again), {tally.duplicates} already applied")
     else:
-        lines.append(f"  {tally.pages} pages, {tally.listed} listed: {tally.applied} applied (recovered: their "
+        lines.append(f"  {pages}, {tally.listed} listed: {tally.applied} applied (recovered: their "
                      f"deliveries were lost), {tally.duplicates} duplicates, {len(tally.refused)} refused")
     for refused in tally.refused:
         lines.append(f"  refused {refused.event_id} ({refused.event_type}): {refused.reason}")
