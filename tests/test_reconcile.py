@@ -214,6 +214,10 @@ def test_a_run_killed_midway_leaves_nothing_half_applied_and_the_next_run_comple
         command.wait(timeout=10)
     finally:
         command.kill()
+    # Statements it had sent may still commit until PostgreSQL sees it gone (CLIENT_CHECK_MS): wait for that.
+    wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                  [f"webhook-ledger:{command.pid}"]).fetchone()[0] == 0,
+               timeout=30, what="the killed run's backends to end")
     applied_before = balance(db) - OPENING[ALICE]
     assert 0 < applied_before < 1200 and applied_before % 2 == 0  # whole events, some of them
     # The watermark's row, made by the killed run's transaction, went with it.
