@@ -75,16 +75,25 @@ CROSS JOIN LATERAL (
 -- 'payment_duplicate': a credited payment announced again, or NULL) and the
 -- balance it left.
 --
+-- p_origin says where the bytes came from ('delivery', 'reconcile': the
+-- provider's event list), recorded with them; NULL (a replay of the stored
+-- bytes) keeps what the row says.
+--
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then the
 -- payment's row (a credit's insert of its key, any other movement's FOR
 -- UPDATE, which serialises every movement of one payment), then the
 -- movement's row, then the user's row. A wait longer than lock_timeout ends
 -- the statement with nothing committed (503, retried).
+-- Its 17-parameter form, before p_origin (never released: no host calls it).
+-- Dropped, or a call naming 17 parameters would match both.
+DROP FUNCTION IF EXISTS apply_event(text, text, text, bytea, bytea, bytea, boolean, text, text, text, uuid, bigint,
+                                    text, text, text, text, boolean);
 CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
     p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
     p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
+    p_origin text DEFAULT NULL,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -99,11 +108,12 @@ BEGIN
     -- Record: a new event is inserted already final when nothing is left to
     -- decide; a purged event that changed a balance is never inserted again.
     INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
-                                status, completed_at, last_error, ledger_currency, test_events_accepted)
+                                status, completed_at, last_error, ledger_currency, test_events_accepted, origin)
     SELECT p_source, p_event_id, p_type, p_body,
            CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
            CASE WHEN p_problem IS NOT NULL THEN 'failed' WHEN p_kind IS NULL THEN 'completed' ELSE 'processing' END,
-           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events
+           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
+           coalesce(p_origin, 'delivery')
     WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING id INTO v_row_id;
@@ -137,7 +147,8 @@ BEGIN
         UPDATE webhook_events
         SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
             payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
-            effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events
+            effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events,
+            origin = coalesce(p_origin, origin)
         WHERE id = v_row_id;
     ELSIF p_problem IS NOT NULL THEN
         outcome := 'failed';

@@ -76,6 +76,10 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     test_events_accepted BOOLEAN,
     mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
     last_mismatch_at TIMESTAMPTZ,
+    -- Where its bytes of record came from: 'delivery' (a webhook received),
+    -- or 'reconcile' (`flask reconcile` found it in the provider's event list
+    -- and stored the Event object's JSON: a delivery that was lost).
+    origin           TEXT NOT NULL DEFAULT 'delivery' CHECK (origin IN ('delivery', 'reconcile')),
     CONSTRAINT webhook_events_source_event_id_key UNIQUE (source, event_id)
 );
 
@@ -210,6 +214,47 @@ CREATE TABLE IF NOT EXISTS legacy_set_aside (
     set_aside_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     settled_at         TIMESTAMPTZ,  -- when `flask init-db` filed it and printed its line
     PRIMARY KEY (source, event_id)
+);
+
+-- One row per `flask reconcile` run: the window it listed ([since, until),
+-- by the events' own creation time at the provider), what it found, and how
+-- it ended. 'running' only while it runs: a run killed midway is marked
+-- 'interrupted' by the next run of its source, which holds the source's
+-- watermark row, so none can be running. A dry run records nothing.
+CREATE TABLE IF NOT EXISTS reconcile_runs (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    since       TIMESTAMPTZ NOT NULL,
+    until       TIMESTAMPTZ NOT NULL,
+    -- 'completed': every event of the window listed and applied (or refused,
+    -- counted); 'incomplete': part of the window was beyond what the
+    -- provider lists (its horizon), never reported as done; 'failed': the
+    -- provider refused the key or stayed unavailable; 'yielded': another run
+    -- of the source held it.
+    status      TEXT NOT NULL DEFAULT 'running'
+                CHECK (status IN ('running', 'completed', 'incomplete', 'failed', 'interrupted', 'yielded')),
+    pages       INTEGER NOT NULL DEFAULT 0 CHECK (pages >= 0),
+    listed      INTEGER NOT NULL DEFAULT 0 CHECK (listed >= 0),
+    applied     INTEGER NOT NULL DEFAULT 0 CHECK (applied >= 0),    -- recovered: stored or completed by this run
+    duplicates  INTEGER NOT NULL DEFAULT 0 CHECK (duplicates >= 0),  -- already applied (delivered, or reconciled)
+    refused     INTEGER NOT NULL DEFAULT 0 CHECK (refused >= 0),     -- 422 or 409, recorded on the event
+    message     TEXT,                                                 -- how it ended, in one line
+    started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    finished_at TIMESTAMPTZ
+);
+-- The metrics read each source's last successful run.
+CREATE INDEX IF NOT EXISTS reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at);
+
+-- Per source, where the last complete run got to: the next run without
+-- --since starts there, minus an overlap. Its row is also the source's run
+-- lock: a run holds it FOR UPDATE for as long as it runs (one transaction
+-- left open), so a second run at the same time yields, and a killed run
+-- frees it with its connection.
+CREATE TABLE IF NOT EXISTS reconcile_watermarks (
+    source           TEXT PRIMARY KEY CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    reconciled_until TIMESTAMPTZ,              -- NULL until a run completes
+    run_id           BIGINT REFERENCES reconcile_runs (id),
+    updated_at       TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
 -- A user row's opening balance is its balance at insert, unless given.

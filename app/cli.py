@@ -1,5 +1,5 @@
 """Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger
-verify|adjust|legacy-payments|name-payment` and `flask redis forget-done`."""
+verify|adjust|legacy-payments|name-payment`, `flask redis forget-done` and `flask reconcile`."""
 
 import getpass
 import hashlib
@@ -14,8 +14,8 @@ from flask.cli import AppGroup, with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, legacy, lock, retention, verify
-from .config import Settings
+from . import ledger, legacy, lock, reconcile, retention, verify
+from .config import ConfigError, Settings, api_key_setting
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
@@ -48,7 +48,7 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
+           e.origin, j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
@@ -61,6 +61,10 @@ FAILED_EVENTS = """
 """
 # An adjustment's amount: any that a balance (BIGINT) can hold.
 CENTS = click.IntRange(-2**63, 2**63 - 1)
+
+# webhook_events.origin, as `events show` tells it.
+ORIGINS = {ledger.Origin.DELIVERY: "delivery (a webhook received)",
+           ledger.Origin.RECONCILE: "reconcile (the provider's event list: its delivery was lost)"}
 SOURCE = click.option("--source", default=DEFAULT_SOURCE, show_default=True,
                       help="The event's source (a name from WEBHOOK_SOURCES).")
 
@@ -70,6 +74,7 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(events)
     app.cli.add_command(ledger_group)
     app.cli.add_command(redis_group)
+    app.cli.add_command(reconcile_command)
 
 
 def _utc(moment: datetime | None) -> str:
@@ -174,6 +179,7 @@ def show_event(event_id: str, source: str) -> None:
         ("attempts", row.attempts), ("last error", row.last_error or "-"),
         ("mismatches", f"{row.mismatches} (last {_utc(row.last_mismatch_at)})"),
         ("body sha256", row.body_sha256.hex()), ("stored bytes", kept),
+        ("origin", ORIGINS.get(row.origin, row.origin)),
         ("received", _utc(row.created_at)), ("updated", _utc(row.updated_at)), ("completed", _utc(row.completed_at)),
         ("movement", _movement_line(effect, movement)),
         ("balance change", change),
@@ -183,7 +189,8 @@ def show_event(event_id: str, source: str) -> None:
         click.echo(f"{name + ':':<16}{value}")
     if row.body is not None:
         # The bytes as received, not re-serialised: the event of record.
-        click.echo(f"body ({len(row.body)} bytes, as received):")
+        received = "as received" if row.origin == ledger.Origin.DELIVERY else "the Event object as listed"
+        click.echo(f"body ({len(row.body)} bytes, {received}):")
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
 
 
@@ -384,3 +391,97 @@ def forget_done() -> None:
     except (RedisError, RedisClusterException) as exc:
         raise click.ClickException(f"redis failed ({reason_of(exc)}); some markers may be left: run it again") from None
     click.echo(f"forgot {deleted} done markers: re-deliveries of those events now reach PostgreSQL")
+
+
+class When(click.ParamType):
+    """ISO 8601; a time without an offset is UTC."""
+
+    name = "WHEN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(f"{value!r} is not ISO 8601 (2026-11-28 or 2026-11-28T06:00:00, UTC)", param, ctx)
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+# A run that yielded to another: sysexits.h's EX_TEMPFAIL, "try again later"
+# (the systemd unit counts it a success).
+YIELDED_EXIT = 75
+
+
+@click.command("reconcile")
+@click.argument("source_name", metavar="SOURCE")
+@click.option("--since", type=When(), help="Events created at or after WHEN [default: the watermark minus "
+                                           f"{int(reconcile.OVERLAP.total_seconds() // 60)} min].")
+@click.option("--until", type=When(), help="Events created before WHEN [default: now].")
+@click.option("--dry-run", is_flag=True, help="List the window and say what would be applied; write nothing.")
+@with_appcontext
+def reconcile_command(source_name: str, since: datetime | None, until: datetime | None, dry_run: bool) -> None:
+    """Recover the events of SOURCE whose deliveries were lost, from the provider's event list (Stripe's)."""
+    from .stripe_list import StripeEvents  # stripe-python is imported by this command alone
+
+    settings = Settings.of(current_app)
+    source = settings.sources.get(source_name)
+    if source is None:
+        raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
+    if source.scheme != "stripe":
+        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe source's events "
+                               "can be listed")
+    key_setting = api_key_setting(source.name)
+    if source.api_key is None:
+        raise ConfigError(f"{key_setting} is not set: reconcile needs a Stripe restricted key that may read Events")
+    if since is not None and until is not None and since >= until:
+        raise click.UsageError("--since must be before --until")
+    listing = StripeEvents(source.api_key, settings.stripe_api_base, key_setting)
+    with unavailable_in_one_line():
+        try:
+            summary = reconcile.reconcile(get_pool(current_app), source.event_source, listing, settings.policy,
+                                          since, until, dry_run)
+        except reconcile.ProviderError as exc:
+            raise click.ClickException(str(exc)) from None
+    for line in summary_lines(summary):
+        click.echo(line)
+    if summary.status == reconcile.RunStatus.YIELDED:
+        raise click.exceptions.Exit(YIELDED_EXIT)
+    if summary.status != reconcile.RunStatus.COMPLETED:
+        raise click.exceptions.Exit(1)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def summary_lines(summary: reconcile.Summary) -> list[str]:
+    """A run's summary, as `flask reconcile` prints it."""
+    run = "dry run, nothing written" if summary.dry_run else f"run {summary.run_id}"
+    start = (f" (the watermark {_utc(summary.from_watermark)} minus {reconcile.OVERLAP})"
+             if summary.from_watermark else "")
+    lines = [f"reconcile {summary.source} from {summary.provider}'s event list, {run}: "
+             f"events created {_utc(summary.since)} to {_utc(summary.until)}{start}"]
+    if summary.status == reconcile.RunStatus.YIELDED:
+        return [*lines, summary.message]
+    tally = summary.tally
+    pages = _count(tally.pages, "page")
+    if summary.dry_run:
+        lines.append(f"  {pages}, {tally.listed} listed: {tally.applied} not stored (would be applied), "
+                     f"{tally.retried} stored failed (would be tried again), {tally.duplicates} already applied")
+    else:
+        lines.append(f"  {pages}, {tally.listed} listed: {tally.applied} applied (recovered: their "
+                     f"deliveries were lost), {tally.duplicates} duplicates, {len(tally.refused)} refused")
+    for refused in tally.refused:
+        lines.append(f"  refused {refused.event_id} ({refused.event_type}): {refused.reason}")
+    if tally.refused:
+        lines.append("  each refused event is recorded failed (`flask events list --status failed`); "
+                     "`flask events replay` applies it once what it needs is in (a payment outside the window)")
+    if summary.unprovable:
+        lines.append(f"  NOT PROVABLE: {summary.message}")
+    if summary.status == reconcile.RunStatus.COMPLETED:
+        moved = f"; watermark {_utc(summary.watermark)}" if summary.watermark else ""
+        lines.append(f"  {'would complete' if summary.dry_run else 'completed'}{moved}")
+    else:
+        lines.append(f"  {summary.status}: not reported as done")
+    return lines

@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -65,7 +65,7 @@ class UnknownSourceError(LookupError):
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key>.
-SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM")
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY")
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ class Source:
     secrets: tuple[bytes, ...]
     tolerance: int
     moved_from: str | None = None
+    # The provider's API key, for `flask reconcile` (WEBHOOK_<NAME>_API_KEY); never in a repr.
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def event_source(self) -> str:
@@ -228,6 +230,21 @@ def _redis_url(name: str, raw: str) -> str:
     return url
 
 
+def _api_key(name: str, raw: str) -> str | None:
+    """A provider's API key, or None (unset: `flask reconcile` says so). Read as a string, never repeated."""
+    key = raw.strip()
+    if any(character.isspace() for character in key):
+        raise ConfigError(f"{name} holds whitespace: an API key has none")
+    return key or None
+
+
+def _api_base(name: str, raw: str) -> str:
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(f"{name} must be an http:// or https:// address, got {raw!r}")
+    return raw.strip().rstrip("/")
+
+
 def _schema_path(name: str, raw: str) -> Path:
     # A relative path is taken from the current directory, as any command's file argument.
     return Path(raw.strip()).resolve() if raw.strip() else DEFAULT_SCHEMA_PATH
@@ -282,6 +299,14 @@ SETTINGS: dict[str, tuple[Parser, str | None]] = {
     "LEDGER_CURRENCY": (_currency, "usd"),
     # Stripe's test-mode events (livemode false) are refused (422) unless this is true.
     "STRIPE_ACCEPT_TEST_EVENTS": (_bool, "false"),
+    # `flask reconcile`'s key for the default source: a Stripe restricted key
+    # that may read Events. Unset: the command says so (serving needs none).
+    "WEBHOOK_API_KEY": (_api_key, ""),
+    # Stripe's API address; the tests point it at a loopback stand-in.
+    "STRIPE_API_BASE": (_api_base, "https://api.stripe.com"),
+    # An hourly timer runs reconcile: three hours without a success is two
+    # runs missed and the third late, worth a ticket (the alert reads it).
+    "RECONCILE_MAX_AGE_SECONDS": (_int(60), "10800"),
     # Where `flask init-db` reads the schema: the package's own unless set.
     "SCHEMA_PATH": (_schema_path, ""),
 }
@@ -314,6 +339,9 @@ class Settings:
     retry_after_seconds: int
     ledger_currency: str
     stripe_accept_test_events: bool
+    webhook_api_key: str | None = field(repr=False)  # None: unset
+    stripe_api_base: str
+    reconcile_max_age_seconds: int
     schema_path: Path
     # Every source served, by name: the default one (when it has a secret), then the named ones. Read-only.
     sources: Mapping[str, Source]
@@ -366,7 +394,8 @@ def _sources(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping
     sources = {}
     if values["WEBHOOK_SECRET"] is not None:
         sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, values["WEBHOOK_SIGNATURE_SCHEME"],
-                                         values["WEBHOOK_SECRET"], values["WEBHOOK_TOLERANCE_SECONDS"])
+                                         values["WEBHOOK_SECRET"], values["WEBHOOK_TOLERANCE_SECONDS"],
+                                         api_key=values["WEBHOOK_API_KEY"])
     for name in named:
         prefix = _prefix(name)
         raw_secret = environ.get(prefix + "SECRET")
@@ -379,7 +408,8 @@ def _sources(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping
                           else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", raw_tolerance))
         moved_from = environ.get(prefix + "MOVED_FROM")
         sources[name] = Source(name, scheme, secrets, tolerance,
-                               None if moved_from is None else _moved_from(prefix + "MOVED_FROM", moved_from, name))
+                               None if moved_from is None else _moved_from(prefix + "MOVED_FROM", moved_from, name),
+                               _api_key(prefix + "API_KEY", environ.get(prefix + "API_KEY", "")))
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
         if earlier is not None and earlier.moved_from is not None:
@@ -411,6 +441,11 @@ def _refuse_shared_secrets(sources: Mapping[str, Source]) -> None:
                     f"signed with it would be credited once per source; give each its own, or, to move a provider "
                     f"from {other.name!r} to {source.name!r}, "
                     f"set {_prefix(source.name)}MOVED_FROM={other.event_source}")
+
+
+def api_key_setting(source: str) -> str:
+    """The setting that holds source's API key (`flask reconcile`)."""
+    return "WEBHOOK_API_KEY" if source == DEFAULT_SOURCE else f"{_prefix(source)}API_KEY"
 
 
 def _secret_setting(source: str) -> str:

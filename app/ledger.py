@@ -56,6 +56,13 @@ class Status(StrEnum):
     FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
 
 
+class Origin(StrEnum):
+    """Where a stored event's bytes of record came from (webhook_events.origin)."""
+
+    DELIVERY = "delivery"  # a webhook received
+    RECONCILE = "reconcile"  # the provider's event list (`flask reconcile`): its delivery was lost
+
+
 class Change(StrEnum):
     """The balance change a delivery made (apply_event's `change`): logged and counted."""
 
@@ -119,22 +126,25 @@ APPLY_EVENT = """
     p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => %(keep_json)s,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
     p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
-    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s)
+    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s)
 """
 
 
-def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy) -> Result:
+def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
+                origin: Origin | None = Origin.DELIVERY) -> Result:
     """Record event (whose effect is effect_of(event, policy)) and apply its effect atomically; return a Result.
 
     body_sha256 is the SHA-256 of the bytes received; policy is recorded with
-    the event. A failure is committed (attempts, last_error) with no balance
-    change, a payload mismatch as a count and nothing else.
+    the event, and origin with its bytes (None: a replay of the stored bytes
+    keeps the row's). A failure is committed (attempts, last_error) with no
+    balance change, a payload mismatch as a count and nothing else.
     """
     params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
               "body_sha256": body_sha256, "effect_sha256": effect.sha256, "keep_json": True, "problem": effect.problem,
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
               "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
-              "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events}
+              "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
+              "origin": origin}
     try:
         row = one_query(pool, APPLY_EVENT, params)
     except psycopg.errors.DataError:
@@ -170,7 +180,7 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
         event = stored_event(source, event_id, event_type, body, body_sha256)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
-    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256), policy)
+    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256), policy, origin=None)
     if result.outcome == Outcome.DUPLICATE and result.change is None:
         return result._replace(problem="completed meanwhile by another delivery")
     return result

@@ -9,6 +9,7 @@ tests' Flask client) each app counts in a registry of its own.
 import os
 import time
 
+import psycopg
 from flask import Flask, Response, current_app
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,8 +20,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-from .db import Pool
+from .config import Settings
+from .db import Pool, get_pool, statement_timeout
 from .delivery import Delivery, Outcome
 from .ledger import Change
 from .lock import LockState
@@ -129,8 +133,74 @@ class Metrics:
             gauge.set(stats.get(key, 0))
 
 
+# `flask reconcile` runs outside gunicorn (a timer): its figures are read
+# from its records in PostgreSQL at each scrape, whichever host answers it.
+RECONCILE_RUNS = """
+    SELECT source, status, count(*), sum(applied), extract(epoch FROM max(finished_at))
+    FROM reconcile_runs WHERE status <> 'running' GROUP BY source, status
+"""
+
+
+# reconcile_runs.status of a run that ended (app/reconcile.py's RunStatus, but for 'running').
+ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
+# The longest a scrape waits for PostgreSQL (a connection, then the query), in ms.
+SCRAPE_DB_MS = 500
+
+
+class ReconcileCollector(Collector):
+    """Per source: the last successful reconcile, the events it recovered, its runs by how they ended."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily | CounterMetricFamily]":
+        settings = Settings.of(self.app)
+        last = GaugeMetricFamily("webhook_ledger_reconcile_last_success_timestamp_seconds",
+                                 "When the last successful flask reconcile of the source ended (0: never)",
+                                 labels=["source"])
+        max_age = GaugeMetricFamily("webhook_ledger_reconcile_max_age_seconds",
+                                    "RECONCILE_MAX_AGE_SECONDS: the longest time without a successful reconcile",
+                                    labels=["source"])
+        recovered = CounterMetricFamily("webhook_ledger_reconcile_recovered_events",
+                                        "Events flask reconcile applied from the provider's list: each one a "
+                                        "delivery that was lost", labels=["source"])
+        runs = CounterMetricFamily("webhook_ledger_reconcile_runs", "flask reconcile runs by how they ended",
+                                   labels=["source", "status"])
+        pool = get_pool(self.app)
+        try:
+            # Bounded well under a scrape's timeout: a database that is down or
+            # frozen leaves these out, not the whole scrape.
+            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
+                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
+                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+                rows = conn.execute(RECONCILE_RUNS).fetchall()
+        except psycopg.Error:
+            rows = None  # PostgreSQL unavailable: the delivery metrics still answer
+        keyed = {source.event_source for source in settings.sources.values() if source.api_key}
+        successes: dict[str, float] = dict.fromkeys(keyed, 0.0)
+        totals: dict[str, int] = dict.fromkeys(keyed, 0)
+        # Every ended status of a keyed source from 0, so that increase() sees its first run.
+        counts = {(source, status): 0 for source in keyed for status in ENDED}
+        for source, status, count, applied, finished in rows or []:
+            counts[source, status] = count
+            totals[source] = totals.get(source, 0) + int(applied or 0)
+            if status == "completed":
+                successes[source] = float(finished)
+        if rows is not None:
+            for (source, status), count in sorted(counts.items()):
+                runs.add_metric([source, status], count)
+            for source, seconds in successes.items():
+                last.add_metric([source], seconds)
+                max_age.add_metric([source], settings.reconcile_max_age_seconds)
+            for source, total in totals.items():
+                recovered.add_metric([source], total)
+        return [last, max_age, recovered, runs]
+
+
 def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
+    app.extensions["metrics_reconcile"] = collector = ReconcileCollector(app)
+    registry.register(collector)
     app.extensions["metrics"] = Metrics(registry)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.after_request(_observe_pool)
@@ -145,6 +215,7 @@ def scrape() -> Response:
         os.makedirs(path, mode=0o700, exist_ok=True)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+        registry.register(current_app.extensions["metrics_reconcile"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -9,7 +9,12 @@ time, and the bench prints both with the ratios project/peer. After every run
 the ledgers' invariants are checked. It installs nothing: a missing program
 stops it with one line naming the Debian packages to install.
 
-BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health).
+Then `flask reconcile` against devservers/stripe_stand_in.py (Stripe's List
+Events on loopback) for a window of RECONCILE_EVENTS events: events applied
+per second and the command's peak RSS, its listing alone (--dry-run) beside it.
+
+BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health);
+BENCH_ONLY=reconcile: the reconcile scenario alone. BENCH_RECONCILE_EVENTS (default 20000).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
 BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
@@ -26,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +246,87 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=Non
     print(f"  done: {scenario.name}, {receiver.name}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
 
 
+# -- flask reconcile against the loopback stand-in of Stripe's List Events ---------
+
+RECONCILE_EVENTS = int(os.environ.get("BENCH_RECONCILE_EVENTS", "20000"))
+
+
+def stripe_events(count, now):
+    """count Stripe Event objects over the last two days, oldest first: 8 in 10 payments (each its own
+    PaymentIntent), 1 in 10 a refund of the payment before it, 1 in 10 a type that moves nothing."""
+    documents = []
+    for n in range(count):
+        created = now - 2 * 86400 + n * 2 * 86400 // count
+        intent = f"pi_bench_{n - n % 10}"
+        if n % 10 == 8:
+            kind, obj = "refund.created", {"id": f"re_bench_{n}", "object": "refund", "amount": 100,
+                                           "payment_intent": intent, "currency": "usd", "status": "succeeded"}
+        elif n % 10 == 9:
+            kind, obj = "charge.dispute.created", {"id": f"du_bench_{n}", "object": "dispute", "amount": 100,
+                                                   "payment_intent": intent, "currency": "usd"}
+        else:
+            intent = f"pi_bench_{n}"
+            kind, obj = "payment_intent.succeeded", {
+                "id": intent, "object": "payment_intent", "amount": 1000, "amount_received": 1000,
+                "currency": "usd", "status": "succeeded", "metadata": {"user_id": str(USERS[n % len(USERS)])}}
+        documents.append({"id": f"evt_bench_{n:06d}", "object": "event", "api_version": "2025-03-31.basil",
+                          "created": created, "livemode": True, "pending_webhooks": 0,
+                          "request": {"id": None, "idempotency_key": None}, "type": kind,
+                          "data": {"object": obj}})
+    return documents
+
+
+def run_reconcile(env, *args):
+    """`flask reconcile default` in its own process: (seconds, peak RSS in MB, output)."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"flask reconcile failed ({proc.returncode}):\n{out}")
+    return seconds, usage.ru_maxrss / 1024, out
+
+
+def bench_reconcile(pg, redis):
+    """Reconcile a window of RECONCILE_EVENTS events into an empty ledger; print events/s and peak RSS."""
+    from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+    conn = psycopg.connect(pg.createdb("bench_reconcile"), autocommit=True)
+    apply_schema(conn)
+    for user in USERS:
+        conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
+    with StripeStandIn() as stand_in:
+        stand_in.add(*stripe_events(RECONCILE_EVENTS, int(time.time()) - 60))
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "DATABASE_URL": pg.url("bench_reconcile"),
+               "REDIS_URL": redis.url, "WEBHOOK_SECRET": "whsec_bench0123456789abcdef",
+               "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
+        listed_s, listed_rss, _ = run_reconcile(env, "--dry-run")
+        applied_s, applied_rss, out = run_reconcile(env)
+        duplicate_s, duplicate_rss, _ = run_reconcile(env, "--since", time.strftime(
+            "%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3 * 86400)))
+        requests = len(stand_in.requests)
+    report = verify.check(conn)
+    if report.problems:
+        raise SystemExit("reconcile bench: ledger inconsistent:\n" + "\n".join(report.problems))
+    applied = conn.execute("SELECT count(*) FROM webhook_events WHERE origin = 'reconcile'").fetchone()[0]
+    if applied != RECONCILE_EVENTS:
+        raise SystemExit(f"reconcile bench: {applied} events stored of {RECONCILE_EVENTS}:\n{out}")
+    conn.close()
+    n = RECONCILE_EVENTS
+    print(f"\nflask reconcile, {n} Stripe events (2 days) from the loopback stand-in, {requests} list requests"
+          f" in all, one process:\n")
+    print("| run | seconds | events/s | peak RSS MB |")
+    print("|---|---|---|---|")
+    print(f"| --dry-run (listing: both passes, a stored-or-not query per page) | {listed_s:.1f} | "
+          f"{n / listed_s:.0f} | {listed_rss:.0f} |")
+    print(f"| first run (every event applied) | {applied_s:.1f} | {n / applied_s:.0f} | {applied_rss:.0f} |")
+    print(f"| again (every event a duplicate) | {duplicate_s:.1f} | {n / duplicate_s:.0f} | {duplicate_rss:.0f} |")
+    print("\n" + "\n".join(line for line in out.splitlines()))
+
+
 def main():
     check_programs()
     work = Path(tempfile.mkdtemp(prefix="webhook-ledger-bench-"))
@@ -248,6 +335,9 @@ def main():
     redis = Redis().start()
     server = peer_server = None
     try:
+        if ONLY == ["reconcile"]:
+            bench_reconcile(pg, redis)
+            return
         conn = psycopg.connect(pg.createdb("bench"), autocommit=True)
         apply_schema(conn)
         for user in USERS:
@@ -304,6 +394,8 @@ def main():
                   + f"; {CONNECTIONS} connections, {os.cpu_count()} cores, {DURATION}s per run"
                   + (" (BENCH_QUICK)" if QUICK else ""))
         report(header, receivers, rss, rate, no_peer)
+        if not ONLY or "reconcile" in ONLY:
+            bench_reconcile(pg, redis)
     finally:
         if server:
             server.stop()

@@ -56,7 +56,8 @@ MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrati
 # what 002 would misfile, and 002 ran there already), and the lines init-db prints for them.
 SINCE_MOVEMENTS = [name for name in MIGRATIONS if name not in BEFORE_MOVEMENTS_HAD]
 APPLIED_SINCE_MOVEMENTS = [f"applied migration {name}" for name in SINCE_MOVEMENTS]
-TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "legacy_set_aside")
+TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "legacy_set_aside",
+          "reconcile_watermarks", "reconcile_runs")
 
 
 def _recorded(conn):
@@ -69,7 +70,8 @@ def test_schema_applies_twice_without_error(db):
     tables = {r[0] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
-                      "schema_migrations", "payment_accounts", "legacy_set_aside"}
+                      "schema_migrations", "payment_accounts", "legacy_set_aside",
+                      "reconcile_runs", "reconcile_watermarks"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # An empty database got schema.sql, which includes every migration: none ran.
     assert _recorded(db) == [(name, False) for name in MIGRATIONS] and MIGRATIONS

@@ -27,6 +27,9 @@ from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, 
 
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
+# flask reconcile's, a template per source; verified as an instance (a link named for it, as systemctl does).
+RECONCILE, TIMER = "webhook-ledger-reconcile@.service", "webhook-ledger-reconcile@.timer"
+RECONCILE_DEFAULT, TIMER_DEFAULT = "webhook-ledger-reconcile@default.service", "webhook-ledger-reconcile@default.timer"
 ENV_EXAMPLE = UNITS / "webhook-ledger.env"
 # Where the units expect the virtualenv; the tests put theirs there instead.
 PREFIX = "/opt/webhook-ledger"
@@ -64,20 +67,32 @@ def units(installed_venv, tmp_path):
     """The committed units, with the test's virtualenv where they expect /opt/webhook-ledger."""
     folder = tmp_path / "units"
     folder.mkdir()
-    for name in (SERVICE, SOCKET):
+    for name in (SERVICE, SOCKET, RECONCILE, TIMER):
         (folder / name).write_text((UNITS / name).read_text().replace(PREFIX, str(installed_venv)))
+    (folder / RECONCILE_DEFAULT).symlink_to(RECONCILE)
+    (folder / TIMER_DEFAULT).symlink_to(TIMER)
     return folder
 
 
 def test_the_units_verify_clean(units):
-    done = subprocess.run(["systemd-analyze", "verify", SERVICE, SOCKET], cwd=units,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["systemd-analyze", "verify", SERVICE, SOCKET, f"./{RECONCILE_DEFAULT}",
+                           f"./{TIMER_DEFAULT}"], cwd=units, capture_output=True, text=True, timeout=60)
     # verify exits 0 on an option it cannot parse ("ignoring"): any output is a finding.
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
-def test_the_service_is_hardened(units):
-    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", SERVICE], cwd=units,
+def test_the_reconcile_timer_runs_the_sources_reconcile_hourly_and_a_yielded_run_is_no_failure():
+    timer = read_unit((UNITS / TIMER).read_text())["Timer"]
+    service = read_unit((UNITS / RECONCILE).read_text())["Service"]
+    assert timer["OnCalendar"] == ["hourly"] and timer["Persistent"] == ["true"]
+    assert service["ExecStart"] == [f"{PREFIX}/bin/flask --app app reconcile %i"]
+    assert service["Type"] == ["oneshot"] and service["SuccessExitStatus"] == ["75"]  # cli.YIELDED_EXIT
+    assert service["EnvironmentFile"] == read_unit((UNITS / SERVICE).read_text())["Service"]["EnvironmentFile"]
+
+
+@pytest.mark.parametrize("unit", [SERVICE, RECONCILE_DEFAULT])
+def test_the_service_is_hardened(units, unit):
+    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", f"./{unit}"], cwd=units,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout)[1])

@@ -1,0 +1,395 @@
+"""`flask reconcile`: the events whose deliveries were lost, recovered from the provider's own event list.
+
+Each listed event goes through exactly what a live delivery goes through:
+`events.parse` and `events.effect_of` on its bytes, then `ledger.apply_event`
+(one statement: money.sql's rule, the same (source, event id) key and the
+same payment, refund and dispute keys). So a live delivery before or after,
+a provider's retry during the run and another run at the same time can never
+apply anything twice: PostgreSQL decides, as for two deliveries. No Redis
+lock is taken (as `flask events replay` takes none): the lock only saves work.
+
+The provider part is an `EventList` (app/stripe_list.py for Stripe): it lists
+a window oldest first, a page at a time. Everything else is here: the window
+(from the watermark, minus an overlap), the run's lock and record, the
+horizon beyond which a window cannot be proven, and the summary.
+"""
+
+import hashlib
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import NamedTuple, Protocol
+
+import psycopg
+
+from .db import Pool, transaction
+from .delivery import Outcome
+from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from .ledger import Origin, Result, RetryLaterError, apply_event, replay
+
+# Events reach the list a little after they are created (their `created` is
+# earlier than the moment they can be listed): a run without --since starts
+# this long before where the last complete one got to. Its cost is listing
+# again, as duplicates, what that run saw.
+OVERLAP = timedelta(minutes=15)
+# A first run (no watermark) starts this far inside the provider's horizon, so
+# that the oldest events it lists are still listed when it reaches them.
+HORIZON_MARGIN = timedelta(hours=1)
+# Threads that apply a page's events, each its share of the payments: a
+# delivery is one round trip and one commit, so one at a time a run is bound
+# by the commit's flush (about 1.6 ms here); eight overlap them (PostgreSQL
+# flushes concurrent commits together). Each holds a pooled connection.
+APPLIERS = 8
+# An event that meets a transient PostgreSQL refusal (a lock or statement
+# timeout: a live delivery of the same event holding its row, a deadlock) is
+# tried again, this many times, 0.1 s apart, before the run fails.
+TRANSIENT_TRIES = 5
+TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
+             psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+
+
+class ListedEvent(NamedTuple):
+    """One event as the provider's list gave it: its id, its creation (Unix seconds) and its bytes of record."""
+
+    id: str
+    created: int
+    body: bytes
+
+
+class ProviderError(RuntimeError):
+    """The provider could not list the window (after its retries): the run fails, in one line."""
+
+
+class ProviderRefusedError(ProviderError):
+    """The provider refused the key (401, 403)."""
+
+
+class EventList(Protocol):
+    """What a provider's adapter implements (docs/design.md, "Reconciliation")."""
+
+    name: str  # for the summary: "Stripe"
+    horizon_days: int  # how far back the provider lists
+
+    def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
+        """The events created in [since, until) (Unix seconds), oldest first, a page at a time."""
+        ...
+
+
+class RunStatus(StrEnum):
+    """reconcile_runs.status."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"  # every event of the window listed, and applied or refused (counted)
+    INCOMPLETE = "incomplete"  # part of the window was beyond the provider's horizon: not provable
+    FAILED = "failed"  # the provider refused the key or stayed unavailable
+    INTERRUPTED = "interrupted"  # killed midway; marked by the next run of its source
+    YIELDED = "yielded"  # another run of the source held it
+
+
+class Refused(NamedTuple):
+    event_id: str
+    event_type: str
+    reason: str
+
+
+@dataclass
+class Tally:
+    pages: int = 0
+    listed: int = 0
+    applied: int = 0  # recovered: stored (or completed) by this run
+    duplicates: int = 0  # applied before: delivered live, or by an earlier run
+    retried: int = 0  # dry run: stored failed, would be tried again
+    refused: list[Refused] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    source: str
+    provider: str
+    since: datetime
+    until: datetime
+    status: RunStatus
+    tally: Tally
+    run_id: int | None = None
+    message: str = ""
+    from_watermark: datetime | None = None  # the watermark a window without --since started from
+    unprovable: tuple[datetime, datetime] | None = None  # the part of the window beyond the horizon
+    watermark: datetime | None = None  # where the source's watermark is after the run
+    dry_run: bool = False
+
+
+LOCK_WATERMARK = """
+    INSERT INTO reconcile_watermarks (source) VALUES (%(source)s) ON CONFLICT (source) DO NOTHING;
+"""
+HOLD_WATERMARK = "SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s FOR UPDATE NOWAIT"
+READ_WATERMARK = "SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s"
+INTERRUPTED = """
+    UPDATE reconcile_runs SET status = 'interrupted', finished_at = now(),
+           message = 'ended before it finished (killed, or its connection lost): the next run lists its window again'
+    WHERE source = %(source)s AND status = 'running'
+"""
+START_RUN = """
+    INSERT INTO reconcile_runs (source, since, until, status) VALUES (%(source)s, %(since)s, %(until)s, %(status)s)
+    RETURNING id
+"""
+PROGRESS = """
+    UPDATE reconcile_runs SET pages = %(pages)s, listed = %(listed)s, applied = %(applied)s,
+           duplicates = %(duplicates)s, refused = %(refused)s
+    WHERE id = %(id)s
+"""
+FINISH_RUN = """
+    UPDATE reconcile_runs SET status = %(status)s, pages = %(pages)s, listed = %(listed)s, applied = %(applied)s,
+           duplicates = %(duplicates)s, refused = %(refused)s, message = %(message)s, finished_at = now()
+    WHERE id = %(id)s
+"""
+MOVE_WATERMARK = """
+    UPDATE reconcile_watermarks SET reconciled_until = %(until)s, run_id = %(id)s, updated_at = now()
+    WHERE source = %(source)s
+"""
+# For a dry run: what is stored of a page's events (a purged one that moved money: its journal row).
+STORED = """
+    SELECT event_id, status FROM webhook_events WHERE source = %(source)s AND event_id = ANY(%(ids)s)
+    UNION ALL
+    SELECT event_id, 'completed' FROM ledger_journal WHERE source = %(source)s AND event_id = ANY(%(ids)s)
+"""
+
+
+class RunLockedError(RuntimeError):
+    """Another run of the source holds its watermark row."""
+
+
+def _seconds(moment: datetime) -> int:
+    return int(moment.timestamp())
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def window(listing: EventList, watermark: datetime | None, since: datetime | None, until: datetime | None,
+           now: datetime) -> tuple[datetime, datetime, tuple[datetime, datetime] | None]:
+    """(since, until, the part before the horizon or None) of a run; a datetime without offset is UTC."""
+    horizon = now - timedelta(days=listing.horizon_days)
+    until = min(_utc(until), now) if until is not None else now
+    if since is None:
+        since = watermark - OVERLAP if watermark is not None else horizon + HORIZON_MARGIN
+    since = _utc(since).replace(microsecond=0)
+    until = until.replace(microsecond=0)
+    unprovable = (since, min(horizon + HORIZON_MARGIN, until)) if since < horizon else None
+    return since, until, unprovable
+
+
+def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since: datetime | None = None,
+              until: datetime | None = None, dry_run: bool = False, now: datetime | None = None) -> Summary:
+    """List source's events of the window and apply each as a live delivery would; return the run's Summary.
+
+    source is the name its events are stored under (Source.event_source).
+    Raises ProviderError (the run recorded failed) when the provider cannot
+    list the window; psycopg's errors when PostgreSQL is unavailable (the
+    run is then marked interrupted by the next one).
+    """
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    if dry_run:
+        with transaction(pool) as conn:
+            row = conn.execute(READ_WATERMARK, {"source": source}).fetchone()
+        return _dry_run(pool, source, listing, row[0] if row else None, since, until, now)
+    failure: ProviderError | None = None
+    try:
+        # The run's lock: the source's watermark row, held FOR UPDATE by one
+        # transaction left open for the whole run. A killed run's connection
+        # closes, and PostgreSQL ends the transaction and frees the row.
+        with transaction(pool, idle_in_transaction_session_timeout=0) as holder:
+            watermark = _hold(holder, source)
+            first, last, unprovable = window(listing, watermark, since, until, now)
+            summary = Summary(source, listing.name, first, last, RunStatus.RUNNING, Tally(),
+                              from_watermark=watermark if since is None else None, unprovable=unprovable)
+            holder.execute(INTERRUPTED, {"source": source})
+            with transaction(pool) as conn:  # committed now: the run is seen while it runs
+                summary.run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
+                                                          "status": RunStatus.RUNNING}).fetchone()[0]  # type: ignore
+            try:
+                _apply_window(pool, source, listing, policy, summary)
+            except ProviderError as exc:
+                summary.status, summary.message = RunStatus.FAILED, str(exc)
+                summary.watermark, failure = watermark, exc
+                _finish(holder, summary)  # committed with the holder, the watermark as it was
+            else:
+                _complete(holder, source, listing, summary, watermark)
+        if failure is not None:
+            raise failure
+        return summary
+    except RunLockedError:
+        return _yielded(pool, source, listing, since, until, now)
+
+
+def _complete(holder: psycopg.Connection, source: str, listing: EventList, summary: Summary,
+              watermark: datetime | None) -> None:
+    """Record the run's end and, when its window started at or before the watermark, move the watermark."""
+    first, last, unprovable = summary.since, summary.until, summary.unprovable
+    covers = watermark is None or first <= watermark
+    summary.watermark = last if covers and (watermark is None or last > watermark) else watermark
+    if unprovable:
+        summary.status = RunStatus.INCOMPLETE
+        summary.message = (f"{_text(unprovable[0])} to {_text(unprovable[1])} is beyond {listing.name}'s "
+                           f"{listing.horizon_days}-day limit: it cannot be listed, so not provable")
+    else:
+        summary.status = RunStatus.COMPLETED
+        summary.message = f"{summary.tally.applied} recovered, {len(summary.tally.refused)} refused"
+    _finish(holder, summary)
+    if summary.watermark != watermark:
+        holder.execute(MOVE_WATERMARK, {"source": source, "until": summary.watermark, "id": summary.run_id})
+
+
+def _yielded(pool: Pool, source: str, listing: EventList, since: datetime | None, until: datetime | None,
+             now: datetime) -> Summary:
+    """Record a run that found another running, and say so."""
+    first, last, _ = window(listing, None, since, until, now)
+    with transaction(pool) as conn:
+        run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
+                                          "status": RunStatus.YIELDED}).fetchone()[0]  # type: ignore[index]
+        conn.execute("UPDATE reconcile_runs SET finished_at = now(), message = %s WHERE id = %s",
+                     ["another run of this source was running", run_id])
+    return Summary(source, listing.name, first, last, RunStatus.YIELDED, Tally(), run_id,
+                   "another reconcile of this source is running (it holds the source's watermark row): "
+                   "this one yields")
+
+
+def _listed_since(summary: Summary) -> int:
+    """Where listing starts: the window's start, or, past the horizon, where the provider still lists."""
+    return _seconds(summary.unprovable[1] if summary.unprovable else summary.since)
+
+
+def _hold(holder: psycopg.Connection, source: str) -> datetime | None:
+    """Lock the source's watermark row (made if new) for this run; return the watermark. RunLockedError if held."""
+    try:
+        holder.execute(LOCK_WATERMARK, {"source": source})  # waits at most lock_timeout on a twin's new row
+        row = holder.execute(HOLD_WATERMARK, {"source": source}).fetchone()
+    except psycopg.errors.LockNotAvailable:
+        raise RunLockedError(source) from None
+    assert row is not None
+    watermark: datetime | None = row[0]
+    return watermark
+
+
+def _finish(holder: psycopg.Connection, summary: Summary) -> None:
+    tally = summary.tally
+    holder.execute(FINISH_RUN, {"id": summary.run_id, "status": summary.status, "pages": tally.pages,
+                                "listed": tally.listed, "applied": tally.applied, "duplicates": tally.duplicates,
+                                "refused": len(tally.refused), "message": summary.message})
+
+
+def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary) -> None:
+    """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more.
+
+    A page's events are applied by APPLIERS threads, each taking the events
+    of some payments in the list's order (a payment's refund after its
+    credit), the next page fetched meanwhile; a page is done before the next.
+    """
+    tally = summary.tally
+    pool.resize(pool.min_size, max(pool.max_size, APPLIERS + 2))  # the appliers, the run's lock and its record
+    with ThreadPoolExecutor(APPLIERS, thread_name_prefix="reconcile") as appliers:
+        for page in _fetched_ahead(listing.pages(_listed_since(summary), _seconds(summary.until))):
+            tally.pages += 1
+            tally.listed += len(page)
+            lanes: dict[int, list[tuple[Event, Effect, ListedEvent]]] = {}
+            for listed in page:
+                parsed = _parsed(listed, source, policy, tally)
+                if parsed is not None:
+                    event, effect = parsed
+                    lane = zlib.crc32((effect.payment_id or event.id).encode()) % APPLIERS
+                    lanes.setdefault(lane, []).append((event, effect, listed))
+            results = appliers.map(lambda lane: [(event, _applied(pool, event, listed, policy, effect))
+                                                 for event, effect, listed in lane], lanes.values())
+            for lane_results in results:
+                for event, result in lane_results:
+                    _count(tally, event, result)
+            with transaction(pool) as conn:
+                conn.execute(PROGRESS, {"id": summary.run_id, "pages": tally.pages, "listed": tally.listed,
+                                        "applied": tally.applied, "duplicates": tally.duplicates,
+                                        "refused": len(tally.refused)})
+    # A refund listed before its payment (both created in one second, in
+    # the list's order) found no payment: now that every event is in, once more.
+    refused, tally.refused = tally.refused, []
+    for refusal in refused:
+        again = replay(pool, source, refusal.event_id, policy) if refusal.reason.startswith("unknown payment") else None
+        if again is not None and again.outcome == Outcome.PROCESSED:
+            tally.applied += 1
+        else:
+            tally.refused.append(refusal)
+
+
+def _parsed(listed: ListedEvent, source: str, policy: Policy, tally: Tally) -> tuple[Event, Effect] | None:
+    """The listed event and its effect, read as a live delivery's; None (refused, not stored) if it does not parse."""
+    try:
+        event = parse(listed.body, "stripe", None, source)
+    except (InvalidJSONError, InvalidEventError) as exc:
+        tally.refused.append(Refused(listed.id, "?", f"not stored: {exc}"))
+        return None
+    return event, effect_of(event, policy)
+
+
+def _count(tally: Tally, event: Event, result: Result) -> None:
+    if result.outcome == Outcome.PROCESSED:
+        tally.applied += 1
+    elif result.outcome == Outcome.DUPLICATE:
+        tally.duplicates += 1
+    else:
+        tally.refused.append(Refused(event.id, event.type, result.problem or str(result.outcome)))
+
+
+def _fetched_ahead(pages: Iterator[list[ListedEvent]]) -> Iterator[list[ListedEvent]]:
+    """pages, the next one fetched (in a thread) while the caller applies this one: two in memory at most."""
+    with ThreadPoolExecutor(1, thread_name_prefix="reconcile-list") as fetcher:
+        ahead = fetcher.submit(next, pages, None)
+        while (page := ahead.result()) is not None:
+            ahead = fetcher.submit(next, pages, None)
+            yield page
+
+
+def _applied(pool: Pool, event: Event, listed: ListedEvent, policy: Policy, effect: Effect) -> Result:
+    """apply_event, as a live delivery calls it, tried again on a transient refusal (PostgreSQL decides)."""
+    body_sha256 = hashlib.sha256(listed.body).digest()
+    for attempt in range(TRANSIENT_TRIES):
+        try:
+            return apply_event(pool, event, effect, body_sha256, policy, origin=Origin.RECONCILE)
+        except TRANSIENT:
+            if attempt == TRANSIENT_TRIES - 1:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
+def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | None, since: datetime | None,
+              until: datetime | None, now: datetime) -> Summary:
+    """List the window and say what a run would do, writing nothing."""
+    first, last, unprovable = window(listing, watermark, since, until, now)
+    summary = Summary(source, listing.name, first, last, RunStatus.COMPLETED, Tally(), dry_run=True,
+                      from_watermark=watermark if since is None else None, unprovable=unprovable,
+                      watermark=watermark)
+    tally = summary.tally
+    for page in listing.pages(_listed_since(summary), _seconds(last)):
+        tally.pages += 1
+        tally.listed += len(page)
+        with transaction(pool) as conn:
+            stored = dict(conn.execute(STORED, {"source": source, "ids": [e.id for e in page]}).fetchall())
+        for listed in page:
+            status = stored.get(listed.id)
+            if status is None:
+                tally.applied += 1
+            elif status == "completed":
+                tally.duplicates += 1
+            else:
+                tally.retried += 1
+    if unprovable:
+        summary.status = RunStatus.INCOMPLETE
+        summary.message = (f"{_text(unprovable[0])} to {_text(unprovable[1])} is beyond {listing.name}'s "
+                           f"{listing.horizon_days}-day limit: it cannot be listed, so not provable")
+    return summary
+
+
+def _text(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -1,0 +1,111 @@
+"""Stripe's List Events, oldest first, a page at a time: the provider part of `flask reconcile`.
+
+Through stripe-python's own client (`stripe.StripeClient`): its pagination
+(`ListObject.next_page`, `previous_page`, the calls its auto-paging iterator
+makes, here one page at a time so that each page is counted and retried
+alone) and its retries (`max_network_retries`: connection errors, 409, 5xx).
+A 429 is retried here too, with backoff: stripe-python retries it only when
+Stripe adds `Stripe-Should-Retry: true`, which a rate limit need not.
+
+Stripe lists newest first (https://docs.stripe.com/api/events/list), and a
+page's cursor is an event id (https://docs.stripe.com/api/pagination): so
+the window is walked twice. First newest first, keeping nothing but the
+last page's last event (the oldest), by `StripeClient.raw_request` (the same
+requests and retries; building stripe-python's objects for a page only to
+read one id cost half a millisecond per event); then from it, by the list's
+`ending_before` pagination, each page reversed: oldest first, a page in
+memory at a time, whatever the window.
+
+A listed event's bytes of record are `json.dumps` of the Event object exactly
+as the page's JSON carried it (its keys in their order, its values as
+sent), compact, in UTF-8: not the bytes a delivery would have carried
+(Stripe pretty-prints those), which is why deliveries are compared by effect.
+"""
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import stripe
+
+from .reconcile import ListedEvent, ProviderError, ProviderRefusedError
+
+NAME = "Stripe"
+HORIZON_DAYS = 30  # "List events, going back up to 30 days"
+PAGE_LIMIT = 100  # the most List Events gives per page
+# stripe-python's retries of connection errors and 5xx (0.5 s, 1 s, 2 s, ... up to 5 s between them).
+NETWORK_RETRIES = 5
+# A 429, retried here: 1 s, 2 s, 4 s, ... up to 16 s, about a minute in all, then the run fails.
+RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
+# A key in a message Stripe wrote (it shows a key's first characters): never repeated.
+_KEY = re.compile(r"\b(sk|rk|pk)_(live|test)_\S*")
+
+
+class StripeEvents:
+    """One Stripe account's events, listed with a restricted key that may read Events."""
+
+    name = NAME
+    horizon_days = HORIZON_DAYS
+
+    def __init__(self, api_key: str, api_base: str, key_setting: str) -> None:
+        self._client = stripe.StripeClient(api_key, base_addresses={"api": api_base},
+                                           max_network_retries=NETWORK_RETRIES)
+        self._key_setting = key_setting  # named in a refusal, never the key itself
+        # stripe-python logs each request at INFO: one line per page would drown the run's summary.
+        logging.getLogger("stripe").setLevel(logging.WARNING)
+
+    def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
+        """The events created in [since, until) (Unix seconds), oldest first, a page at a time."""
+        window = {"created": {"gte": since, "lt": until}, "limit": PAGE_LIMIT}
+        oldest = self._oldest(window)
+        if oldest is None:
+            return
+        first = [oldest]  # the oldest comes first, with the page of those just after it
+        page = self._call(lambda: self._client.v1.events.list({**window, "ending_before": oldest.id}))  # type: ignore
+        while True:
+            yield first + _listed(page.last_response.data["data"])[::-1]
+            first = []
+            if not page.has_more:
+                return
+            page = self._call(page.previous_page)
+
+    def _oldest(self, window: dict[str, Any]) -> ListedEvent | None:
+        """The window's oldest event: the first pass, newest first, by the pages' raw JSON (no objects built)."""
+        oldest: ListedEvent | None = None
+        while True:
+            params = {**window, "starting_after": oldest.id} if oldest else window
+            answer = self._call(lambda params=params: self._client.raw_request("get", "/v1/events", **params)).data
+            if answer["data"]:  # only the last page's last event is kept
+                oldest = _listed(answer["data"][-1:])[0]
+            if not answer["has_more"]:
+                return oldest
+
+    def _call(self, request: Any) -> Any:
+        delay = RATE_LIMIT_FIRST_DELAY
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            try:
+                return request()
+            except stripe.RateLimitError:
+                if attempt == RATE_LIMIT_RETRIES:
+                    raise ProviderError(f"{NAME} kept answering 429 (rate limited) after {attempt} retries") from None
+                time.sleep(delay)
+                delay = min(delay * 2, RATE_LIMIT_MAX_DELAY)
+            except (stripe.AuthenticationError, stripe.PermissionError) as exc:
+                raise ProviderRefusedError(
+                    f"{NAME} refused the key in {self._key_setting} ({exc.http_status}): it must be a restricted "
+                    "key with read access to Events") from None
+            except stripe.StripeError as exc:
+                status = f"{exc.http_status}: " if exc.http_status else ""
+                message = _KEY.sub("<key>", exc.user_message or type(exc).__name__)
+                raise ProviderError(f"{NAME} failed after its retries ({status}{message})") from None
+        raise AssertionError("unreachable")
+
+
+def _listed(documents: list[dict[str, Any]]) -> list[ListedEvent]:
+    """Events as a page's JSON carried them (stripe-python keeps it parsed, in order, on last_response)."""
+    return [ListedEvent(document["id"], int(document["created"]),
+                        json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode())
+            for document in documents]

@@ -1,0 +1,270 @@
+"""A loopback stand-in for Stripe's List Events (`GET /v1/events`), for the reconcile tests and `make bench`.
+
+It implements the documented contract and nothing more, so that the real
+stripe-python talks to it over HTTP, unmocked:
+https://docs.stripe.com/api/events/list and https://docs.stripe.com/api/pagination.
+
+- newest first ("sorted by creation date, with the most recent appearing
+  first"); events created in the same second keep the order they were added
+  in, newest first, so the order is total and cursors are exact;
+- `limit` 1 to 100 (default 10); `starting_after` (older than the cursor) and
+  `ending_before` (newer than it: the `limit` events just before it); an
+  unknown cursor is 400 `resource_missing`;
+- `created` as a Unix time or `created[gt|gte|lt|lte]`; `type` (one name, `*`
+  as a wildcard) or `types` (up to 20 names), not both;
+- `{"object": "list", "url": "/v1/events", "has_more": ..., "data": [...]}`;
+- only the last 30 days are listed ("List events, going back up to 30 days");
+- `Authorization: Bearer <key>` (stripe-python's way): any other key is 401;
+- injected answers: `fail_next(429)` or `fail_next(500, times=3)`, Stripe's
+  error shape; `delay` per answer and `on_request` let a test act mid-run.
+"""
+
+import bisect
+import fnmatch
+import json
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+API_KEY = "rk_test_standInRestrictedKey0123456789"
+HORIZON_SECONDS = 30 * 86400  # "going back up to 30 days"
+MAX_LIMIT, DEFAULT_LIMIT, MAX_TYPES = 100, 10, 20
+CREATED_OPERATORS = ("gt", "gte", "lt", "lte")
+ERRORS = {
+    429: ("invalid_request_error", "rate_limit", "Too many requests hit the API too quickly."),
+    500: ("api_error", None, "An unknown error occurred."),
+    503: ("api_error", None, "Service unavailable."),
+}
+
+
+class BadRequestError(ValueError):
+    """A parameter Stripe would refuse: 400 invalid_request_error naming it."""
+
+    def __init__(self, param: str, message: str, code: str = "parameter_invalid") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class StripeStandIn:
+    """Stripe's event list on 127.0.0.1: add events (dicts or stripe-python objects), then list them."""
+
+    def __init__(self, api_key: str = API_KEY, clock: Callable[[], float] = time.time) -> None:
+        self.api_key, self.clock = api_key, clock
+        self._events: list[dict[str, Any]] = []  # oldest first, as added (by created, then order of adding)
+        self._sorted: list[tuple[int, int]] = []  # their keys, in the same order
+        self._keys: dict[str, tuple[int, int]] = {}  # id -> (created, order added): its place in the list
+        self._lock = threading.Lock()
+        self._faults: deque[int] = deque()
+        self.requests: list[dict[str, Any]] = []  # each list request's parameters, as parsed
+        self.delay = 0.0  # seconds before each answer
+        self.on_request: Callable[[int], None] | None = None  # called with the request's number, before answering
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- the data ---------------------------------------------------------------
+
+    def add(self, *events: Any) -> None:
+        """Add Event objects (a dict, or a stripe-python StripeObject); each keeps its own `created`."""
+        with self._lock:
+            for event in events:
+                document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+                key = (int(document["created"]), len(self._keys))
+                self._keys[document["id"]] = key
+                index = bisect.bisect(self._sorted, key)
+                self._sorted.insert(index, key)
+                self._events.insert(index, document)
+
+    def fail_next(self, status: int, times: int = 1) -> None:
+        """Answer the next `times` requests with status (429, 500, 503) in Stripe's error shape."""
+        self._faults.extend([status] * times)
+
+    # -- the list ---------------------------------------------------------------
+
+    def list_events(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer to GET /v1/events with params (parsed as stripe-python encodes them); raise BadRequestError."""
+        limit = _limit(params.get("limit"))
+        if "type" in params and "types" in params:
+            raise BadRequestError("types", "You may pass either `type` or `types`, but not both.")
+        wanted = _types(params)
+        low, high = _created_range(params.get("created"))
+        low = max(low, (math.ceil(self.clock() - HORIZON_SECONDS), -1))
+        after, before = params.get("starting_after"), params.get("ending_before")
+        with self._lock:
+            if after is not None:
+                high = min(high, _cursor(self._keys, after, "starting_after"))
+            elif before is not None:
+                low = max(low, (_cursor(self._keys, before, "ending_before")[0],
+                                _cursor(self._keys, before, "ending_before")[1] + 1))
+            start, end = bisect.bisect_left(self._sorted, low), bisect.bisect_left(self._sorted, high)
+            # The page's events, and one more to tell has_more: from the cursor outwards.
+            found = []
+            indexes = range(start, end) if before is not None and after is None else range(end - 1, start - 1, -1)
+            for index in indexes:
+                if wanted(self._events[index]["type"]):
+                    found.append(self._events[index])
+                    if len(found) > limit:
+                        break
+        page, has_more = found[:limit], len(found) > limit
+        if before is not None and after is None:
+            page.reverse()  # the events just newer than the cursor, newest first
+        return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
+
+    # -- the server ---------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "StripeStandIn":
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="stripe-stand-in", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "StripeStandIn":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body) for one request."""
+        if authorization != f"Bearer {self.api_key}":
+            shown = (authorization or "").removeprefix("Bearer ")[:8]
+            return 401, _error("invalid_request_error", None, f"Invalid API Key provided: {shown}***")
+        if path.rstrip("/") != "/v1/events":
+            return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
+        params = _decode(parse_qsl(query, keep_blank_values=True))
+        with self._lock:
+            self.requests.append(params)
+            number = len(self.requests)
+            fault = self._faults.popleft() if self._faults else None
+        if self.on_request is not None:
+            self.on_request(number)
+        if self.delay:
+            time.sleep(self.delay)
+        if fault is not None:
+            return fault, _error(*ERRORS[fault])
+        try:
+            return 200, self.list_events(params)
+        except BadRequestError as exc:
+            return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
+
+
+def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as Stripe's API
+        # Headers and body are two writes: without this, Nagle's algorithm holds the body
+        # until the client's delayed ACK, 40 ms a request.
+        disable_nagle_algorithm = True
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            parts = urlsplit(self.path)
+            status, document = stand_in.answer(parts.path, parts.query, self.headers.get("Authorization"))
+            body = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Request-Id", f"req_standin{len(stand_in.requests)}")
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a client killed mid-answer (a test's SIGKILL)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
+            pass  # quiet: the tests read stand_in.requests
+
+    return Handler
+
+
+def _error(kind: str, code: str | None, message: str, param: str | None = None) -> dict[str, Any]:
+    error = {"type": kind, "message": message}
+    error.update({name: value for name, value in (("code", code), ("param", param)) if value is not None})
+    return {"error": error}
+
+
+_KEY = re.compile(r"([^\[]+)((?:\[[^\]]*\])*)")
+
+
+def _decode(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Stripe's form encoding, as stripe-python writes a GET's query: `created[gte]=1`, `types[0]=a`."""
+    params: dict[str, Any] = {}
+    for raw_key, value in pairs:
+        match = _KEY.fullmatch(raw_key)
+        name, subscripts = (match[1], re.findall(r"\[([^\]]*)\]", match[2])) if match else (raw_key, [])
+        if not subscripts:
+            params[name] = value
+        elif name == "types":
+            params.setdefault("types", []).append(value)
+        else:
+            params.setdefault(name, {})
+            if isinstance(params[name], dict):
+                params[name][subscripts[0]] = value
+    return params
+
+
+def _integer(param: str, raw: object) -> int:
+    try:
+        return int(str(raw))
+    except ValueError:
+        raise BadRequestError(param, f"Invalid integer: {raw}") from None
+
+
+def _limit(raw: object) -> int:
+    if raw is None:
+        return DEFAULT_LIMIT
+    limit = _integer("limit", raw)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadRequestError("limit", f"This value must be between 1 and {MAX_LIMIT} (it currently is {limit}).")
+    return limit
+
+
+def _types(params: Mapping[str, Any]) -> Callable[[str], bool]:
+    if "type" in params:
+        pattern = str(params["type"])
+        return lambda event_type: fnmatch.fnmatchcase(event_type, pattern)
+    if "types" in params:
+        names = set(params["types"])
+        if len(names) > MAX_TYPES:
+            raise BadRequestError("types", f"You may pass at most {MAX_TYPES} types.")
+        return lambda event_type: event_type in names
+    return lambda event_type: True
+
+
+def _created_range(raw: object) -> tuple[tuple[int, int], tuple[int, int]]:
+    """`created` as [low, high) in the list's keys (created, order added)."""
+    low, high = (-(2**62), -1), (2**62, -1)
+    if raw is None:
+        return low, high
+    if not isinstance(raw, dict):
+        exact = _integer("created", raw)
+        return (exact, -1), (exact + 1, -1)
+    unknown = set(raw) - set(CREATED_OPERATORS)
+    if unknown:
+        raise BadRequestError(f"created[{sorted(unknown)[0]}]", "Received unknown parameter.", "parameter_unknown")
+    bounds = {op: _integer(f"created[{op}]", value) for op, value in raw.items()}
+    starts = [(bounds["gt"] + 1, -1)] if "gt" in bounds else []
+    starts += [(bounds["gte"], -1)] if "gte" in bounds else []
+    ends = [(bounds["lt"], -1)] if "lt" in bounds else []
+    ends += [(bounds["lte"] + 1, -1)] if "lte" in bounds else []
+    return max([low, *starts]), min([high, *ends])
+
+
+def _cursor(keys: Mapping[str, tuple[int, int]], event_id: str, param: str) -> tuple[int, int]:
+    if event_id not in keys:
+        raise BadRequestError(param, f"No such event: '{event_id}'", "resource_missing")
+    return keys[event_id]

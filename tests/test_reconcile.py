@@ -1,0 +1,370 @@
+"""`flask reconcile` (app/reconcile.py, app/stripe_list.py): lost deliveries recovered from Stripe's event list,
+applied exactly once beside live deliveries, retries and other runs. The real stripe-python talks over HTTP to
+devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import config as config_module
+from devservers import ROOT, wait_until
+from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance
+from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe
+
+DAY = 86400
+
+
+@pytest.fixture
+def scheme():
+    return "stripe"
+
+
+@pytest.fixture
+def stand_in():
+    with StripeStandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def config(config, stand_in):
+    return {**config, "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
+
+
+def at(evt, seconds_ago):
+    """evt, created seconds_ago."""
+    evt["created"] = int(time.time()) - seconds_ago
+    return evt
+
+
+def payments(count, span=2 * DAY, user=ALICE, cents=10, prefix="pi"):
+    """count payment_intent.succeeded events spread over the last span seconds, oldest first."""
+    return [at(intent_succeeded(f"{prefix}_{n:05d}", user=user, cents=cents), span - span * n // count + 60)
+            for n in range(count)]
+
+
+def run(app, *args):
+    return app.test_cli_runner().invoke(args=["reconcile", "default", *args])
+
+
+def runs(db):
+    return db.execute("SELECT status, pages, listed, applied, duplicates, refused FROM reconcile_runs"
+                      " ORDER BY id").fetchall()
+
+
+def origins(db):
+    return dict(db.execute("SELECT origin, count(*) FROM webhook_events GROUP BY origin").fetchall())
+
+
+def flask_env(config):
+    return {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **{name: str(v) for name, v in config.items()}}
+
+
+def test_a_gap_is_applied_once_and_the_delivered_events_are_duplicates(app, client, db, stand_in):
+    # Of 240 events over two days, the first 80 were delivered; then the endpoint was down.
+    events = payments(240)
+    stand_in.add(*events)
+    for evt in events[:80]:
+        assert send_stripe(client, evt).json["status"] == "processed"
+    assert balance(db) == OPENING[ALICE] + 80 * 10
+
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert "240 listed: 160 applied (recovered: their deliveries were lost), 80 duplicates, 0 refused" \
+        in result.output
+    assert balance(db) == OPENING[ALICE] + 240 * 10
+    assert origins(db) == {"delivery": 80, "reconcile": 160}
+    assert runs(db) == [("completed", 3, 240, 160, 80, 0)]
+    assert_ledger_consistent(db)
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
+
+    again = run(app)
+    assert again.exit_code == 0, again.output
+    assert balance(db) == OPENING[ALICE] + 240 * 10
+    assert runs(db)[-1][3] == 0  # nothing applied twice
+
+
+def test_more_than_a_hundred_events_in_the_same_second_across_page_boundaries_each_apply_once(app, db, stand_in):
+    now = int(time.time())
+    events = [intent_succeeded(f"pi_same_{n:03d}", cents=1) for n in range(250)]
+    for evt in events:
+        evt["created"] = now - 30  # one second for all: the cursor, not the time, separates pages
+    stand_in.add(*events)
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert runs(db) == [("completed", 3, 250, 250, 0, 0)]
+    assert balance(db) == OPENING[ALICE] + 250
+    assert db.execute("SELECT count(DISTINCT event_id) FROM webhook_events").fetchone()[0] == 250
+    # Stripe's own limit, pages walked by cursor: the first pass newest first, the second oldest first.
+    assert {request["limit"] for request in stand_in.requests} == {"100"}
+    assert any("ending_before" in request for request in stand_in.requests)
+
+
+def test_a_second_event_object_for_one_payment_intent_credits_once(app, db, stand_in):
+    first = at(intent_succeeded("pi_twice", cents=300), 600)
+    second = at(intent_succeeded("pi_twice", cents=300), 500)  # another Event object, another id
+    stand_in.add(first, second)
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert balance(db) == OPENING[ALICE] + 300
+    assert runs(db) == [("completed", 1, 2, 1, 1, 0)]
+    assert_ledger_consistent(db)
+
+
+def test_refunds_and_disputes_apply_after_their_payment_and_one_outside_the_window_is_refused(app, db, stand_in):
+    stand_in.add(
+        at(intent_succeeded("pi_r", user=BOB, cents=1000), 900),
+        at(refund("re_1", "pi_r", 200, event_type="refund.created"), 800),
+        at(charge_refunded("pi_r", 200, cents=1000), 790),  # the same refund as a running total: once
+        at(dispute("du_1", "pi_r", 300), 700),
+        at(dispute("du_1", "pi_r", 300, event_type="charge.dispute.funds_reinstated", status="won"), 600),
+        at(refund("re_2", "pi_r", 100, "failed"), 500),  # first seen failed: nets zero
+        at(refund("re_lost", "pi_outside", 50, event_type="refund.created"), 400),
+    )
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert balance(db, BOB) == 1000 - 200
+    assert "refused" in result.output and "unknown payment pi_outside" in result.output
+    assert db.execute("SELECT status, last_error FROM webhook_events WHERE payload->'data'->'object'->>'id' ="
+                      " 're_lost'").fetchone() == ("failed", "unknown payment pi_outside")
+    assert runs(db) == [("completed", 1, 7, 6, 0, 1)]
+    assert_ledger_consistent(db)
+
+
+def test_a_refund_listed_before_its_payment_in_the_same_second_is_applied_at_the_end(app, db, stand_in):
+    now = int(time.time()) - 60
+    refund_first = refund("re_early", "pi_same", 40, event_type="refund.created")
+    payment = intent_succeeded("pi_same", user=BOB, cents=100)
+    refund_first["created"] = payment["created"] = now
+    stand_in.add(refund_first, payment)  # the list's order within one second is Stripe's, not ours
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert balance(db, BOB) == 60
+    assert runs(db) == [("completed", 1, 2, 2, 0, 0)]
+
+
+def test_a_signed_live_delivery_of_a_recovered_event_afterwards_is_a_duplicate(app, client, db, stand_in):
+    evt = at(intent_succeeded("pi_late", cents=70), 300)
+    stand_in.add(evt)
+    assert run(app).exit_code == 0
+    answer = send_stripe(client, evt)  # Stripe's own bytes (pretty-printed), not the listed ones
+    assert (answer.status_code, answer.json["status"]) == (200, "duplicate")
+    assert balance(db) == OPENING[ALICE] + 70
+    shown = app.test_cli_runner().invoke(args=["events", "show", evt.id])
+    assert "reconcile (the provider's event list: its delivery was lost)" in shown.output, shown.output
+    assert "stored bytes:   match" in shown.output
+
+
+def test_a_stripe_retry_arriving_during_a_run_is_applied_once(make_app, app, config, db, stand_in):
+    events = payments(300, cents=5)
+    stand_in.add(*events)
+    live = make_app(config).test_client()
+    answers = []
+
+    def retry_arrives(number):
+        if number == 5:  # the second pass has begun: these events are being applied now
+            answers.extend(send_stripe(live, evt).json["status"] for evt in events[:150:10])
+
+    stand_in.on_request = retry_arrives
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert len(answers) == 15 and set(answers) <= {"processed", "duplicate"}
+    assert balance(db) == OPENING[ALICE] + 300 * 5
+    (status, _, listed, applied, duplicates, refused), = runs(db)
+    assert (status, listed, applied + duplicates, refused) == ("completed", 300, 300, 0)
+    assert applied + answers.count("processed") == 300
+    assert_ledger_consistent(db)
+
+
+def test_two_runs_at_once_apply_each_event_once(config, db, stand_in):
+    stand_in.add(*payments(400, cents=3))
+    stand_in.delay = 0.05
+    commands = [subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default"], cwd=ROOT,
+                                 env=flask_env(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outcomes = [(command.wait(timeout=120), *command.communicate()) for command in commands]
+    assert sorted(code for code, _, _ in outcomes) in ([0, 0], [0, 75]), outcomes
+    for code, out, err in outcomes:
+        assert "Traceback" not in err
+        if code == 75:
+            assert out.splitlines()[-1].endswith("this one yields"), out
+    assert balance(db) == OPENING[ALICE] + 400 * 3
+    assert sum(row[3] for row in runs(db)) == 400  # each event applied by exactly one of them
+    assert_ledger_consistent(db)
+
+
+def test_a_run_killed_midway_leaves_nothing_half_applied_and_the_next_run_completes_the_window(app, config, db,
+                                                                                                stand_in):
+    stand_in.add(*payments(600, cents=2))
+    stand_in.delay = 0.1
+    command = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default"], cwd=ROOT,
+                               env=flask_env(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: db.execute("SELECT coalesce(max(applied), 0) FROM reconcile_runs").fetchone()[0] >= 200,
+                   timeout=60, what="the run's first pages")
+        command.send_signal(signal.SIGKILL)
+        command.wait(timeout=10)
+    finally:
+        command.kill()
+    # Statements it had sent may still commit until PostgreSQL sees it gone (CLIENT_CHECK_MS): wait for that.
+    wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                  [f"webhook-ledger:{command.pid}"]).fetchone()[0] == 0,
+               timeout=30, what="the killed run's backends to end")
+    applied_before = balance(db) - OPENING[ALICE]
+    assert 0 < applied_before < 1200 and applied_before % 2 == 0  # whole events, some of them
+    # The watermark's row, made by the killed run's transaction, went with it.
+    assert db.execute("SELECT reconciled_until FROM reconcile_watermarks").fetchone() is None
+    assert_ledger_consistent(db)
+
+    stand_in.delay = 0
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert [row[0] for row in runs(db)] == ["interrupted", "completed"]
+    assert balance(db) == OPENING[ALICE] + 600 * 2
+    assert_ledger_consistent(db)
+
+
+def test_a_purged_event_listed_again_moves_no_money(app, client, db, stand_in):
+    evt = at(intent_succeeded("pi_purged", cents=90), 3600)
+    assert send_stripe(client, evt).json["status"] == "processed"
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    purged = app.test_cli_runner().invoke(args=["events", "purge", "--older-than", "35"])
+    assert purged.exit_code == 0 and "purged 1 " in purged.output, purged.output
+    stand_in.add(evt)
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert runs(db) == [("completed", 1, 1, 0, 1, 0)]
+    assert balance(db) == OPENING[ALICE] + 90
+    assert db.execute("SELECT count(*) FROM webhook_events").fetchone() == (0,)  # not stored again
+
+
+def test_a_window_older_than_thirty_days_is_not_provable_and_not_reported_done(app, db, stand_in):
+    stand_in.add(at(intent_succeeded("pi_old", cents=5), 45 * DAY), at(intent_succeeded("pi_new", cents=7), DAY))
+    since = (datetime.now(UTC) - timedelta(days=40)).strftime("%Y-%m-%dT%H:%M:%S")
+    result = run(app, "--since", since)
+    assert result.exit_code == 1, result.output
+    (line,) = [line for line in result.output.splitlines() if "NOT PROVABLE" in line]
+    assert "30-day limit" in line
+    assert "completed" not in result.output
+    assert runs(db) == [("incomplete", 1, 1, 1, 0, 0)]
+    assert balance(db) == OPENING[ALICE] + 7
+
+
+def test_a_wrong_key_is_one_line_and_a_failed_run(make_app, config, db, stand_in):
+    wrong = "rk_test_notTheKeyStripeKnows0123456789"
+    app = make_app({**config, "WEBHOOK_API_KEY": wrong})
+    result = run(app)
+    assert result.exit_code == 1
+    assert result.output == ("Error: Stripe refused the key in WEBHOOK_API_KEY (401): it must be a restricted key "
+                             "with read access to Events\n")
+    assert wrong[8:] not in result.output
+    assert [row[0] for row in runs(db)] == ["failed"]
+
+
+def test_a_missing_key_is_one_line_naming_the_setting(make_app, config, db):
+    app = make_app({name: value for name, value in config.items() if name != "WEBHOOK_API_KEY"})
+    result = run(app)
+    assert result.exit_code == os.EX_CONFIG
+    assert result.output.startswith("Error: configuration error: WEBHOOK_API_KEY is not set")
+    assert result.output.count("\n") == 1
+
+
+def test_429_and_500_are_retried_with_backoff(app, db, stand_in):
+    stand_in.add(*payments(150, cents=1))
+    stand_in.fail_next(429)
+    stand_in.fail_next(500, times=2)
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert balance(db) == OPENING[ALICE] + 150
+
+
+def test_dry_run_changes_nothing(app, client, db, stand_in):
+    events = payments(30)
+    stand_in.add(*events)
+    send_stripe(client, events[0])
+    tables = ("webhook_events", "ledger_journal", "payments", "user_balances", "reconcile_runs",
+              "reconcile_watermarks")
+    before = {table: db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in tables}
+    result = run(app, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "30 listed: 29 not stored (would be applied), 0 stored failed (would be tried again), 1 already applied" \
+        in result.output
+    assert {table: db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in tables} == before
+
+
+def test_the_next_run_starts_at_the_watermark_minus_the_overlap(app, db, stand_in):
+    stand_in.add(*payments(5))
+    assert run(app).exit_code == 0
+    (until,) = db.execute("SELECT reconciled_until FROM reconcile_watermarks").fetchone()
+    stand_in.add(at(intent_succeeded("pi_after", cents=11), 1))
+    time.sleep(1.1)
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert f"(the watermark {until.strftime('%Y-%m-%d %H:%M:%SZ')} minus 0:15:00)" in result.output
+    created = stand_in.requests[-1]["created"]
+    assert int(created["gte"]) == int(until.timestamp()) - 15 * 60
+    assert balance(db) == OPENING[ALICE] + 50 + 11
+
+
+@pytest.mark.unit
+def test_the_stand_in_implements_list_events_as_documented():
+    now = int(time.time())
+    stand_in = StripeStandIn(clock=lambda: now)
+    stand_in.add(*({"id": f"evt_{n}", "type": kind, "created": now - 10 + n, "data": {"object": {}}}
+                   for n, kind in enumerate(["charge.succeeded", "charge.dispute.created", "refund.created"])),
+                 {"id": "evt_old", "type": "charge.succeeded", "created": now - 31 * DAY, "data": {"object": {}}})
+
+    def ids(**params):
+        return [event["id"] for event in stand_in.list_events(params)["data"]]
+
+    assert ids() == ["evt_2", "evt_1", "evt_0"]  # newest first; evt_old beyond the 30 days
+    assert ids(type="charge.*") == ["evt_1", "evt_0"]
+    assert ids(types=["refund.created", "charge.succeeded"]) == ["evt_2", "evt_0"]
+    assert ids(created={"gte": str(now - 9), "lt": str(now - 8)}) == ["evt_1"]
+    assert ids(created=str(now - 8)) == ["evt_2"]
+    assert ids(limit="1", starting_after="evt_2") == ["evt_1"]
+    assert ids(limit="1", ending_before="evt_0") == ["evt_1"]
+    assert stand_in.list_events({"limit": "1", "ending_before": "evt_0"})["has_more"] is True
+    for bad in ({"limit": "0"}, {"limit": "101"}, {"type": "a", "types": ["b"]}, {"starting_after": "evt_none"}):
+        with pytest.raises(ValueError):
+            stand_in.list_events(bad)
+    assert stand_in.answer("/v1/events", "", "Bearer sk_wrong")[0] == 401
+    stand_in.fail_next(429)
+    assert stand_in.answer("/v1/events", "", f"Bearer {API_KEY}")[0] == 429
+
+
+@pytest.mark.unit
+def test_no_api_key_reaches_the_settings_repr():
+    settings = config_module.from_env({"DATABASE_URL": "postgresql://x@127.0.0.1/x",
+                                       "REDIS_URL": "redis://127.0.0.1:6379/0",
+                                       "WEBHOOK_SECRET": "default-secret-0123456789", "WEBHOOK_API_KEY": API_KEY})
+    assert settings.sources["default"].api_key == API_KEY
+    assert API_KEY not in repr(settings)
+
+
+def test_the_metrics_say_when_a_source_last_reconciled_and_how_many_events_it_recovered(app, client, db, stand_in):
+    def samples():
+        return {(sample.name, sample.labels.get("status")): sample.value
+                for family in text_string_to_metric_families(client.get("/metrics").text)
+                if family.name.startswith("webhook_ledger_reconcile") for sample in family.samples
+                if sample.labels.get("source") == "default"}
+
+    before = samples()
+    assert before[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] == 0  # never: the alert fires
+    assert before[("webhook_ledger_reconcile_recovered_events_total", None)] == 0
+    assert before[("webhook_ledger_reconcile_max_age_seconds", None)] == 10800
+    stand_in.add(*payments(12))
+    assert run(app).exit_code == 0
+    after = samples()
+    assert after[("webhook_ledger_reconcile_recovered_events_total", None)] == 12
+    assert after[("webhook_ledger_reconcile_runs_total", "completed")] == 1
+    assert after[("webhook_ledger_reconcile_runs_total", "failed")] == 0
+    assert time.time() - after[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] < 60
