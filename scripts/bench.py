@@ -276,8 +276,10 @@ def stripe_events(count, now):
     return documents
 
 
-def run_reconcile(env, *args):
-    """`flask reconcile default` in its own process: (seconds, peak RSS in MB, output)."""
+def run_reconcile(env, pg, *args):
+    """`flask reconcile default` in its own process: (seconds, peak RSS in MB, output, its CPU ms, PostgreSQL's)."""
+    postmaster = [int(Path(pg.data / "postmaster.pid").read_text().split()[0])]
+    pg_before = cpu_ms(postmaster + children(postmaster[0]))
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default", *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -287,7 +289,9 @@ def run_reconcile(env, *args):
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"flask reconcile failed ({proc.returncode}):\n{out}")
-    return seconds, usage.ru_maxrss / 1024, out
+    time.sleep(0.5)  # its backends exit and are reaped: their CPU is then the postmaster's children's
+    pg_ms = cpu_ms(postmaster + children(postmaster[0])) - pg_before
+    return seconds, usage.ru_maxrss / 1024, out, (usage.ru_utime + usage.ru_stime) * 1000, pg_ms
 
 
 def bench_reconcile(pg, redis):
@@ -303,10 +307,12 @@ def bench_reconcile(pg, redis):
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "DATABASE_URL": pg.url("bench_reconcile"),
                "REDIS_URL": redis.url, "WEBHOOK_SECRET": "whsec_bench0123456789abcdef",
                "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
-        listed_s, listed_rss, _ = run_reconcile(env, "--dry-run")
-        applied_s, applied_rss, out = run_reconcile(env)
-        duplicate_s, duplicate_rss, _ = run_reconcile(env, "--since", time.strftime(
-            "%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3 * 86400)))
+        runs = [("--dry-run (listing: both passes, a stored-or-not query per page)",
+                 run_reconcile(env, pg, "--dry-run")),
+                ("first run (every event applied)", run_reconcile(env, pg))]
+        out = runs[-1][1][2]
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3 * 86400))
+        runs.append(("again (every event a duplicate)", run_reconcile(env, pg, "--since", since)))
         requests = len(stand_in.requests)
     report = verify.check(conn)
     if report.problems:
@@ -318,12 +324,10 @@ def bench_reconcile(pg, redis):
     n = RECONCILE_EVENTS
     print(f"\nflask reconcile, {n} Stripe events (2 days) from the loopback stand-in, {requests} list requests"
           f" in all, one process:\n")
-    print("| run | seconds | events/s | peak RSS MB |")
-    print("|---|---|---|---|")
-    print(f"| --dry-run (listing: both passes, a stored-or-not query per page) | {listed_s:.1f} | "
-          f"{n / listed_s:.0f} | {listed_rss:.0f} |")
-    print(f"| first run (every event applied) | {applied_s:.1f} | {n / applied_s:.0f} | {applied_rss:.0f} |")
-    print(f"| again (every event a duplicate) | {duplicate_s:.1f} | {n / duplicate_s:.0f} | {duplicate_rss:.0f} |")
+    print("| run | seconds | events/s | peak RSS MB | CPU ms/event: command | PostgreSQL |")
+    print("|---|---|---|---|---|---|")
+    for name, (seconds, rss, _, command_ms, pg_ms) in runs:
+        print(f"| {name} | {seconds:.1f} | {n / seconds:.0f} | {rss:.0f} | {command_ms / n:.2f} | {pg_ms / n:.2f} |")
     print("\n" + "\n".join(line for line in out.splitlines()))
 
 
