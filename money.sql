@@ -85,15 +85,11 @@ CROSS JOIN LATERAL (
 -- UPDATE, which serialises every movement of one payment), then the
 -- movement's row, then the user's row. A wait longer than lock_timeout ends
 -- the statement with nothing committed (503, retried).
--- Its 17-parameter form, before p_origin (never released: no host calls it).
--- Dropped, or a call naming 17 parameters would match both.
-DROP FUNCTION IF EXISTS apply_event(text, text, text, bytea, bytea, bytea, boolean, text, text, text, uuid, bigint,
-                                    text, text, text, text, boolean);
 CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
     p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
     p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
-    p_origin text DEFAULT NULL,
+    p_origin text,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -279,7 +275,7 @@ BEGIN
         p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem,
         p_kind => CASE p_kind WHEN 'refund' THEN 'refunded_total' ELSE p_kind END, p_payment => p_payment,
         p_user => p_user, p_amount => p_amount, p_currency => p_currency, p_movement => NULL, p_state => NULL,
-        p_ledger_currency => NULL, p_test_events => NULL);
+        p_ledger_currency => NULL, p_test_events => NULL, p_origin => 'delivery');
     UPDATE webhook_events SET effect_version = 2
     WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 2;
 END
