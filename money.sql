@@ -100,21 +100,26 @@ DECLARE
     v_movement movements%ROWTYPE;
     v_due bigint;
     v_mismatch boolean := false;
+    v_new boolean;
 BEGIN
-    -- Record: a new event is inserted already final when nothing is left to
-    -- decide; a purged event that changed a balance is never inserted again.
+    -- Record: a new event is inserted as it will most likely end, completed
+    -- unless its problem is known, so that its row is written once; the rare
+    -- decision that fails it below writes it again. A purged event that
+    -- changed a balance is never inserted again. (p_keep_json: true only from
+    -- the previous release's hosts, which still keep a jsonb copy.)
     INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
                                 status, completed_at, last_error, ledger_currency, test_events_accepted, origin)
     SELECT p_source, p_event_id, p_type, p_body,
            CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
-           CASE WHEN p_problem IS NOT NULL THEN 'failed' WHEN p_kind IS NULL THEN 'completed' ELSE 'processing' END,
-           CASE WHEN p_problem IS NULL AND p_kind IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
+           CASE WHEN p_problem IS NOT NULL THEN 'failed' ELSE 'completed' END,
+           CASE WHEN p_problem IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
            coalesce(p_origin, 'delivery')
     WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING id INTO v_row_id;
+    v_new := v_row_id IS NOT NULL;
 
-    IF v_row_id IS NULL THEN
+    IF NOT v_new THEN
         -- Stored before (or by a twin that just committed: the insert waited
         -- for it). FOR UPDATE serialises two retries of a failed event.
         SELECT e.id, e.status, e.payload_sha256, e.effect_sha256 INTO v_row_id, v_status, stored_sha256, v_effect
@@ -249,11 +254,15 @@ BEGIN
 
     -- Complete, or record why not.
     IF problem IS NULL THEN
-        UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(), last_error = NULL
-        WHERE id = v_row_id;
+        IF NOT v_new THEN  -- a failed event's retry; a new one was inserted completed
+            UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(),
+                                      last_error = NULL
+            WHERE id = v_row_id;
+        END IF;
         outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
     ELSE
-        UPDATE webhook_events SET status = 'failed', last_error = problem, updated_at = now() WHERE id = v_row_id;
+        UPDATE webhook_events SET status = 'failed', completed_at = NULL, last_error = problem, updated_at = now()
+        WHERE id = v_row_id;
         outcome := CASE WHEN v_mismatch THEN 'payment_mismatch' ELSE 'failed' END;
     END IF;
 END

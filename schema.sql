@@ -31,8 +31,9 @@ CREATE TABLE IF NOT EXISTS user_balances (
 -- Redis says; two sources may use the same id. A row is committed either
 -- 'completed' (its effect committed in the same transaction) or 'failed' (no
 -- effect; a later delivery of the same event, or `flask events replay`,
--- tries again). 'processing' is only ever seen inside the transaction that
--- inserted it.
+-- tries again). 'processing' is what earlier releases inserted, inside the
+-- transaction that then completed or failed it; this one inserts a row in
+-- the state it most likely ends in (money.sql's apply_event).
 CREATE TABLE IF NOT EXISTS webhook_events (
     id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- 'default' for POST /api/webhooks, else a name from WEBHOOK_SOURCES.
@@ -45,10 +46,9 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- verify parse. NULL only on rows stored before the bytes were kept (by
     -- the release before sources; migrations/001 cannot make them up).
     body             BYTEA,
-    -- The same body as jsonb, for querying only. NULL when the body holds a
-    -- value jsonb cannot (\u0000, a lone surrogate escape, a number beyond
-    -- numeric's range): such an event is stored and applied from its bytes
-    -- all the same, and a sanitised copy would show values that were not sent.
+    -- The body as jsonb, kept by earlier releases for querying; NULL on rows
+    -- this one stores, which keeps one copy, the bytes: the view
+    -- webhook_events_json computes it when read.
     payload          JSONB,
     attempts         INTEGER NOT NULL DEFAULT 1 CHECK (attempts >= 1),
     last_error       TEXT,                    -- why the last attempt failed, while it is failed
@@ -86,10 +86,29 @@ CREATE TABLE IF NOT EXISTS webhook_events (
 -- Operators look for failed events.
 CREATE INDEX IF NOT EXISTS webhook_events_status_idx
     ON webhook_events (status) WHERE status <> 'completed';
--- `flask events list` shows the newest first; `flask events purge` deletes
--- the oldest completed ones in batches.
-CREATE INDEX IF NOT EXISTS webhook_events_created_at_idx
-    ON webhook_events (created_at);
+-- `flask events list` shows the newest first and `flask events purge`
+-- deletes the oldest, both in the primary key's order (ids grow with
+-- arrival); this finds where a time begins (`--since`, purge's cutoff) with
+-- one summary per 128 pages, which a new event's insert does not write.
+CREATE INDEX IF NOT EXISTS webhook_events_created_at_brin
+    ON webhook_events USING brin (created_at) WITH (autosummarize = on);
+
+-- The body as jsonb, for an operator's queries, computed when read. NULL
+-- where jsonb cannot hold the body (\u0000, a lone surrogate escape, a
+-- number beyond numeric's range): such an event is stored and applied from
+-- its bytes all the same, and a sanitised copy would show values that were
+-- not sent.
+CREATE OR REPLACE FUNCTION event_json(p_body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN convert_from(p_body, 'UTF8')::jsonb;
+EXCEPTION WHEN data_exception THEN  -- class 22: not UTF-8, or not a value jsonb holds
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE VIEW webhook_events_json AS
+    SELECT id, source, event_id, event_type, status, created_at, completed_at, last_error,
+           coalesce(payload, event_json(body)) AS payload
+    FROM webhook_events;
 
 -- One row per payment credited, per source. Its primary key is what
 -- "a payment is credited at most once" rests on, as webhook_events' unique

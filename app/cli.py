@@ -42,7 +42,7 @@ LIST_EVENTS = """
       AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
       AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
       AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
-    ORDER BY created_at DESC, id DESC
+    ORDER BY id DESC  -- newest first: ids grow with arrival (the primary key, not an index of created_at)
     LIMIT %(limit)s
 """
 SHOW_EVENT = """

@@ -123,7 +123,7 @@ class Result(NamedTuple):
 
 APPLY_EVENT = """
     SELECT * FROM apply_event(p_source => %(source)s, p_event_id => %(event_id)s, p_type => %(type)s,
-    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => %(keep_json)s,
+    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => false,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
     p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
     p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s)
@@ -139,22 +139,21 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
     keeps the row's). A failure is committed (attempts, last_error) with no
     balance change, a payload mismatch as a count and nothing else.
     """
-    params = {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-              "body_sha256": body_sha256, "effect_sha256": effect.sha256, "keep_json": True, "problem": effect.problem,
-              "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
-              "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
-              "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
-              "origin": origin}
-    try:
-        row = one_query(pool, APPLY_EVENT, params)
-    except psycopg.errors.DataError:
-        # JSON that Python reads but jsonb cannot hold (\u0000, a lone
-        # surrogate escape, a number beyond numeric's range): the bytes are
-        # the event of record, so it is stored and applied without the copy.
-        row = one_query(pool, APPLY_EVENT, {**params, "keep_json": False})
+    row = one_query(pool, APPLY_EVENT, apply_event_params(event, effect, body_sha256, policy, origin))
     assert row is not None  # a SELECT of a function returning one row
     outcome, problem, stored_sha256, change, balance_after = row
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
+
+
+def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
+                       origin: Origin | None) -> dict[str, object]:
+    """APPLY_EVENT's parameters, for apply_event's arguments."""
+    return {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
+            "body_sha256": body_sha256, "effect_sha256": effect.sha256, "problem": effect.problem,
+            "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
+            "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
+            "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
+            "origin": origin}
 
 
 STORED_EVENT = """

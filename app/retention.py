@@ -19,15 +19,21 @@ DEFAULT_DAYS = 35
 BATCH_SIZE = 1000
 
 CUTOFF = "SELECT now() - make_interval(days => %s)"
+# The next rows after the last batch's, oldest first in the primary key's
+# order (ids grow with arrival): which of them go, and whether the batch
+# reached the cutoff, where the purge stops, without an index of created_at.
+NEXT_ROWS = """
+    SELECT id, created_at < %(cutoff)s AND status = ANY(%(statuses)s)
+                   AND (%(source)s::text IS NULL OR source = %(source)s),
+           created_at >= %(cutoff)s
+    FROM webhook_events WHERE id > %(after)s ORDER BY id LIMIT %(batch)s
+"""
 # SKIP LOCKED: a row that a delivery or a replay holds now is left for the
-# next purge instead of being waited for.
-DELETE_BATCH = """
+# next purge instead of being waited for; the row is judged again as it is now.
+DELETE_ROWS = """
     DELETE FROM webhook_events WHERE id IN (
         SELECT id FROM webhook_events
-        WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s)
-          AND (%(source)s::text IS NULL OR source = %(source)s)
-        ORDER BY created_at
-        LIMIT %(batch)s
+        WHERE id = ANY(%(ids)s) AND created_at < %(cutoff)s AND status = ANY(%(statuses)s)
         FOR UPDATE SKIP LOCKED)
 """
 
@@ -45,10 +51,17 @@ def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int =
         row = conn.execute(CUTOFF, [days]).fetchone()
     assert row is not None  # a SELECT without FROM returns one row
     cutoff = row[0]
+    after = 0
     while True:  # each batch is a transaction of its own, with the pool's timeouts
+        params = {"cutoff": cutoff, "statuses": statuses, "source": source, "after": after, "batch": batch_size}
         with transaction(pool) as conn:
-            count = conn.execute(DELETE_BATCH, {"cutoff": cutoff, "statuses": statuses, "batch": batch_size,
-                                                "source": source}).rowcount
-        deleted += count
-        if count < batch_size:
+            rows = conn.execute(NEXT_ROWS, params).fetchall()
+            ids = [id_ for id_, goes, _ in rows if goes]
+            if ids:
+                deleted += conn.execute(DELETE_ROWS, {**params, "ids": ids}).rowcount
+        # A row received after the cutoff ends it: every later id is later
+        # still (but for the seconds a transaction may take, which the next
+        # purge finds).
+        if len(rows) < batch_size or any(recent for _, _, recent in rows):
             return deleted, cutoff
+        after = rows[-1][0]

@@ -9,6 +9,10 @@ time, and the bench prints both with the ratios project/peer. After every run
 the ledgers' invariants are checked. It installs nothing: a missing program
 stops it with one line naming the Debian packages to install.
 
+For the new-event scenarios, with small bodies and with Stripe-sized ones, it
+also prints what each new event cost the one PostgreSQL writer: WAL bytes
+(pg_current_wal_lsn), table and index bytes stored, PostgreSQL CPU.
+
 Then `flask reconcile` against devservers/stripe_stand_in.py (Stripe's List
 Events on loopback) for a window of RECONCILE_EVENTS events: events applied
 per second and the command's peak RSS, its listing alone (--dry-run) beside it.
@@ -59,6 +63,7 @@ USERS = [uuid.UUID(hashlib.md5(f"user-{n}".encode()).hexdigest()) for n in range
 # Enough distinct new events that no run wraps around at 12k req/s.
 NEW_EVENTS = 12_000 * DURATION
 WRK_LUA = ROOT / "scripts" / "bench.lua"
+STRIPE_SIZED = "new events of Stripe-sized bodies"
 
 # The goals of docs/performance.md, in the order printed: (what, measured key, comparison, bound).
 GOALS = [
@@ -70,6 +75,13 @@ GOALS = [
     ("app CPU per re-delivery / per GET /health", "dup_health", "<=", 1.3),
     ("open loop p99, project/peer", "open_p99", "<=", 1.5),
     ("peak RSS per worker, MB", "rss", "<=", 80),
+    # What each new event costs the one PostgreSQL writer (issue 24), project/peer.
+    ("WAL bytes per new event, Stripe-sized, project/peer", "big_wal", "<=", 1.5),
+    ("table+index bytes per event, Stripe-sized, project/peer", "big_stored", "<=", 1.5),
+    ("PG CPU per new event, Stripe-sized, project/peer", "big_pg_cpu", "<=", 1.0),
+    ("WAL bytes per new event, small, project/peer", "small_wal", "<=", 2.5),
+    ("table+index bytes per event, small, project/peer", "small_stored", "<=", 2.5),
+    ("PG CPU per new event, small, project/peer", "small_pg_cpu", "<=", 1.0),
 ]
 
 
@@ -90,12 +102,82 @@ def check_programs():
 
 # -- requests ------------------------------------------------------------------
 
-def event(event_id, n):
-    """A payment.succeeded in the service's own shape, which both receivers take."""
+def event(event_id, n, stripe_sized=False):
+    """A payment.succeeded in the service's own shape, which both receivers take.
+
+    stripe_sized: its data also carries the PaymentIntent and its Charge, as a
+    real Stripe event's data.object does (about 4.5 kB in all), which both
+    receivers store and neither reads.
+    """
     user = USERS[n % len(USERS)]
-    return {"id": event_id, "type": "payment.succeeded",
-            "data": {"userId": str(user), "amountCents": 1 + n % 997, "currency": "usd",
-                     "description": "bench payment"}}
+    data = {"userId": str(user), "amountCents": 1 + n % 997, "currency": "usd", "description": "bench payment"}
+    if not stripe_sized:
+        return {"id": event_id, "type": "payment.succeeded", "data": data}
+    data["object"] = payment_intent(event_id, data["amountCents"], user)
+    return {"id": event_id, "object": "event", "api_version": "2025-03-31.basil", "created": 1_764_000_000 + n,
+            "type": "payment.succeeded", "data": data, "livemode": True, "pending_webhooks": 1,
+            "request": {"id": f"req_{event_id[-14:]}", "idempotency_key": str(uuid.UUID(int=n))}}
+
+
+def payment_intent(tag, cents, user):
+    """A succeeded PaymentIntent with its latest Charge expanded, with the fields and nesting that
+    Stripe's API reference shows (https://docs.stripe.com/api/payment_intents/object,
+    https://docs.stripe.com/api/charges/object); ids and numbers vary per event, as in real ones."""
+    digest = hashlib.sha256(tag.encode()).hexdigest()
+    pi, ch, pm = f"pi_3{digest[:23]}", f"ch_3{digest[23:46]}", f"pm_1{digest[40:63]}"
+    created = 1_764_000_000 + cents
+    address = {"city": None, "country": "US", "line1": None, "line2": None, "postal_code": "94107", "state": None}
+    card = {"brand": "visa", "checks": {"address_line1_check": None, "address_postal_code_check": "pass",
+                                        "cvc_check": "pass"},
+            "country": "US", "exp_month": 12, "exp_year": 2034, "fingerprint": digest[:16], "funding": "credit",
+            "installments": None, "last4": "4242", "mandate": None, "network": "visa",
+            "network_token": {"used": False}, "three_d_secure": None, "wallet": None,
+            "amount_authorized": cents, "authorization_code": digest[50:56], "capture_before": created + 604800,
+            "extended_authorization": {"status": "disabled"},
+            "incremental_authorization": {"status": "unavailable"}, "multicapture": {"status": "unavailable"},
+            "network_transaction_id": digest[30:45], "overcapture": {"maximum_amount_capturable": cents,
+                                                                      "status": "unavailable"},
+            "regulated_status": "unregulated"}
+    charge = {"id": ch, "object": "charge", "amount": cents, "amount_captured": cents, "amount_refunded": 0,
+              "application": None, "application_fee": None, "application_fee_amount": None,
+              "balance_transaction": f"txn_3{digest[8:31]}",
+              "billing_details": {"address": address, "email": "jenny.rosen@example.com", "name": "Jenny Rosen",
+                                  "phone": None},
+              "calculated_statement_descriptor": "WEBHOOK LEDGER", "captured": True, "created": created,
+              "currency": "usd", "customer": f"cus_{digest[:14]}", "description": "bench payment", "disputed": False,
+              "failure_balance_transaction": None, "failure_code": None, "failure_message": None,
+              "fraud_details": {}, "livemode": True, "metadata": {"user_id": str(user)},
+              "on_behalf_of": None,
+              "outcome": {"network_status": "approved_by_network", "reason": None, "risk_level": "normal",
+                          "risk_score": 32, "seller_message": "Payment complete.", "type": "authorized"},
+              "paid": True, "payment_intent": pi, "payment_method": pm,
+              "presentment_details": None, "radar_options": {},
+              "refunds": {"object": "list", "data": [], "has_more": False, "total_count": 0,
+                          "url": f"/v1/charges/{ch}/refunds"},
+              "payment_method_details": {"card": card, "type": "card"},
+              "receipt_email": "jenny.rosen@example.com", "receipt_number": None,
+              "receipt_url": f"https://pay.stripe.com/receipts/payment/{digest}",
+              "refunded": False, "review": None, "shipping": None, "source": None, "source_transfer": None,
+              "statement_descriptor": None, "statement_descriptor_suffix": None, "status": "succeeded",
+              "transfer_data": None, "transfer_group": None}
+    return {"id": pi, "object": "payment_intent", "amount": cents, "amount_capturable": 0,
+            "amount_details": {"tip": {}}, "amount_received": cents, "application": None,
+            "application_fee_amount": None,
+            "automatic_payment_methods": {"allow_redirects": "always", "enabled": True},
+            "canceled_at": None, "cancellation_reason": None, "capture_method": "automatic_async",
+            "client_secret": f"{pi}_secret_{digest[:25]}", "confirmation_method": "automatic", "created": created,
+            "currency": "usd", "customer": f"cus_{digest[:14]}", "description": "bench payment",
+            "last_payment_error": None, "latest_charge": charge, "livemode": True,
+            "metadata": {"user_id": str(user), "order_id": f"order_{digest[:10]}"}, "next_action": None,
+            "on_behalf_of": None, "payment_method": pm,
+            "payment_method_configuration_details": {"id": f"pmc_1{digest[:23]}", "parent": None},
+            "payment_method_options": {"card": {"installments": None, "mandate_options": None, "network": None,
+                                                "request_three_d_secure": "automatic"},
+                                       "link": {"persistent_token": None}},
+            "payment_method_types": ["card", "link"], "processing": None, "receipt_email": "jenny.rosen@example.com",
+            "review": None, "setup_future_usage": None, "shipping": None, "source": None,
+            "statement_descriptor": None, "statement_descriptor_suffix": None, "status": "succeeded",
+            "transfer_data": None, "transfer_group": None}
 
 
 def write_requests(path, events):
@@ -124,6 +206,7 @@ def scenarios(completed):
     burst = [event(f"evt_burst_{i}", i) for i in range(NEW_EVENTS // 50) for _ in range(50)]
     return [
         Scenario("new events", new("new")),
+        Scenario(STRIPE_SIZED, [event(f"evt_big_{i}", i, stripe_sized=True) for i in range(NEW_EVENTS)]),
         Scenario("50% re-deliveries", mixed),
         Scenario("100% re-deliveries", completed),
         Scenario("GET /health", None, peer=False),
@@ -192,8 +275,8 @@ def check_project(conn):
                          "GROUP BY source, event_id HAVING count(*) > 1) d").fetchone()[0]
     wrong = conn.execute("""
         SELECT count(*) FROM user_balances b LEFT JOIN (
-            SELECT (payload->'data'->>'userId')::uuid AS user_id,
-                   sum((payload->'data'->>'amountCents')::bigint) AS credits
+            SELECT (event_json(body)->'data'->>'userId')::uuid AS user_id,
+                   sum((event_json(body)->'data'->>'amountCents')::bigint) AS credits
             FROM webhook_events
             WHERE status = 'completed' AND event_type = 'payment.succeeded' AND event_id LIKE 'evt_%'
             GROUP BY 1) c USING (user_id)
@@ -219,10 +302,35 @@ def check_peer(conn):
     return "ok" if not (wrong or stuck) else f"BROKEN: {wrong} wrong balances, {stuck} not completed"
 
 
+# -- what each new event costs the one PostgreSQL writer -----------------------
+
+WRITER_COST = ("new events", STRIPE_SIZED)
+
+
+def stored(conn):
+    """Events stored, WAL bytes written so far (the whole cluster's: one receiver runs at a time), and the
+    bytes of every table of conn's database with its indexes and TOAST."""
+    return conn.execute("""
+        SELECT (SELECT count(*) FROM webhook_events),
+               pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'),
+               (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
+                JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE c.relkind = 'r' AND n.nspname = 'public')""").fetchone()
+
+
+def body_bytes(events):
+    return sum(len(json.dumps(e, separators=(",", ":"))) for e in events[:100]) / min(len(events), 100)
+
+
 # -- the run ---------------------------------------------------------------------
 
 def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=None):
     pids = lambda: [receiver.app_pids(), pg_pids + children(pg_pids[0]), [redis_pid]]  # noqa: E731
+    writes = scenario.name in WRITER_COST
+    if writes:
+        # Every run then starts after a checkpoint: the first change of each page writes its full image.
+        receiver.conn.execute("CHECKPOINT")
+        stored_before = stored(receiver.conn)
     before = [cpu_ms(p) for p in pids()]
     spy = None
     profiled = os.environ.get("BENCH_PYSPY_SCENARIO", "new events")
@@ -238,6 +346,10 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=Non
     after = [cpu_ms(p) for p in pids()]
     n = max(result["requests"], 1)
     result["cpu"] = [(a - b) / n for a, b in zip(after, before, strict=True)]
+    if writes:
+        events, wal, size = (a - b for a, b in zip(stored(receiver.conn), stored_before, strict=True))
+        result["writer"] = {"body": body_bytes(scenario.events), "wal": wal / max(events, 1),
+                            "stored": size / max(events, 1), "pg_cpu": result["cpu"][1]}
     result["invariants"] = receiver.check(receiver.conn)
     # Re-deliveries repeat by design; for the others, a wrap would repeat an event.
     result["wrapped"] = scenario.events is not None and "re-deliveries" not in scenario.name \
@@ -467,6 +579,8 @@ def report(header, receivers, rss, rate, no_peer):
             if name in p and name in peer.rows:
                 measured[key] = ratio(p[name][column], peer.rows[name][column])
 
+    writer_cost(receivers, measured)
+
     print("\n| goal | measured | bound | met |")
     print("|---|---|---|---|")
     for what, key, op, bound in GOALS:
@@ -475,6 +589,27 @@ def report(header, receivers, rss, rate, no_peer):
         value = measured[key]
         met = value >= bound if op == ">=" else value <= bound
         print(f"| {what} | {value:.2f} | {op} {bound} | {'yes' if met else 'NO'} |")
+
+
+def writer_cost(receivers, measured):
+    """What each new event cost PostgreSQL, per receiver and body size, and the ratios project/peer."""
+    rows = [(name, r, r.rows[name]["writer"]) for name in WRITER_COST for r in receivers
+            if "writer" in r.rows.get(name, {})]
+    if not rows:
+        return
+    print("\n| per new event | receiver | body bytes | WAL bytes | table+index bytes | PG CPU ms |")
+    print("|---|---|---|---|---|---|")
+    for name, receiver, w in rows:
+        print(f"| {name} | {receiver.name} | {w['body']:.0f} | {w['wal']:.0f} | {w['stored']:.0f} "
+              f"| {w['pg_cpu']:.3f} |")
+    if len(receivers) < 2:
+        return
+    project, peer = receivers[0].rows, receivers[1].rows
+    for name, size in ((STRIPE_SIZED, "big"), ("new events", "small")):
+        if "writer" in project.get(name, {}) and "writer" in peer.get(name, {}):
+            mine, theirs = project[name]["writer"], peer[name]["writer"]
+            for key in ("wal", "stored", "pg_cpu"):
+                measured[f"{size}_{key}"] = ratio(mine[key], theirs[key])
 
 
 if __name__ == "__main__":

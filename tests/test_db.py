@@ -70,7 +70,7 @@ def test_schema_applies_twice_without_error(db):
     tables = {r[0] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
-                      "schema_migrations", "payment_accounts", "legacy_set_aside",
+                      "schema_migrations", "payment_accounts", "webhook_events_json", "legacy_set_aside",
                       "reconcile_runs", "reconcile_watermarks"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # An empty database got schema.sql, which includes every migration: none ran.
@@ -141,11 +141,11 @@ def _differences(conn, fresh):
 
 
 def _drop_schema(db):
-    """Empty db of what init-db made: the view, the tables and money.sql's functions (every overload)."""
-    db.execute("DROP VIEW payment_accounts")
+    """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
+    db.execute("DROP VIEW payment_accounts, webhook_events_json")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
-                                  " ('apply_event', 'adjust', 'spend') AND pronamespace = 'public'::regnamespace"
+                                  " ('apply_event', 'adjust', 'spend', 'event_json') AND pronamespace = 'public'::regnamespace"
                                   ).fetchall():
         db.execute(f"DROP FUNCTION {function}")
 

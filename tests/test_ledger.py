@@ -42,7 +42,7 @@ def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client,
     assert (balance(db), after.status, after.attempts) == before
     assert stored.status == stored_status
     assert after.mismatches == 1 and after.last_mismatch_at is not None
-    payload = db.execute("SELECT payload FROM webhook_events WHERE event_id = 'evt_twice'").fetchone()[0]
+    payload = db.execute("SELECT payload FROM webhook_events_json WHERE event_id = 'evt_twice'").fetchone()[0]
     assert payload["data"]["amountCents"] == first_cents  # the stored payload is not overwritten
     assert_ledger_consistent(db)
 

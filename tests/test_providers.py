@@ -193,7 +193,7 @@ def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, d
     assert post_delivery(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
     stored = stored_event_row(db, delivery)
     assert stored.event_type == "ping" and stored.status == "completed" and stored.attempts == 1
-    assert db.execute("SELECT payload->>'zen' FROM webhook_events").fetchone()[0] == "Design for failure."
+    assert db.execute("SELECT payload->>'zen' FROM webhook_events_json").fetchone()[0] == "Design for failure."
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
 

@@ -133,7 +133,7 @@ def test_refunds_and_disputes_apply_after_their_payment_and_one_outside_the_wind
     assert result.exit_code == 0, result.output
     assert balance(db, BOB) == 1000 - 200
     assert "refused" in result.output and "unknown payment pi_outside" in result.output
-    assert db.execute("SELECT status, last_error FROM webhook_events WHERE payload->'data'->'object'->>'id' ="
+    assert db.execute("SELECT status, last_error FROM webhook_events_json WHERE payload->'data'->'object'->>'id' ="
                       " 're_lost'").fetchone() == ("failed", "unknown payment pi_outside")
     assert runs(db) == [("completed", 1, 7, 6, 0, 1)]
     assert_ledger_consistent(db)
