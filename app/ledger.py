@@ -51,7 +51,7 @@ class PaymentMismatchError(ValueError):
 class Status(StrEnum):
     """An event's webhook_events.status."""
 
-    PROCESSING = "processing"  # never outlives apply_event's transaction
+    PROCESSING = "processing"  # an earlier release's, never outliving its transaction; this one writes none
     COMPLETED = "completed"  # its effect is committed
     FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
 

@@ -145,8 +145,8 @@ def _drop_schema(db):
     db.execute("DROP VIEW payment_accounts, webhook_events_json")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
-                                  " ('apply_event', 'adjust', 'spend', 'event_json') AND pronamespace = 'public'::regnamespace"
-                                  ).fetchall():
+                                  " ('apply_event', 'adjust', 'spend', 'event_json')"
+                                  " AND pronamespace = 'public'::regnamespace").fetchall():
         db.execute(f"DROP FUNCTION {function}")
 
 
