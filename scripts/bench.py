@@ -49,7 +49,7 @@ import psycopg
 from app import verify
 from app.db import apply_schema
 from app.signature import sign
-from devservers import ROOT, Gunicorn, Postgres, Redis, children, descendants, peer
+from devservers import ROOT, Gunicorn, Postgres, Redis, children, descendants, peer, pg_bindir
 from devservers.packages import BENCH, how_to_install, missing, program
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
@@ -308,14 +308,23 @@ WRITER_COST = ("new events", STRIPE_SIZED)
 
 
 def stored(conn):
-    """Events stored, WAL bytes written so far (the whole cluster's: one receiver runs at a time), and the
-    bytes of every table of conn's database with its indexes and TOAST."""
+    """Events stored, WAL bytes written so far (the whole cluster's: one receiver runs at a time), the
+    bytes of every table of conn's database with its indexes and TOAST, and the WAL's position."""
     return conn.execute("""
         SELECT (SELECT count(*) FROM webhook_events),
                pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'),
                (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
                 JOIN pg_namespace n ON n.oid = c.relnamespace
-                WHERE c.relkind = 'r' AND n.nspname = 'public')""").fetchone()
+                WHERE c.relkind = 'r' AND n.nspname = 'public'),
+               pg_current_wal_lsn()::text""").fetchone()
+
+
+def full_page_images(pg_data, start, end):
+    """The bytes of full-page images in the WAL from start to end (pg_waldump --stats's total): the part of
+    WAL bytes that depends on when the last checkpoint was, not on the event."""
+    out = sh(str(pg_bindir() / "pg_waldump"), "--stats", "-p", str(Path(pg_data) / "pg_wal"), "-s", start, "-e", end)
+    total = next(line for line in out.splitlines() if line.startswith("Total"))
+    return int(total.split()[3])
 
 
 def body_bytes(events):
@@ -324,7 +333,7 @@ def body_bytes(events):
 
 # -- the run ---------------------------------------------------------------------
 
-def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=None):
+def measure(receiver, scenario, path, requests, pg_pids, redis_pid, pg_data, delay_ms=None):
     pids = lambda: [receiver.app_pids(), pg_pids + children(pg_pids[0]), [redis_pid]]  # noqa: E731
     writes = scenario.name in WRITER_COST
     if writes:
@@ -347,9 +356,12 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, delay_ms=Non
     n = max(result["requests"], 1)
     result["cpu"] = [(a - b) / n for a, b in zip(after, before, strict=True)]
     if writes:
-        events, wal, size = (a - b for a, b in zip(stored(receiver.conn), stored_before, strict=True))
-        result["writer"] = {"body": body_bytes(scenario.events), "wal": wal / max(events, 1),
-                            "stored": size / max(events, 1), "pg_cpu": result["cpu"][1]}
+        stored_after = stored(receiver.conn)
+        events, wal, size = (a - b for a, b in zip(stored_after[:3], stored_before[:3], strict=True))
+        events = max(events, 1)
+        fpi = full_page_images(pg_data, stored_before[3], stored_after[3])
+        result["writer"] = {"body": body_bytes(scenario.events), "wal": wal / events, "fpi": fpi / events,
+                            "stored": size / events, "pg_cpu": result["cpu"][1]}
     result["invariants"] = receiver.check(receiver.conn)
     # Re-deliveries repeat by design; for the others, a wrap would repeat an event.
     result["wrapped"] = scenario.events is not None and "re-deliveries" not in scenario.name \
@@ -501,7 +513,7 @@ def main():
                 delay_ms = CONNECTIONS / rate * 1000
             for receiver in receivers:
                 if receiver is project or scenario.peer:
-                    measure(receiver, scenario, path, requests, pg_pids, redis.proc.pid, delay_ms)
+                    measure(receiver, scenario, path, requests, pg_pids, redis.proc.pid, pg.data, delay_ms)
 
         rss = {r.name: peak_rss_mb(r.worker_pids()) for r in receivers}
         header = (f"webhook-ledger bench: project = gunicorn {settings.get('workers')} workers x "
@@ -597,10 +609,11 @@ def writer_cost(receivers, measured):
             if "writer" in r.rows.get(name, {})]
     if not rows:
         return
-    print("\n| per new event | receiver | body bytes | WAL bytes | table+index bytes | PG CPU ms |")
-    print("|---|---|---|---|---|---|")
+    print("\n| per new event | receiver | body bytes | WAL bytes | of which full-page images | table+index bytes "
+          "| PG CPU ms |")
+    print("|---|---|---|---|---|---|---|")
     for name, receiver, w in rows:
-        print(f"| {name} | {receiver.name} | {w['body']:.0f} | {w['wal']:.0f} | {w['stored']:.0f} "
+        print(f"| {name} | {receiver.name} | {w['body']:.0f} | {w['wal']:.0f} | {w['fpi']:.0f} | {w['stored']:.0f} "
               f"| {w['pg_cpu']:.3f} |")
     if len(receivers) < 2:
         return

@@ -12,7 +12,7 @@ from app import events, ledger, retention
 from app.cli import LIST_EVENTS
 from app.events import DEFAULT_POLICY
 
-from .helpers import balance, payment
+from .helpers import balance, payment, payment_refunded
 
 TABLES = ("webhook_events", "payments", "ledger_journal", "user_balances", "movements")
 
@@ -45,6 +45,15 @@ def test_a_new_credit_writes_each_row_once_and_its_balance_hot(db):
                        "user_balances": (0, 1, 1)}
     assert db.execute("SELECT status, completed_at IS NOT NULL FROM webhook_events").fetchone() == ("completed", True)
     assert balance(db) == 1300
+
+
+def test_a_refund_updates_its_payment_and_balance_hot_and_inserts_its_event_and_journal_row_once(db):
+    _apply(db, payment("evt_paid", cents=300))
+    outcome, written = _apply(db, payment_refunded("pay_evt_paid", 120, event_id="evt_refunded"))
+    assert outcome == "processed"
+    assert written == {"webhook_events": (1, 0, 0), "ledger_journal": (1, 0, 0), "payments": (0, 2, 2),
+                       "user_balances": (0, 1, 1)}
+    assert balance(db) == 1180
 
 
 def test_an_event_that_moves_no_money_and_a_refused_one_are_each_one_insert(db):
