@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import config as config_module
+from app import reconcile as reconcile_module
 from devservers import ROOT, wait_until
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
@@ -149,6 +150,18 @@ def test_a_refund_listed_before_its_payment_in_the_same_second_is_applied_at_the
     assert result.exit_code == 0, result.output
     assert balance(db, BOB) == 60
     assert runs(db) == [("completed", 1, 2, 2, 0, 0)]
+
+
+def test_a_run_names_at_most_refused_kept_refusals_and_counts_the_rest(app, db, stand_in, monkeypatch):
+    monkeypatch.setattr(reconcile_module, "REFUSED_KEPT", 3)
+    stand_in.add(*(at(refund(f"re_{n}", f"pi_elsewhere_{n}", 10, event_type="refund.created"), 600 - n)
+                   for n in range(5)))
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert "5 listed: 0 applied (recovered: their deliveries were lost), 0 duplicates, 5 refused" in result.output
+    assert result.output.count("  refused evt_") == 3 and "and 2 more refused, not named here" in result.output
+    assert runs(db) == [("completed", 1, 5, 0, 0, 5)]
+    assert db.execute("SELECT count(*) FROM webhook_events WHERE status = 'failed'").fetchone()[0] == 5
 
 
 def test_a_signed_live_delivery_of_a_recovered_event_afterwards_is_a_duplicate(app, client, db, stand_in):
