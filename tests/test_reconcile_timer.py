@@ -113,5 +113,5 @@ def test_the_timer_starts_its_instance_hourly_and_catches_up_after_downtime():
     assert "Normalized form: *-*-* *:00:00" in done.stdout, done.stdout
     elapses = [datetime.strptime(line.split(":", 1)[1].strip()[4:23], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
                for line in done.stdout.splitlines() if line.strip().startswith(("Next elapse:", "Iter. #"))]
-    assert len(elapses) == 3 and all(b - a == timedelta(hours=1) for a, b in zip(elapses, elapses[1:]))
+    assert len(elapses) == 3 and all(b - a == timedelta(hours=1) for a, b in zip(elapses, elapses[1:], strict=False))
     assert timedelta(0) < elapses[0] - datetime.now(UTC) <= timedelta(hours=1)
