@@ -471,9 +471,11 @@ def summary_lines(summary: reconcile.Summary) -> list[str]:
                      f"{tally.retried} stored failed (would be tried again), {tally.duplicates} already applied")
     else:
         lines.append(f"  {pages}, {tally.listed} listed: {tally.applied} applied (recovered: their "
-                     f"deliveries were lost), {tally.duplicates} duplicates, {len(tally.refused)} refused")
+                     f"deliveries were lost), {tally.duplicates} duplicates, {tally.refused_count} refused")
     for refused in tally.refused:
         lines.append(f"  refused {refused.event_id} ({refused.event_type}): {refused.reason}")
+    if tally.refused_unnamed:
+        lines.append(f"  and {tally.refused_unnamed} more refused, not named here")
     if tally.refused:
         lines.append("  each refused event is recorded failed (`flask events list --status failed`); "
                      "`flask events replay` applies it once what it needs is in (a payment outside the window)")

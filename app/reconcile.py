@@ -48,6 +48,12 @@ APPLIERS = 8
 # timeout: a live delivery of the same event holding its row, a deadlock) is
 # tried again, this many times, 0.1 s apart, before the run fails.
 TRANSIENT_TRIES = 5
+# The refused events a run keeps, to try once more at its end and to name in
+# its summary. A run's memory must not grow with its window (a window of
+# refunds whose payments are older could refuse every event); each refused
+# event is recorded failed in PostgreSQL whatever this keeps, and those
+# beyond it are counted, and left to `flask events replay`.
+REFUSED_KEPT = 1000
 TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
              psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
@@ -98,12 +104,25 @@ class Refused(NamedTuple):
 
 @dataclass
 class Tally:
+    """A run's counts: a few integers and at most REFUSED_KEPT refusals, whatever the window."""
+
     pages: int = 0
     listed: int = 0
     applied: int = 0  # recovered: stored (or completed) by this run
     duplicates: int = 0  # applied before: delivered live, or by an earlier run
     retried: int = 0  # dry run: stored failed, would be tried again
-    refused: list[Refused] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)  # the first REFUSED_KEPT, named in the summary
+    refused_unnamed: int = 0  # refused beyond those: counted only
+
+    @property
+    def refused_count(self) -> int:
+        return len(self.refused) + self.refused_unnamed
+
+    def refuse(self, refusal: Refused) -> None:
+        if len(self.refused) < REFUSED_KEPT:
+            self.refused.append(refusal)
+        else:
+            self.refused_unnamed += 1
 
 
 @dataclass
@@ -238,7 +257,7 @@ def _complete(holder: psycopg.Connection, source: str, listing: EventList, summa
                            f"{listing.horizon_days}-day limit: it cannot be listed, so not provable")
     else:
         summary.status = RunStatus.COMPLETED
-        summary.message = f"{summary.tally.applied} recovered, {len(summary.tally.refused)} refused"
+        summary.message = f"{summary.tally.applied} recovered, {summary.tally.refused_count} refused"
     _finish(holder, summary)
     if summary.watermark != watermark:
         holder.execute(MOVE_WATERMARK, {"source": source, "until": summary.watermark, "id": summary.run_id})
@@ -279,7 +298,7 @@ def _finish(holder: psycopg.Connection, summary: Summary) -> None:
     tally = summary.tally
     holder.execute(FINISH_RUN, {"id": summary.run_id, "status": summary.status, "pages": tally.pages,
                                 "listed": tally.listed, "applied": tally.applied, "duplicates": tally.duplicates,
-                                "refused": len(tally.refused), "message": summary.message})
+                                "refused": tally.refused_count, "message": summary.message})
 
 
 def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary) -> None:
@@ -310,7 +329,7 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             with transaction(pool) as conn:
                 conn.execute(PROGRESS, {"id": summary.run_id, "pages": tally.pages, "listed": tally.listed,
                                         "applied": tally.applied, "duplicates": tally.duplicates,
-                                        "refused": len(tally.refused)})
+                                        "refused": tally.refused_count})
     # A refund listed before its payment (both created in one second, in
     # the list's order) found no payment: now that every event is in, once more.
     refused, tally.refused = tally.refused, []
@@ -319,7 +338,7 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
         if again is not None and again.outcome == Outcome.PROCESSED:
             tally.applied += 1
         else:
-            tally.refused.append(refusal)
+            tally.refuse(refusal)
 
 
 def _parsed(listed: ListedEvent, source: str, policy: Policy, tally: Tally) -> tuple[Event, Effect] | None:
@@ -327,7 +346,7 @@ def _parsed(listed: ListedEvent, source: str, policy: Policy, tally: Tally) -> t
     try:
         event = parse(listed.body, "stripe", None, source)
     except (InvalidJSONError, InvalidEventError) as exc:
-        tally.refused.append(Refused(listed.id, "?", f"not stored: {exc}"))
+        tally.refuse(Refused(listed.id, "?", f"not stored: {exc}"))
         return None
     return event, effect_of(event, policy)
 
@@ -338,7 +357,7 @@ def _count(tally: Tally, event: Event, result: Result) -> None:
     elif result.outcome == Outcome.DUPLICATE:
         tally.duplicates += 1
     else:
-        tally.refused.append(Refused(event.id, event.type, result.problem or str(result.outcome)))
+        tally.refuse(Refused(event.id, event.type, result.problem or str(result.outcome)))
 
 
 def _fetched_ahead(pages: Iterator[list[ListedEvent]]) -> Iterator[list[ListedEvent]]:

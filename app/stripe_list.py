@@ -1,20 +1,22 @@
 """Stripe's List Events, oldest first, a page at a time: the provider part of `flask reconcile`.
 
-Through stripe-python's own client (`stripe.StripeClient`): its pagination
-(`ListObject.next_page`, `previous_page`, the calls its auto-paging iterator
-makes, here one page at a time so that each page is counted and retried
-alone) and its retries (`max_network_retries`: connection errors, 409, 5xx).
-A 429 is retried here too, with backoff: stripe-python retries it only when
-Stripe adds `Stripe-Should-Retry: true`, which a rate limit need not.
+Through stripe-python's own client (`stripe.StripeClient.raw_request`): its
+requests, authentication, error classes and retries (`max_network_retries`:
+connection errors, 409, 5xx), with the requests its pagination makes
+(`ListObject.next_page`: `starting_after` the page's last id;
+`previous_page`: `ending_before` its first), one page at a time so that each
+page is counted and retried alone. Not through `client.v1.events.list` and
+its ListObject: building stripe-python's objects for each page's events, only
+to read their JSON back, was a quarter of the command's CPU (py-spy,
+docs/performance.md, "Reconcile"). A 429 is retried here too, with backoff:
+stripe-python retries it only when Stripe adds `Stripe-Should-Retry: true`,
+which a rate limit need not.
 
 Stripe lists newest first (https://docs.stripe.com/api/events/list), and a
 page's cursor is an event id (https://docs.stripe.com/api/pagination): so
 the window is walked twice. First newest first, keeping nothing but the
-last page's last event (the oldest), by `StripeClient.raw_request` (the same
-requests and retries; building stripe-python's objects for a page only to
-read one id cost half a millisecond per event); then from it, by the list's
-`ending_before` pagination, each page reversed: oldest first, a page in
-memory at a time, whatever the window.
+last page's last event (the oldest); then from it, by `ending_before`, each
+page reversed: oldest first, a page in memory at a time, whatever the window.
 
 A listed event's bytes of record are `json.dumps` of the Event object exactly
 as the page's JSON carried it (its keys in their order, its values as
@@ -64,24 +66,30 @@ class StripeEvents:
         if oldest is None:
             return
         first = [oldest]  # the oldest comes first, with the page of those just after it
-        page = self._call(lambda: self._client.v1.events.list({**window, "ending_before": oldest.id}))  # type: ignore
+        newer_than = oldest.id
         while True:
-            yield first + _listed(page.last_response.data["data"])[::-1]
+            # ListObject.previous_page's request: the page just newer than the cursor, newest first.
+            answer = self._page({**window, "ending_before": newer_than})
+            yield first + _listed(answer["data"])[::-1]
             first = []
-            if not page.has_more:
+            if not answer["has_more"] or not answer["data"]:
                 return
-            page = self._call(page.previous_page)
+            newer_than = answer["data"][0]["id"]
 
     def _oldest(self, window: dict[str, Any]) -> ListedEvent | None:
-        """The window's oldest event: the first pass, newest first, by the pages' raw JSON (no objects built)."""
+        """The window's oldest event: the first pass, newest first (ListObject.next_page's requests)."""
         oldest: ListedEvent | None = None
         while True:
-            params = {**window, "starting_after": oldest.id} if oldest else window
-            answer = self._call(lambda params=params: self._client.raw_request("get", "/v1/events", **params)).data
+            answer = self._page({**window, "starting_after": oldest.id} if oldest else window)
             if answer["data"]:  # only the last page's last event is kept
                 oldest = _listed(answer["data"][-1:])[0]
             if not answer["has_more"]:
                 return oldest
+
+    def _page(self, params: dict[str, Any]) -> dict[str, Any]:
+        """One page of List Events as its JSON, parsed (StripeClient.raw_request: the client's requests, retries)."""
+        page: dict[str, Any] = self._call(lambda: self._client.raw_request("get", "/v1/events", **params)).data
+        return page
 
     def _call(self, request: Any) -> Any:
         delay = RATE_LIMIT_FIRST_DELAY
@@ -105,7 +113,7 @@ class StripeEvents:
 
 
 def _listed(documents: list[dict[str, Any]]) -> list[ListedEvent]:
-    """Events as a page's JSON carried them (stripe-python keeps it parsed, in order, on last_response)."""
+    """Events as a page's JSON carried them (raw_request's answer keeps it parsed, in order)."""
     return [ListedEvent(document["id"], int(document["created"]),
                         json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode())
             for document in documents]

@@ -14,11 +14,11 @@ also prints what each new event cost the one PostgreSQL writer: WAL bytes
 (pg_current_wal_lsn), table and index bytes stored, PostgreSQL CPU.
 
 Then `flask reconcile` against devservers/stripe_stand_in.py (Stripe's List
-Events on loopback) for a window of RECONCILE_EVENTS events: events applied
+Events on loopback) for windows of RECONCILE_EVENTS events: events applied
 per second and the command's peak RSS, its listing alone (--dry-run) beside it.
 
 BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health);
-BENCH_ONLY=reconcile: the reconcile scenario alone. BENCH_RECONCILE_EVENTS (default 20000).
+BENCH_ONLY=reconcile: the reconcile scenario alone. BENCH_RECONCILE_EVENTS (default 10000,50000: the windows).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
 BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -372,7 +373,8 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, pg_data, del
 
 # -- flask reconcile against the loopback stand-in of Stripe's List Events ---------
 
-RECONCILE_EVENTS = int(os.environ.get("BENCH_RECONCILE_EVENTS", "20000"))
+# Two windows, so that the peak RSS of each run shows whether memory grows with the window.
+RECONCILE_EVENTS = [int(n) for n in os.environ.get("BENCH_RECONCILE_EVENTS", "10000,50000").split(",")]
 
 
 def stripe_events(count, now):
@@ -400,59 +402,88 @@ def stripe_events(count, now):
     return documents
 
 
+def peak_rss_of(pid, peak=0.0):
+    """A running process's own peak RSS in MB (VmHWM: its address space's high-water mark), or peak once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return peak
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+    return max(peak, int(found[1]) / 1024) if found else peak
+
+
 def run_reconcile(env, pg, *args):
-    """`flask reconcile default` in its own process: (seconds, peak RSS in MB, output, its CPU ms, PostgreSQL's)."""
+    """`flask reconcile default` in its own process: (seconds, peak RSS in MB, output, its CPU ms, PostgreSQL's).
+
+    The peak is the command's VmHWM, read every 50 ms while it runs: wait4's ru_maxrss would not do, as Linux
+    carries the spawning process's high-water mark across exec, and this process holds the stand-in's events.
+    """
     postmaster = [int(Path(pg.data / "postmaster.pid").read_text().split()[0])]
     pg_before = cpu_ms(postmaster + children(postmaster[0]))
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default", *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = proc.stdout.read()
+    output = []
+    reader = threading.Thread(target=lambda: output.append(proc.stdout.read()))
+    reader.start()
+    peak = 0.0
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        peak = peak_rss_of(proc.pid, peak)  # until it has exited (a zombie's status has no VmHWM)
+        time.sleep(0.05)
     _, status, usage = os.wait4(proc.pid, 0)
+    reader.join()
+    out = output[0]
     seconds = time.monotonic() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"flask reconcile failed ({proc.returncode}):\n{out}")
     time.sleep(0.5)  # its backends exit and are reaped: their CPU is then the postmaster's children's
     pg_ms = cpu_ms(postmaster + children(postmaster[0])) - pg_before
-    return seconds, usage.ru_maxrss / 1024, out, (usage.ru_utime + usage.ru_stime) * 1000, pg_ms
+    return seconds, peak, out, (usage.ru_utime + usage.ru_stime) * 1000, pg_ms
 
 
 def bench_reconcile(pg, redis):
-    """Reconcile a window of RECONCILE_EVENTS events into an empty ledger; print events/s and peak RSS."""
+    """Reconcile windows of RECONCILE_EVENTS events into empty ledgers; print events/s and peak RSS of each."""
     from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
-    conn = psycopg.connect(pg.createdb("bench_reconcile"), autocommit=True)
-    apply_schema(conn)
-    for user in USERS:
-        conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
-    with StripeStandIn() as stand_in:
-        stand_in.add(*stripe_events(RECONCILE_EVENTS, int(time.time()) - 60))
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "DATABASE_URL": pg.url("bench_reconcile"),
-               "REDIS_URL": redis.url, "WEBHOOK_SECRET": "whsec_bench0123456789abcdef",
-               "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
-        runs = [("--dry-run (listing: both passes, a stored-or-not query per page)",
-                 run_reconcile(env, pg, "--dry-run")),
-                ("first run (every event applied)", run_reconcile(env, pg))]
-        out = runs[-1][1][2]
-        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3 * 86400))
-        runs.append(("again (every event a duplicate)", run_reconcile(env, pg, "--since", since)))
-        requests = len(stand_in.requests)
-    report = verify.check(conn)
-    if report.problems:
-        raise SystemExit("reconcile bench: ledger inconsistent:\n" + "\n".join(report.problems))
-    applied = conn.execute("SELECT count(*) FROM webhook_events WHERE origin = 'reconcile'").fetchone()[0]
-    if applied != RECONCILE_EVENTS:
-        raise SystemExit(f"reconcile bench: {applied} events stored of {RECONCILE_EVENTS}:\n{out}")
-    conn.close()
-    n = RECONCILE_EVENTS
-    print(f"\nflask reconcile, {n} Stripe events (2 days) from the loopback stand-in, {requests} list requests"
-          f" in all, one process:\n")
-    print("| run | seconds | events/s | peak RSS MB | CPU ms/event: command | PostgreSQL |")
-    print("|---|---|---|---|---|---|")
-    for name, (seconds, rss, _, command_ms, pg_ms) in runs:
-        print(f"| {name} | {seconds:.1f} | {n / seconds:.0f} | {rss:.0f} | {command_ms / n:.2f} | {pg_ms / n:.2f} |")
-    print("\n" + "\n".join(line for line in out.splitlines()))
+    rows, outs = [], []
+    for n in RECONCILE_EVENTS:
+        dbname = f"bench_reconcile_{n}"
+        conn = psycopg.connect(pg.createdb(dbname), autocommit=True)
+        apply_schema(conn)
+        for user in USERS:
+            conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
+        with StripeStandIn() as stand_in:
+            stand_in.add(*stripe_events(n, int(time.time()) - 60))
+            env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "DATABASE_URL": pg.url(dbname),
+                   "REDIS_URL": redis.url, "WEBHOOK_SECRET": "whsec_bench0123456789abcdef",
+                   "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
+            runs = [("--dry-run (listing: both passes, a stored-or-not query per page)",
+                     run_reconcile(env, pg, "--dry-run")),
+                    ("first run (every event applied)", run_reconcile(env, pg))]
+            out = runs[-1][1][2]
+            since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3 * 86400))
+            runs.append(("again (every event a duplicate)", run_reconcile(env, pg, "--since", since)))
+            requests = len(stand_in.requests)
+        report = verify.check(conn)
+        if report.problems:
+            raise SystemExit("reconcile bench: ledger inconsistent:\n" + "\n".join(report.problems))
+        applied = conn.execute("SELECT count(*) FROM webhook_events WHERE origin = 'reconcile'").fetchone()[0]
+        if applied != n:
+            raise SystemExit(f"reconcile bench: {applied} events stored of {n}:\n{out}")
+        conn.close()
+        rows += [(n, requests, name, run) for name, run in runs]
+        outs.append(out)
+    print(f"\nflask reconcile, windows of {' and '.join(map(str, RECONCILE_EVENTS))} Stripe events (2 days) from the"
+          " loopback stand-in, each run its own process (peak RSS: its VmHWM):\n")
+    print("| events | list requests | run | seconds | events/s | peak RSS MB | CPU ms/event: command | PostgreSQL |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, requests, name, (seconds, rss, _, command_ms, pg_ms) in rows:
+        print(f"| {n} | {requests} | {name} | {seconds:.1f} | {n / seconds:.0f} | {rss:.0f} | {command_ms / n:.2f} "
+              f"| {pg_ms / n:.2f} |")
+    peaks = [rss for _, _, _, (_, rss, *_) in rows]
+    print(f"\npeak RSS over every run: {min(peaks):.0f} to {max(peaks):.0f} MB")
+    print("\n" + outs[-1])
 
 
 def main():

@@ -142,7 +142,9 @@ def scraped(prometheus_binary, pg_server, tmp_path_factory):
         conn.execute(f"ALTER TABLE user_balances ADD CONSTRAINT dashboard_test_blocked "
                      f"CHECK (user_id <> '{BLOCKED_USER}') NOT VALID")
     own_redis = Redis().start()  # stopped half way: not the session's
-    settings = sources_config({"DATABASE_URL": url, "REDIS_URL": own_redis.url, "WEBHOOK_SECRET": SECRET},
+    # WEBHOOK_API_KEY: the default source is one that `flask reconcile` lists, so its reconcile series exist.
+    settings = sources_config({"DATABASE_URL": url, "REDIS_URL": own_redis.url, "WEBHOOK_SECRET": SECRET,
+                               "WEBHOOK_API_KEY": "rk_test_dashboard0123456789"},
                               {NAMED_SOURCE: "hmac-sha256"},
                               # Long enough for a twin to meet the held lock (409) before this one's 503.
                               PG_LOCK_TIMEOUT_MS="1500")
@@ -202,6 +204,14 @@ def _load(base, url, own_redis):
         obj = {**obj, "payment_intent": "pay_3", "amount": 100, "currency": "usd"}
         assert _send(base, {"id": f"evt_move_{n}", "type": event_type, "livemode": True,
                             "data": {"object": obj}}) == 200
+
+    # Two runs of `flask reconcile` (a timer, outside gunicorn: the metrics read their records): one
+    # recovered 3 events, one yielded to it. tests/test_reconcile.py runs the command itself.
+    with psycopg.connect(url, autocommit=True) as conn:
+        for status, applied in (("completed", 3), ("yielded", 0)):
+            conn.execute("INSERT INTO reconcile_runs (source, since, until, status, pages, listed, applied,"
+                         " finished_at) VALUES ('default', now() - interval '1 hour', now(), %s, 1, %s, %s, now())",
+                         [status, applied, applied])
 
     # 409 in_progress and 503: a delivery waits on BOB's balance row, held here, past PG_LOCK_TIMEOUT_MS,
     # while its twin finds the Redis lock taken.

@@ -2,17 +2,20 @@
 applied exactly once beside live deliveries, retries and other runs. The real stripe-python talks over HTTP to
 devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import config as config_module
+from app import reconcile as reconcile_module
 from devservers import ROOT, wait_until
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
@@ -149,6 +152,62 @@ def test_a_refund_listed_before_its_payment_in_the_same_second_is_applied_at_the
     assert result.exit_code == 0, result.output
     assert balance(db, BOB) == 60
     assert runs(db) == [("completed", 1, 2, 2, 0, 0)]
+
+
+def held_at_each_page(stand_in, action):
+    """The most memory Python held, garbage collected, at any list request of action(), beyond what it held before.
+
+    Measured when a page is asked for (tracemalloc, every thread): what the run keeps from page to page, not the
+    cyclic garbage that the collector frees on its own schedule.
+    """
+    held = []
+
+    def measure(_number):
+        gc.collect()
+        held.append(tracemalloc.get_traced_memory()[0])
+
+    gc.collect()
+    tracemalloc.start()
+    stand_in.on_request = measure
+    try:
+        action()
+        return max(held)
+    finally:
+        stand_in.on_request = None
+        tracemalloc.stop()
+
+
+def test_a_runs_memory_does_not_grow_with_its_window(app, db, stand_in):
+    # Three windows of payments, days apart; the stand-in holds all of them before anything is traced.
+    windows = {"warm": 20, "small": 300, "large": 3000}
+    for days_ago, (prefix, count) in zip((6, 4, 2), windows.items(), strict=True):
+        stand_in.add(*(at(intent_succeeded(f"pi_{prefix}_{n:05d}", cents=1), days_ago * DAY - n * 20)
+                       for n in range(count)))
+
+    def reconcile(days_ago):
+        moment = datetime.now(UTC) - timedelta(days=days_ago)
+        since, until = (moment - timedelta(hours=1)).isoformat()[:19], (moment + timedelta(days=1)).isoformat()[:19]
+        result = run(app, "--since", since, "--until", until)
+        assert result.exit_code == 0, result.output
+
+    held_at_each_page(stand_in, lambda: reconcile(6))  # the first run's imports and pool are not the window's
+    small, large = held_at_each_page(stand_in, lambda: reconcile(4)), held_at_each_page(stand_in, lambda: reconcile(2))
+    assert [row[3] for row in runs(db)] == list(windows.values())
+    # Ten times the events, a generous ratio: about 1.5 MB held either way, and a run that kept
+    # 300 bytes (an Event object is more) for each of 2,700 more events would hold 0.8 MB more.
+    assert large < small * 1.5, (small, large)
+
+
+def test_a_run_names_at_most_refused_kept_refusals_and_counts_the_rest(app, db, stand_in, monkeypatch):
+    monkeypatch.setattr(reconcile_module, "REFUSED_KEPT", 3)
+    stand_in.add(*(at(refund(f"re_{n}", f"pi_elsewhere_{n}", 10, event_type="refund.created"), 600 - n)
+                   for n in range(5)))
+    result = run(app)
+    assert result.exit_code == 0, result.output
+    assert "5 listed: 0 applied (recovered: their deliveries were lost), 0 duplicates, 5 refused" in result.output
+    assert result.output.count("  refused evt_") == 3 and "and 2 more refused, not named here" in result.output
+    assert runs(db) == [("completed", 1, 5, 0, 0, 5)]
+    assert db.execute("SELECT count(*) FROM webhook_events WHERE status = 'failed'").fetchone()[0] == 5
 
 
 def test_a_signed_live_delivery_of_a_recovered_event_afterwards_is_a_duplicate(app, client, db, stand_in):
