@@ -118,8 +118,10 @@ class Session:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
-def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, db, redis_server, redis_client, tmp_path):
-    session = Session(db_url(db), redis_server.url, tmp_path)
+def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgresql, redis_server, redis_client,
+                                                                 tmp_path):
+    # The schema alone, no user: `make run` adds its demo user, as on a new checkout.
+    session = Session(db_url(postgresql), redis_server.url, tmp_path)
     ran = []
     try:
         for example in readme.examples(page):
