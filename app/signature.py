@@ -11,7 +11,10 @@ which are never decoded to text, compared timing-safe with every secret:
 - `github`: `X-Hub-Signature-256: sha256=<hex>` of the body.
 
 A missing or malformed header raises SignatureError, as a wrong signature
-does; no input raises anything else.
+does; no input raises anything else. A missing header's message names the
+scheme the source expects, and the scheme whose header the request carries
+instead, if any (a Stripe delivery sent to an `hmac-sha256` source): header
+names only, never a value.
 """
 
 import base64
@@ -45,7 +48,10 @@ def verify(scheme: str, body: bytes, headers: Headers, secrets: Sequence[bytes],
            now: float | None = None) -> int:
     """Return the index of the secret that signed the delivery, or raise SignatureError."""
     lowered = {str(name).lower(): value for name, value in headers.items()}
-    return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)
+    try:
+        return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)
+    except _MissingHeaderError as exc:
+        raise SignatureError(f"{exc}: {_expected(scheme, lowered)}") from None
 
 
 def _hmac_sha256(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
@@ -112,10 +118,28 @@ _VERIFIERS: dict[str, Callable[[bytes, Mapping[str, str], Sequence[bytes], int, 
 SCHEMES = tuple(_VERIFIERS)
 
 
+class _MissingHeaderError(SignatureError):
+    """A header the scheme signs is absent; verify adds which scheme the source expects."""
+
+
+# The header that tells each scheme's deliveries apart (standard-webhooks sends two more).
+_SCHEME_HEADERS = {"hmac-sha256": "X-Signature", "stripe": "Stripe-Signature",
+                   "standard-webhooks": "webhook-signature", "github": "X-Hub-Signature-256"}
+
+
+def _expected(scheme: str, headers: Mapping[str, str]) -> str:
+    """What a delivery lacking the scheme's header is told: the scheme, and the one it seems signed by."""
+    said = f"this source verifies the {scheme} scheme"
+    others = [other for other, name in _SCHEME_HEADERS.items() if other != scheme and name.lower() in headers]
+    if others:
+        said += f", and the request carries {_SCHEME_HEADERS[others[0]]}, the {others[0]} scheme's header"
+    return said
+
+
 def _required(headers: Mapping[str, str], name: str) -> str:
     value = headers.get(name.lower())
     if not isinstance(value, str) or not value.strip():
-        raise SignatureError(f"missing {name} header")
+        raise _MissingHeaderError(f"missing {name} header")
     return value
 
 

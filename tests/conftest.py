@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,7 +19,7 @@ from pytest_postgresql import factories
 from app import create_app
 from app.config import DEFAULT_SOURCE
 from app.db import apply_schema
-from devservers import ROOT, Gunicorn, Postgres, Redis
+from devservers import ROOT, Gunicorn, Postgres, Redis, readme
 
 from .helpers import (
     INSTALLED_SECRET,
@@ -172,27 +173,35 @@ NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", ".run", "build", "dist", "
 PIP_TIMEOUT = 600
 
 
+def _as_printed(lines, cwd, prefix=None):
+    """Run docs/deploying.md's lines in bash from cwd, with this Python's pip and the venv at prefix."""
+    script = "set -e\n" + "\n".join(lines).replace(readme.HOST_PREFIX, str(prefix))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+           "PIP_QUIET": "1"}
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=PIP_TIMEOUT)
+    assert done.returncode == 0, script + "\n" + done.stdout + done.stderr
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
-    """The wheel that `pip wheel` builds from a copy of the checkout (a build writes build/ and egg-info)."""
+    """The wheel that docs/deploying.md's `pip wheel` builds from a copy of the checkout (a build writes build/
+    and egg-info), in dist/ beside requirements.lock."""
     source = tmp_path_factory.mktemp("source") / "webhook-ledger"
     shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_SOURCES)
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(source)],
-                          capture_output=True, text=True, timeout=PIP_TIMEOUT)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (built,) = out.glob("webhook_ledger-*.whl")
+    build, _ = readme.wheel_install()
+    _as_printed(build, source)
+    (built,) = (source / "dist").glob("webhook_ledger-*.whl")
     return built
 
 
 @pytest.fixture(scope="session")
 def installed_venv(wheel, tmp_path_factory):
-    """A fresh virtualenv with the wheel and its dependencies installed, and nothing of the checkout."""
+    """A fresh virtualenv holding requirements.lock's dependencies, hash-checked, and the wheel, installed as
+    docs/deploying.md says, and nothing of the checkout."""
     path = tmp_path_factory.mktemp("host") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, capture_output=True, timeout=120)
-    done = subprocess.run([str(path / "bin" / "pip"), "install", "--quiet", str(wheel)],
-                          capture_output=True, text=True, timeout=PIP_TIMEOUT)
-    assert done.returncode == 0, done.stdout + done.stderr
+    _, host = readme.wheel_install()
+    _as_printed(host, wheel.parent, prefix=path)
     return path
 
 

@@ -1,8 +1,12 @@
 """A pip-installed host: the wheel built from this checkout, installed in a
-fresh virtualenv, runs init-db, gunicorn and every `flask` command from a
-folder outside the checkout, and carries the runtime only."""
+fresh virtualenv with requirements.lock's dependencies by docs/deploying.md's
+own commands (the fixtures read them from the page), runs init-db, gunicorn
+and every `flask` command from a folder outside the checkout, and carries the
+runtime only."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import zipfile
@@ -32,6 +36,18 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
     assert migrations == {path.name: path.read_bytes() for path in (ROOT / "migrations").glob("*.sql")}
     assert migrations
     assert conf == (ROOT / "gunicorn.conf.py").read_bytes()
+
+
+def test_the_installed_host_runs_the_exact_versions_of_requirements_lock(installed_venv):
+    locked = {name.lower().replace("_", "-"): version
+              for name, version in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / "requirements.lock").read_text(),
+                                              re.M)}
+    listed = subprocess.run([str(installed_venv / "bin" / "pip"), "list", "--format=json"], capture_output=True,
+                            text=True, check=True, timeout=60).stdout
+    installed = {package["name"].lower().replace("_", "-"): package["version"] for package in json.loads(listed)}
+    for name in ("webhook-ledger", "pip", "setuptools"):
+        installed.pop(name, None)
+    assert installed and {name: locked.get(name) for name in installed} == installed
 
 
 def test_the_installed_host_imports_the_installed_package_and_no_test_tooling(installed_host):

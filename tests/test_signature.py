@@ -91,6 +91,28 @@ def test_missing_headers_are_signature_errors(scheme):
         check(scheme, {})
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_missing_header_names_the_scheme_the_source_expects(scheme):
+    with pytest.raises(SignatureError, match=f"^missing .* header: this source verifies the {scheme} scheme$"):
+        check(scheme, {})
+
+
+@pytest.mark.parametrize("expected", SCHEMES)
+@pytest.mark.parametrize("sent", SCHEMES)
+def test_a_delivery_signed_by_another_scheme_is_told_which_it_carries_and_never_a_value(expected, sent):
+    if sent == expected:
+        return
+    headers = signed(sent)
+    with pytest.raises(SignatureError) as refused:
+        check(expected, headers)
+    message = str(refused.value)
+    (header,) = [name for name in headers if name.lower() not in ("webhook-id", "webhook-timestamp")]
+    assert message.startswith("missing "), message
+    assert message.endswith(f"this source verifies the {expected} scheme, and the request carries {header}, "
+                            f"the {sent} scheme's header"), message
+    assert not [value for value in headers.values() if value in message], message
+
+
 # -- hmac-sha256 ---------------------------------------------------------------
 
 def test_hmac_sha256_is_hex_hmac_of_the_raw_bytes():

@@ -205,6 +205,17 @@ def test_rotation_is_per_source_and_the_log_names_the_secret_index(make_app, con
     assert balance(db) == 1000 + 3 * 250
 
 
+def test_a_stripe_delivery_to_an_hmac_sha256_source_is_told_the_sources_scheme(make_app, config, db):
+    client = make_app(sources_config(config, FOUR)).test_client()
+    body = encode(provider_payment("stripe", "evt_wrong_scheme", 100))
+    response = post_delivery(client, body, signed_headers(body, source_secret("stripe", "stripe"),
+                                                                  scheme="stripe"), source="billing")
+    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    assert response.json["message"] == ("missing X-Signature header: this source verifies the hmac-sha256 scheme, "
+                                        "and the request carries Stripe-Signature, the stripe scheme's header")
+    assert event_rows(db) == 0
+
+
 # -- unknown sources ----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["nope", "Billing", "billing-", "x" * 65, "default", "None", "%E2%82%AC"])

@@ -1,0 +1,206 @@
+"""Every shell block of README.md and docs/*.md runs as printed, and answers what the page shows.
+
+A page is one terminal session against a real stack: a fresh database, the
+tests' Redis, and `make run`'s own script serving on a free port, which the
+blocks' `127.0.0.1:8000` is replaced with (as devservers/readme.py does for
+the README's curl). A block `NAME=value ... make run` (re)starts it with
+those settings, on the page's database; a page's first other block starts it
+as plain `make run` does. The other blocks run in bash, one after the other,
+keeping the variables and functions the earlier ones set, with the service's
+settings in the environment (as where the app's environment is set); each
+`output` block after one is the answer of one run of it, compared line by
+line (`...` stands for any text, or alone on a line for any lines). A block
+without an answer must exit 0. docs/testing.md says how to write one."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.events import RULES
+from devservers import ROOT, free_port, readme, wait_until
+from devservers.demo import DEMO_SECRET
+
+from .helpers import db_url, http_get
+
+PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
+MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`
+BLOCK_TIMEOUT = 60  # a block is a few commands on loopback
+# Settings of the test process that are not the page's: the service gets those its blocks give.
+NOT_INHERITED = ("WEBHOOK_", "DATABASE_URL", "REDIS_", "STRIPE_", "LEDGER_", "FLASK_", "PROMETHEUS_", "PORT",
+                 "BIND", "PG_", "VIRTUAL_ENV")
+# What a session keeps from one block to the next: what the block set, not bash's own variables.
+KEEP_STATE = textwrap.dedent("""\
+    __keep() {
+      local __rc=$?
+      { declare -p $(compgen -v | grep -v '^__' | grep -vxF -f "$__BASH_OWN"); declare -f; } >"$__STATE" 2>/dev/null
+      exit $__rc
+    }
+    source "$__STATE"
+    trap __keep EXIT
+    source "$__SCRIPT"
+""")
+
+
+def matches(expected, actual):
+    """Whether actual is the answer expected shows: lines compared without trailing spaces, `...` any text."""
+    lines = [line.rstrip() for line in expected.strip("\n").splitlines()]
+    pattern = "".join(r"(?:[^\n]*\n)*?" if line == "..." else re.escape(line).replace(r"\.\.\.", r"[^\n]*") + r"\n"
+                      for line in lines)
+    got = "".join(line.rstrip() + "\n" for line in actual.strip("\n").splitlines())
+    return re.fullmatch(pattern, got) is not None
+
+
+class Session:
+    """One page's terminal: the service as `make run` starts it, and the shell's state between blocks."""
+
+    def __init__(self, database_url, redis_url, workdir):
+        self.port = free_port()
+        self.base_env = {name: value for name, value in os.environ.items() if not name.startswith(NOT_INHERITED)}
+        self.base_env["PATH"] = f"{Path(sys.executable).parent}:{self.base_env.get('PATH', '/usr/bin:/bin')}"
+        self.servers = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
+        self.dir = workdir
+        self.state = workdir / "state.sh"
+        self.state.write_text("")
+        self.bash_own = workdir / "bash-own"
+        self.bash_own.write_text(subprocess.run(["bash", "-c", "compgen -v"], env={}, capture_output=True,
+                                                text=True, check=True).stdout)
+        self.service, self.settings, self.log = None, None, workdir / "make-run.log"
+
+    def make_run(self, settings):
+        """`make run` with settings, as `make run` execs it (scripts/run.py), on this page's servers and port."""
+        self.stop()
+        env = {**self.base_env, **self.servers, **settings, "PORT": str(self.port)}
+        self.service = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env,
+                                        stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self.settings = {"WEBHOOK_SECRET": DEMO_SECRET, **settings}  # make run's demo secret unless one is set
+        wait_until(self._up, timeout=60, what=f"make run {settings} (its log: {self.log})")
+
+    def _up(self):
+        if self.service.poll() is not None:
+            raise RuntimeError(f"make run exited {self.service.returncode}:\n{self.log.read_text()[-3000:]}")
+        try:
+            return http_get(f"http://127.0.0.1:{self.port}", "/health", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def run(self, example):
+        """Run the block once in bash, after the earlier ones; return (exit status, stdout and stderr)."""
+        if self.service is None:
+            self.make_run({})
+        script = self.dir / "block.sh"
+        script.write_text(example.script.replace(MAKE_RUN_PORT, f"127.0.0.1:{self.port}")
+                          .replace("localhost:8000", f"localhost:{self.port}"))
+        env = {**self.base_env, **self.servers, **self.settings,
+               "__STATE": str(self.state), "__SCRIPT": str(script), "__BASH_OWN": str(self.bash_own)}
+        done = subprocess.run(["bash", "-c", KEEP_STATE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT)
+        return done.returncode, done.stdout
+
+    def verify(self):
+        """`flask ledger verify` on the page's database, with the settings its service last ran with."""
+        env = {**self.base_env, **self.servers, **(self.settings or {})}
+        return subprocess.run([sys.executable, "-m", "flask", "--app", "app", "ledger", "verify"], cwd=self.dir,
+                              env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+
+    def stop(self):
+        if self.service and self.service.poll() is None:
+            os.killpg(self.service.pid, signal.SIGTERM)  # Ctrl-C's way: make run stops what it started
+            self.service.wait(30)
+        self.service = None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgresql, redis_server, redis_client,
+                                                                 tmp_path):
+    # The schema alone, no user: `make run` adds its demo user, as on a new checkout.
+    session = Session(db_url(postgresql), redis_server.url, tmp_path)
+    ran = []
+    try:
+        for example in readme.examples(page):
+            if example.exempt:
+                continue
+            settings = example.service_settings()
+            if settings is not None:
+                session.make_run(settings)
+                ran.append(example.where)
+                continue
+            for number, answer in enumerate(example.answers or [None], start=1):
+                status, output = session.run(example)
+                run = f"{example.where} (run {number})"
+                if answer is None:
+                    assert status == 0, f"{run} exited {status}:\n{output}"
+                else:
+                    assert matches(answer, output), f"{run} answered:\n{output}\nwhere the page shows:\n{answer}"
+            ran.append(example.where)
+    finally:
+        session.stop()
+    verified = session.verify()
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    print(f"\n[docs] {page.relative_to(ROOT)}: {len(ran)} examples ran: {', '.join(ran)}")  # noqa: T201
+
+
+# -- what a page may hold (no server: in `make check`) -------------------------------
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", readme.DOCS, ids=[str(page.relative_to(ROOT)) for page in readme.DOCS])
+def test_a_block_not_run_says_why_and_a_block_run_elsewhere_names_its_test(page):
+    for example in readme.examples(page):
+        if example.exempt is None:
+            example.service_settings()  # a block that starts make run is only that
+            continue
+        reason = re.fullmatch(r"not run, because (.{12,})|run by (tests/test_\w+\.py)\b.*", example.exempt, re.S)
+        assert reason, f"{example.where}: the marker says neither `not run, because ...` nor `run by tests/...`"
+        if reason.group(2):
+            module = (ROOT / reason.group(2)).read_text()
+            assert str(page.relative_to(ROOT)) in module, f"{example.where}: {reason.group(2)} does not read the page"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("expected", "actual", "same"), [
+    ('{"status":"processed"}', '{"status":"processed"}', True),
+    ('{"status":"processed"}\n', '{"status":"processed"}  \n\n', True),
+    ('{"status":"processed"}', '{"status":"duplicate"}', False),
+    ('{"event_id":"...","status":"processed"}', '{"event_id":"0b3e","status":"processed"}', True),
+    ('{"event_id":"...","status":"processed"}', '{"event_id":"0b3e","status":"duplicate"}', False),
+    ("first\n...\nlast", "first\nmore\nand more\nlast", True),
+    ("first\n...\nlast", "first\nlast", True),
+    ("first\nlast", "first\nmore\nlast", False),
+    ("a.b", "aXb", False),
+])
+def test_an_answer_is_compared_line_by_line_with_dots_for_any_text(expected, actual, same):
+    assert matches(expected, actual) is same
+
+
+@pytest.mark.unit
+def test_a_block_that_starts_make_run_gives_its_settings():
+    example = readme.Example(ROOT / "README.md", 1, "A=1 B='two words' \\\n  make run   # a comment\n")
+    assert example.service_settings() == {"A": "1", "B": "two words"}
+    assert readme.Example(ROOT / "README.md", 1, "curl http://127.0.0.1:8000/health\n").service_settings() is None
+    with pytest.raises(ValueError, match="holds only"):
+        readme.Example(ROOT / "README.md", 1, "make run\nmake test\n").service_settings()
+
+
+# -- the Stripe events to subscribe to ------------------------------------------------
+
+def _stripe_types():
+    """The Stripe event types RULES reads: those whose fields include Stripe's livemode."""
+    return sorted(event_type for event_type, rule in RULES.items() if rule.labels.livemode == "livemode")
+
+
+@pytest.mark.unit
+def test_providers_lists_every_stripe_event_that_rules_reads_for_the_dashboard_and_stripe_listen():
+    text = (ROOT / "docs" / "providers.md").read_text()
+    section = text.split("### The Stripe events to subscribe to\n", 1)[1].split("\n#", 1)[0]
+    dashboard = re.search(r"^In the Dashboard.*?\n\n", section, re.S | re.M).group(0)
+    assert sorted(re.findall(r"`([a-z_.]+\.[a-z_.]+)`", dashboard)) == _stripe_types()
+    (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md") if "stripe listen" in e.script]
+    events = shlex.split(listen.script.replace("\\\n", " "))
+    assert sorted(events[events.index("--events") + 1].split(",")) == _stripe_types()
