@@ -304,16 +304,15 @@ def command_counts(warn: Callable[[str], object]) -> Iterator[CommandCounts]:
     try:
         yield counts
     finally:
-        if counts.counts:
-            problem = record(counts, os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        # Unset: no service's folder is named (a development shell, the tests), and nothing is said.
+        if counts.counts and (path := os.environ.get("PROMETHEUS_MULTIPROC_DIR")):
+            problem = record(counts, path)
             if problem:
                 warn(f"metrics: what this command applied is not counted in /metrics: {problem}")
 
 
-def record(counts: CommandCounts, path: str | None) -> str | None:
+def record(counts: CommandCounts, path: str) -> str | None:
     """Leave counts in path (the service's PROMETHEUS_MULTIPROC_DIR) for its next scrape; return why not, or None."""
-    if not path:
-        return "PROMETHEUS_MULTIPROC_DIR is not set (set it to the service's folder: docs/operations.md)"
     if not os.path.isdir(path):
         return f"PROMETHEUS_MULTIPROC_DIR {path} is not a folder (is the service running?)"
     rows = [[name, source, count] for (name, source), count in sorted(counts.counts.items())]
