@@ -67,7 +67,8 @@ def test_read_only_commands_do_not_read_the_secrets(db):
 def test_a_command_that_needs_more_names_what_is_missing_in_one_line(db, command, name, reads):
     done = flask({"DATABASE_URL": db_url(db)}, *command)
     assert done.returncode == EX_CONFIG, done
-    assert done.stderr == f"Error: configuration error: REDIS_URL is required but not set (flask {name} reads {reads})\n"
+    assert done.stderr == f"Error: configuration error: REDIS_URL is required but not set (flask {name} reads " \
+                          f"{reads})\n"
     assert done.stdout == ""
 
 
