@@ -243,6 +243,9 @@ def of(app: Flask) -> Metrics:
     if "metrics" not in app.extensions:
         with _made:
             if "metrics" not in app.extensions:
+                if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                    # A cleaner may have removed it since the worker booted (post_fork made it).
+                    os.makedirs(path, mode=0o700, exist_ok=True)
                 app.extensions["metrics"] = Metrics(app.extensions["metrics_registry"])
     made: Metrics = app.extensions["metrics"]
     return made
@@ -250,12 +253,14 @@ def of(app: Flask) -> Metrics:
 
 def scrape() -> Response:
     """The Prometheus text exposition of every worker's metrics."""
-    metrics = of(current_app)
-    metrics.observe_pool(current_app.extensions["db_pool"])
-    if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
         # Removed under us (a /tmp cleaner): the counts in it are gone, but a
         # scrape still answers, with what the workers write from now on.
         os.makedirs(path, mode=0o700, exist_ok=True)
+    metrics = of(current_app)
+    metrics.observe_pool(current_app.extensions["db_pool"])
+    if path:
         add_command_counts(metrics, path)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
