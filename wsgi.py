@@ -3,7 +3,7 @@
 import sys
 
 from app import create_app
-from app.config import ConfigError
+from app.config import ConfigError, Needs
 
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker that exits with it makes the
 # master stop (any other status, and the master starts another worker, for
@@ -12,7 +12,7 @@ from app.config import ConfigError
 WORKER_BOOT_ERROR = 3
 
 try:
-    app = create_app()
+    app = create_app(needs=Needs.SERVICE)  # serving reads every setting: a missing one stops it
 except ConfigError as exc:
     # A one-line reason, not a traceback, is what an operator needs here.
     sys.stderr.write(f"webhook-ledger: {exc.format_message()}\n")

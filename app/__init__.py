@@ -1,5 +1,6 @@
 """webhook-ledger: applies each provider webhook to the ledger exactly once."""
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -9,8 +10,12 @@ if TYPE_CHECKING:
     from flask import Flask
 
 
-def create_app(test_config: Mapping[str, object] | None = None) -> "Flask":
-    """Build the app from the environment, or from test_config (setting name -> value) when given."""
+def create_app(test_config: Mapping[str, object] | None = None, needs: settings.Needs | None = None) -> "Flask":
+    """Build the app from the environment, or from test_config (setting name -> value) when given.
+
+    needs: the least it must read of the settings, or ConfigError (wsgi.py: Needs.SERVICE). None, as
+    `flask` calls it: as much as they allow, from DATABASE_URL alone up; each command declares its own (cli.needs).
+    """
     # Imported here, as flaskr imports its modules: `import app.config` alone
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
@@ -18,8 +23,13 @@ def create_app(test_config: Mapping[str, object] | None = None) -> "Flask":
     from . import cli, db, delivery, errors, lock, logs, metrics, openapi, webhooks
 
     app = Flask(__name__)
-    parsed = settings.parse(test_config) if test_config is not None else settings.from_env()
+    environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}
+    if needs is None:
+        parsed, problems = settings.from_env_as_far_as_it_goes(environ)
+    else:
+        parsed, problems = settings.from_env(environ, needs), {}
     app.extensions[settings.EXTENSION] = parsed  # read with Settings.of(app)
+    app.extensions[settings.PROBLEMS] = problems  # why it was read below Needs.SERVICE (cli.needs says it)
     # Flask answers 413 past this; webhooks.py refuses the one byte more,
     # which it reads to tell a chunked body cut at the limit.
     app.config["MAX_CONTENT_LENGTH"] = parsed.max_body_bytes + 1

@@ -1,12 +1,13 @@
 """Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger
 verify|adjust|legacy-payments|name-payment`, `flask redis forget-done` and `flask reconcile`."""
 
+import functools
 import getpass
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from flask import Flask, current_app
@@ -14,21 +15,65 @@ from flask.cli import AppGroup, with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, legacy, lock, reconcile, retention, verify
-from .config import ConfigError, Settings, api_key_setting
+from . import ledger, legacy, lock, metrics, reconcile, retention, verify
+from .config import PROBLEMS, ConfigError, Needs, Settings, api_key_setting
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .delivery import Outcome
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .redis_client import reason_of
 from .schema import SchemaError
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What each level of the settings is, in a refusal's words.
+NEEDS_WORDS = {Needs.DATABASE: "DATABASE_URL", Needs.REDIS: "DATABASE_URL and REDIS_URL",
+               Needs.SERVICE: "the service's settings"}
+
+
+def needs(level: Needs) -> Callable[[F], F]:
+    """Declare what a command reads of the settings: one that is missing or bad stops it in one line, before it runs.
+
+    `flask` builds the app from as much of the settings as there is, from
+    DATABASE_URL alone up (create_app); a command that needs more says so here.
+    """
+    def declare(command: F) -> F:
+        @functools.wraps(command)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if Settings.of(current_app).read < level:
+                problem = current_app.extensions[PROBLEMS][level]
+                raise ConfigError(f"{problem.message} ({_name_of(click.get_current_context())} reads "
+                                  f"{NEEDS_WORDS[level]})")
+            return command(*args, **kwargs)
+        return checked  # type: ignore[return-value]
+    return declare
+
+
+def _name_of(ctx: click.Context) -> str:
+    """The command as an operator types it: `flask events replay` (however `flask` itself was started)."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["flask", *names])
+
 
 class Commands(AppGroup):
-    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable."""
+    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable.
+
+    Each command declares what it reads of the settings: `@group.command(name, needs=Needs.DATABASE)`;
+    a command that says nothing needs them all.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         with unavailable_in_one_line():
             return super().invoke(ctx)
+
+    def command(self, *args: Any, needs: Needs = Needs.SERVICE, **kwargs: Any) -> Any:
+        register = super().command(*args, **kwargs)
+        return lambda function: register(_needs(needs)(function))
+
+
+_needs = needs  # for Commands.command, whose keyword hides it
 
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
@@ -48,7 +93,8 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           e.origin, j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
+           e.origin, e.ledger_currency, e.test_events_accepted,
+           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
@@ -89,6 +135,7 @@ def _table(header: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
 
 @click.command("init-db")
 @with_appcontext
+@needs(Needs.SERVICE)  # it recomputes stored effects and replays events under the service's policy
 def init_db_command() -> None:
     """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
     settings = Settings.of(current_app)
@@ -111,8 +158,10 @@ def init_db_command() -> None:
             click.echo(f"recomputed the effects of {recomputed.effects} stored events")
         if recomputed.reopened:
             # Money an earlier release never moved (refunds, disputes it did not know): moved now, once.
-            results = [_replayed(source, event_id, ledger.replay(pool, source, event_id, policy))
-                       for source, event_id in recomputed.reopened]
+            with metrics.command_counts(_warn) as counts:
+                results = [_replayed(source, event_id,
+                                     _counted(counts, source, ledger.replay(pool, source, event_id, policy)))
+                           for source, event_id in recomputed.reopened]
             click.echo(f"replayed {len(results)} events an earlier release stored without moving their money:")
             for _, line in results:
                 click.echo(f"  {line}")
@@ -127,7 +176,7 @@ def init_db_command() -> None:
                     _echo_replayed(row.payment_id, legacy.replay_waiting(pool, row.source, row.payment_id, policy))
 
 
-@events.command("list")
+@events.command("list", needs=Needs.DATABASE)
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
 # The values, not the members: click (8.2+) matches an Enum's members by their names (FAILED).
 @click.option("--status", "statuses", multiple=True, type=click.Choice([status.value for status in ledger.Status]),
@@ -148,10 +197,15 @@ def list_events(sources: tuple[str, ...], statuses: tuple[str, ...], types: tupl
         return
     header = ("SOURCE", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
     _table(header, [(r.source, r.event_id, r.event_type, r.status, r.attempts, r.mismatches, _utc(r.created_at),
-                     (r.last_error or "")[:60]) for r in rows])
+                     _one_line(r.last_error or "")) for r in rows])
 
 
-@events.command("show")
+def _one_line(text: str) -> str:
+    """text whole, on one line: the last column of a table, left unpadded, is as long as it is."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+@events.command("show", needs=Needs.DATABASE)
 @click.argument("event_id")
 @SOURCE
 def show_event(event_id: str, source: str) -> None:
@@ -161,7 +215,7 @@ def show_event(event_id: str, source: str) -> None:
         cursor = conn.cursor(row_factory=namedtuple_row)
         row: NamedRow | None = cursor.execute(SHOW_EVENT, [source, event_id]).fetchone()
         if row is not None:
-            effect = _stored_effect(row, Settings.of(current_app).policy)
+            effect = _stored_effect(row, _decided_under(row, Settings.of(current_app).policy))
         if effect is not None and effect.payment_id is not None:
             if effect.movement_id is not None:
                 movement = cursor.execute(SHOW_MOVEMENT, [source, effect.kind, effect.movement_id]).fetchone()
@@ -192,6 +246,13 @@ def show_event(event_id: str, source: str) -> None:
         received = "as received" if row.origin == ledger.Origin.DELIVERY else "the Event object as listed"
         click.echo(f"body ({len(row.body)} bytes, {received}):")
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
+
+
+def _decided_under(row: NamedRow, policy: Policy) -> Policy:
+    """The policy an event was decided under (recorded with it), else policy: this shell's may not be the service's."""
+    if row.ledger_currency is None or row.test_events_accepted is None:
+        return policy
+    return Policy(row.ledger_currency, row.test_events_accepted)
 
 
 def _stored_effect(row: NamedRow, policy: Policy) -> Effect | None:
@@ -228,6 +289,16 @@ def _account_line(account: NamedRow | None) -> str:
             f"(due {account.debit_due_cents}) from {account.user_id}")
 
 
+def _warn(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _counted(counts: metrics.CommandCounts, source: str, result: ledger.Result | None) -> ledger.Result | None:
+    """result, counted for /metrics (metrics.command_counts)."""
+    counts.observe(source, result)
+    return result
+
+
 def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple[bool, str]:
     """Return (ok, the line that tells what replaying event_id did)."""
     if source != DEFAULT_SOURCE:
@@ -242,7 +313,7 @@ def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple
     return False, f"{event_id}: still failed: {result.problem or result.outcome}"
 
 
-@events.command("replay")
+@events.command("replay", needs=Needs.SERVICE)
 @click.argument("event_id", required=False)
 @click.option("--all-failed", is_flag=True, help="Replay every failed event, oldest first.")
 @click.option("--source", help=f"The event's source [default: {DEFAULT_SOURCE}]; with --all-failed, "
@@ -258,7 +329,9 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
     else:
         keys = [(source or DEFAULT_SOURCE, event_id)]
     policy = Settings.of(current_app).policy
-    results = [_replayed(source, event_id, ledger.replay(pool, source, event_id, policy)) for source, event_id in keys]
+    with metrics.command_counts(_warn) as counts:
+        results = [_replayed(source, event_id, _counted(counts, source, ledger.replay(pool, source, event_id, policy)))
+                   for source, event_id in keys]
     for _, message in results:
         click.echo(message)
     failures = sum(not ok for ok, _ in results)
@@ -269,7 +342,7 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
         raise click.exceptions.Exit(1)
 
 
-@events.command("purge")
+@events.command("purge", needs=Needs.DATABASE)
 @click.option("--older-than", "days", default=retention.DEFAULT_DAYS, show_default=True,
               type=click.IntRange(min=0), help="Delete events received more than DAYS days ago.")
 @click.option("--include-failed", is_flag=True, help="Delete old failed events too (needs --force).")
@@ -288,7 +361,7 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
     click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; the ledger's journal kept")
 
 
-@ledger_group.command("verify")
+@ledger_group.command("verify", needs=Needs.DATABASE)
 def verify_ledger() -> None:
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     pool = get_pool(current_app)
@@ -303,13 +376,15 @@ def verify_ledger() -> None:
         click.echo(f"ledger INCONSISTENT: {len(report.problems)} problems ({counts})")
         raise click.exceptions.Exit(1)
     below = f"; {len(report.below_zero)} balances below zero" if report.below_zero else ""
-    changed = f"; {len(report.settings_changed)} events decided under other settings than today's" \
-        if report.settings_changed else ""
+    policy = Settings.of(current_app).policy
+    changed = (f"; {len(report.settings_changed)} events decided under other settings than this command's "
+               f"(LEDGER_CURRENCY={policy.currency}, STRIPE_ACCEPT_TEST_EVENTS={str(policy.accept_test_events).lower()}"
+               "), each judged by its own") if report.settings_changed else ""
     click.echo(f"ledger consistent: {counts}{below}{changed}")
 
 
 # ignore_unknown_options: a negative CENTS ("-500") is the argument, not an unknown option.
-@ledger_group.command("adjust", context_settings={"ignore_unknown_options": True})
+@ledger_group.command("adjust", needs=Needs.DATABASE, context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=click.UUID)
 @click.argument("cents", type=CENTS)
 @click.option("--reason", required=True, help="Why the balance is corrected (required): journaled with it.")
@@ -340,7 +415,7 @@ def _os_user() -> str:
         raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None
 
 
-@ledger_group.command("legacy-payments")
+@ledger_group.command("legacy-payments", needs=Needs.DATABASE)
 @click.option("--source", help="Only this source's payments [default: every source's].")
 def legacy_payments(source: str | None) -> None:
     """List the payments of an earlier release filed under their event's id, and the events that wait for one."""
@@ -359,7 +434,7 @@ def legacy_payments(source: str | None) -> None:
                [(r.source, r.event_id, r.event_type, _utc(r.created_at), r.last_error) for r in waiting])
 
 
-@ledger_group.command("name-payment")
+@ledger_group.command("name-payment", needs=Needs.SERVICE)
 @click.argument("event_id")
 @click.argument("payment_id")
 @SOURCE
@@ -379,11 +454,12 @@ def _echo_replayed(payment_id: str, replayed: list[tuple[str, str, ledger.Result
     """The failed events that waited for payment_id, replayed now: one line each."""
     if replayed:
         click.echo(f"replayed {len(replayed)} failed events that waited for payment {payment_id!r}:")
-        for source, event_id, result in replayed:
-            click.echo(f"  {_replayed(source, event_id, result)[1]}")
+        with metrics.command_counts(_warn) as counts:
+            for source, event_id, result in replayed:
+                click.echo(f"  {_replayed(source, event_id, _counted(counts, source, result))[1]}")
 
 
-@redis_group.command("forget-done")
+@redis_group.command("forget-done", needs=Needs.REDIS)
 def forget_done() -> None:
     """Delete every done marker (all primaries of a cluster). Run after PostgreSQL lost commits (failover, restore)."""
     try:
@@ -420,6 +496,7 @@ YIELDED_EXIT = 75
 @click.option("--until", type=When(), help="Events created before WHEN [default: now].")
 @click.option("--dry-run", is_flag=True, help="List the window and say what would be applied; write nothing.")
 @with_appcontext
+@needs(Needs.SERVICE)
 def reconcile_command(source_name: str, since: datetime | None, until: datetime | None, dry_run: bool) -> None:
     """Recover the events of SOURCE whose deliveries were lost, from the provider's event list (Stripe's)."""
     from .stripe_list import StripeEvents  # stripe-python is imported by this command alone
@@ -437,10 +514,11 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be before --until")
     listing = StripeEvents(source.api_key, settings.stripe_api_base, key_setting)
-    with unavailable_in_one_line():
+    with unavailable_in_one_line(), metrics.command_counts(_warn) as counts:
         try:
             summary = reconcile.reconcile(get_pool(current_app), source.event_source, listing, settings.policy,
-                                          since, until, dry_run)
+                                          since, until, dry_run,
+                                          on_result=lambda result: counts.observe(source.event_source, result))
         except reconcile.ProviderError as exc:
             raise click.ClickException(str(exc)) from None
     for line in summary_lines(summary):

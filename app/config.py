@@ -5,6 +5,7 @@ Its imports are light (no Flask): gunicorn's master runs `check()` in a child pr
 
 import base64
 import binascii
+import enum
 import os
 import re
 import sys
@@ -258,6 +259,21 @@ def _prepare_threshold(name: str, raw: str) -> int | None:
     return _int(0)(name, raw)
 
 
+class Needs(enum.IntEnum):
+    """What a part of the app reads of the settings; each level reads all that the one below it reads."""
+
+    # DATABASE_URL and every setting with a default: the commands that read and write PostgreSQL only.
+    DATABASE = 1
+    # And REDIS_URL: `flask redis forget-done`.
+    REDIS = 2
+    # Every setting, sources and secrets included: serving, and the commands that apply events.
+    SERVICE = 3
+
+
+# The required settings (no default) that a level leaves unread.
+UNREAD_BELOW = {Needs.DATABASE: ("REDIS_URL", "WEBHOOK_SECRET"), Needs.REDIS: ("WEBHOOK_SECRET",)}
+
+
 # name -> (parser, default). A default of None means the setting is required.
 # The timeouts nest so that the inner one fails first with a clean answer:
 # lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
@@ -317,10 +333,11 @@ class Settings:
     """Every setting, parsed and checked: one field per row of SETTINGS (its name in lower case), and what they make.
 
     Built once, by from_env(); create_app keeps it in app.extensions (Settings.of).
+    Read below Needs.SERVICE (`read`), the required settings it left unread are None.
     """
 
     database_url: str
-    redis_url: str
+    redis_url: str | None  # None: not read (below Needs.REDIS)
     redis_cluster: bool
     # The default source's keys, as its scheme uses them; None when it is off (only named sources).
     webhook_secret: tuple[bytes, ...] | None
@@ -346,6 +363,7 @@ class Settings:
     # Every source served, by name: the default one (when it has a secret), then the named ones. Read-only.
     sources: Mapping[str, Source]
     policy: Policy
+    read: Needs = Needs.SERVICE  # what from_env was asked to read
 
     @staticmethod
     def of(app: "Flask") -> "Settings":
@@ -354,32 +372,60 @@ class Settings:
         return settings
 
 
-# Settings' key in app.extensions.
+# Settings' key in app.extensions; and, for an app read below Needs.SERVICE, why each level above failed.
 EXTENSION = "settings"
+PROBLEMS = "settings_problems"
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> Settings:
-    """Return the settings parsed from environ (default os.environ); ConfigError names the first bad one."""
+def from_env(environ: Mapping[str, str] | None = None, needs: Needs = Needs.SERVICE) -> Settings:
+    """The settings that needs reads, parsed from environ (default os.environ); ConfigError names the first bad one.
+
+    Below Needs.SERVICE the required settings that level does not read are not
+    looked at (their fields are None, `sources` is empty), nor are the sources'.
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     named = _source_names("WEBHOOK_SOURCES", environ.get("WEBHOOK_SOURCES", ""))
     for name, (parse, default) in SETTINGS.items():
         raw = environ.get(name, default)
+        if default is None and name in UNREAD_BELOW.get(needs, ()):
+            values[name] = None  # a required setting this level does not read
+            continue
         if raw is None and name == "WEBHOOK_SECRET" and named:
             values[name] = None  # the default source is off: POST /api/webhooks answers 404
             continue
         if raw is None:
             raise ConfigError(f"{name} is required but not set")
         values[name] = parse(name, raw)
-    if values["REDIS_CLUSTER"]:
+    if values["REDIS_CLUSTER"] and values["REDIS_URL"] is not None:
         _cluster_url(urlsplit(values["REDIS_URL"]))
-    if values["WEBHOOK_SECRET"] is not None:
-        values["WEBHOOK_SECRET"] = _keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], values["WEBHOOK_SIGNATURE_SCHEME"])
-    sources = _sources(values, named, environ)
-    _refuse_shared_secrets(sources)
+    sources: dict[str, Source] = {}
+    if needs == Needs.SERVICE:
+        if values["WEBHOOK_SECRET"] is not None:
+            values["WEBHOOK_SECRET"] = _keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"],
+                                             values["WEBHOOK_SIGNATURE_SCHEME"])
+        sources = _sources(values, named, environ)
+        _refuse_shared_secrets(sources)
     return Settings(**{name.lower(): value for name, value in values.items()},
                     sources=MappingProxyType(sources),
-                    policy=Policy(values["LEDGER_CURRENCY"], values["STRIPE_ACCEPT_TEST_EVENTS"]))
+                    policy=Policy(values["LEDGER_CURRENCY"], values["STRIPE_ACCEPT_TEST_EVENTS"]), read=needs)
+
+
+def from_env_as_far_as_it_goes(environ: Mapping[str, str]) -> tuple[Settings, dict[Needs, ConfigError]]:
+    """The settings at the highest level environ allows, and why each level above it failed.
+
+    For `flask` commands, each of which declares what it needs (cli.needs).
+    ConfigError when even Needs.DATABASE fails.
+    """
+    problems: dict[Needs, ConfigError] = {}
+    for needs in sorted(Needs, reverse=True):
+        try:
+            return from_env(environ, needs), problems
+        except ConfigError as exc:
+            if needs == Needs.DATABASE:
+                raise
+            problems[needs] = exc
+    raise AssertionError("unreachable: Needs.DATABASE returns or raises")
 
 
 def _cluster_url(parts: SplitResult) -> None:

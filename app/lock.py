@@ -91,6 +91,8 @@ FORGET_BATCH = 1000
 
 def init_app(app: Flask) -> None:
     settings = Settings.of(app)
+    if settings.redis_url is None:  # read for a command that needs no Redis (config.Needs)
+        return
     app.extensions["redis"] = RedisLink(settings.redis_url, settings.redis_cluster, settings.redis_timeout_ms / 1000)
 
 

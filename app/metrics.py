@@ -6,8 +6,16 @@ whichever worker answers it, merges the files of all of them. Elsewhere (the
 tests' Flask client) each app counts in a registry of its own.
 """
 
+import collections
+import glob
+import json
+import logging
 import os
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 from flask import Flask, Response, current_app
@@ -26,8 +34,10 @@ from prometheus_client.registry import Collector
 from .config import Settings
 from .db import Pool, get_pool, statement_timeout
 from .delivery import Delivery, Outcome
-from .ledger import Change
+from .ledger import Change, Result
 from .lock import LockState
+
+log = logging.getLogger(__name__)
 
 # From a duplicate answered by Redis alone up past PG_POOL_TIMEOUT_MS, whose
 # 503 ends the slowest delivery.
@@ -46,6 +56,9 @@ POOL_GAUGES = {
 }
 
 
+PAYMENT_MISMATCHES = "webhook_ledger_payment_mismatches"
+BELOW_ZERO = "webhook_ledger_balances_below_zero"
+
 # ledger.Change -> counter name and help.
 CHANGES = {
     Change.CREDIT: ("webhook_ledger_payments_credited", "Payments credited (each payment once)"),
@@ -60,6 +73,18 @@ CHANGES = {
     Change.DISPUTE_REINSTATED: ("webhook_ledger_disputes_reinstated",
                                 "Disputes whose funds were reinstated, given back"),
 }
+
+
+def counted(outcome: str | None, change: str | None, balance_after: int | None) -> list[str]:
+    """The counters (by name) that applying an event adds one to: its change, a balance below zero, a mismatch."""
+    names = []
+    if change:
+        names.append(CHANGES[Change(change)][0])
+        if balance_after is not None and balance_after < 0:
+            names.append(BELOW_ZERO)
+    if outcome == Outcome.PAYMENT_MISMATCH:
+        names.append(PAYMENT_MISMATCHES)
+    return names
 
 
 class Metrics:
@@ -90,14 +115,18 @@ class Metrics:
         self.changes: dict[str, Counter] = {change: Counter(name, text, ["source"], registry=registry)
                         for change, (name, text) in CHANGES.items()}
         self.payment_mismatches = Counter(
-            "webhook_ledger_payment_mismatches",
+            PAYMENT_MISMATCHES,
             "Events naming a credited payment otherwise (user, amount, currency), or a known refund or dispute"
             " otherwise (payment, amount): 409, nothing moved",
             ["source"], registry=registry)
         self.below_zero = Counter(
-            "webhook_ledger_balances_below_zero",
+            BELOW_ZERO,
             "Refunds and disputes that left their user's balance below zero (recorded all the same)", ["source"],
             registry=registry)
+        # By name, the counters that a `flask` command's changes add to (CommandCounts).
+        self.by_name: dict[str, Counter] = {
+            **{name: self.changes[change] for change, (name, _) in CHANGES.items()},
+            PAYMENT_MISMATCHES: self.payment_mismatches, BELOW_ZERO: self.below_zero}
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
@@ -111,12 +140,8 @@ class Metrics:
         self.latency.labels(source=delivery.source, outcome=delivery.outcome).observe(seconds)
         if delivery.reserialised:
             self.reserialised.labels(source=delivery.source, outcome=delivery.outcome).inc()
-        if delivery.change:
-            self.changes[delivery.change].labels(source=delivery.source).inc()
-            if delivery.balance_after is not None and delivery.balance_after < 0:
-                self.below_zero.labels(source=delivery.source).inc()
-        if delivery.outcome == Outcome.PAYMENT_MISMATCH:
-            self.payment_mismatches.labels(source=delivery.source).inc()
+        for name in counted(delivery.outcome, delivery.change, delivery.balance_after):
+            self.by_name[name].labels(source=delivery.source).inc()
         if delivery.lock_state == LockState.DEGRADED:
             self.redis_degraded.inc()
         if delivery.redis_fault:
@@ -197,22 +222,46 @@ class ReconcileCollector(Collector):
         return [last, max_age, recovered, runs]
 
 
+_made = threading.Lock()
+
+
 def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
     app.extensions["metrics_reconcile"] = collector = ReconcileCollector(app)
     registry.register(collector)
-    app.extensions["metrics"] = Metrics(registry)
     app.add_url_rule("/metrics", "metrics", scrape)
+    app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
+
+
+def of(app: Flask) -> Metrics:
+    """The app's metrics, made on first use: a `flask` command, which serves nothing, makes none.
+
+    Under multiprocess mode making them writes this process's files; a command's
+    would be left behind in the service's folder, one set per run.
+    """
+    if "metrics" not in app.extensions:
+        with _made:
+            if "metrics" not in app.extensions:
+                if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                    # A cleaner may have removed it since the worker booted (post_fork made it).
+                    os.makedirs(path, mode=0o700, exist_ok=True)
+                app.extensions["metrics"] = Metrics(app.extensions["metrics_registry"])
+    made: Metrics = app.extensions["metrics"]
+    return made
 
 
 def scrape() -> Response:
     """The Prometheus text exposition of every worker's metrics."""
-    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"])
-    if path := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
         # Removed under us (a /tmp cleaner): the counts in it are gone, but a
         # scrape still answers, with what the workers write from now on.
         os.makedirs(path, mode=0o700, exist_ok=True)
+    metrics = of(current_app)
+    metrics.observe_pool(current_app.extensions["db_pool"])
+    if path:
+        add_command_counts(metrics, path)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
@@ -225,5 +274,81 @@ def _observe_pool(response: Response) -> Response:
     # After requests, so that each worker's figures are recent even when
     # another worker answers the scrapes; at most every POOL_INTERVAL, since
     # on every request they would be a large share of a duplicate's cost.
-    current_app.extensions["metrics"].observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
+    of(current_app).observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
     return response
+
+
+# -- what `flask` commands apply: replays, reconcile ---------------------------
+# A command runs outside gunicorn: it leaves what it applied in a file of the
+# service's PROMETHEUS_MULTIPROC_DIR (its environment names that folder), and
+# the next scrape adds it to the counters of the worker that answers it, as
+# if that worker had applied it. A file is taken by renaming it, which one
+# worker alone can do, then deleted: counted once, and no file is left.
+COMMAND_COUNTS = "commands-*.json"
+# A file being written, or taken by a worker (its pid after): no longer COMMAND_COUNTS.
+WRITING, TAKEN = ".writing-", ".taken-"
+
+
+class CommandCounts:
+    """What one command applied, by counter name and source; written on exit (record)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def observe(self, source: str, result: Result | None) -> None:
+        """Count what applying an event came to, as a delivery's is counted."""
+        if result is not None:
+            for name in counted(result.outcome, result.change, result.balance_after):
+                self.counts[name, source] += 1
+
+
+@contextmanager
+def command_counts(warn: Callable[[str], object]) -> Iterator[CommandCounts]:
+    """A command's CommandCounts, left for the service's scrapes however the command ends; warn says why not."""
+    counts = CommandCounts()
+    try:
+        yield counts
+    finally:
+        # Unset: no service's folder is named (a development shell, the tests), and nothing is said.
+        if counts.counts and (path := os.environ.get("PROMETHEUS_MULTIPROC_DIR")):
+            problem = record(counts, path)
+            if problem:
+                warn(f"metrics: what this command applied is not counted in /metrics: {problem}")
+
+
+def record(counts: CommandCounts, path: str) -> str | None:
+    """Leave counts in path (the service's PROMETHEUS_MULTIPROC_DIR) for its next scrape; return why not, or None."""
+    if not os.path.isdir(path):
+        return f"PROMETHEUS_MULTIPROC_DIR {path} is not a folder (is the service running?)"
+    rows = [[name, source, count] for (name, source), count in sorted(counts.counts.items())]
+    try:
+        fd, writing = tempfile.mkstemp(prefix=WRITING, dir=path)
+        with os.fdopen(fd, "w") as out:
+            # Readable by the service's user when root runs the command; counts are no secret.
+            os.fchmod(out.fileno(), 0o644)
+            json.dump({"counts": rows}, out)
+        unique = os.path.basename(writing)[len(WRITING):]
+        os.replace(writing, os.path.join(path, f"commands-{os.getpid()}-{unique}.json"))
+    except OSError as exc:
+        return f"cannot write in PROMETHEUS_MULTIPROC_DIR {path}: {exc.strerror}"
+    return None
+
+
+def add_command_counts(metrics: Metrics, path: str) -> None:
+    """Add the counts commands left in path to this worker's counters, each file once."""
+    for left in glob.glob(os.path.join(path, COMMAND_COUNTS)):
+        taken = f"{left}{TAKEN}{os.getpid()}"
+        try:
+            os.rename(left, taken)
+        except FileNotFoundError:
+            continue  # another worker took it
+        try:
+            with open(taken) as counts:
+                rows = json.load(counts)["counts"]
+            for name, source, count in rows:
+                if name in metrics.by_name:
+                    metrics.by_name[name].labels(source=source).inc(count)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("metrics: the counts a command left in %s cannot be read: %s", left, exc)
+        finally:
+            os.unlink(taken)

@@ -17,7 +17,7 @@ horizon beyond which a window cannot be proven, and the summary.
 import hashlib
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -203,8 +203,11 @@ def window(listing: EventList, watermark: datetime | None, since: datetime | Non
 
 
 def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since: datetime | None = None,
-              until: datetime | None = None, dry_run: bool = False, now: datetime | None = None) -> Summary:
+              until: datetime | None = None, dry_run: bool = False, now: datetime | None = None,
+              on_result: Callable[[Result], object] = lambda result: None) -> Summary:
     """List source's events of the window and apply each as a live delivery would; return the run's Summary.
+
+    on_result is told what applying each event came to (for /metrics).
 
     source is the name its events are stored under (Source.event_source).
     Raises ProviderError (the run recorded failed) when the provider cannot
@@ -231,7 +234,7 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
                 summary.run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
                                                           "status": RunStatus.RUNNING}).fetchone()[0]  # type: ignore
             try:
-                _apply_window(pool, source, listing, policy, summary)
+                _apply_window(pool, source, listing, policy, summary, on_result)
             except ProviderError as exc:
                 summary.status, summary.message = RunStatus.FAILED, str(exc)
                 summary.watermark, failure = watermark, exc
@@ -301,7 +304,8 @@ def _finish(holder: psycopg.Connection, summary: Summary) -> None:
                                 "refused": tally.refused_count, "message": summary.message})
 
 
-def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary) -> None:
+def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary,
+                  on_result: Callable[[Result], object]) -> None:
     """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more.
 
     A page's events are applied by APPLIERS threads, each taking the events
@@ -326,6 +330,7 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             for lane_results in results:
                 for event, result in lane_results:
                     _count(tally, event, result)
+                    on_result(result)
             with transaction(pool) as conn:
                 conn.execute(PROGRESS, {"id": summary.run_id, "pages": tally.pages, "listed": tally.listed,
                                         "applied": tally.applied, "duplicates": tally.duplicates,
@@ -335,6 +340,8 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
     refused, tally.refused = tally.refused, []
     for refusal in refused:
         again = replay(pool, source, refusal.event_id, policy) if refusal.reason.startswith("unknown payment") else None
+        if again is not None:
+            on_result(again)
         if again is not None and again.outcome == Outcome.PROCESSED:
             tally.applied += 1
         else:

@@ -5,8 +5,11 @@ curl to paste. The README's smoke test uses the same user and secret."""
 import json
 import os
 import shlex
+import sys
+from pathlib import Path
 
-from app.config import ConfigError, from_env
+from app.config import SETTINGS, ConfigError, from_env
+from app.events import DEFAULT_SOURCE
 from app.signature import sign
 
 from .supervise import Failed
@@ -56,6 +59,8 @@ def banner(base_url, event_id, balance, config, secret_from_env, external):
 {rule}
 webhook-ledger is up at {base_url}   (Ctrl-C stops it{'' if external else ' and its servers'})
 {demo}
+{routes(base_url, config)}
+
 Credit the demo user 1000 cents ({scheme}, signed with {signed_with}); paste it twice:
 the first answer is "processed", the second "duplicate".
 
@@ -65,5 +70,45 @@ BODY={shlex.quote(body)}
 The balance ({balance} cents now, {balance + 1000} after that):
 
 psql {psql_target} -c "SELECT user_id, balance_cents FROM user_balances WHERE user_id = '{DEMO_USER}'"
+
+{commands(config, secret_from_env, external)}
 {rule}
 """
+
+
+def routes(base_url, config):
+    """The route of every configured source, with its signature scheme."""
+    lines = ["Routes, one per configured source:"]
+    for source in config.sources.values():
+        path = "/api/webhooks" if source.name == DEFAULT_SOURCE else f"/api/webhooks/{source.name}"
+        lines.append(f"  {source.name:<12} {source.scheme:<18} {base_url}{path}")
+    return "\n".join(lines)
+
+
+def commands(config, secret_from_env, external):
+    """A ready `export` block for `flask` commands in another terminal: the ports change on every run.
+
+    Only what is not secret is printed (the private servers' URLs, the demo secret); the settings this
+    shell gave are named, for the other terminal to set the same way.
+    """
+    printed = {}
+    if not external:
+        printed["DATABASE_URL"], printed["REDIS_URL"] = config.database_url, config.redis_url
+    if not secret_from_env:
+        printed["WEBHOOK_SECRET"] = DEMO_SECRET
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        printed["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
+    given = sorted(name for name in os.environ if name not in printed and _is_setting(name, config))
+    export = "export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in printed.items())
+    also = f"\n# and, as in the shell that started this: {' '.join(given)}" if given else ""
+    flask = Path(sys.executable).parent / "flask"
+    return f"""For `flask` commands in another terminal (docs/operations.md; the ports change on every run):
+
+{export}{also}
+{flask} --app app events list"""
+
+
+def _is_setting(name, config):
+    """Whether name is a setting of the README's table, or one of a configured source's."""
+    prefixes = tuple(f"WEBHOOK_{source.upper().replace('-', '_')}_" for source in config.webhook_sources)
+    return name in SETTINGS or name.startswith(prefixes)

@@ -23,7 +23,7 @@ from app.config import ConfigError, from_env
 from app.db import apply_schema
 from devservers import Gunicorn
 from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings
-from devservers.run_dir import start_servers
+from devservers.run_dir import RUN_DIR, start_servers
 from devservers.supervise import Failed, logger, port_free, say, supervise
 
 log = logger("run")
@@ -53,6 +53,9 @@ def run(cleanup):
         raise Failed(f"configuration: {exc}") from None
     event_id, balance = prepare_database(config)
 
+    # One folder for gunicorn's workers and the `flask` commands of the banner's
+    # export block: what a replay applies reaches /metrics (docs/operations.md).
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(RUN_DIR / "metrics"))
     log(f"starting gunicorn on {host}:{http_port}")
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     server = Gunicorn({}, workers=None, threads=None, log_path="-", port=http_port, host=url_host)

@@ -5,9 +5,11 @@ the ledger checks."""
 import base64
 import http.client
 import json
+import queue
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -316,6 +318,23 @@ def samples(text):
     """{(sample name, sorted labels): value} of a Prometheus text exposition."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def read_banner(proc, timeout):
+    """A script's stdout (`make run`, `make cluster`) up to its banner's closing rule; fails if it does not come."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    text, rules, deadline = "", 0, time.monotonic() + timeout
+    while rules < 2:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no banner (exit status {proc.poll()}):\n{text}") from None
+            continue
+        text += line
+        rules += line.startswith("=" * 70)
+    return text
 
 
 # -- a host that installed the wheel (tests/test_packaging.py, test_systemd.py) ----

@@ -67,6 +67,20 @@ def _ids(result):
     return [line.split()[1] for line in result.output.splitlines()[1:]]
 
 
+def test_list_shows_the_last_error_whole_on_its_row(client, db, run):
+    deliver(client, payment("evt_long", user=UNKNOWN_USER))
+    deliver(client, payment("evt_short", user=UNKNOWN_USER))
+    long_error = "unknown payment pi_" + "x" * 100 + ": its refund waits\nfor it"
+    db.execute("UPDATE webhook_events SET last_error = %s WHERE event_id = 'evt_long'", [long_error])
+    result = run("events", "list")
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    assert len(rows) == 2  # a newline in an error does not break its row
+    long_row = next(row for row in rows if "evt_long" in row)
+    assert long_row.endswith("unknown payment pi_" + "x" * 100 + ": its refund waits\\nfor it")
+    assert header.index("LAST ERROR") == long_row.index("unknown payment") == rows[0].index("unknown ")
+
+
 def test_list_refuses_an_unknown_status(run):
     result = run("events", "list", "--status", "done")
     assert result.exit_code == 2

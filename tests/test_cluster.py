@@ -3,42 +3,22 @@ curl that answers processed then duplicate through haproxy, and Ctrl-C
 (SIGINT) stops every server it started."""
 
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psycopg
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import http_post
+from .helpers import http_post, read_banner
 
 # Starting 11 servers takes ~10 s on 2 cores; a busy CI machine gets 6x that.
 START_TIMEOUT_S = 60
 DEMO_USER = "00000000-0000-4000-8000-000000000001"
-
-
-def _read_banner(proc):
-    """stdout up to the banner's closing rule; fails if it does not come."""
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    text, rules, deadline = "", 0, time.monotonic() + START_TIMEOUT_S
-    while rules < 2:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no banner (exit status {proc.poll()}):\n{text}") from None
-            continue
-        text += line
-        rules += line.startswith("=" * 70)
-    return text
 
 
 def _answers(port):
@@ -57,7 +37,7 @@ def test_make_cluster_serves_the_printed_curl_and_ctrl_c_stops_everything(tmp_pa
                                 stderr=err, text=True, env={**_env(), "PORT": str(port)})
     try:
         try:
-            banner = _read_banner(proc)
+            banner = read_banner(proc, START_TIMEOUT_S)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{stderr.read_text()}") from None
         base = f"http://127.0.0.1:{port}"

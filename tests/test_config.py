@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app import config, create_app
-from app.config import ConfigError, Settings, Source
+from app.config import ConfigError, Needs, Settings, Source
 from devservers import ROOT
 
 # Starts no server: in `make check` (docs/testing.md).
@@ -34,7 +34,7 @@ def test_defaults_match_the_readme():
 def test_settings_are_one_frozen_object_with_a_field_per_setting():
     parsed = config.from_env(BASE)
     names = {field.name for field in dataclasses.fields(Settings)}
-    assert names == {name.lower() for name in config.SETTINGS} | {"sources", "policy"}
+    assert names == {name.lower() for name in config.SETTINGS} | {"sources", "policy", "read"}
     assert (parsed.schema_path, parsed.policy) == (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False))
     with pytest.raises(dataclasses.FrozenInstanceError):
         parsed.lock_ttl_ms = 1  # type: ignore[misc]
@@ -252,7 +252,7 @@ NAMED = {"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": "billing-secret
 def test_bad_sources_stop_create_app_with_one_line_naming_the_setting(override, message):
     environ = {k: v for k, v in {**BASE, **override}.items() if v is not None}
     with pytest.raises(ConfigError, match=message) as refused:
-        create_app(environ)
+        create_app(environ, needs=Needs.SERVICE)
     assert "\n" not in str(refused.value)
 
 
@@ -301,7 +301,7 @@ SHARED = "shared-secret-0123456789"
 ])
 def test_a_secret_shared_by_two_sources_stops_the_app_with_one_line_naming_both(override, message):
     with pytest.raises(ConfigError, match=message) as refused:
-        create_app({**BASE, **override})
+        create_app({**BASE, **override}, needs=Needs.SERVICE)
     assert "\n" not in str(refused.value) and SHARED not in str(refused.value)
 
 

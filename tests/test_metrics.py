@@ -5,13 +5,15 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from app.lock import lock_key
-from devservers import wait_until
+from devservers import ROOT, wait_until
 
 from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, samples, signed_headers
 
@@ -191,3 +193,58 @@ def test_an_empty_file_left_by_a_worker_killed_at_boot_stops_no_scrape(gunicorn,
     wait_until(lambda: _scrape_ok(server.base), timeout=10, what="a scrape that succeeds")
     for _ in range(4):  # whichever worker answers the scrape
         assert _scrape(server.base) is not None
+
+
+# -- what `flask` commands apply: counted by the service's next scrape -------------
+
+def _flask(env, *args):
+    return subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT,
+                          env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=60)
+
+
+def _credited(scraped):
+    return scraped.get(("webhook_ledger_payments_credited_total", (("source", "default"),)), 0)
+
+
+def test_credits_a_replay_makes_reach_metrics_once(gunicorn, config, db, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    for number in range(3):
+        body = encode(payment(f"evt_cli_{number}", user=UNKNOWN_USER, cents=100))
+        assert http_post(server.base, body, signed_headers(body))[0] == 422
+    assert _credited(_scrape(server.base)) == 0
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+
+    shell = {**config, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}  # the service's folder
+    done = _flask(shell, "events", "replay", "--all-failed")
+    assert done.returncode == 0 and done.stderr == "", done
+    assert done.stdout.endswith("replayed 3 failed events: 3 completed, 0 still failed\n")
+    assert [path.name for path in metrics_dir.glob("commands-*.json")] != []  # left for the next scrape
+
+    assert _credited(_scrape(server.base)) == 3
+    assert _credited(_scrape(server.base)) == 3  # once, whichever worker answers
+    assert list(metrics_dir.glob("commands-*")) == []
+    deliveries_total = sum(v for (name, _), v in _scrape(server.base).items()
+                           if name == "webhook_ledger_deliveries_total")
+    assert deliveries_total == 3  # a replay is no delivery: only the three 422s
+
+
+def test_a_read_only_command_leaves_nothing_in_the_metrics_folder(gunicorn, config, db, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    server = gunicorn(workers=1, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    _scrape(server.base)
+    before = sorted(path.name for path in metrics_dir.iterdir())
+    done = _flask({"DATABASE_URL": config["DATABASE_URL"], "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+                  "events", "list")
+    assert (done.returncode, done.stdout) == (0, "no events\n"), done
+    assert sorted(path.name for path in metrics_dir.iterdir()) == before
+
+
+def test_a_replay_says_in_one_line_when_its_counts_cannot_reach_metrics(client, config, db, tmp_path):
+    assert deliver(client, payment("evt_cli", user=UNKNOWN_USER)).status_code == 422
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    missing = tmp_path / "not-there"
+    done = _flask({**config, "PROMETHEUS_MULTIPROC_DIR": str(missing)}, "events", "replay", "evt_cli")
+    assert (done.returncode, done.stdout) == (0, "evt_cli: processed; now completed\n"), done
+    assert done.stderr == (f"metrics: what this command applied is not counted in /metrics: "
+                           f"PROMETHEUS_MULTIPROC_DIR {missing} is not a folder (is the service running?)\n")

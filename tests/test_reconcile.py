@@ -19,7 +19,7 @@ from app import reconcile as reconcile_module
 from devservers import ROOT, wait_until
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
-from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance
+from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, scrape
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
 DAY = 86400
@@ -427,3 +427,18 @@ def test_the_metrics_say_when_a_source_last_reconciled_and_how_many_events_it_re
     assert after[("webhook_ledger_reconcile_runs_total", "completed")] == 1
     assert after[("webhook_ledger_reconcile_runs_total", "failed")] == 0
     assert time.time() - after[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] < 60
+
+
+def test_what_a_run_applies_reaches_the_services_metrics(gunicorn, config, db, stand_in, tmp_path):
+    """A real gunicorn and a real `flask reconcile` process, sharing the service's PROMETHEUS_MULTIPROC_DIR."""
+    metrics_dir = tmp_path / "metrics"
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    stand_in.add(*payments(5, cents=7))
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default"], cwd=ROOT,
+                          env={**flask_env(config), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done
+    credited = ("webhook_ledger_payments_credited_total", (("source", "default"),))
+    assert scrape(server.base)[credited] == 5
+    assert scrape(server.base)[credited] == 5
+    assert list(metrics_dir.glob("commands-*")) == []

@@ -70,7 +70,7 @@ def test_verify_judges_each_event_by_the_settings_it_was_decided_under(make_app,
     assert verified.exit_code == 0, verified.output
     assert f"completed event {test_mode.id!r}: today's STRIPE_ACCEPT_TEST_EVENTS refuses it; it was decided under " \
            "LEDGER_CURRENCY=usd, STRIPE_ACCEPT_TEST_EVENTS=true" in verified.output
-    assert "1 events decided under other settings than today's" in verified.output
+    assert "1 events decided under other settings than this command's" in verified.output
 
 
 @STRIPE

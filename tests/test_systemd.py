@@ -90,6 +90,16 @@ def test_the_reconcile_timer_runs_the_sources_reconcile_hourly_and_a_yielded_run
     assert service["EnvironmentFile"] == read_unit((UNITS / SERVICE).read_text())["Service"]["EnvironmentFile"]
 
 
+def test_the_reconcile_run_writes_its_counts_in_the_services_metrics_folder_as_the_service_s_user():
+    """What a run applies reaches /metrics (app/metrics.py): one folder, one dynamic user, for both units."""
+    service = read_unit((UNITS / SERVICE).read_text())["Service"]
+    reconcile = read_unit((UNITS / RECONCILE).read_text())["Service"]
+    assert "PROMETHEUS_MULTIPROC_DIR=%t/webhook-ledger" in service["Environment"]
+    assert "PROMETHEUS_MULTIPROC_DIR=%t/webhook-ledger" in reconcile["Environment"]
+    assert service["RuntimeDirectory"] == ["webhook-ledger"] and reconcile["ReadWritePaths"] == ["-%t/webhook-ledger"]
+    assert (reconcile["User"], reconcile["DynamicUser"]) == (service["User"], service["DynamicUser"])
+
+
 @pytest.mark.parametrize("unit", [SERVICE, RECONCILE_DEFAULT])
 def test_the_service_is_hardened(units, unit):
     done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", f"./{unit}"], cwd=units,
