@@ -54,6 +54,8 @@ class Status(StrEnum):
     PROCESSING = "processing"  # never outlives apply_event's transaction
     COMPLETED = "completed"  # its effect is committed
     FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
+    IGNORED = "ignored"  # not ours (a payment naming no user under NO_USER=ignore): `events replay` may apply it
+    DISMISSED = "dismissed"  # a failed event closed by an operator (`events dismiss`): not replayed by --all-failed
 
 
 class Origin(StrEnum):
@@ -126,7 +128,8 @@ APPLY_EVENT = """
     p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => %(keep_json)s,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
     p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
-    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s)
+    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s,
+    p_customer => %(customer_id)s, p_user_key => %(user_key)s, p_no_user => %(no_user)s)
 """
 
 
@@ -144,7 +147,10 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
               "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
               "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
               "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
-              "origin": origin}
+              "origin": origin, "customer_id": effect.customer_id}
+    # The source's way of naming users, recorded with the event (verify reads a credit by it).
+    users = policy.users_of(event.source)
+    params.update(user_key=users.metadata_key, no_user=users.no_user)
     try:
         row = one_query(pool, APPLY_EVENT, params)
     except psycopg.errors.DataError:

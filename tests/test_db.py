@@ -57,7 +57,7 @@ MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrati
 SINCE_MOVEMENTS = [name for name in MIGRATIONS if name not in BEFORE_MOVEMENTS_HAD]
 APPLIED_SINCE_MOVEMENTS = [f"applied migration {name}" for name in SINCE_MOVEMENTS]
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "legacy_set_aside",
-          "reconcile_watermarks", "reconcile_runs")
+          "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
 
 
 def _recorded(conn):
@@ -71,7 +71,7 @@ def test_schema_applies_twice_without_error(db):
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "legacy_set_aside",
-                      "reconcile_runs", "reconcile_watermarks"}
+                      "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # An empty database got schema.sql, which includes every migration: none ran.
     assert _recorded(db) == [(name, False) for name in MIGRATIONS] and MIGRATIONS
