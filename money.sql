@@ -153,7 +153,7 @@ BEGIN
         IF v_status = 'completed' THEN
             outcome := 'duplicate';
             RETURN;
-        ELSIF v_status IN ('ignored', 'dismissed') AND p_origin IS NOT NULL THEN
+        ELSIF (v_status = 'ignored' OR v_status = 'dismissed') AND p_origin IS NOT NULL THEN
             outcome := 'ignored';  -- closed: only an operator's replay opens it again
             problem := 'the event is ' || v_status;
             RETURN;
