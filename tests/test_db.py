@@ -947,3 +947,31 @@ def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app
         conn.execute("SELECT pg_sleep(%s)", [bound + 0.3])
     with pool.connection() as conn:
         assert conn.deadline == bound  # the pool's again
+
+
+AT_007 = Path(__file__).parent / "data" / "schema_at_007.sql"  # schema.sql as the release of 007 shipped it
+
+
+def test_a_database_at_007_gets_008_and_keeps_its_users_events_and_payments(db):
+    fresh = _catalog(db)
+    _drop_schema(db)
+    db.execute("DROP TABLE IF EXISTS customer_links, ignored_payments")
+    db.execute(AT_007.read_text())
+    db.execute(RECORDS)
+    for name in MIGRATIONS[:-1]:
+        db.execute(RECORD, [name, hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / "migrations" / name).read_bytes())
+                            .digest(), False])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1250)", [ALICE])
+    db.execute("INSERT INTO webhook_events (event_id, event_type, status, payload_sha256, effect_version, last_error)"
+               " VALUES ('evt_done', 'payment.succeeded', 'completed', sha256(''), 4, NULL),"
+               " ('evt_failed', 'payment.succeeded', 'failed', sha256(''), 4, 'unknown user')")
+    db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
+               " VALUES ('default', 'pay_1', %s, 250, 'usd', 'evt_done')", [ALICE])
+    assert apply_schema(db) == (False, ["008_users_links.sql"])
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT event_id, status, last_error FROM webhook_events ORDER BY event_id").fetchall() == \
+        [("evt_done", "completed", None), ("evt_failed", "failed", "unknown user")]
+    assert db.execute("SELECT user_id, customer_id FROM payments").fetchall() == [(ALICE, None)]
+    assert db.execute("SELECT balance_cents, opening_balance_cents FROM user_balances").fetchall() == [(1250, 1250)]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")
