@@ -181,8 +181,8 @@ BEGIN
         WHERE l.source = p_source AND l.customer_id = p_customer;
         v_linked := v_user IS NOT NULL;
         IF NOT v_linked THEN
-            problem := format('no user: the metadata names no %s, and %s', coalesce(p_user_key, 'user_id'),
-                              CASE WHEN p_customer IS NULL THEN 'it names no customer'
+            problem := format('no user: no data.object.metadata.%s, and %s', coalesce(p_user_key, 'user_id'),
+                              CASE WHEN p_customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
                                                p_customer, p_source, p_customer) END);
             IF p_no_user = 'ignore' THEN

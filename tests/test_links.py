@@ -119,7 +119,7 @@ def test_a_payment_with_no_user_is_ignored_recorded_counted_and_listed(ignoring,
     assert send_stripe(client, evt).json == {"status": "ignored", "event_id": evt.id}
     row = stored_event_row(db, evt.id)
     assert row.status == "ignored" and row.body == str(evt).encode()
-    assert "no user: the metadata names no user_id, and it names no customer" in row.last_error
+    assert "no user: no data.object.metadata.user_id, and no data.object.customer" in row.last_error
     assert send_stripe(client, evt).json["status"] == "ignored"  # a redelivery changes nothing
     scraped = samples(client.get("/metrics").text)
     labels = (("outcome", "ignored"), ("reason", ""), ("source", "default"))
