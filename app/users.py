@@ -9,6 +9,7 @@ by `flask ledger verify`, and no link moves a payment credited before.
 """
 
 import uuid
+from typing import Any
 
 import click
 from flask import Flask, current_app
@@ -16,6 +17,7 @@ from psycopg.rows import namedtuple_row
 
 from .cli import CENTS, Commands, _os_user, _table, _utc
 from .db import NamedRow, get_pool, transaction
+from .events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
@@ -48,12 +50,26 @@ ADD_LINK = """
     RETURNING created_at
 """
 LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source = %s AND customer_id = %s"
-# Events that failed or were ignored for want of this customer's user: `flask events replay` applies them now.
-WAITING = """
-    SELECT event_id, status FROM webhook_events
-    WHERE source = %s AND status IN ('failed', 'ignored') AND payload #>> '{data,object,customer}' = %s
-    ORDER BY created_at, id
+# The events that may have failed or been ignored for want of a customer's user (waiting_for reads their bytes).
+UNAPPLIED = """
+    SELECT event_id, event_type, status, body, coalesce(user_metadata_key, 'user_id') FROM webhook_events
+    WHERE source = %s AND status IN ('failed', 'ignored') AND body IS NOT NULL ORDER BY created_at, id
 """
+
+
+def _waiting_for(rows: list[Any], source: str, customer_id: str) -> list[tuple[str, str]]:
+    """(event id, status) of the rows whose bytes are a credit naming customer_id and no user, read as decided
+    (by the metadata key recorded with each)."""
+    waiting = []
+    for event_id, event_type, status, body, key in rows:
+        policy = Policy(users={source: Users(metadata_key=key)})
+        try:
+            effect = effect_of(stored_event(source, event_id, event_type, bytes(body), None), policy)
+        except StoredBodyError:
+            continue
+        if effect.kind == Kind.CREDIT and effect.user_id is None and effect.customer_id == customer_id:
+            waiting.append((event_id, status))
+    return waiting
 
 
 def init_app(app: Flask) -> None:
@@ -149,7 +165,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     with transaction(get_pool(current_app)) as conn:
         made = conn.execute(ADD_LINK, params).fetchone()
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
-        waiting = conn.execute(WAITING, [source, customer_id]).fetchall()
+        waiting = _waiting_for(conn.execute(UNAPPLIED, [source]).fetchall(), source, customer_id)
     if link is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
     if link.user_id != user_id:
