@@ -79,6 +79,17 @@ CROSS JOIN LATERAL (
 -- provider's event list), recorded with them; NULL (a replay of the stored
 -- bytes) keeps what the row says.
 --
+-- A credit whose p_user is NULL (its metadata names none under p_user_key,
+-- the source's WEBHOOK_<NAME>_USER_METADATA_KEY) is credited to the user
+-- that customer_links maps p_customer to (payments.customer_id says so).
+-- With neither, p_no_user decides: 'refuse' fails it (422, a retry or a
+-- replay applies it once a link is made), 'ignore' records it 'ignored'
+-- (outcome 'ignored', a 2xx) and its payment in ignored_payments, whose
+-- refunds and disputes are then ignored too. p_user_key and p_no_user are
+-- recorded with the event. A delivery of an ignored or a dismissed event is
+-- 'ignored' again, nothing changed; only a replay (p_origin NULL) tries it
+-- again. The link is read, not locked: links are never changed nor deleted.
+--
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then the
 -- payment's row (a credit's insert of its key, any other movement's FOR
@@ -89,10 +100,13 @@ CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
     p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
     p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
-    p_origin text,
+    p_origin text, p_customer text, p_user_key text, p_no_user text,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_user uuid := p_user;
+    v_linked boolean := false;
+    v_ignored boolean := false;
     v_row_id bigint;
     v_status text;
     v_effect bytea;
@@ -108,12 +122,13 @@ BEGIN
     -- changed a balance is never inserted again. (p_keep_json: true only from
     -- the previous release's hosts, which still keep a jsonb copy.)
     INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
-                                status, completed_at, last_error, ledger_currency, test_events_accepted, origin)
+                                status, completed_at, last_error, ledger_currency, test_events_accepted, origin,
+                                user_metadata_key, no_user)
     SELECT p_source, p_event_id, p_type, p_body,
            CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
            CASE WHEN p_problem IS NOT NULL THEN 'failed' ELSE 'completed' END,
            CASE WHEN p_problem IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
-           coalesce(p_origin, 'delivery')
+           coalesce(p_origin, 'delivery'), p_user_key, p_no_user
     WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING id INTO v_row_id;
@@ -143,13 +158,17 @@ BEGIN
         IF v_status = 'completed' THEN
             outcome := 'duplicate';
             RETURN;
+        ELSIF (v_status = 'ignored' OR v_status = 'dismissed') AND p_origin IS NOT NULL THEN
+            outcome := 'ignored';  -- closed: only an operator's replay opens it again
+            problem := 'the event is ' || v_status;
+            RETURN;
         END IF;
         -- A failed event, tried again from this delivery's bytes.
         UPDATE webhook_events
         SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
             payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
             effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events,
-            origin = coalesce(p_origin, origin)
+            origin = coalesce(p_origin, origin), user_metadata_key = p_user_key, no_user = p_no_user
         WHERE id = v_row_id;
     ELSIF p_problem IS NOT NULL THEN
         outcome := 'failed';
@@ -162,20 +181,37 @@ BEGIN
 
     -- Decide, and change the balance.
     problem := p_problem;
+    IF problem IS NULL AND p_kind = 'credit' AND v_user IS NULL THEN
+        SELECT l.user_id INTO v_user FROM customer_links l
+        WHERE l.source = p_source AND l.customer_id = p_customer;
+        v_linked := v_user IS NOT NULL;
+        IF NOT v_linked THEN
+            problem := format('no user: no data.object.metadata.%s, and %s', coalesce(p_user_key, 'user_id'),
+                              CASE WHEN p_customer IS NULL THEN 'no data.object.customer'
+                                   ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
+                                               p_customer, p_source, p_customer) END);
+            IF p_no_user = 'ignore' THEN
+                v_ignored := true;
+                INSERT INTO ignored_payments (source, payment_id, event_id) VALUES (p_source, p_payment, p_event_id)
+                ON CONFLICT (source, payment_id) DO NOTHING;
+            END IF;
+        END IF;
+    END IF;
     IF problem IS NULL AND p_kind = 'credit' THEN
         -- The payment's key first: a twin announcing the same payment waits
         -- on this insert, then finds it taken. Then the user's row.
-        INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)
-        SELECT p_source, p_payment, p_user, p_amount, p_currency, p_event_id
-        WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = p_user)
+        INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id, customer_id)
+        SELECT p_source, p_payment, v_user, p_amount, p_currency, p_event_id, CASE WHEN v_linked THEN p_customer END
+        WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = v_user)
         ON CONFLICT (source, payment_id) DO NOTHING;
         IF FOUND THEN
             UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
-            WHERE user_id = p_user AND balance_cents <= 9223372036854775807 - p_amount
+            WHERE user_id = v_user AND balance_cents <= 9223372036854775807 - p_amount
             RETURNING user_balances.balance_cents INTO balance_after;
             IF FOUND THEN
                 INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
-                VALUES (p_source, p_event_id, 'credit', p_payment, p_user, p_amount);
+                VALUES (p_source, p_event_id, 'credit', p_payment, v_user, p_amount);
+                DELETE FROM ignored_payments WHERE source = p_source AND payment_id = p_payment;
                 change := 'credit';
             ELSE
                 DELETE FROM payments WHERE source = p_source AND payment_id = p_payment;
@@ -184,8 +220,8 @@ BEGIN
         ELSE
             SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
             IF NOT FOUND THEN
-                problem := 'unknown user ' || p_user;
-            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (p_user, p_amount, p_currency)
+                problem := 'unknown user ' || v_user;
+            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (v_user, p_amount, p_currency)
             THEN
                 change := 'payment_duplicate';
             ELSE
@@ -199,6 +235,10 @@ BEGIN
         SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment FOR UPDATE;
         IF NOT FOUND THEN
             problem := 'unknown payment ' || p_payment;
+            IF EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = p_payment) THEN
+                v_ignored := true;  -- a payment that is not ours: nobody's to debit
+                problem := format('payment %s is not ours: it named no user, and was ignored', p_payment);
+            END IF;
         ELSIF v_payment.currency <> p_currency THEN
             problem := format('%s in %s of payment %s, which was in %s', CASE p_kind WHEN 'dispute' THEN 'dispute'
                               ELSE 'refund' END, p_currency, p_payment, v_payment.currency);
@@ -260,6 +300,10 @@ BEGIN
             WHERE id = v_row_id;
         END IF;
         outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
+    ELSIF v_ignored THEN
+        UPDATE webhook_events SET status = 'ignored', completed_at = NULL, last_error = problem, updated_at = now()
+        WHERE id = v_row_id;
+        outcome := 'ignored';
     ELSE
         UPDATE webhook_events SET status = 'failed', completed_at = NULL, last_error = problem, updated_at = now()
         WHERE id = v_row_id;
@@ -268,8 +312,31 @@ BEGIN
 END
 $$;
 
--- The previous release's signature, for its hosts that still serve during a
--- rolling upgrade: the same rule (its 'refund' is a running total). Its
+-- The previous release's signature (before 008), for its hosts that still
+-- serve during a rolling upgrade: the same rule, with the metadata key it
+-- always read and its refusal of a payment with no user.
+CREATE OR REPLACE FUNCTION apply_event(
+    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
+    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
+    p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
+    p_origin text,
+    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO outcome, problem, stored_sha256, change, balance_after FROM apply_event(
+        p_source => p_source, p_event_id => p_event_id, p_type => p_type, p_body => p_body, p_sha256 => p_sha256,
+        p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem, p_kind => p_kind,
+        p_payment => p_payment, p_user => p_user, p_amount => p_amount, p_currency => p_currency,
+        p_movement => p_movement, p_state => p_state, p_ledger_currency => p_ledger_currency,
+        p_test_events => p_test_events, p_origin => p_origin, p_customer => NULL, p_user_key => 'user_id',
+        p_no_user => 'refuse');
+    UPDATE webhook_events SET effect_version = 4
+    WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 4;
+END
+$$;
+
+-- The signature of the release before that, for its hosts that still serve
+-- during a rolling upgrade: the same rule (its 'refund' is a running total). Its
 -- effects are hashed by rule 2, so the row it stored says so, and the
 -- `flask init-db` run after the upgrade recomputes them.
 CREATE OR REPLACE FUNCTION apply_event(

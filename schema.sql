@@ -40,8 +40,13 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     source           TEXT NOT NULL DEFAULT 'default' CHECK (source ~ '^[a-z0-9-]{1,64}$'),
     event_id         TEXT NOT NULL CHECK (char_length(event_id) BETWEEN 1 AND 128),
     event_type       TEXT NOT NULL CHECK (char_length(event_type) BETWEEN 1 AND 64),
+    -- 'ignored': a payment that names no user (no metadata, no linked
+    -- customer) under its source's WEBHOOK_<NAME>_NO_USER=ignore, or a refund
+    -- or dispute of one: answered 2xx, nothing applied, `flask events replay`
+    -- applies it once a link names its user. 'dismissed': a failed event that
+    -- an operator closed (`flask events dismiss`), with why, who and when.
     status           TEXT NOT NULL DEFAULT 'processing'
-                     CHECK (status IN ('processing', 'completed', 'failed')),
+                     CHECK (status IN ('processing', 'completed', 'failed', 'ignored', 'dismissed')),
     -- The exact bytes received: the event of record, which replay and
     -- verify parse. NULL only on rows stored before the bytes were kept (by
     -- the release before sources; migrations/001 cannot make them up).
@@ -66,7 +71,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by: `flask init-db`
     -- recomputes, from the stored bytes, the effects of rows stored under an
     -- older rule (NULL: the first), so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 4,
+    effect_version   SMALLINT DEFAULT 5,
     -- The settings its outcome was decided under (LEDGER_CURRENCY,
     -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
     -- not by today's. NULL on rows stored before they were kept. No CHECK:
@@ -74,6 +79,14 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- every insert and update of this, the hottest table.
     ledger_currency  TEXT,
     test_events_accepted BOOLEAN,
+    -- Per source, as decided under: the metadata key read for the user
+    -- (WEBHOOK_<NAME>_USER_METADATA_KEY) and what a payment with no user got
+    -- (WEBHOOK_<NAME>_NO_USER: 'refuse' or 'ignore'). NULL before 008.
+    user_metadata_key TEXT,
+    no_user          TEXT,
+    dismissed_reason TEXT CHECK (dismissed_reason ~ '\S' AND char_length(dismissed_reason) <= 500),
+    dismissed_by     TEXT CHECK (char_length(dismissed_by) BETWEEN 1 AND 128),
+    dismissed_at     TIMESTAMPTZ,
     mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
     last_mismatch_at TIMESTAMPTZ,
     -- Where its bytes of record came from: 'delivery' (a webhook received),
@@ -131,6 +144,34 @@ CREATE TABLE IF NOT EXISTS payments (
     event_id       TEXT NOT NULL,             -- the event whose delivery credited it
     created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- The customer whose link (customer_links) named user_id; NULL: the
+    -- event's metadata named it.
+    customer_id    TEXT,
+    PRIMARY KEY (source, payment_id)
+);
+
+-- A provider's customer -> the user its payments credit when their metadata
+-- names none (`flask users link`). Never changed nor deleted once made, so
+-- that a credit made through a link is checked against it (`flask ledger
+-- verify`) and no link moves a payment already credited.
+CREATE TABLE IF NOT EXISTS customer_links (
+    source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    customer_id TEXT NOT NULL CHECK (char_length(customer_id) BETWEEN 1 AND 128),
+    user_id     UUID NOT NULL REFERENCES user_balances (user_id),
+    linked_by   TEXT NOT NULL CHECK (char_length(linked_by) BETWEEN 1 AND 128),
+    created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, customer_id)
+);
+CREATE INDEX IF NOT EXISTS customer_links_user_idx ON customer_links (user_id);
+
+-- Payments that named no user (no metadata, no linked customer) under their
+-- source's `ignore`: their refunds and disputes are ignored too, never
+-- applied to anyone. A credit made later (a replay after a link) deletes it.
+CREATE TABLE IF NOT EXISTS ignored_payments (
+    source     TEXT NOT NULL,
+    payment_id TEXT NOT NULL,
+    event_id   TEXT NOT NULL,             -- the event whose payment was ignored
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (source, payment_id)
 );
 

@@ -81,7 +81,8 @@ ledger_group = Commands("ledger", help="Check the ledger, correct a balance, nam
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 LIST_EVENTS = """
-    SELECT source, event_id, event_type, status, attempts, mismatches, created_at, last_error
+    SELECT source, event_id, event_type, status, attempts, mismatches, created_at,
+           coalesce('dismissed by ' || dismissed_by || ': ' || dismissed_reason, last_error) AS last_error
     FROM webhook_events
     WHERE (%(sources)s::text[] IS NULL OR source = ANY(%(sources)s))
       AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
@@ -121,6 +122,8 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(ledger_group)
     app.cli.add_command(redis_group)
     app.cli.add_command(reconcile_command)
+    from . import users  # noqa: PLC0415 - users.py imports this module's helpers
+    users.init_app(app)
 
 
 def _utc(moment: datetime | None) -> str:
@@ -310,6 +313,8 @@ def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple
     if result.outcome == Outcome.DUPLICATE:
         why = result.problem or "its payment was credited before, by another event"
         return True, f"{event_id}: {why}; nothing changed"
+    if result.outcome == Outcome.IGNORED:
+        return False, f"{event_id}: still ignored: {result.problem}"
     return False, f"{event_id}: still failed: {result.problem or result.outcome}"
 
 
@@ -340,6 +345,39 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
         click.echo(f"replayed {len(results)} failed events: {completed} completed, {failures} still failed")
     if failures:
         raise click.exceptions.Exit(1)
+
+
+DISMISS = """
+    UPDATE webhook_events SET status = 'dismissed', dismissed_reason = %(reason)s, dismissed_by = %(by)s,
+                              dismissed_at = now(), updated_at = now()
+    WHERE source = %(source)s AND event_id = %(event_id)s AND status = 'failed'
+    RETURNING dismissed_at
+"""
+STATUS = "SELECT status FROM webhook_events WHERE source = %s AND event_id = %s"
+
+
+@events.command("dismiss", needs=Needs.DATABASE)
+@click.argument("event_id")
+@SOURCE
+@click.option("--reason", required=True, help="Why it is closed (required): kept with it, shown by `events list`.")
+@click.option("--by", "actor", help="Who dismisses it, recorded with it [default: the OS user].")
+def dismiss_event(event_id: str, source: str, reason: str, actor: str | None) -> None:
+    """Close a failed event that will never apply, with its reason: kept, listed, never replayed by --all-failed."""
+    actor = _os_user() if actor is None else actor
+    if not reason.strip() or len(reason) > 500:
+        raise click.BadParameter("the reason must be 1 to 500 characters, not only spaces", param_hint="--reason")
+    if not 1 <= len(actor) <= 128:
+        raise click.BadParameter("who dismisses it is named in 1 to 128 characters", param_hint="--by")
+    params = {"source": source, "event_id": event_id, "reason": reason, "by": actor}
+    with transaction(get_pool(current_app)) as conn:
+        dismissed = conn.execute(DISMISS, params).fetchone()
+        status = conn.execute(STATUS, [source, event_id]).fetchone()
+    if status is None:
+        raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
+    if dismissed is None:
+        raise click.ClickException(f"event {event_id!r} of source {source!r} is {status[0]}: only a failed event "
+                                   "is dismissed")
+    click.echo(f"dismissed event {event_id!r} of source {source!r} at {_utc(dismissed[0])} by {actor}: {reason}")
 
 
 @events.command("purge", needs=Needs.DATABASE)

@@ -21,7 +21,7 @@ from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
 from . import conninfo
-from .events import DEFAULT_SOURCE, Policy
+from .events import DEFAULT_SOURCE, NoUser, Policy, Users
 from .signature import SCHEMES
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class UnknownSourceError(LookupError):
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key>.
-SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY")
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER")
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ class Source:
     moved_from: str | None = None
     # The provider's API key, for `flask reconcile` (WEBHOOK_<NAME>_API_KEY); never in a repr.
     api_key: str | None = field(default=None, repr=False)
+    # How its payments name their user (WEBHOOK_<NAME>_USER_METADATA_KEY, WEBHOOK_<NAME>_NO_USER).
+    users: Users = Users()
 
     @property
     def event_source(self) -> str:
@@ -246,6 +248,23 @@ def _api_base(name: str, raw: str) -> str:
     return raw.strip().rstrip("/")
 
 
+# Stripe's: a metadata key is up to 40 characters, and has no square brackets.
+METADATA_KEY = re.compile(r"[^\s\[\]]{1,40}")
+
+
+def _metadata_key(name: str, raw: str) -> str:
+    if not METADATA_KEY.fullmatch(raw.strip()):
+        raise ConfigError(f"{name} must be a metadata key of 1 to 40 characters, without spaces or []: got {raw!r}")
+    return raw.strip()
+
+
+def _no_user(name: str, raw: str) -> NoUser:
+    try:
+        return NoUser(raw.strip().lower())
+    except ValueError:
+        raise ConfigError(f"{name} must be one of {', '.join(NoUser)}, got {raw!r}") from None
+
+
 def _schema_path(name: str, raw: str) -> Path:
     # A relative path is taken from the current directory, as any command's file argument.
     return Path(raw.strip()).resolve() if raw.strip() else DEFAULT_SCHEMA_PATH
@@ -318,6 +337,13 @@ SETTINGS: dict[str, tuple[Parser, str | None]] = {
     # `flask reconcile`'s key for the default source: a Stripe restricted key
     # that may read Events. Unset: the command says so (serving needs none).
     "WEBHOOK_API_KEY": (_api_key, ""),
+    # The default source's PaymentIntent metadata key that names the user
+    # (a named source's: WEBHOOK_<NAME>_USER_METADATA_KEY, default this one).
+    "WEBHOOK_USER_METADATA_KEY": (_metadata_key, "user_id"),
+    # What a payment naming no user (no metadata, no linked customer) gets:
+    # refuse (422, as before: nothing is silently dropped) or ignore (2xx,
+    # recorded). A named source's: WEBHOOK_<NAME>_NO_USER, default this one.
+    "WEBHOOK_NO_USER": (_no_user, "refuse"),
     # Stripe's API address; the tests point it at a loopback stand-in.
     "STRIPE_API_BASE": (_api_base, "https://api.stripe.com"),
     # An hourly timer runs reconcile: three hours without a success is two
@@ -357,6 +383,8 @@ class Settings:
     ledger_currency: str
     stripe_accept_test_events: bool
     webhook_api_key: str | None = field(repr=False)  # None: unset
+    webhook_user_metadata_key: str
+    webhook_no_user: NoUser
     stripe_api_base: str
     reconcile_max_age_seconds: int
     schema_path: Path
@@ -408,7 +436,9 @@ def from_env(environ: Mapping[str, str] | None = None, needs: Needs = Needs.SERV
         _refuse_shared_secrets(sources)
     return Settings(**{name.lower(): value for name, value in values.items()},
                     sources=MappingProxyType(sources),
-                    policy=Policy(values["LEDGER_CURRENCY"], values["STRIPE_ACCEPT_TEST_EVENTS"]), read=needs)
+                    policy=Policy(values["LEDGER_CURRENCY"], values["STRIPE_ACCEPT_TEST_EVENTS"],
+                                  MappingProxyType({s.event_source: s.users for s in sources.values()})),
+                    read=needs)
 
 
 def from_env_as_far_as_it_goes(environ: Mapping[str, str]) -> tuple[Settings, dict[Needs, ConfigError]]:
@@ -441,7 +471,8 @@ def _sources(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping
     if values["WEBHOOK_SECRET"] is not None:
         sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, values["WEBHOOK_SIGNATURE_SCHEME"],
                                          values["WEBHOOK_SECRET"], values["WEBHOOK_TOLERANCE_SECONDS"],
-                                         api_key=values["WEBHOOK_API_KEY"])
+                                         api_key=values["WEBHOOK_API_KEY"],
+                                         users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]))
     for name in named:
         prefix = _prefix(name)
         raw_secret = environ.get(prefix + "SECRET")
@@ -453,9 +484,15 @@ def _sources(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping
         tolerance: int = (values["WEBHOOK_TOLERANCE_SECONDS"] if raw_tolerance is None
                           else SETTINGS["WEBHOOK_TOLERANCE_SECONDS"][0](prefix + "TOLERANCE_SECONDS", raw_tolerance))
         moved_from = environ.get(prefix + "MOVED_FROM")
+        key = environ.get(prefix + "USER_METADATA_KEY")
+        no_user = environ.get(prefix + "NO_USER")
+        users = Users(values["WEBHOOK_USER_METADATA_KEY"] if key is None
+                      else _metadata_key(prefix + "USER_METADATA_KEY", key),
+                      values["WEBHOOK_NO_USER"] if no_user is None else _no_user(prefix + "NO_USER", no_user),
+                      prefix + "USER_METADATA_KEY" if key is not None else "WEBHOOK_USER_METADATA_KEY")
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(prefix + "MOVED_FROM", moved_from, name),
-                               _api_key(prefix + "API_KEY", environ.get(prefix + "API_KEY", "")))
+                               _api_key(prefix + "API_KEY", environ.get(prefix + "API_KEY", "")), users)
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
         if earlier is not None and earlier.moved_from is not None:

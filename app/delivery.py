@@ -25,6 +25,7 @@ class Outcome(StrEnum):
     PROCESSED = "processed"  # effects committed by this delivery
     DUPLICATE = "duplicate"  # committed before; nothing changed
     FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
+    IGNORED = "ignored"  # a payment that names no user, or a movement of one, under NO_USER=ignore (200)
     PAYLOAD_MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)
     PAYMENT_MISMATCH = "payment_mismatch"  # its payment was credited with another user, amount or currency (409)
     IN_PROGRESS = "in_progress"  # a twin delivery holds the lock (409)

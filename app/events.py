@@ -19,8 +19,8 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, NoReturn, Protocol, TypeGuard, cast
 
@@ -42,7 +42,7 @@ STRIPE_BASIL = "2025-03-31"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 4
+EFFECT_VERSION = 5
 # user_balances.balance_cents is a BIGINT.
 MAX_CENTS = 2**63 - 1
 # How deep a body may nest, on every path alike: far below what Python's
@@ -125,14 +125,42 @@ class Effect:
     # the effect that applies, so a retry or a replay applies it once the
     # setting allows.
     setting: str | None = None
+    # A credit whose user_id is None: the customer whose link (customer_links)
+    # names its user, and what it gets if none does (money.sql decides).
+    customer_id: str | None = None
+    users: "Users | None" = None
+
+
+class NoUser(StrEnum):
+    """What a payment that names no user (no metadata, no linked customer) gets: WEBHOOK_<NAME>_NO_USER."""
+
+    REFUSE = "refuse"  # 422, recorded failed: a retry or a replay applies it once a link names its user
+    IGNORE = "ignore"  # 2xx, recorded ignored (not ours): its refunds and disputes are ignored too
+
+
+@dataclass(frozen=True)
+class Users:
+    """How one source's payments name their user: the metadata key read, and what a payment naming none gets."""
+
+    metadata_key: str = "user_id"
+    no_user: NoUser = NoUser.REFUSE
+    setting: str = "WEBHOOK_USER_METADATA_KEY"  # the setting of metadata_key, named in a refusal
+
+
+DEFAULT_USERS = Users()
 
 
 @dataclass(frozen=True)
 class Policy:
-    """What the ledger accepts beyond the event's shape (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS)."""
+    """What the ledger accepts beyond the event's shape (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS, and per
+    source how a payment names its user)."""
 
     currency: str = "usd"
     accept_test_events: bool = False
+    users: Mapping[str, Users] = field(default_factory=dict)  # by event source; DEFAULT_USERS for any other
+
+    def users_of(self, source: str) -> Users:
+        return self.users.get(source, DEFAULT_USERS)
 
 
 DEFAULT_POLICY = Policy()
@@ -248,7 +276,7 @@ def _data_field(document: dict[str, Any]) -> dict[str, Any]:
 
 
 # Fields of the types _problem has just checked (for the type checker; built once, not per event).
-_CheckedFields = tuple[str, str | None, int, str, object, str | None, State | None]
+_CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | None, State | None, str | None]
 
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
@@ -273,10 +301,18 @@ def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
                       *([fields] if isinstance(fields, str) else fields)])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    payment_id, user_id, amount, currency, livemode, movement_id, state = cast(_CheckedFields, fields)
+    payment_id, user_id, amount, currency, livemode, movement_id, state, customer = cast(_CheckedFields, fields)
     setting, problem = _refused_by(rule, livemode, currency, policy)
-    return Effect(rule.kind, payment_id, uuid.UUID(user_id) if user_id else None, amount, currency, problem=problem,
-                  sha256=sha256, movement_id=movement_id, state=state, setting=setting)
+    users, user = None, cast(object, user_id)
+    if isinstance(user_id, Metadata):  # which key names the user is a setting: read after the hash
+        users = policy.users_of(event.source)
+        user = _uuid(user_id.get(users.metadata_key))
+        if user is not None and not _is_uuid(user) and not problem:
+            setting, problem = users.setting, \
+                f"data.object.metadata.{users.metadata_key} must be a user's UUID ({users.setting})"
+    return Effect(rule.kind, payment_id, uuid.UUID(user) if _is_uuid(user) else None, amount, currency,
+                  problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
+                  customer_id=customer, users=users)
 
 
 def _sha256(values: list[object]) -> bytes:
@@ -295,6 +331,12 @@ class Fields(NamedTuple):
     livemode: object  # Stripe's; None for this service's own shape, which has no test mode
     movement_id: object = None  # a refund's or a dispute's id; None for a credit or a running total
     state: object = None  # a State for a refund or a dispute, or what was sent when it names none
+    customer: object = None  # a PaymentIntent's customer (Stripe's cus_...), whose link may name its user
+
+
+class Metadata(dict[str, Any]):
+    """A PaymentIntent's metadata, whole, in its Fields: which key names the user is a per-source setting
+    (Users.metadata_key), so the effect is hashed by all of it, and the key is read after."""
 
 
 class Rule(NamedTuple):
@@ -339,10 +381,12 @@ def _read_payment_refunded(event: Event) -> Fields:
 
 
 def _read_payment_intent(event: Event) -> Fields:
+    """Its user is named by its metadata (Checkout: payment_intent_data.metadata), else by its customer's link
+    (Billing's invoice PaymentIntents carry no subscription metadata, but name the customer)."""
     intent = _object(event.data.get("object"))
-    user_id = _uuid(_object(intent.get("metadata")).get("user_id"))
-    return Fields(intent.get("id"), user_id, intent.get("amount_received"), _lower(intent.get("currency")),
-                  _livemode(event))
+    metadata = Metadata(_object(intent.get("metadata")))
+    return Fields(intent.get("id"), metadata, intent.get("amount_received"), _lower(intent.get("currency")),
+                  _livemode(event), customer=intent.get("customer"))
 
 
 def _read_charge_refunded(event: Event) -> Fields | str | None:
@@ -422,8 +466,10 @@ def _problem(rule: Rule, fields: Fields) -> str | None:
         return f"{labels.currency} must be a currency's three-letter code"
     if not _is_id(fields.payment_id):
         return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
-    if rule.kind == Kind.CREDIT and not _is_uuid(fields.user_id):
+    if rule.kind == Kind.CREDIT and not (isinstance(fields.user_id, Metadata) or _is_uuid(fields.user_id)):
         return f"{labels.user_id} must be a user's UUID"
+    if fields.customer is not None and not _is_id(fields.customer):
+        return f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not _is_cents(fields.amount):
         return f"{labels.amount} must be a positive integer"
     if rule.kind in (Kind.REFUND, Kind.DISPUTE):
@@ -454,7 +500,7 @@ def _is_id(value: object) -> bool:
     return isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS and _storable(value)
 
 
-def _is_uuid(value: object) -> bool:
+def _is_uuid(value: object) -> TypeGuard[str]:
     """Whether value is a UUID in its canonical spelling (as _uuid leaves every UUID)."""
     try:
         return isinstance(value, str) and str(uuid.UUID(value)) == value
@@ -474,8 +520,8 @@ RULES = {
     PAYMENT_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_payment_refunded, Fields(
         "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
     PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment_intent, Fields(
-        "data.object.id", "data.object.metadata.user_id", "data.object.amount_received", "data.object.currency",
-        "livemode")),
+        "data.object.id", "data.object.metadata", "data.object.amount_received", "data.object.currency",
+        "livemode", customer="data.object.customer")),
     CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
     **{refund_event: Rule(Kind.REFUND, _read_refund, _STRIPE_REFUND) for refund_event in REFUND_EVENTS},

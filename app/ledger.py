@@ -54,6 +54,8 @@ class Status(StrEnum):
     PROCESSING = "processing"  # an earlier release's, never outliving its transaction; this one writes none
     COMPLETED = "completed"  # its effect is committed
     FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
+    IGNORED = "ignored"  # not ours (a payment naming no user under NO_USER=ignore): `events replay` may apply it
+    DISMISSED = "dismissed"  # a failed event closed by an operator (`events dismiss`): not replayed by --all-failed
 
 
 class Origin(StrEnum):
@@ -126,7 +128,8 @@ APPLY_EVENT = """
     p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => false,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
     p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
-    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s)
+    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s,
+    p_customer => %(customer_id)s, p_user_key => %(user_key)s, p_no_user => %(no_user)s)
 """
 
 
@@ -148,12 +151,15 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
 def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
                        origin: Origin | None) -> dict[str, object]:
     """APPLY_EVENT's parameters, for apply_event's arguments."""
+    users = policy.users_of(event.source)
     return {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
             "body_sha256": body_sha256, "effect_sha256": effect.sha256, "problem": effect.problem,
             "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
             "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
             "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
-            "origin": origin}
+            "origin": origin, "customer_id": effect.customer_id,
+            # The source's way of naming users, recorded with the event (verify reads a credit by it).
+            "user_key": users.metadata_key, "no_user": users.no_user}
 
 
 STORED_EVENT = """

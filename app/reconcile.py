@@ -361,7 +361,7 @@ def _parsed(listed: ListedEvent, source: str, policy: Policy, tally: Tally) -> t
 def _count(tally: Tally, event: Event, result: Result) -> None:
     if result.outcome == Outcome.PROCESSED:
         tally.applied += 1
-    elif result.outcome == Outcome.DUPLICATE:
+    elif result.outcome in (Outcome.DUPLICATE, Outcome.IGNORED):  # ignored: not ours, by the source's NO_USER
         tally.duplicates += 1
     else:
         tally.refuse(Refused(event.id, event.type, result.problem or str(result.outcome)))

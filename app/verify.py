@@ -24,13 +24,25 @@ reported apart: a refund may leave one (the money went back to the card
 after the credit was spent), which is not an error.
 """
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import namedtuple_row
 
 from .db import NamedRow
-from .events import DEFAULT_POLICY, DEFAULT_SOURCE, RULES, Kind, Policy, State, StoredBodyError, effect_of, stored_event
+from .events import (
+    DEFAULT_POLICY,
+    DEFAULT_SOURCE,
+    RULES,
+    Effect,
+    Kind,
+    Policy,
+    State,
+    StoredBodyError,
+    effect_of,
+    stored_event,
+)
 from .ledger import Change, Entry
 
 DUPLICATED_IDS = """
@@ -102,12 +114,17 @@ JOURNAL_WITHOUT_MOVEMENT = """
 COMPLETED_EFFECTS = """
     SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
            CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
-           e.ledger_currency, e.test_events_accepted, j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
+           e.ledger_currency, e.test_events_accepted, e.user_metadata_key,
+           j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
     LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
-PAYMENT = "SELECT user_id, amount_cents, refunded_cents FROM payments WHERE source = %s AND payment_id = %s"
+PAYMENT = """
+    SELECT user_id, amount_cents, refunded_cents, customer_id FROM payments WHERE source = %s AND payment_id = %s
+"""
+# A credit made through a link: links are never changed, so today's is the one it was made by.
+LINK = "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 COUNTS = """
     SELECT (SELECT count(*) FROM user_balances), (SELECT count(*) FROM webhook_events),
@@ -202,6 +219,9 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
     are today's.
     """
     name = _name(row.source, row.event_id)
+    if row.user_metadata_key is not None:  # the metadata key it was decided under, not today's
+        users = replace(policy.users_of(row.source), metadata_key=row.user_metadata_key)
+        policy = replace(policy, users={**policy.users, row.source: users})
     # Stored before the bytes were kept: its jsonb copy, unchecked.
     body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
     try:
@@ -225,6 +245,8 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
                                  or row.movement_id != effect.movement_id):
         return f"completed event {name}: journal has a {row.kind} of payment {row.payment_id!r}, its bytes say " \
                f"a {effect.kind} of payment {effect.payment_id!r}"
+    if effect.kind == Kind.CREDIT and effect.user_id is None:
+        return _linked_credit_problem(cur, row, effect, name)
     if effect.kind == Kind.CREDIT:
         if row.kind is not None:
             if (row.user_id, row.amount_cents) != (effect.user_id, effect.amount_cents):
@@ -252,6 +274,24 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
     if effect.state == State.REVERSED and movement.state != State.REVERSED:
         return f"completed event {name}: its {effect.kind} {effect.movement_id!r} is {movement.state}, " \
                f"its bytes say {effect.state}"
+    return None
+
+
+def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect: Effect, name: str) -> str | None:
+    """Why a completed credit whose metadata names no user is not its customer's link's, or None."""
+    payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
+    link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
+    if not link:
+        return f"completed event {name}: its metadata names no user, and customer {effect.customer_id!r} is linked " \
+               "to none"
+    # The event that credited it names the customer its row records; another event of it (a duplicate) need not.
+    through = payment is not None and (row.kind is None or payment.customer_id == effect.customer_id)
+    if payment is None or not through or (payment.user_id, payment.amount_cents) != (link.user_id, effect.amount_cents):
+        return f"completed event {name}: payment {effect.payment_id!r} is not {effect.amount_cents} cents credited " \
+               f"to {link.user_id} through customer {effect.customer_id!r}"
+    if row.kind is not None and (row.user_id, row.amount_cents) != (link.user_id, effect.amount_cents):
+        return f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, its bytes and " \
+               f"customer {effect.customer_id!r}'s link say {effect.amount_cents} cents to {link.user_id}"
     return None
 
 

@@ -272,8 +272,11 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
             continue
         key = (source, effect.payment_id)
         if effect.kind == events.Kind.CREDIT:
-            assert credits.setdefault(key, (effect.user_id, effect.amount_cents)) == \
-                (effect.user_id, effect.amount_cents), f"payment {key} completed with two users or amounts"
+            user = effect.user_id or conn.execute(  # a customer's link names it (links never change)
+                "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
+                [source, effect.customer_id]).fetchone()[0]
+            assert credits.setdefault(key, (user, effect.amount_cents)) == \
+                (user, effect.amount_cents), f"payment {key} completed with two users or amounts"
         else:
             moves.setdefault(key, []).append(effect)
     expected = dict(OPENING)

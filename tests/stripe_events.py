@@ -26,12 +26,23 @@ def event(event_type, obj, event_id=None, livemode=True, api_version=API_VERSION
     }, "sk_test")
 
 
-def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None, authorized=None):
-    """payment_intent.succeeded: amount is what was authorised, amount_received what was captured."""
+def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None, authorized=None,
+                     customer=None, metadata=None):
+    """payment_intent.succeeded: amount is what was authorised, amount_received what was captured. metadata
+    (default {"user_id": user}) is the PaymentIntent's whole; customer its cus_... or None (a guest)."""
     return event("payment_intent.succeeded", {
         "id": intent_id, "object": "payment_intent", "amount": authorized or cents, "amount_capturable": 0,
         "amount_received": cents, "currency": currency, "status": "succeeded", "capture_method": "automatic",
-        "latest_charge": f"ch_{intent_id}", "metadata": {"user_id": str(user)}}, event_id)
+        "customer": customer, "latest_charge": f"ch_{intent_id}",
+        "metadata": {"user_id": str(user)} if metadata is None else metadata}, event_id)
+
+
+def invoice_intent_succeeded(intent_id, customer, cents=2000, event_id=None):
+    """A Billing invoice's PaymentIntent: it names the customer and its invoice, and carries none of the
+    subscription's metadata (Stripe copies subscription metadata to the invoice, not to its PaymentIntent)."""
+    evt = intent_succeeded(intent_id, cents=cents, event_id=event_id, customer=customer, metadata={})
+    evt.data.object["description"] = "Subscription creation"
+    return evt
 
 
 def charge_refunded(intent_id, refunded_total, currency="usd", event_id=None, cents=250, captured=None,

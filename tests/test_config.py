@@ -35,7 +35,8 @@ def test_settings_are_one_frozen_object_with_a_field_per_setting():
     parsed = config.from_env(BASE)
     names = {field.name for field in dataclasses.fields(Settings)}
     assert names == {name.lower() for name in config.SETTINGS} | {"sources", "policy", "read"}
-    assert (parsed.schema_path, parsed.policy) == (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False))
+    assert (parsed.schema_path, parsed.policy) == \
+        (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False, {"default": config.Users()}))
     with pytest.raises(dataclasses.FrozenInstanceError):
         parsed.lock_ttl_ms = 1  # type: ignore[misc]
     with pytest.raises(TypeError):

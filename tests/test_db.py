@@ -57,7 +57,7 @@ MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrati
 SINCE_MOVEMENTS = [name for name in MIGRATIONS if name not in BEFORE_MOVEMENTS_HAD]
 APPLIED_SINCE_MOVEMENTS = [f"applied migration {name}" for name in SINCE_MOVEMENTS]
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "legacy_set_aside",
-          "reconcile_watermarks", "reconcile_runs")
+          "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
 
 
 def _recorded(conn):
@@ -71,7 +71,7 @@ def test_schema_applies_twice_without_error(db):
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json", "legacy_set_aside",
-                      "reconcile_runs", "reconcile_watermarks"}
+                      "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # An empty database got schema.sql, which includes every migration: none ran.
     assert _recorded(db) == [(name, False) for name in MIGRATIONS] and MIGRATIONS
@@ -947,3 +947,31 @@ def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app
         conn.execute("SELECT pg_sleep(%s)", [bound + 0.3])
     with pool.connection() as conn:
         assert conn.deadline == bound  # the pool's again
+
+
+AT_007 = Path(__file__).parent / "data" / "schema_at_007.sql"  # schema.sql as the release of 007 shipped it
+
+
+def test_a_database_at_007_gets_008_and_009_and_keeps_its_users_events_and_payments(db):
+    fresh = _catalog(db)
+    _drop_schema(db)
+    db.execute("DROP TABLE IF EXISTS customer_links, ignored_payments")
+    db.execute(AT_007.read_text())
+    db.execute(RECORDS)
+    for name in (name for name in MIGRATIONS if name < "008"):
+        db.execute(RECORD, [name, hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / "migrations" / name).read_bytes())
+                            .digest(), False])
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1250)", [ALICE])
+    db.execute("INSERT INTO webhook_events (event_id, event_type, status, payload_sha256, effect_version, last_error)"
+               " VALUES ('evt_done', 'payment.succeeded', 'completed', sha256(''), 4, NULL),"
+               " ('evt_failed', 'payment.succeeded', 'failed', sha256(''), 4, 'unknown user')")
+    db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
+               " VALUES ('default', 'pay_1', %s, 250, 'usd', 'evt_done')", [ALICE])
+    assert apply_schema(db) == (False, ["008_users_links.sql", "009_writer_cost.sql"])
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT event_id, status, last_error FROM webhook_events ORDER BY event_id").fetchall() == \
+        [("evt_done", "completed", None), ("evt_failed", "failed", "unknown user")]
+    assert db.execute("SELECT user_id, customer_id FROM payments").fetchall() == [(ALICE, None)]
+    assert db.execute("SELECT balance_cents, opening_balance_cents FROM user_balances").fetchall() == [(1250, 1250)]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")

@@ -114,7 +114,7 @@ ENTRIES, SPEND = _functions(MONEY, "adjust", "spend"), _functions(MONEY, "spend"
 RULE = _without_functions(MONEY, "adjust", "spend")
 # What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
 APPLY_EVENT_OUTCOMES = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.PAYLOAD_MISMATCH,
-                        Outcome.PAYMENT_MISMATCH}
+                        Outcome.PAYMENT_MISMATCH, Outcome.IGNORED}
 # Each: where the literals are, those found there, and the enum's values they must be, all of them.
 LITERALS = {
     "outcomes": ("money.sql's outcomes (outcome := ...)", _assigned(RULE, "outcome"), APPLY_EVENT_OUTCOMES),

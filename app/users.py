@@ -1,0 +1,179 @@
+"""Users and their links: `flask users add|show|list|link`.
+
+A user is a row of user_balances (a UUID, its balance, the opening balance
+it was created with); its journal is every ledger_journal row naming it.
+A link maps a provider's customer (Stripe's cus_...) to a user, for the
+payments whose metadata names none (money.sql's apply_event reads it). A
+link is never changed nor deleted: a credit made through it stays checkable
+by `flask ledger verify`, and no link moves a payment credited before.
+"""
+
+import uuid
+from typing import Any
+
+import click
+from flask import Flask, current_app
+from psycopg.rows import namedtuple_row
+
+from .cli import CENTS, Commands, _os_user, _table, _utc
+from .config import Needs
+from .db import NamedRow, get_pool, transaction
+from .events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
+
+users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
+
+ADD_USER = """
+    INSERT INTO user_balances (user_id, balance_cents, opening_balance_cents) VALUES (%(user)s, %(cents)s, %(cents)s)
+    ON CONFLICT (user_id) DO NOTHING
+"""
+USER = "SELECT user_id, balance_cents, opening_balance_cents, created_at FROM user_balances WHERE user_id = %s"
+LIST_USERS = """
+    SELECT u.user_id, u.balance_cents, u.opening_balance_cents, u.created_at,
+           (SELECT count(*) FROM ledger_journal j WHERE j.user_id = u.user_id) AS journal_rows
+    FROM user_balances u ORDER BY u.created_at, u.user_id LIMIT %s
+"""
+# Each balance change with what made it: its event (and type), payment and movement, or a spend's
+# reference, or an adjustment's reason and who made it.
+JOURNAL = """
+    SELECT j.id, j.created_at, j.kind, j.amount_cents, j.source, j.event_id, e.event_type, j.payment_id,
+           j.movement_id, j.reference, j.reason, j.actor
+    FROM ledger_journal j LEFT JOIN webhook_events e USING (source, event_id)
+    WHERE j.user_id = %s ORDER BY j.id
+"""
+LINKS_OF = """
+    SELECT source, customer_id, linked_by, created_at FROM customer_links WHERE user_id = %s ORDER BY created_at
+"""
+ADD_LINK = """
+    INSERT INTO customer_links (source, customer_id, user_id, linked_by)
+    SELECT %(source)s, %(customer)s, %(user)s, %(by)s
+    WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = %(user)s)
+    ON CONFLICT (source, customer_id) DO NOTHING
+    RETURNING created_at
+"""
+LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source = %s AND customer_id = %s"
+# The events that may have failed or been ignored for want of a customer's user (waiting_for reads their bytes).
+UNAPPLIED = """
+    SELECT event_id, event_type, status, body, coalesce(user_metadata_key, 'user_id') FROM webhook_events
+    WHERE source = %s AND status IN ('failed', 'ignored') AND body IS NOT NULL ORDER BY created_at, id
+"""
+
+
+def _waiting_for(rows: list[Any], source: str, customer_id: str) -> list[tuple[str, str]]:
+    """(event id, status) of the rows whose bytes are a credit naming customer_id and no user, read as decided
+    (by the metadata key recorded with each)."""
+    waiting = []
+    for event_id, event_type, status, body, key in rows:
+        policy = Policy(users={source: Users(metadata_key=key)})
+        try:
+            effect = effect_of(stored_event(source, event_id, event_type, bytes(body), None), policy)
+        except StoredBodyError:
+            continue
+        if effect.kind == Kind.CREDIT and effect.user_id is None and effect.customer_id == customer_id:
+            waiting.append((event_id, status))
+    return waiting
+
+
+def init_app(app: Flask) -> None:
+    app.cli.add_command(users)
+
+
+@users.command("add", needs=Needs.DATABASE)
+@click.argument("user_id", type=click.UUID)
+@click.option("--opening", "cents", type=CENTS, default=0, show_default=True,
+              help="The opening balance, in cents: what `ledger verify` counts the journal from.")
+def add_user(user_id: uuid.UUID, cents: int) -> None:
+    """Create the user USER_ID (a UUID) with its opening balance; a second call with the same one changes nothing."""
+    with transaction(get_pool(current_app)) as conn:
+        added = conn.execute(ADD_USER, {"user": user_id, "cents": cents}).rowcount
+        row: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(USER, [user_id]).fetchone()
+    assert row is not None  # inserted, or there before
+    if added:
+        click.echo(f"added user {user_id} with an opening balance of {cents} cents")
+    elif row.opening_balance_cents != cents:
+        raise click.ClickException(f"user {user_id} exists, with an opening balance of {row.opening_balance_cents} "
+                                   f"cents, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
+    else:
+        click.echo(f"user {user_id} exists already, opening balance {cents} cents: nothing changed")
+
+
+@users.command("show", needs=Needs.DATABASE)
+@click.argument("user_id", type=click.UUID)
+def show_user(user_id: uuid.UUID) -> None:
+    """Show USER_ID's balance, opening balance, links and journal (each balance change and what made it)."""
+    with transaction(get_pool(current_app)) as conn:
+        cursor = conn.cursor(row_factory=namedtuple_row)
+        user: NamedRow | None = cursor.execute(USER, [user_id]).fetchone()
+        journal: list[NamedRow] = cursor.execute(JOURNAL, [user_id]).fetchall()
+        links: list[NamedRow] = cursor.execute(LINKS_OF, [user_id]).fetchall()
+    if user is None:
+        raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
+    changed = sum(row.amount_cents for row in journal)
+    click.echo(f"user:       {user.user_id}")
+    click.echo(f"balance:    {user.balance_cents} cents")
+    click.echo(f"opening:    {user.opening_balance_cents} cents, created {_utc(user.created_at)}")
+    click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
+    for link in links:
+        click.echo(f"linked:     customer {link.customer_id} of source {link.source} (by {link.linked_by}, "
+                   f"{_utc(link.created_at)})")
+    if journal:
+        _table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
+               [(_utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
+
+
+def _movement(row: NamedRow) -> str:
+    """The payment (and refund or dispute) a journal row moved money of, or -."""
+    if row.payment_id is None:
+        return "-"
+    payment = row.payment_id if row.source == "default" else f"{row.source}/{row.payment_id}"
+    return f"{payment} {row.movement_id}" if row.movement_id else payment
+
+
+def _made_by(row: NamedRow) -> str:
+    if row.event_id is not None:
+        return f"event {row.event_id} ({row.event_type or 'purged'})"
+    if row.reference is not None:
+        return f"spend {row.reference}"
+    return f"{row.actor}: {row.reason}"
+
+
+@users.command("list", needs=Needs.DATABASE)
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000000))
+def list_users(limit: int) -> None:
+    """List users, oldest first: balance, opening balance, journal rows."""
+    with transaction(get_pool(current_app)) as conn:
+        rows: list[NamedRow] = conn.cursor(row_factory=namedtuple_row).execute(LIST_USERS, [limit]).fetchall()
+    if not rows:
+        click.echo("no users")
+        return
+    _table(("USER", "BALANCE", "OPENING", "JOURNAL ROWS", "CREATED (UTC)"),
+           [(r.user_id, r.balance_cents, r.opening_balance_cents, r.journal_rows, _utc(r.created_at)) for r in rows])
+
+
+@users.command("link", needs=Needs.DATABASE)
+@click.argument("source")
+@click.argument("customer_id")
+@click.argument("user_id", type=click.UUID)
+@click.option("--by", "actor", help="Who makes the link, recorded with it [default: the OS user].")
+def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str | None) -> None:
+    """Credit SOURCE's payments of CUSTOMER_ID (Stripe's cus_...) whose metadata names no user to USER_ID.
+
+    A link is never changed: a payment credited before it is not moved.
+    """
+    actor = _os_user() if actor is None else actor
+    if not 1 <= len(customer_id) <= 128:
+        raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
+    params = {"source": source, "customer": customer_id, "user": user_id, "by": actor}
+    with transaction(get_pool(current_app)) as conn:
+        made = conn.execute(ADD_LINK, params).fetchone()
+        link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
+        waiting = _waiting_for(conn.execute(UNAPPLIED, [source]).fetchall(), source, customer_id)
+    if link is None:
+        raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
+    if link.user_id != user_id:
+        raise click.ClickException(f"customer {customer_id} of source {source} is linked to user {link.user_id} "
+                                   f"(by {link.linked_by}, {_utc(link.created_at)}); a link is never changed")
+    click.echo(f"linked customer {customer_id} of source {source} to user {user_id}" if made else
+               f"customer {customer_id} of source {source} is linked to user {user_id} already: nothing changed")
+    for event_id, status in waiting:
+        replay = event_id if source == "default" else f"{event_id} --source {source}"
+        click.echo(f"  event {event_id} is {status} for want of it: flask events replay {replay}")

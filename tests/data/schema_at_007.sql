@@ -1,0 +1,270 @@
+-- webhook-ledger schema: the current tables, whole; the file to read. Needs
+-- PostgreSQL 14 or later (CREATE OR REPLACE TRIGGER). The money rule (the
+-- functions and the view that apply and account for every movement) is in
+-- money.sql, beside this file.
+--
+-- `flask init-db` (app/schema.py) runs it on an empty database and records
+-- every file of migrations/ as included. A database created earlier gets the
+-- migrations it lacks instead, in order. Either way money.sql is then applied
+-- again, whole. So a change to a table is made twice: here, and in a new
+-- migrations/NNN_what.sql that takes a database at the previous version to it
+-- (a migration, once released, never changes); a change to the rule is made
+-- once, in money.sql. tests/test_db.py checks that both ways end in the same
+-- tables, constraints, indexes and functions.
+
+-- The ledger: one row per user, credited by payments, debited by their
+-- refunds and disputes and by what the user spends, and corrected by
+-- operators' adjustments. The opening balance is the balance the row was created with (set
+-- by the trigger below unless given), so that `flask ledger verify` can prove
+-- balance = opening + the sum of the user's ledger_journal rows.
+CREATE TABLE IF NOT EXISTS user_balances (
+    user_id               UUID PRIMARY KEY,
+    balance_cents         BIGINT NOT NULL DEFAULT 0,
+    opening_balance_cents BIGINT NOT NULL,
+    created_at            TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at            TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- One row per (source, provider event id), ever (until `flask events purge`
+-- deletes it). The UNIQUE constraint on (source, event_id) is what the whole
+-- design rests on: two deliveries of one event cannot both insert, whatever
+-- Redis says; two sources may use the same id. A row is committed either
+-- 'completed' (its effect committed in the same transaction) or 'failed' (no
+-- effect; a later delivery of the same event, or `flask events replay`,
+-- tries again). 'processing' is only ever seen inside the transaction that
+-- inserted it.
+CREATE TABLE IF NOT EXISTS webhook_events (
+    id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- 'default' for POST /api/webhooks, else a name from WEBHOOK_SOURCES.
+    source           TEXT NOT NULL DEFAULT 'default' CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    event_id         TEXT NOT NULL CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    event_type       TEXT NOT NULL CHECK (char_length(event_type) BETWEEN 1 AND 64),
+    status           TEXT NOT NULL DEFAULT 'processing'
+                     CHECK (status IN ('processing', 'completed', 'failed')),
+    -- The exact bytes received: the event of record, which replay and
+    -- verify parse. NULL only on rows stored before the bytes were kept (by
+    -- the release before sources; migrations/001 cannot make them up).
+    body             BYTEA,
+    -- The same body as jsonb, for querying only. NULL when the body holds a
+    -- value jsonb cannot (\u0000, a lone surrogate escape, a number beyond
+    -- numeric's range): such an event is stored and applied from its bytes
+    -- all the same, and a sanitised copy would show values that were not sent.
+    payload          JSONB,
+    attempts         INTEGER NOT NULL DEFAULT 1 CHECK (attempts >= 1),
+    last_error       TEXT,                    -- why the last attempt failed, while it is failed
+    created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    completed_at     TIMESTAMPTZ,
+    -- SHA-256 of body (of the bytes received, on rows stored before body).
+    payload_sha256   BYTEA NOT NULL CHECK (octet_length(payload_sha256) = 32),
+    -- SHA-256 of the event's effect (events.Event.effect_sha256): a later
+    -- delivery of the id with another effect is refused (409
+    -- payload_mismatch) and only counted; the same effect in other bytes is
+    -- the same event. NULL only on rows stored before effects were kept
+    -- (their bytes are compared), or whose stored bytes do not parse.
+    effect_sha256    BYTEA CHECK (octet_length(effect_sha256) = 32),
+    -- The rule that effect_sha256 was computed by: `flask init-db`
+    -- recomputes, from the stored bytes, the effects of rows stored under an
+    -- older rule (NULL: the first), so that re-deliveries compare alike.
+    effect_version   SMALLINT DEFAULT 4,
+    -- The settings its outcome was decided under (LEDGER_CURRENCY,
+    -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
+    -- not by today's. NULL on rows stored before they were kept. No CHECK:
+    -- the value is a parsed setting, and PostgreSQL reads each CHECK anew on
+    -- every insert and update of this, the hottest table.
+    ledger_currency  TEXT,
+    test_events_accepted BOOLEAN,
+    mismatches       INTEGER NOT NULL DEFAULT 0 CHECK (mismatches >= 0),
+    last_mismatch_at TIMESTAMPTZ,
+    -- Where its bytes of record came from: 'delivery' (a webhook received),
+    -- or 'reconcile' (`flask reconcile` found it in the provider's event list
+    -- and stored the Event object's JSON: a delivery that was lost).
+    origin           TEXT NOT NULL DEFAULT 'delivery' CHECK (origin IN ('delivery', 'reconcile')),
+    CONSTRAINT webhook_events_source_event_id_key UNIQUE (source, event_id)
+);
+
+-- Operators look for failed events.
+CREATE INDEX IF NOT EXISTS webhook_events_status_idx
+    ON webhook_events (status) WHERE status <> 'completed';
+-- `flask events list` shows the newest first; `flask events purge` deletes
+-- the oldest completed ones in batches.
+CREATE INDEX IF NOT EXISTS webhook_events_created_at_idx
+    ON webhook_events (created_at);
+
+-- One row per payment credited, per source. Its primary key is what
+-- "a payment is credited at most once" rests on, as webhook_events' unique
+-- constraint is for events: however many events announce one payment, in
+-- whatever order or concurrency, one insert wins. Every movement of the
+-- payment locks this row first. refunded_cents is the highest running total
+-- of refunds seen (Stripe's charge.refunded, payment.refunded); debited_cents
+-- what its refunds and disputes take from its user now, as money.sql's
+-- payment_accounts computes it.
+CREATE TABLE IF NOT EXISTS payments (
+    source         TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    -- The provider's payment: a Stripe PaymentIntent's id, a payment's
+    -- data.paymentId, or the id of the event that credited it.
+    payment_id     TEXT NOT NULL CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    user_id        UUID NOT NULL REFERENCES user_balances (user_id),
+    amount_cents   BIGINT NOT NULL CHECK (amount_cents > 0),
+    currency       TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
+    refunded_cents BIGINT NOT NULL DEFAULT 0 CHECK (refunded_cents BETWEEN 0 AND amount_cents),
+    debited_cents  BIGINT NOT NULL DEFAULT 0 CHECK (debited_cents BETWEEN 0 AND amount_cents),
+    event_id       TEXT NOT NULL,             -- the event whose delivery credited it
+    created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, payment_id)
+);
+
+-- One row per movement of a payment that has its own identity at the
+-- provider: a refund object (kind 'refund', Stripe's re_...) or a dispute
+-- (kind 'dispute'). Its primary key is what "each movement applies once"
+-- rests on. state only moves forward: 'applied' (a refund seen counted, a
+-- dispute's funds withdrawn) then 'reversed' (a refund seen failed or
+-- canceled, a dispute's funds reinstated); a movement first seen reversed is
+-- never applied. The amount is what the movement takes from the payment.
+CREATE TABLE IF NOT EXISTS movements (
+    source       TEXT NOT NULL,
+    kind         TEXT NOT NULL CHECK (kind IN ('refund', 'dispute')),
+    movement_id  TEXT NOT NULL CHECK (char_length(movement_id) BETWEEN 1 AND 128),
+    payment_id   TEXT NOT NULL,
+    amount_cents BIGINT NOT NULL CHECK (amount_cents > 0),
+    state        TEXT NOT NULL CHECK (state IN ('applied', 'reversed')),
+    event_id     TEXT NOT NULL,               -- the event that first announced it
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    updated_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, kind, movement_id),
+    FOREIGN KEY (source, payment_id) REFERENCES payments (source, payment_id)
+);
+-- A payment's account sums its movements (money.sql's payment_accounts).
+CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_id);
+
+-- The ledger's journal, append-only (`flask ledger name-payment` alone
+-- re-files a legacy credit's row under its payment's id): one row per
+-- balance change, written in the transaction that changes user_balances. A
+-- row an event wrote names its event and its payment and, for a refund
+-- object or a dispute, its movement (NULL for a credit and for a running
+-- total); its kind says which way the money went: a 'credit' or a
+-- 'refund_reversed' or 'dispute_reinstated' (amount > 0), a 'refund' or a
+-- 'dispute_withdrawn' (amount < 0). It
+-- outlives the webhook_events row (purge keeps it; hence no foreign key),
+-- and its UNIQUE (source, event_id) (one balance change per event) stops an
+-- event whose row was purged from being applied again, or marked failed,
+-- if it is redelivered. A row that no event wrote (money.sql's adjust and
+-- spend) names no event and no movement: an 'adjustment' (an operator's
+-- correction, either sign, never 0) names its reason and who made it, and
+-- the payment whose credit it corrects, if any; a 'spend' (amount < 0: the
+-- application spent the user's credit) names the reference the application
+-- gave, and the unique index on it (spends only: an event's row, most of
+-- the journal, costs that index nothing) is what makes one spend apply
+-- once, however often it is asked for.
+CREATE TABLE IF NOT EXISTS ledger_journal (
+    id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source       TEXT CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    event_id     TEXT CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    user_id      UUID NOT NULL REFERENCES user_balances (user_id),
+    amount_cents BIGINT NOT NULL,
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    kind         TEXT NOT NULL,
+    payment_id   TEXT CONSTRAINT ledger_journal_payment_id_check
+                      CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    movement_id  TEXT,
+    reference    TEXT CHECK (char_length(reference) BETWEEN 1 AND 128),  -- a spend's, given by the application
+    reason       TEXT CHECK (reason ~ '\S' AND char_length(reason) <= 500),  -- why an adjustment was made
+    actor        TEXT CHECK (char_length(actor) BETWEEN 1 AND 128),  -- who made an adjustment
+    CONSTRAINT ledger_journal_kind_check
+        CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
+               OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
+               OR kind = 'adjustment' AND amount_cents <> 0),
+    -- What each kind of row names, and nothing else.
+    CONSTRAINT ledger_journal_names_check
+        CHECK (CASE kind
+               WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0
+                                      AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
+               WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
+                                 AND reference IS NOT NULL
+               ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
+               END),
+    CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
+    WHERE reference IS NOT NULL;
+
+-- Credits of an earlier release that an upgrade could not file as their
+-- events say (migrations/001a_legacy_values.sql): their event was purged
+-- before the upgrade, or named a payment id or a currency that the ledger
+-- refuses (its row then moved here as it was, so that no rule reads it again;
+-- a re-delivery is a duplicate by its journal row). The money stays credited,
+-- the payment filed under the event's id; `flask init-db` files it under the
+-- valid payment id or currency its event named, if any, and prints one line
+-- per row (app/legacy.py). Empty on a database created by this file.
+CREATE TABLE IF NOT EXISTS legacy_set_aside (
+    source             TEXT NOT NULL,
+    event_id           TEXT NOT NULL,
+    refused_payment_id JSONB,        -- the payment id the event named, which the ledger refuses (JSON: null, 42, "")
+    refused_currency   JSONB,        -- the currency the event named, which the ledger refuses
+    payment_id         TEXT,         -- the valid payment id the event named, to file the credit under
+    currency           TEXT,         -- the valid currency the event named, to file the credit in
+    -- The event's row as it was stored; NULL for an event purged before the upgrade.
+    event_type         TEXT,
+    body               BYTEA,
+    payload            JSONB,
+    payload_sha256     BYTEA,
+    received_at        TIMESTAMPTZ,
+    set_aside_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    settled_at         TIMESTAMPTZ,  -- when `flask init-db` filed it and printed its line
+    PRIMARY KEY (source, event_id)
+);
+
+-- One row per `flask reconcile` run: the window it listed ([since, until),
+-- by the events' own creation time at the provider), what it found, and how
+-- it ended. 'running' only while it runs: a run killed midway is marked
+-- 'interrupted' by the next run of its source, which holds the source's
+-- watermark row, so none can be running. A dry run records nothing.
+CREATE TABLE IF NOT EXISTS reconcile_runs (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    since       TIMESTAMPTZ NOT NULL,
+    until       TIMESTAMPTZ NOT NULL,
+    -- 'completed': every event of the window listed and applied (or refused,
+    -- counted); 'incomplete': part of the window was beyond what the
+    -- provider lists (its horizon), never reported as done; 'failed': the
+    -- provider refused the key or stayed unavailable; 'yielded': another run
+    -- of the source held it.
+    status      TEXT NOT NULL DEFAULT 'running'
+                CHECK (status IN ('running', 'completed', 'incomplete', 'failed', 'interrupted', 'yielded')),
+    pages       INTEGER NOT NULL DEFAULT 0 CHECK (pages >= 0),
+    listed      INTEGER NOT NULL DEFAULT 0 CHECK (listed >= 0),
+    applied     INTEGER NOT NULL DEFAULT 0 CHECK (applied >= 0),    -- recovered: stored or completed by this run
+    duplicates  INTEGER NOT NULL DEFAULT 0 CHECK (duplicates >= 0),  -- already applied (delivered, or reconciled)
+    refused     INTEGER NOT NULL DEFAULT 0 CHECK (refused >= 0),     -- 422 or 409, recorded on the event
+    message     TEXT,                                                 -- how it ended, in one line
+    started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    finished_at TIMESTAMPTZ
+);
+-- The metrics read each source's last successful run.
+CREATE INDEX IF NOT EXISTS reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at);
+
+-- Per source, where the last complete run got to: the next run without
+-- --since starts there, minus an overlap. Its row is also the source's run
+-- lock: a run holds it FOR UPDATE for as long as it runs (one transaction
+-- left open), so a second run at the same time yields, and a killed run
+-- frees it with its connection.
+CREATE TABLE IF NOT EXISTS reconcile_watermarks (
+    source           TEXT PRIMARY KEY CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    reconciled_until TIMESTAMPTZ,              -- NULL until a run completes
+    run_id           BIGINT REFERENCES reconcile_runs (id),
+    updated_at       TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- A user row's opening balance is its balance at insert, unless given.
+CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.opening_balance_cents := coalesce(NEW.opening_balance_cents, NEW.balance_cents);
+    RETURN NEW;
+END
+$$;
+CREATE OR REPLACE TRIGGER user_balances_set_opening
+    BEFORE INSERT ON user_balances
+    FOR EACH ROW EXECUTE FUNCTION user_balances_set_opening();

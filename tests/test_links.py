@@ -1,0 +1,193 @@
+"""Linking Stripe payments to users (money.sql's apply_event, app/events.py's PaymentIntent reader): the
+metadata key per source, a customer's link, payments that are not ours (WEBHOOK_NO_USER) and failed events
+dismissed. Real PostgreSQL and Redis; events built by stripe-python."""
+
+import pytest
+
+from app.config import Settings
+
+from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, samples, stored_event_row
+from .stripe_events import charge_refunded, dispute, intent_succeeded, invoice_intent_succeeded, refund, send_stripe
+
+pytestmark = pytest.mark.parametrize("scheme", ["stripe"])
+
+
+@pytest.fixture
+def run(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def _cli(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def _payment(db, intent_id):
+    return db.execute("SELECT user_id, customer_id FROM payments WHERE payment_id = %s", [intent_id]).fetchone()
+
+
+def test_a_payment_with_only_a_customer_is_credited_to_its_linked_user(client, db, run):
+    assert run("users", "link", "default", "cus_bob", str(BOB), "--by", "ops").exit_code == 0
+    evt = invoice_intent_succeeded("pi_invoice", "cus_bob", cents=2000)
+    assert send_stripe(client, evt).json == {"status": "processed", "event_id": evt.id}
+    assert balance(db, BOB) == OPENING[BOB] + 2000
+    assert _payment(db, "pi_invoice") == (BOB, "cus_bob")
+    assert_ledger_consistent(db, Settings.of(client.application).policy)
+
+
+def test_the_metadata_names_the_user_before_the_customers_link(client, db, run):
+    run("users", "link", "default", "cus_x", str(BOB), "--by", "ops")
+    send_stripe(client, intent_succeeded("pi_meta", user=ALICE, cents=300, customer="cus_x"))
+    assert _payment(db, "pi_meta") == (ALICE, None)
+    assert balance(db, ALICE) == OPENING[ALICE] + 300 and balance(db, BOB) == OPENING[BOB]
+
+
+def test_an_unlinked_customer_is_refused_then_applied_by_the_retry_once_linked(client, db, run):
+    evt = invoice_intent_succeeded("pi_later", "cus_new", cents=500)
+    response = send_stripe(client, evt)
+    assert response.status_code == 422
+    assert "customer cus_new is linked to no user (flask users link default cus_new USER_ID)" in \
+        response.json["message"]
+    linked = run("users", "link", "default", "cus_new", str(BOB), "--by", "ops")
+    assert linked.exit_code == 0, linked.output
+    assert f"event {evt.id} is failed for want of it: flask events replay {evt.id}" in linked.output
+    assert send_stripe(client, evt).json["status"] == "processed"  # the provider's retry, same effect
+    assert balance(db, BOB) == OPENING[BOB] + 500
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_a_link_made_later_never_moves_a_payment_credited_before(client, db, run):
+    evt = intent_succeeded("pi_kept", user=ALICE, cents=250, customer="cus_k")
+    send_stripe(client, evt)
+    run("users", "link", "default", "cus_k", str(BOB), "--by", "ops")
+    assert send_stripe(client, evt).json["status"] == "duplicate"
+    assert run("events", "replay", evt.id).output.endswith("already completed; nothing changed\n")
+    assert _payment(db, "pi_kept") == (ALICE, None)
+    assert balance(db, BOB) == OPENING[BOB]
+
+
+def test_a_link_is_never_changed_and_needs_a_user(run, db):
+    assert run("users", "link", "default", "cus_1", str(ALICE), "--by", "ops").exit_code == 0
+    again = run("users", "link", "default", "cus_1", str(ALICE), "--by", "ops")
+    assert again.exit_code == 0 and "already: nothing changed" in again.output
+    moved = run("users", "link", "default", "cus_1", str(BOB), "--by", "ops")
+    assert moved.exit_code == 1 and f"is linked to user {ALICE}" in moved.output
+    nobody = run("users", "link", "default", "cus_2", str(UNKNOWN_USER), "--by", "ops")
+    assert nobody.exit_code == 1 and "no user" in nobody.output
+    assert db.execute("SELECT count(*) FROM customer_links").fetchone()[0] == 1
+
+
+def test_the_metadata_key_is_a_per_source_setting_and_not_part_of_the_effect(make_app, config, db):
+    evt = intent_succeeded("pi_key", cents=400, metadata={"ledger_user": str(BOB)})
+    first = make_app(config).test_client()
+    assert send_stripe(first, evt).status_code == 422  # user_id, the default key, names no one
+    keyed = make_app({**config, "WEBHOOK_USER_METADATA_KEY": "ledger_user"})
+    assert send_stripe(keyed.test_client(), evt).json["status"] == "processed"  # not payload_mismatch
+    assert balance(db, BOB) == OPENING[BOB] + 400
+    row = db.execute("SELECT user_metadata_key FROM webhook_events WHERE event_id = %s", [evt.id]).fetchone()
+    assert row == ("ledger_user",)
+    # verify reads the credit by the key it was decided under, not by today's
+    assert _cli(make_app(config))("ledger", "verify").exit_code == 0
+
+
+def test_a_metadata_value_that_is_not_a_uuid_is_refused_whatever_no_user_says(make_app, config, db):
+    client = make_app({**config, "WEBHOOK_NO_USER": "ignore"}).test_client()
+    response = send_stripe(client, intent_succeeded("pi_bad", metadata={"user_id": "12345"}))
+    assert response.status_code == 422
+    assert "data.object.metadata.user_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)" in response.json["message"]
+
+
+@pytest.mark.parametrize("setting, value", [("WEBHOOK_NO_USER", "drop"), ("WEBHOOK_USER_METADATA_KEY", "a b"),
+                                            ("WEBHOOK_USER_METADATA_KEY", "x" * 41)])
+def test_a_bad_users_setting_stops_the_app_naming_it(make_app, config, setting, value):
+    from app.config import ConfigError
+    with pytest.raises(ConfigError, match=setting):
+        make_app({**config, setting: value})
+
+
+# -- payments that are not ours ------------------------------------------------------------------
+
+@pytest.fixture
+def ignoring(make_app, config):
+    return make_app({**config, "WEBHOOK_NO_USER": "ignore"})
+
+
+def test_a_payment_with_no_user_is_ignored_recorded_counted_and_listed(ignoring, db):
+    client = ignoring.test_client()
+    evt = intent_succeeded("pi_other", cents=900, metadata={"product": "another"})
+    assert send_stripe(client, evt).json == {"status": "ignored", "event_id": evt.id}
+    row = stored_event_row(db, evt.id)
+    assert row.status == "ignored" and row.body == str(evt).encode()
+    assert "no user: no data.object.metadata.user_id, and no data.object.customer" in row.last_error
+    assert send_stripe(client, evt).json["status"] == "ignored"  # a redelivery changes nothing
+    scraped = samples(client.get("/metrics").text)
+    labels = (("outcome", "ignored"), ("reason", ""), ("source", "default"))
+    assert scraped[("webhook_ledger_deliveries_total", labels)] == 2
+    listed = _cli(ignoring)("events", "list", "--status", "ignored")
+    assert evt.id in listed.output and "no user" in listed.output
+    assert db.execute("SELECT count(*) FROM payments").fetchone()[0] == 0
+
+
+def test_refunds_and_disputes_of_an_ignored_payment_are_ignored_and_verify_stays_clean(ignoring, db):
+    client = ignoring.test_client()
+    send_stripe(client, intent_succeeded("pi_theirs", cents=900, metadata={}))
+    for evt in (charge_refunded("pi_theirs", 300, cents=900), refund("re_t", "pi_theirs", 200),
+                dispute("dp_t", "pi_theirs", 900)):
+        assert send_stripe(client, evt).json["status"] == "ignored", evt.type
+    assert db.execute("SELECT count(*) FROM movements").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 0
+    verified = _cli(ignoring)("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+
+
+def test_an_ignored_payment_is_applied_by_an_explicit_replay_after_a_link_then_its_refund(ignoring, db):
+    client, run = ignoring.test_client(), _cli(ignoring)
+    paid = invoice_intent_succeeded("pi_late", "cus_late", cents=700)
+    refunded = refund("re_late", "pi_late", 200)
+    send_stripe(client, paid)
+    send_stripe(client, refunded)
+    assert run("events", "replay", paid.id).exit_code == 1  # still nobody's
+    run("users", "link", "default", "cus_late", str(BOB), "--by", "ops")
+    assert run("events", "replay", "--all-failed").output.startswith("replayed 0 failed events")  # not failed ones
+    assert run("events", "replay", paid.id).output == f"{paid.id}: processed; now completed\n"
+    assert run("events", "replay", refunded.id).output == f"{refunded.id}: processed; now completed\n"
+    assert balance(db, BOB) == OPENING[BOB] + 500
+    assert db.execute("SELECT count(*) FROM ignored_payments").fetchone()[0] == 0
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_no_user_is_per_source(make_app, config, db):
+    from .helpers import SECRETS
+    app = make_app({**config, "WEBHOOK_SOURCES": "shop", "WEBHOOK_SHOP_SECRET": SECRETS["stripe"] + "-shop",
+                    "WEBHOOK_SHOP_SCHEME": "stripe", "WEBHOOK_SHOP_NO_USER": "ignore",
+                    "WEBHOOK_SHOP_USER_METADATA_KEY": "uid"})
+    users = Settings.of(app).sources
+    assert (users["default"].users.no_user, users["shop"].users.no_user) == ("refuse", "ignore")
+    assert users["shop"].users.metadata_key == "uid" and users["default"].users.metadata_key == "user_id"
+
+
+# -- failed events dismissed ---------------------------------------------------------------------
+
+def test_a_failed_event_is_dismissed_with_its_reason_kept_listed_and_never_replayed(client, db, run):
+    evt = intent_succeeded("pi_dead", metadata={}, cents=100)
+    assert send_stripe(client, evt).status_code == 422
+    assert run("events", "replay", "--all-failed").exit_code == 1
+    dismissed = run("events", "dismiss", evt.id, "--reason", "a Payment Link of another product", "--by", "ana")
+    assert dismissed.exit_code == 0, dismissed.output
+    row = db.execute("SELECT status, dismissed_reason, dismissed_by, dismissed_at IS NOT NULL, last_error"
+                     " FROM webhook_events WHERE event_id = %s", [evt.id]).fetchone()
+    assert row[:4] == ("dismissed", "a Payment Link of another product", "ana", True) and "no user" in row[4]
+    assert "dismissed by ana: a Payment Link of another product" in run("events", "list").output
+    replayed = run("events", "replay", "--all-failed")
+    assert replayed.exit_code == 0 and replayed.output.startswith("replayed 0 failed events")
+    assert send_stripe(client, evt).json["status"] == "ignored"  # the provider's retry: closed
+    again = run("events", "dismiss", evt.id, "--reason", "twice", "--by", "ana")
+    assert again.exit_code == 1 and "is dismissed: only a failed event is dismissed" in again.output
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_dismiss_needs_a_reason_and_a_stored_event(run):
+    assert run("events", "dismiss", "evt_none", "--reason", "x", "--by", "ana").exit_code == 1
+    assert run("events", "dismiss", "evt_none", "--by", "ana").exit_code == 2
+    assert run("events", "dismiss", "evt_none", "--reason", "  ", "--by", "ana").exit_code == 2
