@@ -10,6 +10,13 @@ event id is taken from what the scheme signs:
   one is GitHub's own: id from X-GitHub-Delivery, type from X-GitHub-Event,
   data the whole body. Those headers are not signed, so they never name a
   payment.
+- razorpay: a body with a `type` is in this service's own shape, as under
+  github. A body without one is Razorpay's own: type from its `event`, data
+  its `payload`, id from the x-razorpay-event-id header. That header is not
+  signed: it can only decide whether a delivery is a retry of one already
+  stored, never whether money moves. Each movement is keyed by what the
+  signed body names (the payment's, the refund's, the dispute's id), so a
+  captured delivery replayed under another id is stored and moves nothing.
 
 What each type does to the ledger is read by effect_of, from the fields
 that RULES names per type (docs/providers.md has the table).
@@ -181,6 +188,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
     headers = {} if headers is None else headers
     if scheme == "github" and "type" not in document:
         return _github_event(document, body, headers, source)
+    if scheme == "razorpay" and "type" not in document:
+        return _razorpay_event(document, body, headers, source)
     if scheme == "standard-webhooks":
         event_id = _text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
@@ -217,6 +226,15 @@ def _github_event(document: dict[str, Any], body: bytes, headers: Headers, sourc
         raise InvalidEventError("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
     return Event(event_id, event_type, document, document, body, source)
+
+
+def _razorpay_event(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
+    event_type = _text(document.get("event"), "'event'", MAX_TYPE_CHARS)
+    payload = document.get("payload")
+    if not isinstance(payload, dict):
+        raise InvalidEventError("'payload' must be an object")
+    event_id = _text(headers.get("x-razorpay-event-id"), "the x-razorpay-event-id header", MAX_ID_CHARS)
+    return Event(event_id, event_type, payload, document, body, source)
 
 
 def _text(value: object, label: str, max_chars: int) -> str:
@@ -392,6 +410,51 @@ def _read_dispute(state: State) -> Callable[[Event], Fields]:
     return read
 
 
+# -- Razorpay (docs/providers.md): entities under payload.<name>.entity, amounts
+# in the currency's subunits, no test mode in the body (test and live keys differ).
+
+def _razorpay_entity(event: Event, name: str) -> dict[str, Any]:
+    # From the document, not event.data: a stored event's data is its whole body.
+    return _object(_object(_object(event.document.get("payload")).get(name)).get("entity"))
+
+
+def _read_razorpay_payment(event: Event) -> Fields:
+    """payment.captured and order.paid: the same payment, credited once by its id."""
+    payment = _razorpay_entity(event, "payment")
+    user_id = _uuid(_object(payment.get("notes")).get("user_id"))  # notes is [] when empty
+    return Fields(payment.get("id"), user_id, payment.get("amount"), _lower(payment.get("currency")), None)
+
+
+# A Razorpay Refund's status -> what it says of the refund (Razorpay's Refund entity).
+RAZORPAY_REFUND_STATES = {"pending": State.APPLIED, "processed": State.APPLIED, "failed": State.REVERSED}
+
+
+def _read_razorpay_refund(event: Event) -> Fields:
+    refund = _razorpay_entity(event, "refund")
+    status = refund.get("status")
+    state = RAZORPAY_REFUND_STATES.get(status, status) if isinstance(status, str) else status
+    return Fields(refund.get("payment_id"), None, refund.get("amount"), _lower(refund.get("currency")), None,
+                  refund.get("id"), state)
+
+
+def _read_refund_failed(event: Event) -> Fields | None:
+    """refund.failed is Stripe's and Razorpay's name: read in the shape it came in."""
+    return _read_razorpay_refund(event) if _is_razorpay(event.document) else _read_refund(event)
+
+
+def _is_razorpay(document: dict[str, Any]) -> bool:
+    return "type" not in document and isinstance(document.get("payload"), dict)
+
+
+def _read_razorpay_dispute(state: State) -> Callable[[Event], Fields]:
+    """Razorpay deducts a dispute's amount when it is lost (amount_deducted), and gives nothing back before."""
+    def read(event: Event) -> Fields:
+        dispute = _razorpay_entity(event, "dispute")
+        return Fields(dispute.get("payment_id"), None, dispute.get("amount"), _lower(dispute.get("currency")), None,
+                      dispute.get("id"), state)
+    return read
+
+
 def _livemode(event: Event) -> bool:
     return event.document.get("livemode") is True
 
@@ -465,6 +528,20 @@ def _is_uuid(value: object) -> bool:
 _STRIPE_REFUND = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
                         "livemode", "data.object.id", "data.object.status")
 _STRIPE_DISPUTE = _STRIPE_REFUND._replace(state=None)
+_RAZORPAY_PAYMENT = Fields("payload.payment.entity.id", "payload.payment.entity.notes.user_id",
+                           "payload.payment.entity.amount", "payload.payment.entity.currency", None)
+_RAZORPAY_REFUND = Fields("payload.refund.entity.payment_id", None, "payload.refund.entity.amount",
+                          "payload.refund.entity.currency", None, "payload.refund.entity.id",
+                          "payload.refund.entity.status")
+_RAZORPAY_DISPUTE = Fields("payload.dispute.entity.payment_id", None, "payload.dispute.entity.amount",
+                           "payload.dispute.entity.currency", None, "payload.dispute.entity.id", None)
+# refund.failed is both Stripe's and Razorpay's: its 422 names the fields of each.
+_EITHER_REFUND = Fields(*(f"{stripe} (Stripe) or {razorpay} (Razorpay)" if stripe and razorpay else stripe
+                          for stripe, razorpay in zip(_STRIPE_REFUND, _RAZORPAY_REFUND, strict=True)))
+RAZORPAY_PAYMENT_EVENTS = ("payment.captured", "order.paid")
+RAZORPAY_REFUND_EVENTS = ("refund.created", "refund.processed")
+RAZORPAY_DISPUTE_LOST = "payment.dispute.lost"
+RAZORPAY_DISPUTE_WON = "payment.dispute.won"
 
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still applies.
@@ -479,6 +556,11 @@ RULES = {
     CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
     **{refund_event: Rule(Kind.REFUND, _read_refund, _STRIPE_REFUND) for refund_event in REFUND_EVENTS},
+    "refund.failed": Rule(Kind.REFUND, _read_refund_failed, _EITHER_REFUND),
     DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), _STRIPE_DISPUTE),
     DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), _STRIPE_DISPUTE),
+    **{paid: Rule(Kind.CREDIT, _read_razorpay_payment, _RAZORPAY_PAYMENT) for paid in RAZORPAY_PAYMENT_EVENTS},
+    **{refund: Rule(Kind.REFUND, _read_razorpay_refund, _RAZORPAY_REFUND) for refund in RAZORPAY_REFUND_EVENTS},
+    RAZORPAY_DISPUTE_LOST: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.APPLIED), _RAZORPAY_DISPUTE),
+    RAZORPAY_DISPUTE_WON: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.REVERSED), _RAZORPAY_DISPUTE),
 }
