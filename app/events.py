@@ -455,6 +455,43 @@ def _read_razorpay_dispute(state: State) -> Callable[[Event], Fields]:
     return read
 
 
+# -- decimal amounts (PayPal's {"currency_code": "USD", "value": "21.00"}) ---------
+
+# ISO 4217 minor-unit exponents other than 2 (https://www.six-group.com/en/products-services/financial-information/
+# data-standards.html, list one). Upper case, as the standard and PayPal write the codes.
+CURRENCY_EXPONENTS = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND",
+                     "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+    **dict.fromkeys(("CLF", "UYW"), 4),
+}
+# PayPal's Money.value pattern (digits, or digits around one point, up to 32 characters), less its sign:
+# an amount paid or refunded is never negative.
+_DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?|()\.([0-9]+)")
+
+
+def minor_units(value: object, currency: object) -> int | None:
+    """A decimal string in currency's minor units by its ISO 4217 exponent, exactly, or None.
+
+    Text arithmetic, never a float: "21.00" USD is 2100, "500" JPY is 500,
+    "1.234" KWD is 1234. A value with more significant decimals than the
+    currency has ("0.001" USD, "1.5" JPY), not a plain decimal string, or
+    beyond a BIGINT is None (refused).
+    """
+    if not isinstance(value, str) or not isinstance(currency, str) or len(value) > 32:
+        return None
+    match = _DECIMAL.fullmatch(value)
+    if match is None:
+        return None
+    exponent = CURRENCY_EXPONENTS.get(currency.upper(), 2)
+    whole = match.group(1) if match.group(1) is not None else "0"
+    fraction = (match.group(2) or match.group(4) or "").rstrip("0")
+    if len(fraction) > exponent:
+        return None
+    units = int(whole + fraction.ljust(exponent, "0"))
+    return units if units <= MAX_CENTS else None
+
+
 def _livemode(event: Event) -> bool:
     return event.document.get("livemode") is True
 
