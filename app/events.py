@@ -437,8 +437,8 @@ def _read_razorpay_refund(event: Event) -> Fields:
                   refund.get("id"), state)
 
 
-def _read_refund_failed(event: Event) -> Fields | None:
-    """refund.failed is Stripe's and Razorpay's name: read in the shape it came in."""
+def _read_either_refund(event: Event) -> Fields | None:
+    """refund.created and refund.failed are Stripe's and Razorpay's names: read in the shape they came in."""
     return _read_razorpay_refund(event) if _is_razorpay(event.document) else _read_refund(event)
 
 
@@ -572,11 +572,12 @@ _RAZORPAY_REFUND = Fields("payload.refund.entity.payment_id", None, "payload.ref
                           "payload.refund.entity.status")
 _RAZORPAY_DISPUTE = Fields("payload.dispute.entity.payment_id", None, "payload.dispute.entity.amount",
                            "payload.dispute.entity.currency", None, "payload.dispute.entity.id", None)
-# refund.failed is both Stripe's and Razorpay's: its 422 names the fields of each.
+# refund.created and refund.failed are both Stripe's and Razorpay's: their 422 names the fields of each.
 _EITHER_REFUND = Fields(*(f"{stripe} (Stripe) or {razorpay} (Razorpay)" if stripe and razorpay else stripe
                           for stripe, razorpay in zip(_STRIPE_REFUND, _RAZORPAY_REFUND, strict=True)))
 RAZORPAY_PAYMENT_EVENTS = ("payment.captured", "order.paid")
-RAZORPAY_REFUND_EVENTS = ("refund.created", "refund.processed")
+RAZORPAY_REFUND_EVENTS = ("refund.processed",)
+EITHER_REFUND_EVENTS = ("refund.created", "refund.failed")  # Stripe's names too
 RAZORPAY_DISPUTE_LOST = "payment.dispute.lost"
 RAZORPAY_DISPUTE_WON = "payment.dispute.won"
 
@@ -593,7 +594,7 @@ RULES = {
     CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
     **{refund_event: Rule(Kind.REFUND, _read_refund, _STRIPE_REFUND) for refund_event in REFUND_EVENTS},
-    "refund.failed": Rule(Kind.REFUND, _read_refund_failed, _EITHER_REFUND),
+    **{refund_event: Rule(Kind.REFUND, _read_either_refund, _EITHER_REFUND) for refund_event in EITHER_REFUND_EVENTS},
     DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), _STRIPE_DISPUTE),
     DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), _STRIPE_DISPUTE),
     **{paid: Rule(Kind.CREDIT, _read_razorpay_payment, _RAZORPAY_PAYMENT) for paid in RAZORPAY_PAYMENT_EVENTS},
