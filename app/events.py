@@ -10,6 +10,13 @@ event id is taken from what the scheme signs:
   one is GitHub's own: id from X-GitHub-Delivery, type from X-GitHub-Event,
   data the whole body. Those headers are not signed, so they never name a
   payment.
+- razorpay: a body with a `type` is in this service's own shape, as under
+  github. A body without one is Razorpay's own: type from its `event`, data
+  its `payload`, id from the x-razorpay-event-id header. That header is not
+  signed: it can only decide whether a delivery is a retry of one already
+  stored, never whether money moves. Each movement is keyed by what the
+  signed body names (the payment's, the refund's, the dispute's id), so a
+  captured delivery replayed under another id is stored and moves nothing.
 
 What each type does to the ledger is read by effect_of, from the fields
 that RULES names per type (docs/providers.md has the table).
@@ -209,6 +216,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
     headers = {} if headers is None else headers
     if scheme == "github" and "type" not in document:
         return _github_event(document, body, headers, source)
+    if scheme == "razorpay" and "type" not in document:
+        return _razorpay_event(document, body, headers, source)
     if scheme == "standard-webhooks":
         event_id = _text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
@@ -245,6 +254,15 @@ def _github_event(document: dict[str, Any], body: bytes, headers: Headers, sourc
         raise InvalidEventError("a payment must name its type in the signed body, not in the X-GitHub-Event header")
     event_id = _text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
     return Event(event_id, event_type, document, document, body, source)
+
+
+def _razorpay_event(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
+    event_type = _text(document.get("event"), "'event'", MAX_TYPE_CHARS)
+    payload = document.get("payload")
+    if not isinstance(payload, dict):
+        raise InvalidEventError("'payload' must be an object")
+    event_id = _text(headers.get("x-razorpay-event-id"), "the x-razorpay-event-id header", MAX_ID_CHARS)
+    return Event(event_id, event_type, payload, document, body, source)
 
 
 def _text(value: object, label: str, max_chars: int) -> str:
@@ -436,6 +454,88 @@ def _read_dispute(state: State) -> Callable[[Event], Fields]:
     return read
 
 
+# -- Razorpay (docs/providers.md): entities under payload.<name>.entity, amounts
+# in the currency's subunits, no test mode in the body (test and live keys differ).
+
+def _razorpay_entity(event: Event, name: str) -> dict[str, Any]:
+    # From the document, not event.data: a stored event's data is its whole body.
+    return _object(_object(_object(event.document.get("payload")).get(name)).get("entity"))
+
+
+def _read_razorpay_payment(event: Event) -> Fields:
+    """payment.captured and order.paid: the same payment, credited once by its id."""
+    payment = _razorpay_entity(event, "payment")
+    user_id = _uuid(_object(payment.get("notes")).get("user_id"))  # notes is [] when empty
+    return Fields(payment.get("id"), user_id, payment.get("amount"), _lower(payment.get("currency")), None)
+
+
+# A Razorpay Refund's status -> what it says of the refund (Razorpay's Refund entity).
+RAZORPAY_REFUND_STATES = {"pending": State.APPLIED, "processed": State.APPLIED, "failed": State.REVERSED}
+
+
+def _read_razorpay_refund(event: Event) -> Fields:
+    refund = _razorpay_entity(event, "refund")
+    status = refund.get("status")
+    state = RAZORPAY_REFUND_STATES.get(status, status) if isinstance(status, str) else status
+    return Fields(refund.get("payment_id"), None, refund.get("amount"), _lower(refund.get("currency")), None,
+                  refund.get("id"), state)
+
+
+def _read_either_refund(event: Event) -> Fields | None:
+    """refund.created and refund.failed are Stripe's and Razorpay's names: read in the shape they came in."""
+    return _read_razorpay_refund(event) if _is_razorpay(event.document) else _read_refund(event)
+
+
+def _is_razorpay(document: dict[str, Any]) -> bool:
+    return "type" not in document and isinstance(document.get("payload"), dict)
+
+
+def _read_razorpay_dispute(state: State) -> Callable[[Event], Fields]:
+    """Razorpay deducts a dispute's amount when it is lost (amount_deducted), and gives nothing back before."""
+    def read(event: Event) -> Fields:
+        dispute = _razorpay_entity(event, "dispute")
+        return Fields(dispute.get("payment_id"), None, dispute.get("amount"), _lower(dispute.get("currency")), None,
+                      dispute.get("id"), state)
+    return read
+
+
+# -- decimal amounts (PayPal's {"currency_code": "USD", "value": "21.00"}) ---------
+
+# ISO 4217 minor-unit exponents other than 2 (https://www.six-group.com/en/products-services/financial-information/
+# data-standards.html, list one). Upper case, as the standard and PayPal write the codes.
+CURRENCY_EXPONENTS = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND",
+                     "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+    **dict.fromkeys(("CLF", "UYW"), 4),
+}
+# PayPal's Money.value pattern (digits, or digits around one point, up to 32 characters), less its sign:
+# an amount paid or refunded is never negative.
+_DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?|()\.([0-9]+)")
+
+
+def minor_units(value: object, currency: object) -> int | None:
+    """A decimal string in currency's minor units by its ISO 4217 exponent, exactly, or None.
+
+    Text arithmetic, never a float: "21.00" USD is 2100, "500" JPY is 500,
+    "1.234" KWD is 1234. A value with more significant decimals than the
+    currency has ("0.001" USD, "1.5" JPY), not a plain decimal string, or
+    beyond a BIGINT is None (refused).
+    """
+    if not isinstance(value, str) or not isinstance(currency, str) or len(value) > 32:
+        return None
+    match = _DECIMAL.fullmatch(value)
+    if match is None:
+        return None
+    exponent = CURRENCY_EXPONENTS.get(currency.upper(), 2)
+    whole = match.group(1) if match.group(1) is not None else "0"
+    fraction = (match.group(2) or match.group(4) or "").rstrip("0")
+    if len(fraction) > exponent:
+        return None
+    units = int(whole + fraction.ljust(exponent, "0"))
+    return units if units <= MAX_CENTS else None
+
+
 def _livemode(event: Event) -> bool:
     return event.document.get("livemode") is True
 
@@ -511,6 +611,21 @@ def _is_uuid(value: object) -> TypeGuard[str]:
 _STRIPE_REFUND = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
                         "livemode", "data.object.id", "data.object.status")
 _STRIPE_DISPUTE = _STRIPE_REFUND._replace(state=None)
+_RAZORPAY_PAYMENT = Fields("payload.payment.entity.id", "payload.payment.entity.notes.user_id",
+                           "payload.payment.entity.amount", "payload.payment.entity.currency", None)
+_RAZORPAY_REFUND = Fields("payload.refund.entity.payment_id", None, "payload.refund.entity.amount",
+                          "payload.refund.entity.currency", None, "payload.refund.entity.id",
+                          "payload.refund.entity.status")
+_RAZORPAY_DISPUTE = Fields("payload.dispute.entity.payment_id", None, "payload.dispute.entity.amount",
+                           "payload.dispute.entity.currency", None, "payload.dispute.entity.id", None)
+# refund.created and refund.failed are both Stripe's and Razorpay's: their 422 names the fields of each.
+_EITHER_REFUND = Fields(*(f"{stripe} (Stripe) or {razorpay} (Razorpay)" if stripe and razorpay else stripe
+                          for stripe, razorpay in zip(_STRIPE_REFUND, _RAZORPAY_REFUND, strict=True)))
+RAZORPAY_PAYMENT_EVENTS = ("payment.captured", "order.paid")
+RAZORPAY_REFUND_EVENTS = ("refund.processed",)
+EITHER_REFUND_EVENTS = ("refund.created", "refund.failed")  # Stripe's names too
+RAZORPAY_DISPUTE_LOST = "payment.dispute.lost"
+RAZORPAY_DISPUTE_WON = "payment.dispute.won"
 
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still applies.
@@ -525,6 +640,11 @@ RULES = {
     CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
     **{refund_event: Rule(Kind.REFUND, _read_refund, _STRIPE_REFUND) for refund_event in REFUND_EVENTS},
+    **{refund_event: Rule(Kind.REFUND, _read_either_refund, _EITHER_REFUND) for refund_event in EITHER_REFUND_EVENTS},
     DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), _STRIPE_DISPUTE),
     DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), _STRIPE_DISPUTE),
+    **{paid: Rule(Kind.CREDIT, _read_razorpay_payment, _RAZORPAY_PAYMENT) for paid in RAZORPAY_PAYMENT_EVENTS},
+    **{refund: Rule(Kind.REFUND, _read_razorpay_refund, _RAZORPAY_REFUND) for refund in RAZORPAY_REFUND_EVENTS},
+    RAZORPAY_DISPUTE_LOST: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.APPLIED), _RAZORPAY_DISPUTE),
+    RAZORPAY_DISPUTE_WON: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.REVERSED), _RAZORPAY_DISPUTE),
 }

@@ -9,6 +9,8 @@ which are never decoded to text, compared timing-safe with every secret:
 - `standard-webhooks`: `webhook-signature: v1,<base64>[ v1,<base64>...]` of
   `<webhook-id>.<webhook-timestamp>.<body>`.
 - `github`: `X-Hub-Signature-256: sha256=<hex>` of the body.
+- `razorpay`: `X-Razorpay-Signature: <hex>` of the body. Razorpay signs no
+  timestamp and not its `x-razorpay-event-id` header: see app/events.py.
 
 A missing or malformed header raises SignatureError, as a wrong signature
 does; no input raises anything else. A missing header's message names the
@@ -109,11 +111,18 @@ def _github(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
     return _match(secrets, [body], [_hex(digest, name)])
 
 
+def _razorpay(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
+              now: float) -> int:
+    name = "X-Razorpay-Signature"
+    return _match(secrets, [body], [_hex(_required(headers, name).strip(), name)])
+
+
 _VERIFIERS: dict[str, Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int]] = {
     "hmac-sha256": _hmac_sha256,
     "stripe": _stripe,
     "standard-webhooks": _standard_webhooks,
     "github": _github,
+    "razorpay": _razorpay,
 }
 SCHEMES = tuple(_VERIFIERS)
 
@@ -193,7 +202,8 @@ def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int |
     secrets are keys as configured (Standard Webhooks': the bytes after
     whsec_). The timestamped schemes sign one v1 per secret, as a sender
     rolling its secret does; the others sign with the first. timestamp
-    defaults to now; msg_id is standard-webhooks' webhook-id (required there).
+    defaults to now; msg_id is standard-webhooks' webhook-id (required there)
+    and razorpay's x-razorpay-event-id (sent when given).
     """
     return _SIGNERS[scheme](body, list(secrets), int(time.time() if timestamp is None else timestamp), msg_id)
 
@@ -222,9 +232,15 @@ def _sign_github(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str 
     return {"X-Hub-Signature-256": "sha256=" + _mac(secrets[0], body).hex()}
 
 
+def _sign_razorpay(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
+    # The event id rides beside the signature, unsigned, as Razorpay sends it.
+    return {"X-Razorpay-Signature": _mac(secrets[0], body).hex(), **({"x-razorpay-event-id": msg_id} if msg_id else {})}
+
+
 _SIGNERS: dict[str, Callable[[bytes, list[bytes], int, str | None], dict[str, str]]] = {
     "hmac-sha256": _sign_hmac_sha256,
     "stripe": _sign_stripe,
     "standard-webhooks": _sign_standard_webhooks,
     "github": _sign_github,
+    "razorpay": _sign_razorpay,
 }

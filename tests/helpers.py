@@ -33,6 +33,7 @@ SECRETS = {
     "stripe": "whsec_test_5tr1pe5ecretF0rTheTests",  # Stripe uses the whole string as the key
     "standard-webhooks": "whsec_" + base64.b64encode(b"a-standard-webhooks-test-key").decode(),
     "github": "github-test-secret-0123456789",
+    "razorpay": "razorpay-test-webhook-secret-0123",  # chosen by the merchant in Razorpay's Dashboard
 }
 SECRET = SECRETS["hmac-sha256"]  # the default scheme's
 # The exactly-once tests run once per scheme: the signing helper is what changes.

@@ -27,6 +27,7 @@ SIGNATURE_HEADERS = {
                               lambda b: "v1," + base64.b64encode(b).decode())},
     "github": {"X-Hub-Signature-256": hex64.map("sha256={}".format),
                "X-GitHub-Delivery": st.uuids().map(str), "X-GitHub-Event": st.just("ping")},
+    "razorpay": {"X-Razorpay-Signature": hex64, "x-razorpay-event-id": st.uuids().map(str)},
 }
 
 
@@ -42,12 +43,13 @@ def test_unsigned_bytes_never_5xx_and_never_write(client, db, scheme, data, body
     assert event_rows(db) == 0
 
 
-@pytest.mark.parametrize("scheme", ["standard-webhooks", "github"])
+@pytest.mark.parametrize("scheme", ["standard-webhooks", "github", "razorpay"])
 @FUZZ
 @given(data=st.data())
 def test_arbitrary_event_id_headers_never_5xx(client, db, scheme, data):
-    """webhook-id, X-GitHub-Delivery and X-GitHub-Event become the event's id and type."""
+    """webhook-id, X-GitHub-Delivery, X-GitHub-Event and x-razorpay-event-id become the event's id and type."""
     body = json.dumps({"hook_id": 1} if scheme == "github" else
+                      {"event": "t", "payload": {}} if scheme == "razorpay" else
                       {"type": "t", "data": {}}).encode()
     event_id = data.draw(header_text.filter(bool))
     headers = signed_headers(body, scheme=scheme, event_id=event_id, github_event=data.draw(header_text))

@@ -306,6 +306,7 @@ HEADERS = {
         "webhook-signature": st.lists(_items(["v1", "v1a", "v2"], [",", "", ",,"]), max_size=6).map(" ".join),
     },
     "github": {"X-Hub-Signature-256": _items(["sha256", "sha1", "SHA256"], ["=", "", "=="])},
+    "razorpay": {"X-Razorpay-Signature": fragments, "x-razorpay-event-id": fragments},
 }
 PROPERTY = settings(max_examples=400, deadline=None)
 

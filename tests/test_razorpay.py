@@ -1,0 +1,227 @@
+"""Razorpay end to end on a named source (WEBHOOK_SOURCES=razorpay): deliveries signed as Razorpay signs them,
+the signature checked against Razorpay's own library, events in Razorpay's shape (tests/razorpay_events.py),
+and a payment credited once however many events or event ids announce it. Real PostgreSQL and Redis."""
+
+import hashlib
+import hmac
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import razorpay
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.events import Policy
+from app.signature import SignatureError, sign, verify
+
+from .helpers import (
+    BOB,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    encode,
+    event_rows,
+    http_post,
+    post_delivery,
+    source_secret,
+    sources_config,
+    stored_event_row,
+)
+from .razorpay_events import dispute_event, new_id, order_paid, payment_captured, refund_event
+
+SOURCE = "razorpay"
+SECRET = source_secret(SOURCE, "razorpay")
+INR = Policy("inr")
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client):
+    """Razorpay on its own route; the ledger in rupees (Razorpay's amounts are paise)."""
+    base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
+    return sources_config(base, {SOURCE: None}, LEDGER_CURRENCY="inr")
+
+
+def razorpay_headers(body, event_id=None, secret=SECRET):
+    """What Razorpay sends: the hex HMAC of the raw body, and the event's id in its own (unsigned) header."""
+    return {"Content-Type": "application/json", "X-Razorpay-Signature": sign("razorpay", body, [secret.encode()])[
+        "X-Razorpay-Signature"], "x-razorpay-event-id": event_id or new_id("evt")[4:]}
+
+
+def send(client, event, event_id=None):
+    body = encode(event)
+    return post_delivery(client, body, razorpay_headers(body, event_id), SOURCE)
+
+
+# -- the scheme, checked against Razorpay's library -------------------------------------
+
+UTILITY = razorpay.Utility(None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.text(max_size=300), secret=st.text(min_size=16, max_size=40).filter(lambda s: "," not in s))
+def test_razorpay_library_verifies_every_signature_we_make_and_we_verify_its_digest(body, secret):
+    raw, key = body.encode(), secret.encode()
+    header = sign("razorpay", raw, [key])["X-Razorpay-Signature"]
+    assert UTILITY.verify_webhook_signature(body, header, secret) is True
+    # The library's own digest (what it compares against) verifies with us; a changed body fails both.
+    assert verify("razorpay", raw, {"X-Razorpay-Signature": header}, [key], 300) == 0
+    changed = body + "x"
+    with pytest.raises(razorpay.errors.SignatureVerificationError):
+        UTILITY.verify_webhook_signature(changed, header, secret)
+    with pytest.raises(SignatureError):
+        verify("razorpay", changed.encode(), {"X-Razorpay-Signature": header}, [key], 300)
+
+
+def test_razorpay_documented_payload_verifies_with_the_library_and_with_us():
+    body = json.dumps(payment_captured("pay_DESp9bgForNoUd"), separators=(",", ":"))
+    header = hmac.new(SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()
+    assert UTILITY.verify_webhook_signature(body, header, SECRET)
+    assert verify("razorpay", body.encode(), {"x-razorpay-signature": header}, [b"old-secret-0123456789",
+                                                                                SECRET.encode()], 300) == 1
+
+
+@pytest.mark.parametrize("headers, message", [
+    ({}, "missing X-Razorpay-Signature header"),
+    ({"X-Razorpay-Signature": "sha256=" + "0" * 64}, "malformed X-Razorpay-Signature header"),
+    ({"X-Razorpay-Signature": "0" * 64}, "signature does not match"),
+])
+def test_bad_razorpay_signatures_are_401_and_write_nothing(client, db, headers, message):
+    body = encode(payment_captured(new_id("pay")))
+    response = post_delivery(client, body, {"Content-Type": "application/json", "x-razorpay-event-id": "e1",
+                                            **headers}, SOURCE)
+    assert response.status_code == 401 and message in response.json["message"]
+    assert event_rows(db) == 0
+
+
+# -- payments ----------------------------------------------------------------------------
+
+def test_payment_captured_credits_its_payment_once_and_order_paid_for_it_moves_nothing(client, db):
+    payment_id = new_id("pay")
+    captured = payment_captured(payment_id, user=BOB, paise=50000)
+    event_id = "Hdjxv1mE1e0gOk"
+    assert send(client, captured, event_id).json == {"status": "processed", "event_id": event_id}
+    assert send(client, captured, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
+    assert send(client, order_paid(payment_id, user=BOB, paise=50000)).status_code == 200
+    assert balance(db, BOB) == 50000
+    row = stored_event_row(db, event_id)
+    assert (row.source, row.event_type, row.status, row.attempts) == (SOURCE, "payment.captured", "completed", 1)
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_captured_delivery_replayed_under_another_event_id_moves_no_money(client, db):
+    """x-razorpay-event-id is not signed: an attacker holding one captured delivery can send its exact bytes and
+    signature under ids of their choosing. Each is stored as an event; the payment's id, signed, decides."""
+    payment_id = new_id("pay")
+    body = encode(payment_captured(payment_id, user=BOB, paise=12300))
+    signature = razorpay_headers(body)["X-Razorpay-Signature"]
+    for event_id in ("first-id", "replayed-id-1", "replayed-id-2"):
+        headers = {"Content-Type": "application/json", "X-Razorpay-Signature": signature,
+                   "x-razorpay-event-id": event_id}
+        assert post_delivery(client, body, headers, SOURCE).status_code == 200
+    assert balance(db, BOB) == 12300
+    assert event_rows(db, SOURCE) == 3
+    assert db.execute("SELECT count(*) FROM ledger_journal WHERE kind = 'credit'").fetchone()[0] == 1
+    assert_ledger_consistent(db, INR)
+
+
+def test_payment_captured_and_order_paid_concurrently_credit_once(gunicorn, db):
+    server = gunicorn(workers=2, threads=4)
+    rounds = 10
+    for _ in range(rounds):
+        payment_id = new_id("pay")
+        bodies = [encode(payment_captured(payment_id, user=BOB, paise=100)),
+                  encode(order_paid(payment_id, user=BOB, paise=100))] * 3
+        barrier = threading.Barrier(len(bodies))
+
+        def post(body, barrier=barrier):
+            barrier.wait()
+            return http_post(server.base, body, razorpay_headers(body), source=SOURCE)[0]
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            assert set(pool.map(post, bodies)) == {200}
+    assert balance(db, BOB) == 100 * rounds
+    assert event_rows(db, SOURCE) == 6 * rounds
+    assert_ledger_consistent(db, INR)
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"notes": []}, "payload.payment.entity.notes.user_id must be a user's UUID"),
+    ({"amount": 12.5}, "payload.payment.entity.amount must be a positive integer"),
+    ({"currency": "USD"}, "payload.payment.entity.currency must be the ledger's currency, 'inr'"),
+])
+def test_a_payment_that_cannot_apply_is_422(client, db, change, problem):
+    event = payment_captured(new_id("pay"), user=BOB)
+    event["payload"]["payment"]["entity"].update(change)
+    response = send(client, event)
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert problem in response.json["message"]
+    assert balance(db, BOB) == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"x-razorpay-event-id": None}, "the x-razorpay-event-id header is missing"),
+    ({"x-razorpay-event-id": "x" * 129}, "the x-razorpay-event-id header must be 1 to 128 characters"),
+])
+def test_a_delivery_without_a_usable_event_id_is_400(client, db, change, message):
+    body = encode(payment_captured(new_id("pay")))
+    headers = {k: v for k, v in {**razorpay_headers(body), **change}.items() if v is not None}
+    response = post_delivery(client, body, headers, SOURCE)
+    assert response.status_code == 400 and message in response.json["message"]
+    assert event_rows(db) == 0
+
+
+# -- refunds and disputes -------------------------------------------------------------------
+
+@pytest.fixture
+def paid(client, db):
+    payment_id = new_id("pay")
+    assert send(client, payment_captured(payment_id, user=BOB, paise=10000)).json["status"] == "processed"
+    return payment_id
+
+
+def _journal(db):
+    return db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE kind <> 'credit'"
+                      " ORDER BY id").fetchall()
+
+
+def test_a_processed_refund_debits_once_and_a_failed_one_gives_it_back(client, db, paid):
+    refund_id = new_id("rfnd")
+    for event in (refund_event("refund.created", refund_id, paid, 3000, "pending"),
+                  refund_event("refund.processed", refund_id, paid, 3000, "processed")):
+        assert send(client, event).status_code == 200
+    assert balance(db, BOB) == 7000
+    other = new_id("rfnd")
+    assert send(client, refund_event("refund.failed", other, paid, 2000, "failed")).status_code == 200
+    assert balance(db, BOB) == 7000  # failed before it was counted: nothing taken, nothing given
+    failing = new_id("rfnd")
+    assert send(client, refund_event("refund.created", failing, paid, 1000, "pending")).status_code == 200
+    assert send(client, refund_event("refund.failed", failing, paid, 1000, "failed")).status_code == 200
+    assert balance(db, BOB) == 7000
+    assert _journal(db) == [("refund", refund_id, -3000), ("refund", failing, -1000),
+                            ("refund_reversed", failing, 1000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_lost_dispute_withdraws_once_and_a_won_one_reinstates(client, db, paid):
+    dispute_id = new_id("disp")
+    assert send(client, dispute_event("payment.dispute.created", dispute_id, paid, 4000, "open")).status_code == 200
+    assert balance(db, BOB) == 10000  # Razorpay deducts nothing until the dispute is lost
+    lost = dispute_event("payment.dispute.lost", dispute_id, paid, 4000, "lost", deducted=4000)
+    assert send(client, lost).status_code == 200 and send(client, lost).status_code == 200  # two event ids
+    assert balance(db, BOB) == 6000
+    assert send(client, dispute_event("payment.dispute.won", dispute_id, paid, 4000, "won")).status_code == 200
+    assert balance(db, BOB) == 10000
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_the_failed_refund_of_a_stripe_event_is_still_read_as_stripes(client, db):
+    """refund.failed is both providers' name; the shape of the body says whose it is."""
+    from app.events import Event, effect_of
+    body = {"id": "evt_1", "type": "refund.failed", "livemode": True, "data": {"object": {
+        "id": "re_1", "object": "refund", "payment_intent": "pi_1", "amount": 100, "currency": "inr",
+        "status": "failed"}}}
+    effect = effect_of(Event("evt_1", "refund.failed", body["data"], body, encode(body)), INR)
+    assert (effect.payment_id, effect.movement_id, effect.amount_cents) == ("pi_1", "re_1", 100)
