@@ -3,18 +3,21 @@ image itself is built and run by test_image.py): the image is built once and
 reused by `migrate`, never pulled; no service repeats the image's CMD; the
 app's stop grace period outlasts gunicorn's graceful timeout; PostgreSQL is
 the major version the tests run; the schema is applied before the app
-starts; every setting passed is one the app knows; the published port is the
-image's."""
+starts; every setting passed is one the app knows, the service's own from an
+env file whose documented example names the README's settings; only the
+proxy's port is published, in front of the app's, with deploy/haproxy.cfg
+(tests/test_slow_senders.py runs that file)."""
 
 import json
 import re
+import subprocess
 
 import psycopg
 import pytest
 import yaml
 
 from app.config import SETTINGS
-from devservers import ROOT
+from devservers import ROOT, packages
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -86,12 +89,43 @@ def test_the_schema_is_applied_before_the_app_starts():
 def test_every_setting_passed_is_one_the_app_reads(name):
     environment = SERVICES[name]["environment"]
     assert set(environment) <= set(SETTINGS), set(environment) - set(SETTINGS)
-    assert {"DATABASE_URL", "REDIS_URL", "WEBHOOK_SECRET"} <= set(environment)
+    assert set(environment) == {"DATABASE_URL", "REDIS_URL"}  # compose's own servers; the rest: the env file
 
 
 @pytest.mark.unit
-def test_the_published_port_is_the_images():
+@pytest.mark.parametrize("name", ["migrate", "app"])
+def test_the_services_settings_come_from_the_env_file_whose_example_is_documented(name):
+    assert SERVICES[name]["env_file"] == ["webhook-ledger.env"]
+    example = (ROOT / "webhook-ledger.env.example").read_text()
+    values = dict(re.findall(r"^#?([A-Z][A-Z0-9_]+)=(.*)$", example, re.M))
+    sources = values.get("WEBHOOK_SOURCES", "").split(",")
+    # A setting of the README's table, or one of a source that the example names (WEBHOOK_<NAME>_...).
+    readme = (ROOT / "README.md").read_text()
+    unknown = [n for n in values if n not in SETTINGS and f"| `{n}` |" not in readme
+               and not any(n.startswith(f"WEBHOOK_{source.upper()}_") for source in sources if source)]
+    assert "WEBHOOK_SECRET" in values and unknown == []
+    assert "webhook-ledger.env" in (ROOT / ".gitignore").read_text().splitlines()  # it holds the secrets
+
+
+@pytest.mark.unit
+def test_only_the_proxy_is_published_in_front_of_the_apps_port():
     exposed = re.search(r"^EXPOSE (\d+)$", DOCKERFILE, re.M).group(1)
     bind = re.search(r"^ENV BIND=0\.0\.0\.0:(\d+)$", DOCKERFILE, re.M).group(1)
     assert exposed == bind
-    assert SERVICES["app"]["ports"] == [f"127.0.0.1:{exposed}:{exposed}"]
+    published = {name: service["ports"] for name, service in SERVICES.items() if "ports" in service}
+    assert published == {"proxy": ["127.0.0.1:8080:8080"]}
+    proxy = SERVICES["proxy"]
+    assert SERVICES["app"]["expose"] == [exposed]
+    assert proxy["environment"]["HAPROXY_BIND"] == "0.0.0.0:8080"
+    assert {proxy["environment"][f"APP_HOST_{i}"] for i in (1, 2, 3)} == {f"app:{exposed}"}
+    assert proxy["volumes"] == ["./deploy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"]
+    assert proxy["depends_on"]["app"]["condition"] == "service_healthy"
+
+
+def test_the_proxy_image_is_the_haproxy_major_version_the_tests_run():
+    haproxy = packages.find("haproxy")
+    if not haproxy:
+        pytest.skip("haproxy not installed")
+    version = subprocess.run([haproxy, "-v"], capture_output=True, text=True, check=True).stdout
+    major = re.search(r"version (\d+\.\d+)", version)[1]
+    assert SERVICES["proxy"]["image"] == f"haproxy:{major}"

@@ -207,3 +207,15 @@ def _healthy(base):
         return http_get(base, "/health", timeout=1)[0] == 200
     except OSError:
         return False
+
+
+def test_the_haproxy_drop_in_points_the_proxy_at_the_services_loopback_address():
+    """deploy/haproxy.cfg in front of the service on its host: the drop-in's servers are BIND and ListenStream."""
+    drop_in = read_unit((UNITS / "haproxy.service.d" / "webhook-ledger.conf").read_text())["Service"]
+    env = dict(value.split("=", 1) for value in drop_in["Environment"])
+    bind = re.search(r"^BIND=(\S+)$", ENV_EXAMPLE.read_text(), re.M)[1]
+    listen = read_unit((UNITS / SOCKET).read_text())["Socket"]["ListenStream"][0]
+    assert {env[f"APP_HOST_{i}"] for i in (1, 2, 3)} == {bind} == {listen} == {"127.0.0.1:8000"}
+    assert env["HAPROXY_BIND"] == "0.0.0.0:8080"
+    names = set(re.findall(r'"\$\{([A-Z0-9_]+)-', (ROOT / "deploy" / "haproxy.cfg").read_text()))
+    assert set(env) == names - {"NAME"}  # every variable the file reads ("${NAME-default}": its own comment)
