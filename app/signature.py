@@ -133,7 +133,8 @@ class _MissingHeaderError(SignatureError):
 
 # The header that tells each scheme's deliveries apart (standard-webhooks sends two more).
 _SCHEME_HEADERS = {"hmac-sha256": "X-Signature", "stripe": "Stripe-Signature",
-                   "standard-webhooks": "webhook-signature", "github": "X-Hub-Signature-256"}
+                   "standard-webhooks": "webhook-signature", "github": "X-Hub-Signature-256",
+                   "razorpay": "X-Razorpay-Signature"}
 
 
 def _expected(scheme: str, headers: Mapping[str, str]) -> str:
