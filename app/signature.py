@@ -51,7 +51,7 @@ def verify(scheme: str, body: bytes, headers: Headers, secrets: Sequence[bytes],
     """Return the index of the secret that signed the delivery, or raise SignatureError."""
     lowered = {str(name).lower(): value for name, value in headers.items()}
     try:
-        return _VERIFIERS[scheme](body, lowered, secrets, tolerance, time.time() if now is None else now)
+        return _SCHEMES[scheme][0](body, lowered, secrets, tolerance, time.time() if now is None else now)
     except _MissingHeaderError as exc:
         raise SignatureError(f"{exc}: {_expected(scheme, lowered)}") from None
 
@@ -117,32 +117,28 @@ def _razorpay(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes],
     return _match(secrets, [body], [_hex(_required(headers, name).strip(), name)])
 
 
-_VERIFIERS: dict[str, Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int]] = {
-    "hmac-sha256": _hmac_sha256,
-    "stripe": _stripe,
-    "standard-webhooks": _standard_webhooks,
-    "github": _github,
-    "razorpay": _razorpay,
+# Each scheme's verifier, and the header that tells its deliveries apart (standard-webhooks sends two more),
+# named to a delivery that lacks its source's.
+_SCHEMES: dict[str, tuple[Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int], str]] = {
+    "hmac-sha256": (_hmac_sha256, "X-Signature"),
+    "stripe": (_stripe, "Stripe-Signature"),
+    "standard-webhooks": (_standard_webhooks, "webhook-signature"),
+    "github": (_github, "X-Hub-Signature-256"),
+    "razorpay": (_razorpay, "X-Razorpay-Signature"),
 }
-SCHEMES = tuple(_VERIFIERS)
+SCHEMES = tuple(_SCHEMES)
 
 
 class _MissingHeaderError(SignatureError):
     """A header the scheme signs is absent; verify adds which scheme the source expects."""
 
 
-# The header that tells each scheme's deliveries apart (standard-webhooks sends two more).
-_SCHEME_HEADERS = {"hmac-sha256": "X-Signature", "stripe": "Stripe-Signature",
-                   "standard-webhooks": "webhook-signature", "github": "X-Hub-Signature-256",
-                   "razorpay": "X-Razorpay-Signature"}
-
-
 def _expected(scheme: str, headers: Mapping[str, str]) -> str:
     """What a delivery lacking the scheme's header is told: the scheme, and the one it seems signed by."""
     said = f"this source verifies the {scheme} scheme"
-    others = [other for other, name in _SCHEME_HEADERS.items() if other != scheme and name.lower() in headers]
+    others = [(other, name) for other, (_, name) in _SCHEMES.items() if other != scheme and name.lower() in headers]
     if others:
-        said += f", and the request carries {_SCHEME_HEADERS[others[0]]}, the {others[0]} scheme's header"
+        said += f", and the request carries {others[0][1]}, the {others[0][0]} scheme's header"
     return said
 
 
