@@ -18,8 +18,8 @@ from redis.exceptions import RedisClusterException, RedisError
 from . import ledger, legacy, lock, metrics, reconcile, retention, verify
 from .config import PROBLEMS, ConfigError, Needs, Settings, api_key_setting
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
-from .delivery import Outcome
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
+from .outcome import Outcome
 from .redis_client import reason_of
 from .schema import SchemaError
 

@@ -16,10 +16,11 @@ from gunicorn.http.errors import ParseException as MalformedRequest  # type: ign
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
 from .config import Settings, UnknownSourceError
-from .delivery import Outcome, current_delivery
+from .delivery import current_delivery
 from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
+from .outcome import Outcome
 from .signature import SignatureError
 
 log = logging.getLogger(__name__)
