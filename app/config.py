@@ -444,7 +444,7 @@ def from_env(environ: Mapping[str, str] | None = None, needs: Needs = Needs.SERV
 def from_env_as_far_as_it_goes(environ: Mapping[str, str]) -> tuple[Settings, dict[Needs, ConfigError]]:
     """The settings at the highest level environ allows, and why each level above it failed.
 
-    For `flask` commands, each of which declares what it needs (cli.needs).
+    For `flask` commands, each of which declares what it needs (commands.needs).
     ConfigError when even Needs.DATABASE fails.
     """
     problems: dict[Needs, ConfigError] = {}
