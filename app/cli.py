@@ -14,12 +14,14 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, legacy, lock, metrics, reconcile, retention, verify
 from .commands import CENTS, Commands, needs, os_user, table, utc
-from .config import ConfigError, Needs, Settings, api_key_setting
+from .config import Needs, Settings
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .outcome import Outcome
+from .parsers import ConfigError
 from .redis_client import reason_of
 from .schema import SchemaError
+from .sources import api_key_setting
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance, name the payments of an earlier release.")

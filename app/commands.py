@@ -13,8 +13,9 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from .config import PROBLEMS, ConfigError, Needs, Settings
+from .config import PROBLEMS, Needs, Settings
 from .db import unavailable_in_one_line
+from .parsers import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

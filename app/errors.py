@@ -15,13 +15,14 @@ from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
-from .config import Settings, UnknownSourceError
+from .config import Settings
 from .delivery import current_delivery
 from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
 from .outcome import Outcome
 from .signature import SignatureError
+from .webhooks import UnknownSourceError
 
 log = logging.getLogger(__name__)
 

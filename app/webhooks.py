@@ -8,13 +8,18 @@ from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
 from . import ledger, lock, signature
-from .config import Settings, Source, UnknownSourceError
+from .config import Settings
 from .db import get_pool
 from .delivery import current_delivery
 from .events import DEFAULT_SOURCE, effect_of, parse
 from .lock import Locks
+from .sources import Source
 
 bp = Blueprint("webhooks", __name__)
+
+
+class UnknownSourceError(LookupError):
+    """No source of that name is configured: answered 404."""
 
 
 # The default source's route passes None, not its name: with its name as the
