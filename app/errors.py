@@ -127,7 +127,7 @@ def _domain_error(exc: Exception) -> Response:
 def _http_error(exc: HTTPException) -> Response:
     if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
         # Werkzeug's word for a body read that failed: here, because the body did not arrive
-        # within the server's deadline (gunicorn_worker.py). The connection is closed after.
+        # within the server's deadline (app/gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
     assert exc.code is not None  # Flask answers a code-less HTTPException itself, without a handler
     error = _CODES.get(exc.code, "http_error")
