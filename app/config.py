@@ -52,12 +52,6 @@ class Needs(enum.IntEnum):
 UNREAD_BELOW = {Needs.DATABASE: ("REDIS_URL", "WEBHOOK_SECRET"), Needs.REDIS: ("WEBHOOK_SECRET",)}
 
 
-
-
-# The required settings (no default) that a level leaves unread.
-UNREAD_BELOW = {Needs.DATABASE: ("REDIS_URL", "WEBHOOK_SECRET"), Needs.REDIS: ("WEBHOOK_SECRET",)}
-
-
 class Setting(NamedTuple):
     """One setting: how its text is parsed, its default (None: required) and what it means."""
 
