@@ -594,7 +594,9 @@ def _read_paypal_refund(event: Event) -> Fields | str:
     amount, currency, problem = _paypal_money(refund.get("amount"), "resource.amount")
     if problem:
         return problem
-    ups = [link.get("href") for link in refund.get("links") or () if isinstance(link, dict) and link.get("rel") == "up"]
+    links = refund.get("links")
+    ups = [link.get("href") for link in links if isinstance(link, dict) and link.get("rel") == "up"] \
+        if isinstance(links, list) else []
     capture = _CAPTURE_LINK.fullmatch(ups[0]) if len(ups) == 1 and isinstance(ups[0], str) else None
     status = refund.get("status")
     state = PAYPAL_REFUND_STATES.get(status, status) if isinstance(status, str) else status

@@ -173,8 +173,12 @@ def _paypal(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
     if not _TRANSMISSION_ID.fullmatch(transmission_id):
         raise SignatureError("malformed PAYPAL-TRANSMISSION-ID header: expected 1 to 50 letters, digits, _ or -")
     stamp = _required(headers, "PAYPAL-TRANSMISSION-TIME")
-    if not _TRANSMISSION_TIME.fullmatch(stamp):
-        raise SignatureError("malformed PAYPAL-TRANSMISSION-TIME header: expected an RFC 3339 date and time")
+    try:
+        if not _TRANSMISSION_TIME.fullmatch(stamp):
+            raise ValueError
+        sent = datetime.fromisoformat(stamp).timestamp()  # ValueError for a 13th month, a 25th hour
+    except ValueError:
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-TIME header: expected an RFC 3339 date and time") from None
     algorithm = _required(headers, "PAYPAL-AUTH-ALGO")
     if algorithm != PAYPAL_AUTH_ALGO:
         raise SignatureError(f"PAYPAL-AUTH-ALGO must be {PAYPAL_AUTH_ALGO}")
@@ -186,7 +190,7 @@ def _paypal(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
     except (ValueError, binascii.Error):
         raise SignatureError("malformed PAYPAL-TRANSMISSION-SIG header: expected base64") from None
     url = _required(headers, "PAYPAL-CERT-URL").strip()
-    _check_age(now - datetime.fromisoformat(stamp).timestamp(), tolerance)
+    _check_age(now - sent, tolerance)
     if certificates is None:
         raise TypeError("the paypal scheme verifies with a certificate source: pass certificates")
     key = certificates(url, now)  # after every cheap refusal: nothing is fetched for a malformed delivery

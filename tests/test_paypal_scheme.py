@@ -267,6 +267,8 @@ def test_a_signature_verifies_for_any_configured_webhook_id_and_reports_its_inde
     ({"PAYPAL-TRANSMISSION-ID": None}, "missing PAYPAL-TRANSMISSION-ID header: this source verifies the paypal"),
     ({"PAYPAL-TRANSMISSION-ID": "a|b"}, "malformed PAYPAL-TRANSMISSION-ID"),
     ({"PAYPAL-TRANSMISSION-TIME": "1700000000"}, "malformed PAYPAL-TRANSMISSION-TIME"),
+    ({"PAYPAL-TRANSMISSION-TIME": "2016-13-45T20:01:35Z"}, "malformed PAYPAL-TRANSMISSION-TIME"),
+    ({"PAYPAL-TRANSMISSION-TIME": "2016-02-18T20:01:35"}, "malformed PAYPAL-TRANSMISSION-TIME"),  # no offset
     ({"PAYPAL-AUTH-ALGO": "SHA1withRSA"}, "PAYPAL-AUTH-ALGO must be SHA256withRSA"),
     ({"PAYPAL-TRANSMISSION-SIG": "not base64!"}, "malformed PAYPAL-TRANSMISSION-SIG"),
     ({"PAYPAL-CERT-URL": None}, "missing PAYPAL-CERT-URL header"),
@@ -538,6 +540,9 @@ def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send
     (refund_event("PAYMENT.CAPTURE.REFUNDED", "R1", "C6", "-1.00"), "resource.amount.value must be a decimal"),
     ({**refund_event("PAYMENT.CAPTURE.REFUNDED", "R2", "C7", "1.00"), "resource": {
         "id": "R2", "amount": {"currency_code": "USD", "value": "1.00"}, "status": "COMPLETED", "links": []}},
+     "resource.links[rel=up] (the capture's URL) must be a payment id"),
+    ({**refund_event("PAYMENT.CAPTURE.REFUNDED", "R3", "C9", "1.00"), "resource": {
+        "id": "R3", "amount": {"currency_code": "USD", "value": "1.00"}, "status": "COMPLETED", "links": 5}},
      "resource.links[rel=up] (the capture's URL) must be a payment id"),
     (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-1", "C8", "1.00", "RESOLVED", "NONE"),
      "resource.dispute_outcome.outcome_code must be one of"),
