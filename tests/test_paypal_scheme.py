@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app import config as app_config
@@ -39,7 +39,7 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
-from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_id, refund_event
+from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_event_id, new_id, refund_event
 
 SOURCE = "paypal"
 WEBHOOK_ID = "1JE4291016473214C"  # the form of PayPal's sample's webhook_id
@@ -611,3 +611,23 @@ def test_paypal_settings_defaults_and_rotation():
     # PayPal's simulator signs its mock events for the webhook id WEBHOOK_ID (PayPal's webhooks guide).
     mock = app_config.from_env({**environ, "WEBHOOK_PAYPAL_SECRET": "WEBHOOK_ID"})
     assert mock.sources["paypal"].secrets == (b"WEBHOOK_ID",)
+
+
+# -- any body PayPal's shape may take --------------------------------------------------------------------
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                  max_size=4), max_leaves=20)
+_PAYPAL_TYPES = ["PAYMENT.CAPTURE.COMPLETED", "PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED",
+                 "CUSTOMER.DISPUTE.RESOLVED", "CUSTOMER.DISPUTE.CREATED"]
+_FIELDS = ["id", "amount", "custom_id", "status", "links", "dispute_id", "dispute_amount", "dispute_outcome",
+           "disputed_transactions"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(event_type=st.sampled_from(_PAYPAL_TYPES),
+       resource=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=len(_FIELDS)))
+def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_host, event_type, resource):
+    body = encode({"id": new_event_id(), "event_type": event_type, "resource": resource})
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
+    assert response.status_code in (200, 409, 422), response.json
