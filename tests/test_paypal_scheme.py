@@ -615,9 +615,10 @@ def test_paypal_settings_defaults_and_rotation():
 
 # -- any body PayPal's shape may take --------------------------------------------------------------------
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                                  max_size=4), max_leaves=20)
+_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=20))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
 _PAYPAL_TYPES = ["PAYMENT.CAPTURE.COMPLETED", "PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED",
                  "CUSTOMER.DISPUTE.RESOLVED", "CUSTOMER.DISPUTE.CREATED"]
 _FIELDS = ["id", "amount", "custom_id", "status", "links", "dispute_id", "dispute_amount", "dispute_outcome",
