@@ -35,6 +35,7 @@ from .helpers import (
     db_url,
     encode,
     event_rows,
+    http_post,
     post_delivery,
     sources_config,
     stored_event_row,
@@ -632,3 +633,18 @@ def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_ho
     body = encode({"id": new_event_id(), "event_type": event_type, "resource": resource})
     response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
     assert response.status_code in (200, 409, 422), response.json
+
+
+def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concurrent_deliveries(gunicorn, db, pki,
+                                                                                                cert_host, seen):
+    server = gunicorn(workers=2, threads=4)
+    bodies = [encode(capture_completed(new_id(), user=BOB, value="1.00")) for _ in range(24)]
+
+    def post(body):
+        return http_post(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE)[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(post, bodies)) == {200}
+    assert balance(db, BOB) == 2400
+    assert 1 <= len(seen) <= 2 and set(seen) == {f"{CERTS}CERT-good"}  # one per worker process at most
+    assert_ledger_consistent(db, USD)
