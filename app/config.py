@@ -148,6 +148,13 @@ class Settings:
         parsers.integer(60), "10800", "longest time without a successful reconcile before the alert"))
     # The package's own unless set.
     schema_path: Path = field(metadata=setting(_schema_path, "", "where `flask init-db` reads the schema"))
+    # PayPal's hosts (host:port); the tests name their loopback stand-in. Any other is 401, nothing fetched.
+    paypal_cert_hosts: frozenset[str] = field(metadata=setting(
+        parsers.cert_hosts, "api.paypal.com,api-m.paypal.com,api.sandbox.paypal.com,api-m.sandbox.paypal.com",
+        "the hosts a PAYPAL-CERT-URL may name (app/paypal.py)"))
+    # None: certifi's bundle.
+    paypal_ca_file: Path | None = field(metadata=setting(
+        parsers.ca_file, "", "the roots PayPal's certificates and their host's TLS must chain to"))
     # Every source served, by name: the default one (when it has a secret), then the named ones. Read-only.
     sources: Mapping[str, Source]
     policy: Policy

@@ -9,6 +9,7 @@ uses the same ones for each named source's settings.
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -170,6 +171,27 @@ def no_user(name: str, raw: str) -> NoUser:
         return NoUser(raw.strip().lower())
     except ValueError:
         raise ConfigError(f"{name} must be one of {', '.join(NoUser)}, got {raw!r}") from None
+
+
+def cert_hosts(name: str, raw: str) -> frozenset[str]:
+    """host or host:port entries (443 when none), lower case: where a PAYPAL-CERT-URL may point (app/paypal.py)."""
+    hosts = set()
+    for entry in (e.strip().lower() for e in raw.split(",")):
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "443")
+        if not re.fullmatch(r"[a-z0-9.-]{1,253}", host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{name} must be comma-separated host names, each with an optional :port, got {raw!r}")
+        hosts.add(f"{host}:{int(port)}")
+    return frozenset(hosts)
+
+
+def ca_file(name: str, raw: str) -> Path | None:
+    """A PEM file of trusted roots, or None (unset: certifi's bundle)."""
+    if not raw.strip():
+        return None
+    path = Path(raw.strip()).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{name} names no file: {path}")
+    return path
 
 
 def prepare_threshold(name: str, raw: str) -> int | None:

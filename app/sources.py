@@ -95,6 +95,8 @@ def _long_enough(name: str, keys: tuple[bytes, ...], unit: str = "bytes") -> tup
 
 def keys(name: str, secrets: tuple[bytes, ...], scheme: str) -> tuple[bytes, ...]:
     """The HMAC keys of a parsed secrets setting, as its scheme uses them (decoded under standard-webhooks)."""
+    if scheme == "paypal":  # webhook ids, not keys (PayPal's RSA key signs): no length to reach
+        return _webhook_ids(name, secrets)
     if scheme == "standard-webhooks":
         return _long_enough(name, _whsec_keys(name, secrets), f"bytes once decoded from {WHSEC_PREFIX}<base64>")
     return _long_enough(name, secrets)
@@ -175,6 +177,20 @@ def api_key_setting(source: str) -> str:
 def secret_setting(source: str) -> str:
     """The setting that holds source's signing secrets."""
     return "WEBHOOK_SECRET" if source == DEFAULT_SOURCE else f"{prefix(source)}SECRET"
+
+
+# PayPal's webhook id (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's webhook_id:
+# letters and digits, at most 50), and WEBHOOK_ID, the id its simulator's mock events are signed for
+# (https://developer.paypal.com/api/rest/webhooks/rest/).
+PAYPAL_WEBHOOK_ID = re.compile(rb"[A-Za-z0-9]{1,50}|WEBHOOK_ID")
+
+
+def _webhook_ids(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    for index, webhook_id in enumerate(secrets):
+        if not PAYPAL_WEBHOOK_ID.fullmatch(webhook_id):
+            raise ConfigError(f"{name} entry {index} (counted from 0) is not a PayPal webhook id (1 to 50 letters "
+                              f"and digits, or WEBHOOK_ID) under the paypal scheme")
+    return secrets
 
 
 def _whsec_keys(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:

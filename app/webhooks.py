@@ -7,7 +7,7 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import ledger, lock, signature
+from . import ledger, lock, paypal, signature
 from .config import Settings
 from .db import get_pool
 from .delivery import current_delivery
@@ -37,7 +37,8 @@ def receive(name: str | None) -> dict[str, str]:
     source = _source(settings, name)  # before anything is read: an unknown source costs a dict lookup
     delivery.source = source.name
     body = _raw_json_body(settings.max_body_bytes)
-    delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance)
+    delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
+                                             certificates=paypal.certificates(current_app))
     event = delivery.event = parse(body, source.scheme, request.headers, source.event_source)
     effect = delivery.effect = effect_of(event, settings.policy)
     body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
