@@ -251,12 +251,12 @@ def burst(bases, body, headers, twins=50, source=None):
     over bases (base URLs); return every Answer."""
     barrier = threading.Barrier(twins)
 
-    def send(i):
+    def send_twin(i):
         barrier.wait()
         return send(bases[i % len(bases)], body, headers, source=source)
 
     with ThreadPoolExecutor(twins) as pool:
-        return list(pool.map(send, range(twins)))
+        return list(pool.map(send_twin, range(twins)))
 
 
 # -- the ledger, read back --------------------------------------------------------
