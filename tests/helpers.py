@@ -1,6 +1,7 @@
 """What the tests share besides fixtures: the users and secrets, deliveries
-built and signed the way a provider builds them, HTTP to a real server, and
-the ledger checks."""
+built and signed the way a provider builds them, one function that sends a
+delivery (send: in-process or over HTTP, one Answer either way), HTTP to a
+real server, and the ledger checks."""
 
 import base64
 import http.client
@@ -15,11 +16,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import namedtuple_row
+from werkzeug.datastructures import Headers
 
 from app import events, signature, verify
 from app.config import DEFAULT_SOURCE, Settings
@@ -116,26 +119,55 @@ def signed_headers(body, secret=None, content_type="application/json", *, scheme
     return headers
 
 
-def deliver(client, event, secret=None, source=None, **headers):
-    """POST event to source (default: the default one), signed the way the client's app expects.
+# -- sending a delivery: one function, in-process or over HTTP -------------------
 
-    A named source is signed with its scheme and source_secret unless secret is given.
+class Answer(NamedTuple):
+    """The answer to a delivery, in one shape whichever way it went (it unpacks as status, json, headers)."""
+
+    status: int
+    json: Any  # the body parsed as JSON; None for an empty body
+    headers: Headers  # read case-insensitively, as HTTP reads them
+
+    @classmethod
+    def of(cls, response):
+        """The Answer of a Flask test client's response."""
+        return cls(response.status_code, json.loads(response.data or b"null"), response.headers)
+
+
+def send(to, event, headers=None, *, source=None, scheme=None, secret=None, path=None, timeout=30) -> Answer:
+    """POST event (a dict, or bytes sent as they are) to source's endpoint (default: the default source's) on to:
+    a Flask test client (in-process) or a server's base URL (over HTTP).
+
+    Signed as the source's provider signs: by the source's scheme (the client's app says which; over HTTP,
+    scheme= or hmac-sha256) with the source's test secret, unless scheme= or secret= (a list: one signature per
+    secret) say otherwise. headers, when given, go out exactly as they are instead: forged, unsigned or signed
+    by hand (send(to, *delivery) sends a delivery kept as its bytes and headers). path, when given, is where it
+    goes instead of source's endpoint: a path that names no source, or names one another way (a trailing slash).
     """
     body = encode(event)
-    settings = Settings.of(client.application)
-    if source in (None, DEFAULT_SOURCE):
-        scheme = settings.webhook_signature_scheme
+    if headers is None:
+        scheme = scheme or _scheme_of(to, source)
+        if secret is None and source not in (None, DEFAULT_SOURCE):
+            secret = source_secret(source, scheme)
+        headers = signed_headers(body, secret, scheme=scheme)
     else:
-        sender = settings.sources.get(source)
-        scheme = sender.scheme if sender else "hmac-sha256"  # an unknown source: signed all the same
-        secret = secret or source_secret(source, scheme)
-    return client.post(source_path(source), data=body,
-                       headers={**signed_headers(body, secret, scheme=scheme), **headers})
+        assert scheme is None and secret is None, "headers are sent as they are: sign them, or pass none"
+    path = path or source_path(source)
+    if isinstance(to, str):
+        return http_request(to, "POST", path, body, headers, timeout)
+    return Answer.of(to.post(path, data=body, headers=headers))
 
 
-def post_delivery(client, body, headers, source=None):
-    """POST body with exactly these headers, signed or not, through the Flask client."""
-    return client.post(source_path(source), data=body, headers=headers)
+def _scheme_of(to, source):
+    """The scheme source verifies on to: its app's settings say it; hmac-sha256 over HTTP or for an unknown
+    source (signed all the same)."""
+    if isinstance(to, str):
+        return "hmac-sha256"
+    settings = Settings.of(to.application)
+    if source in (None, DEFAULT_SOURCE):
+        return settings.webhook_signature_scheme
+    sender = settings.sources.get(source)
+    return sender.scheme if sender else "hmac-sha256"
 
 
 # -- named sources (WEBHOOK_SOURCES) ---------------------------------------------
@@ -175,21 +207,16 @@ def sources_config(config, sources, **settings):
 
 # -- HTTP to a real server ------------------------------------------------------
 
-def http_request(base, method, path, body=None, headers=None, timeout=30):
-    """method path; return (status, parsed JSON body, headers). Raises on connection errors."""
+def http_request(base, method, path, body=None, headers=None, timeout=30) -> Answer:
+    """method path on a real server; its Answer. Raises on connection errors."""
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
-        return response.status, json.loads(response.read() or b"null"), dict(response.getheaders())
+        return Answer(response.status, json.loads(response.read() or b"null"), Headers(response.getheaders()))
     finally:
         conn.close()
-
-
-def http_post(base, body, headers, timeout=30, source=None):
-    """POST body to source's path; return (status, parsed JSON body, headers). Raises on connection errors."""
-    return http_request(base, "POST", source_path(source), body, headers, timeout)
 
 
 def http_get(base, path, timeout=10):
@@ -222,15 +249,15 @@ def read_answer(sock):
 
 def burst(bases, body, headers, twins=50, source=None):
     """Send twins of one delivery (this many, the same bytes and headers) to source at the same instant, spread
-    over bases; return every answer."""
+    over bases (base URLs); return every Answer."""
     barrier = threading.Barrier(twins)
 
-    def send(i):
+    def send_twin(i):
         barrier.wait()
-        return http_post(bases[i % len(bases)], body, headers, source=source)
+        return send(bases[i % len(bases)], body, headers, source=source)
 
     with ThreadPoolExecutor(twins) as pool:
-        return list(pool.map(send, range(twins)))
+        return list(pool.map(send_twin, range(twins)))
 
 
 # -- the ledger, read back --------------------------------------------------------

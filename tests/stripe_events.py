@@ -7,7 +7,7 @@ import uuid
 
 import stripe
 
-from .helpers import ALICE, SECRETS, post_delivery
+from .helpers import ALICE, SECRETS, send
 
 API_VERSION = "2025-03-31.basil"  # the default: the version whose charges no longer count released authorisations
 BEFORE_BASIL = "2024-06-20"
@@ -88,6 +88,6 @@ def stripe_signed(evt):
     return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
 
 
-def send_stripe(client, evt):
-    """POST evt, signed by Stripe's signer, through the Flask client (the app's scheme must be stripe)."""
-    return post_delivery(client, *stripe_signed(evt))
+def send_stripe(to, evt):
+    """POST evt, signed by Stripe's signer, to to (helpers.send's: the app's scheme must be stripe)."""
+    return send(to, *stripe_signed(evt))

@@ -16,9 +16,9 @@ from .helpers import (
     UNKNOWN_USER,
     assert_ledger_consistent,
     balance,
-    deliver,
     event_rows,
     payment,
+    send,
     stored_event_row,
 )
 
@@ -40,12 +40,16 @@ def _age(db, event_id, days):
 
 # -- list and show ------------------------------------------------------------
 
-def test_list_shows_a_table_newest_first_and_filters(client, db, run):
-    deliver(client, payment("evt_a", cents=10))
-    deliver(client, payment("evt_b", user=UNKNOWN_USER))  # unknown user: failed
-    deliver(client, {"id": "evt_c", "type": "customer.created", "data": {}})
+def _three_events(client, db):
+    """evt_a, completed three days ago; evt_b, failed; evt_c, completed with no balance effect."""
+    send(client, payment("evt_a", cents=10))
+    send(client, payment("evt_b", user=UNKNOWN_USER))  # unknown user: failed
+    send(client, {"id": "evt_c", "type": "customer.created", "data": {}})
     _age(db, "evt_a", 3)
 
+
+def test_list_shows_a_table_newest_first(client, db, run):
+    _three_events(client, db)
     result = run("events", "list")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -53,6 +57,9 @@ def test_list_shows_a_table_newest_first_and_filters(client, db, run):
     assert [line.split()[:2] for line in lines[1:]] == [["default", eid] for eid in ("evt_c", "evt_b", "evt_a")]
     assert "unknown user" in lines[2]
 
+
+def test_list_filters_by_each_option(client, db, run):
+    _three_events(client, db)
     assert _ids(run("events", "list", "--status", "failed")) == ["evt_b"]
     assert _ids(run("events", "list", "--status", "failed", "--status", "completed", "--limit", "2")) == \
         ["evt_c", "evt_b"]
@@ -68,8 +75,8 @@ def _ids(result):
 
 
 def test_list_shows_the_last_error_whole_on_its_row(client, db, run):
-    deliver(client, payment("evt_long", user=UNKNOWN_USER))
-    deliver(client, payment("evt_short", user=UNKNOWN_USER))
+    send(client, payment("evt_long", user=UNKNOWN_USER))
+    send(client, payment("evt_short", user=UNKNOWN_USER))
     long_error = "unknown payment pi_" + "x" * 100 + ": its refund waits\nfor it"
     db.execute("UPDATE webhook_events SET last_error = %s WHERE event_id = 'evt_long'", [long_error])
     result = run("events", "list")
@@ -89,8 +96,8 @@ def test_list_refuses_an_unknown_status(run):
 
 def test_show_prints_payload_status_attempts_error_and_times(client, db, run):
     event = payment("evt_show", user=UNKNOWN_USER, cents=77)
-    deliver(client, event)
-    deliver(client, event)
+    send(client, event)
+    send(client, event)
     result = run("events", "show", "evt_show")
     assert result.exit_code == 0, result.output
     out = result.output
@@ -112,7 +119,7 @@ def test_show_of_an_unknown_event_fails(run):
 
 def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, run):
     event = payment("evt_replay", user=UNKNOWN_USER, cents=700)
-    assert deliver(client, event).status_code == 422
+    assert send(client, event).status == 422
     result = run("events", "replay", "evt_replay")
     assert result.exit_code == 1
     assert "still failed: unknown user" in result.output
@@ -130,7 +137,7 @@ def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, r
     # Replaying again, and the provider's own retry, change nothing.
     result = run("events", "replay", "evt_replay")
     assert (result.exit_code, result.output) == (0, "evt_replay: already completed; nothing changed\n")
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db, UNKNOWN_USER) == 700
     assert db.execute("SELECT count(*) FROM ledger_journal WHERE event_id = 'evt_replay'").fetchone()[0] == 1
     assert run("ledger", "verify").exit_code == 0
@@ -138,9 +145,9 @@ def test_replayed_failed_event_converges_to_completed_exactly_once(client, db, r
 
 
 def test_replay_all_failed_reports_each_event(client, db, run):
-    deliver(client, payment("evt_f1", user=UNKNOWN_USER, cents=5))
-    deliver(client, payment("evt_f2", user=BOB, cents=0))  # amount 0 stays unprocessable
-    deliver(client, payment("evt_ok", cents=1))
+    send(client, payment("evt_f1", user=UNKNOWN_USER, cents=5))
+    send(client, payment("evt_f2", user=BOB, cents=0))  # amount 0 stays unprocessable
+    send(client, payment("evt_ok", cents=1))
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     result = run("events", "replay", "--all-failed")
     assert result.exit_code == 1
@@ -166,11 +173,11 @@ def test_replay_of_an_unknown_event_fails(run, db):
 
 def test_purge_deletes_old_completed_events_in_batches_and_keeps_the_ledger(client, db, run):
     for i in range(5):
-        deliver(client, payment(f"evt_old_{i}", cents=10))
+        send(client, payment(f"evt_old_{i}", cents=10))
         _age(db, f"evt_old_{i}", 40)
-    deliver(client, payment("evt_old_failed", user=UNKNOWN_USER))
+    send(client, payment("evt_old_failed", user=UNKNOWN_USER))
     _age(db, "evt_old_failed", 40)
-    deliver(client, payment("evt_recent", cents=10))
+    send(client, payment("evt_recent", cents=10))
 
     result = run("events", "purge", "--batch-size", "2")
     assert result.exit_code == 0, result.output
@@ -181,13 +188,13 @@ def test_purge_deletes_old_completed_events_in_batches_and_keeps_the_ledger(clie
     assert run("ledger", "verify").exit_code == 0
 
     # The provider resends a purged event by hand: its credit is not repeated.
-    assert deliver(client, payment("evt_old_3", cents=10)).json["status"] == "duplicate"
+    assert send(client, payment("evt_old_3", cents=10)).json["status"] == "duplicate"
     assert balance(db) == 1060
     assert run("ledger", "verify").exit_code == 0
 
 
 def test_purge_refuses_a_window_under_35_days_without_force(client, db, run):
-    deliver(client, payment("evt_young", cents=10))
+    send(client, payment("evt_young", cents=10))
     _age(db, "evt_young", 10)
     result = run("events", "purge", "--older-than", "7")
     assert result.exit_code == 2
@@ -198,7 +205,7 @@ def test_purge_refuses_a_window_under_35_days_without_force(client, db, run):
 
 
 def test_purge_keeps_failed_events_unless_forced(client, db, run):
-    deliver(client, payment("evt_old_failed", user=UNKNOWN_USER))
+    send(client, payment("evt_old_failed", user=UNKNOWN_USER))
     _age(db, "evt_old_failed", 400)
     assert run("events", "purge").output.startswith("purged 0 completed events")
     assert run("events", "purge", "--include-failed").exit_code == 2
@@ -210,16 +217,16 @@ def test_purge_keeps_failed_events_unless_forced(client, db, run):
 # -- verify -----------------------------------------------------------------------
 
 def test_verify_passes_on_a_consistent_ledger(client, db, run):
-    deliver(client, payment(cents=10))
-    deliver(client, payment(user=BOB, cents=20))
-    deliver(client, payment(user=UNKNOWN_USER))
+    send(client, payment(cents=10))
+    send(client, payment(user=BOB, cents=20))
+    send(client, payment(user=UNKNOWN_USER))
     result = run("ledger", "verify")
     assert result.exit_code == 0, result.output
     assert result.output == "ledger consistent: 2 users, 3 stored events, 2 payments, 2 journal rows\n"
 
 
 def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run):
-    deliver(client, payment(cents=10))
+    send(client, payment(cents=10))
     db.execute("UPDATE user_balances SET balance_cents = balance_cents + 1 WHERE user_id = %s", [BOB])
     result = run("ledger", "verify")
     assert result.exit_code == 1
@@ -240,7 +247,7 @@ def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run)
      "duplicated event id 'evt_v' of source 'default': stored 2 times"),
 ])
 def test_verify_names_the_offending_event(client, db, run, corruption, expected):
-    deliver(client, payment("evt_v", cents=10))
+    send(client, payment("evt_v", cents=10))
     db.execute(corruption)
     result = run("ledger", "verify")
     assert result.exit_code == 1
@@ -304,7 +311,7 @@ def test_adjust_by_journals_who_made_it(db, run):
 ], ids=["zero", "no-reason", "blank-reason", "long-reason", "nobody", "unknown-user", "overflow", "unknown-payment",
         "another-users-payment"])
 def test_adjust_refuses_what_it_cannot_journal_in_one_line_and_changes_nothing(client, db, run, args, message):
-    deliver(client, payment("evt_bob", user=BOB, cents=40))
+    send(client, payment("evt_bob", user=BOB, cents=40))
     result = run("ledger", "adjust", *map(str, args))
     assert (result.exit_code, result.output) == (1, f"Error: {message}\n")
     assert {user: balance(db, user) for user in OPENING} == {ALICE: 1000, BOB: 40}
@@ -338,7 +345,7 @@ def test_adjust_with_postgresql_unreachable_says_so_in_one_line(make_app, config
 
 
 def test_verify_is_clean_after_adjustments_of_either_sign_and_spends(client, db, run):
-    deliver(client, payment("evt_paid", user=BOB, cents=300))
+    send(client, payment("evt_paid", user=BOB, cents=300))
     assert run("ledger", "adjust", str(BOB), "-120", "--reason", REASON).exit_code == 0
     assert run("ledger", "adjust", str(ALICE), "75", "--reason", REASON).exit_code == 0
     for _ in range(2):
@@ -352,7 +359,7 @@ def test_verify_is_clean_after_adjustments_of_either_sign_and_spends(client, db,
 
 def _credited_twice(client, db):
     """The journal as migration 002 leaves a payment that the release before payments credited twice."""
-    deliver(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
+    send(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
                " VALUES ('default', 'evt_v2', 'credit', 'pay_v', %s, 50)", [BOB])
     db.execute("UPDATE user_balances SET balance_cents = balance_cents + 50 WHERE user_id = %s", [BOB])
@@ -384,7 +391,7 @@ def test_an_adjustment_that_takes_back_more_than_the_second_credit_is_reported(c
 
 
 def test_an_adjustment_of_a_payment_does_not_hide_its_second_credit_to_another_user(client, db, run):
-    deliver(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
+    send(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
                " VALUES ('default', 'evt_v2', 'credit', 'pay_v', %s, 50)", [ALICE])
     db.execute("UPDATE user_balances SET balance_cents = balance_cents + 50 WHERE user_id = %s", [ALICE])

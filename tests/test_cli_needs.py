@@ -13,7 +13,7 @@ from app.commands import Commands
 from app.config import Needs
 from devservers import ROOT
 
-from .helpers import BOB, UNKNOWN_USER, db_url, deliver, payment
+from .helpers import BOB, UNKNOWN_USER, db_url, payment, send
 from .stripe_events import intent_succeeded, send_stripe
 
 EX_CONFIG = 78  # sysexits.h: a configuration error
@@ -31,7 +31,7 @@ READ_ONLY = [["events", "list"], ["events", "list", "--status", "failed"], ["eve
 
 @pytest.mark.parametrize("command", READ_ONLY)
 def test_read_only_commands_run_with_database_url_alone(client, db, command):
-    deliver(client, payment("evt_failed", user=UNKNOWN_USER))
+    send(client, payment("evt_failed", user=UNKNOWN_USER))
     done = flask({"DATABASE_URL": db_url(db)}, *command)
     assert done.returncode == 0, done
     assert done.stderr == ""

@@ -14,7 +14,7 @@ import psycopg
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import http_post, read_banner
+from .helpers import read_banner, send
 
 # Starting 11 servers takes ~10 s on 2 cores; a busy CI machine gets 6x that.
 START_TIMEOUT_S = 60
@@ -46,8 +46,8 @@ def test_make_cluster_serves_the_printed_curl_and_ctrl_c_stops_everything(tmp_pa
         curl = next(line for line in banner.splitlines() if line.startswith("curl "))
         assert f" {base}/api/webhooks " in curl
         headers = dict(h.split(": ", 1) for h in re.findall(r"-H '([^']*)'", curl))
-        assert http_post(base, body, headers)[:2] == (200, {"status": "processed", "event_id": "evt_demo_1"})
-        assert http_post(base, body, headers)[:2] == (200, {"status": "duplicate", "event_id": "evt_demo_1"})
+        assert send(base, body, headers)[:2] == (200, {"status": "processed", "event_id": "evt_demo_1"})
+        assert send(base, body, headers)[:2] == (200, {"status": "duplicate", "event_id": "evt_demo_1"})
         # The printed psql command's URL goes through PgBouncer and shows the credit.
         database_url = re.search(r"^psql (postgresql://\S+) -c", banner, re.M)[1]
         with psycopg.connect(database_url, autocommit=True) as conn:

@@ -16,8 +16,8 @@ from .helpers import (
     burst,
     encode,
     event_rows,
-    http_post,
     payment,
+    send,
     signed_headers,
     source_secret,
     sources_config,
@@ -63,14 +63,14 @@ def test_concurrent_twins_of_one_id_on_two_sources_credit_once_each(gunicorn, db
              for source, scheme in (("billing", "hmac-sha256"), ("stripe", "stripe"))] * 25
     barrier = threading.Barrier(len(sends))
 
-    def send(i):
+    def send_one(i):
         source, headers = sends[i]
         barrier.wait()
         # Each source's twins are spread over both hosts.
-        return source, http_post(hosts[i // 2 % 2].base, body, headers, source=source)
+        return source, send(hosts[i // 2 % 2].base, body, headers, source=source)
 
     with ThreadPoolExecutor(len(sends)) as pool:
-        answers = list(pool.map(send, range(len(sends))))
+        answers = list(pool.map(send_one, range(len(sends))))
     for source in ("billing", "stripe"):
         _assert_one_processed([answer for sent_to, answer in answers if sent_to == source], "evt_shared")
         assert event_rows(db, source) == 1
@@ -93,7 +93,7 @@ def test_shuffled_deliveries_of_many_events_sum_to_distinct_credits(gunicorn, db
         i, event = i_event
         body = encode(event)
         for _ in range(200):
-            status, answer, _ = http_post(hosts[i % 2].base, body, sign(body))
+            status, answer, _ = send(hosts[i % 2].base, body, sign(body))
             if status == 200:
                 return event["id"], answer["status"]
             assert status == 409, (status, answer)
@@ -115,20 +115,19 @@ def test_movements_of_one_users_payments_never_wait_in_a_circle(gunicorn, db):
     locks its payment's row before its user's, so none waits for another in a circle (no 503 from contention)."""
     server = gunicorn(workers=2, threads=4)
 
-    def send(event):
-        body = encode(event)
-        return http_post(server.base, body, signed_headers(body))
+    def send_one(event):
+        return send(server.base, event)
 
     payments = [payment(f"evt_storm_{n}", user=BOB, cents=100, paymentId=f"pay_storm_{n}") for n in range(150)]
     for event in payments:
-        assert send(event)[0] == 200
+        assert send_one(event).status == 200
     storm = []
     for n in range(len(payments)):
         storm.append(payment(f"evt_storm_again_{n}", user=BOB, cents=100, paymentId=f"pay_storm_{n}"))
         storm.append({"id": f"evt_storm_refund_{n}", "type": "payment.refunded",
                       "data": {"paymentId": f"pay_storm_{n}", "amountRefundedCents": 40}})
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(send, storm))
+        answers = list(pool.map(send_one, storm))
     assert Counter(status for status, _, _ in answers) == {200: 300}
     assert balance(db, BOB) == 150 * 60
     assert_ledger_consistent(db)

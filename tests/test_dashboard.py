@@ -29,8 +29,8 @@ from .helpers import (
     UNKNOWN_USER,
     debian_program,
     encode,
-    http_post,
     payment,
+    send,
     signed_headers,
     source_secret,
     sources_config,
@@ -168,7 +168,7 @@ def scraped(prometheus_binary, pg_server, tmp_path_factory):
 def _send(base, event, source=None, secret=None):
     body = encode(event)
     secret = secret or (source_secret(source, "hmac-sha256") if source else SECRET)
-    return http_post(base, body, signed_headers(body, secret), source=source)[0]
+    return send(base, body, signed_headers(body, secret), source=source).status
 
 
 def _load(base, url, own_redis):

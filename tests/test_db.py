@@ -33,10 +33,10 @@ from .helpers import (
     assert_ledger_consistent,
     balance,
     db_url,
-    deliver,
     encode,
     event_rows,
     payment,
+    send,
     sources_config,
 )
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
@@ -194,8 +194,8 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
     # The app on the upgraded database: the old event is the default source's,
     # its id is free on a named source.
     client = app.test_client()
-    assert deliver(client, payment("evt_old", cents=5)).json["status"] == "duplicate"
-    assert deliver(client, payment("evt_old", cents=5), source="billing").json["status"] == "processed"
+    assert send(client, payment("evt_old", cents=5)).json["status"] == "duplicate"
+    assert send(client, payment("evt_old", cents=5), source="billing").json["status"] == "processed"
     assert db.execute("SELECT balance_cents FROM user_balances WHERE user_id = %s", [ALICE]).fetchone()[0] == 1010
 
 
@@ -263,13 +263,13 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     # was recomputed), another event for an old payment credits nothing, and a refund finds it.
     client = app.test_client()
     reserialised = json.dumps(payment("evt_own", cents=5, currency="USD", paymentId=None), indent=2).encode()
-    assert deliver(client, reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
+    assert send(client, reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
     stripe_client = make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
                               "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
-    assert deliver(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"
+    assert send(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"
     refund = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
               "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
-    assert deliver(stripe_client, refund).json["status"] == "processed"
+    assert send(stripe_client, refund).json["status"] == "processed"
     assert balance(db, BOB) == 300 + 80 - 100
 
 
@@ -482,7 +482,7 @@ def test_a_stripe_payment_whose_event_was_purged_before_the_upgrade_is_named_the
     client = _stripe_client(make_app, config)
     refunded = charge_refunded("pi_purged", 100, cents=300)
     answer = send_stripe(client, refunded)
-    assert (answer.status_code, answer.json["message"]) == (422, "unknown payment pi_purged")
+    assert (answer.status, answer.json["message"]) == (422, "unknown payment pi_purged")
     runner = app.test_cli_runner()
     listed = runner.invoke(args=["ledger", "legacy-payments"])
     assert listed.exit_code == 0, listed.output
@@ -576,7 +576,7 @@ def test_each_value_an_earlier_release_accepted_is_upgraded_or_set_aside_with_on
     assert db.execute("SELECT event_type, payload = %s::jsonb FROM legacy_set_aside WHERE event_id = 'evt_odd'",
                       [json.dumps(event)]).fetchall() == [(event["type"], True)]
     assert event_rows(db) == 0
-    assert deliver(app.test_client(), event).json == {"status": "duplicate", "event_id": "evt_odd"}
+    assert send(app.test_client(), event).json == {"status": "duplicate", "event_id": "evt_odd"}
     runner = app.test_cli_runner()
     verified = runner.invoke(args=["ledger", "verify"])
     assert verified.exit_code == 0, verified.output
@@ -586,7 +586,7 @@ def test_each_value_an_earlier_release_accepted_is_upgraded_or_set_aside_with_on
     if currency == "usd":  # a refund that names the payment as it is filed takes its money back
         refunded = {"id": "evt_odd_refunded", "type": "payment.refunded",
                     "data": {"paymentId": filed, "amountRefundedCents": 2}}
-        assert deliver(app.test_client(), refunded).json["status"] == "processed"
+        assert send(app.test_client(), refunded).json["status"] == "processed"
         assert balance(db, ALICE) == 1003
     assert _init_db(app) == ["schema up to date: no migration to apply"]
 
@@ -610,9 +610,9 @@ def test_init_db_files_a_set_aside_credit_and_replays_the_refund_that_waited_for
     _credited_by(db, "first", (_payment_event(paymentId="pay_odd", currency="US$"), 5, ALICE))
     apply_schema(db)  # the migrations committed; init-db stopped before it filed what they set aside
     app = make_app(config)
-    waiting = deliver(app.test_client(), {"id": "evt_odd_refunded", "type": "payment.refunded",
-                                          "data": {"paymentId": "pay_odd", "amountRefundedCents": 2}})
-    assert (waiting.status_code, waiting.json["message"]) == (422, "unknown payment pay_odd")
+    waiting = send(app.test_client(), {"id": "evt_odd_refunded", "type": "payment.refunded",
+                                       "data": {"paymentId": "pay_odd", "amountRefundedCents": 2}})
+    assert (waiting.status, waiting.json["message"]) == (422, "unknown payment pay_odd")
     lines = _init_db(app)
     assert lines[0] == "schema up to date: no migration to apply"
     assert lines[1] == SET_ASIDE.format(1) and lines[2].startswith(f'  evt_odd: data.currency "US$" {NOT_A_CODE}')
@@ -833,7 +833,7 @@ def test_the_ledger_transaction_runs_with_the_timeouts(make_app, config, db):
     """)
     client = make_app({**config, "PG_LOCK_TIMEOUT_MS": 1234, "PG_STATEMENT_TIMEOUT_MS": 2345,
                        "LOCK_TTL_MS": 6789}).test_client()
-    assert deliver(client, payment("evt_settings")).json["status"] == "processed"
+    assert send(client, payment("evt_settings")).json["status"] == "processed"
     assert db.cursor(row_factory=dict_row).execute("SELECT * FROM seen").fetchall() == [
         {"lock_timeout": "1234ms", "statement_timeout": "2345ms", "idle": "6789ms"}]
 
@@ -851,7 +851,7 @@ def _prepared_statements_after_deliveries(make_app, config, threshold):
     client = app.test_client()
     pool = get_pool(app)
     for n in range(8):  # past psycopg's default threshold (5)
-        assert deliver(client, payment(f"evt_prepare_{threshold}_{n}")).json["status"] == "processed"
+        assert send(client, payment(f"evt_prepare_{threshold}_{n}")).json["status"] == "processed"
         with transaction(pool) as conn:  # a parameterised statement, as the CLI's and replay's are
             conn.execute("SELECT count(*) FROM webhook_events WHERE source = %s", ["default"])
     with pool.connection() as conn:  # the pool's one connection, which ran them
@@ -891,13 +891,13 @@ def test_connections_killed_while_pooled_cost_no_503(make_app, config, db):
     """As after a server or PgBouncer restart: the pool checks a connection before handing it out."""
     app = make_app({**config, "PG_POOL_SIZE": 2})
     client = app.test_client()
-    assert deliver(client, payment("evt_before_kill")).json["status"] == "processed"
+    assert send(client, payment("evt_before_kill")).json["status"] == "processed"
     # With a timeout, pg_terminate_backend returns once the backend has exited (its socket closed), as after a
     # restart; without, it returns when the signal is sent, and a delivery could still catch the backend alive.
     killed = db.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
                         " WHERE application_name LIKE 'webhook-ledger:%%'").fetchall()
     assert killed and all(ok for ok, in killed)
-    answers = [deliver(client, payment(f"evt_after_kill_{n}")).status_code for n in range(3)]
+    answers = [send(client, payment(f"evt_after_kill_{n}")).status for n in range(3)]
     assert answers == [200, 200, 200]
 
 
@@ -914,10 +914,10 @@ def test_a_pooled_connection_whose_descriptor_is_past_1024_is_used(make_app, con
             filler.append(fd)
         os.close(fd)
         app = make_app({**config, "PG_POOL_SIZE": 1})
-        answer = deliver(app.test_client(), payment("evt_high_descriptor"))
+        answer = send(app.test_client(), payment("evt_high_descriptor"))
         with get_pool(app).connection() as conn:
             assert conn.pgconn.socket >= 1024
-        assert (answer.status_code, answer.json["status"]) == (200, "processed")
+        assert (answer.status, answer.json["status"]) == (200, "processed")
     finally:
         for fd in filler:
             os.close(fd)

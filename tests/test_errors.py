@@ -10,7 +10,7 @@ import psycopg_pool
 import pytest
 from psycopg import errors
 
-from .helpers import ALICE, balance, deliver, event_rows, payment, raw_exchange, scrape
+from .helpers import ALICE, balance, event_rows, payment, raw_exchange, scrape, send
 
 TRANSIENT = [
     psycopg.OperationalError("connection to server at 127.0.0.1 failed: Connection refused"),
@@ -61,8 +61,8 @@ def test_other_database_errors_answer_500_naming_only_their_class(make_app, conf
 
 def test_a_missing_table_is_a_500_with_its_class_and_sqlstate_logged(client, db, caplog):
     db.execute("DROP TABLE ledger_journal")
-    response = deliver(client, payment("evt_no_table"))
-    assert (response.status_code, response.json) == (500, {"error": "internal"})
+    response = send(client, payment("evt_no_table"))
+    assert (response.status, response.json) == (500, {"error": "internal"})
     assert "internal error: UndefinedTable (SQLSTATE 42P01) at " in caplog.text
     assert event_rows(db) == 0  # rolled back
 
@@ -72,11 +72,11 @@ def test_a_statement_timeout_is_a_503_that_commits_nothing(make_app, config, db,
     client = make_app({**config, "PG_LOCK_TIMEOUT_MS": 5000, "PG_STATEMENT_TIMEOUT_MS": 300}).test_client()
     with psycopg.connect(config["DATABASE_URL"]) as blocker:
         blocker.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
-        response = deliver(client, payment("evt_statement_timeout"))
-    assert (response.status_code, response.json["error"]) == (503, "unavailable")
+        response = send(client, payment("evt_statement_timeout"))
+    assert (response.status, response.json["error"]) == (503, "unavailable")
     assert "database unavailable: QueryCanceled (SQLSTATE 57014)" in caplog.text
     assert event_rows(db) == 0
-    assert deliver(client, payment("evt_statement_timeout")).json["status"] == "processed"
+    assert send(client, payment("evt_statement_timeout")).json["status"] == "processed"
 
 
 def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(make_app, config, db, caplog):
@@ -85,7 +85,7 @@ def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(m
     event, answer = payment("evt_terminated", cents=30), {}
     with psycopg.connect(config["DATABASE_URL"]) as blocker:
         blocker.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
-        thread = threading.Thread(target=lambda: answer.update(r=deliver(client, event)))
+        thread = threading.Thread(target=lambda: answer.update(r=send(client, event)))
         thread.start()
         waiting = []
         for _ in range(100):  # the delivery now waits on the row lock, inside its transaction
@@ -97,11 +97,11 @@ def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(m
         assert len(waiting) == 1
         db.execute("SELECT pg_terminate_backend(%s)", waiting[0])
         thread.join(10)
-    assert (answer["r"].status_code, answer["r"].json["error"]) == (503, "unavailable")
+    assert (answer["r"].status, answer["r"].json["error"]) == (503, "unavailable")
     # The delivery is one simple query: the server's own reason is what psycopg reports.
     assert "database unavailable: AdminShutdown (SQLSTATE 57P01)" in caplog.text
     assert event_rows(db) == 0
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert balance(db) == 1030
 
 

@@ -22,15 +22,15 @@ from .helpers import (
     ALICE,
     EVERY_SCHEME_AND_A_NAMED_SOURCE,
     OPENING,
+    Answer,
     assert_ledger_consistent,
     balance,
     burst,
-    deliver,
     encode,
     event_rows,
     http_get,
-    http_post,
     payment,
+    send,
 )
 
 
@@ -79,10 +79,10 @@ def test_twin_after_lock_expiry_still_credits_once(gunicorn, db, config, redis_c
                       PG_STATEMENT_TIMEOUT_MS=15000, PG_POOL_TIMEOUT_MS=5000)
     body = encode(payment("evt_slow", cents=40))
     with RowLock(config["DATABASE_URL"]):
-        first, first_result = _in_thread(http_post, server.base, body, sign(body), source=source)
+        first, first_result = _in_thread(send, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="first delivery blocked")
         wait_until(lambda: not redis_client.exists(lock_key("evt_slow", source)), what="lock expiry")
-        second, second_result = _in_thread(http_post, server.base, body, sign(body), source=source)
+        second, second_result = _in_thread(send, server.base, body, sign(body), source=source)
         # The twin took the expired lock and now waits on the first's insert.
         wait_until(lambda: len(_app_backends_waiting(db)) == 2, what="second delivery blocked")
         assert redis_client.exists(lock_key("evt_slow", source))
@@ -100,7 +100,7 @@ def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, 
     key = lock_key("evt_owner", source)
     body = encode(payment("evt_owner", cents=60))
     with RowLock(config["DATABASE_URL"]):
-        first, result = _in_thread(http_post, server.base, body, sign(body), source=source)
+        first, result = _in_thread(send, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery blocked")
         wait_until(lambda: not redis_client.exists(key), what="lock expiry")
         # Another delivery (played by the test) now owns the lock.
@@ -118,7 +118,7 @@ def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_on
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=1000)
     body = encode(payment("evt_crash", cents=333))
     with RowLock(config["DATABASE_URL"]):
-        thread, result = _in_thread(http_post, server.base, body, sign(body), source=source)
+        thread, result = _in_thread(send, server.base, body, sign(body), source=source)
         wait_until(lambda: len(_app_backends_waiting(db)) == 1, what="delivery inside its transaction")
         (backend_pid, worker_pid), = _app_backends_waiting(db)
         assert worker_pid in server.worker_pids()
@@ -137,10 +137,10 @@ def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_on
     # The provider retries; the dead worker's lock expires after LOCK_TTL_MS.
     wait_until(lambda: server.worker_pids(), what="replacement worker")
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, sign(body), source=source)) or answers[-1][0] != 409,
+    wait_until(lambda: answers.append(send(server.base, body, sign(body), source=source)) or answers[-1].status != 409,
                timeout=10, interval=0.2, what="lock expiry")
     assert answers[-1][:2] == (200, {"status": "processed", "event_id": "evt_crash"})
-    assert http_post(server.base, body, sign(body), source=source)[1]["status"] == "duplicate"
+    assert send(server.base, body, sign(body), source=source).json["status"] == "duplicate"
     assert balance(db) == 1333
     assert event_rows(db, source) == 1
     assert_ledger_consistent(db)
@@ -167,8 +167,8 @@ def test_redis_stopped_postgres_alone_deduplicates(make_app, config, db, own_red
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     own_redis.stop()
     event = payment("evt_no_redis", cents=5)
-    first, first_s = _timed(deliver, client, event)
-    second, second_s = _timed(deliver, client, event)
+    first, first_s = _timed(send, client, event)
+    second, second_s = _timed(send, client, event)
     assert first.json["status"] == "processed"
     assert second.json["status"] == "duplicate"
     assert balance(db) == 1005
@@ -181,13 +181,13 @@ def test_redis_stopped_postgres_alone_deduplicates(make_app, config, db, own_red
 
 def test_redis_hung_degrades_within_its_socket_timeout(make_app, config, db, own_redis):
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
-    assert deliver(client, payment()).json["status"] == "processed"  # connection now pooled
+    assert send(client, payment()).json["status"] == "processed"  # connection now pooled
     own_redis.proc.send_signal(signal.SIGSTOP)
     event = payment("evt_hung_redis")
-    answer, seconds = _timed(deliver, client, event)
+    answer, seconds = _timed(send, client, event)
     assert answer.json["status"] == "processed"
     assert seconds < 2.0, seconds  # one REDIS_TIMEOUT_MS (250 ms) per command, not a stall
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
 
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
@@ -204,25 +204,25 @@ def test_concurrent_twins_with_redis_down_credit_once(gunicorn, db, own_redis, s
 
 def test_redis_flushed_redelivery_is_duplicate(client, db, redis_client):
     event = payment("evt_flush")
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     redis_client.flushall()
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db) == 1250
 
 
 def test_redis_restarted_locks_resume(make_app, config, db, own_redis):
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     own_redis.stop()
-    assert deliver(client, payment()).json["status"] == "processed"
+    assert send(client, payment()).json["status"] == "processed"
     own_redis.start()  # the same port again
     event = payment("evt_after_restart")
     import redis as redis_lib
 
     watcher = redis_lib.Redis.from_url(own_redis.url)
     watcher.set(lock_key(event["id"]), "twin", px=10000)
-    assert deliver(client, event).status_code == 409  # the lock is honoured again
+    assert send(client, event).status == 409  # the lock is honoured again
     watcher.delete(lock_key(event["id"]))
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert client.get("/ready").json["redis"] == "ok"
 
 
@@ -248,7 +248,7 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
     assert http_get(server.base, "/ready")[0] == 200
     own_postgres.stop()
 
-    (status, answer, headers), seconds = _timed(http_post, server.base, body, sign(body), source=source)
+    (status, answer, headers), seconds = _timed(send, server.base, body, sign(body), source=source)
     assert (status, answer["error"]) == (503, "unavailable")
     assert int(headers["Retry-After"]) >= 1
     assert seconds < 10, seconds  # within the pool timeout, before a sender's timeout
@@ -259,11 +259,11 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
 
     own_postgres.start()
     answers = []
-    wait_until(lambda: answers.append(http_post(server.base, body, sign(body), source=source)) or answers[-1][0] == 200,
+    wait_until(lambda: answers.append(send(server.base, body, sign(body), source=source)) or answers[-1].status == 200,
                timeout=20, interval=0.2, what="recovery")
     assert {a[0] for a in answers[:-1]} <= {503}
     assert answers[-1][1]["status"] == "processed"
-    assert http_post(server.base, body, sign(body), source=source)[1]["status"] == "duplicate"
+    assert send(server.base, body, sign(body), source=source).json["status"] == "duplicate"
     with psycopg.connect(own_postgres.url()) as conn:
         assert balance(conn) == 1010
         assert event_rows(conn, source) == 1
@@ -274,13 +274,13 @@ def test_postgres_slow_is_503_after_the_lock_timeout_and_commits_nothing(client,
     """A row held elsewhere past PG_LOCK_TIMEOUT_MS: a clean 503, not a hung sender."""
     event = payment("evt_pg_slow", cents=20)
     with RowLock(config["DATABASE_URL"]):
-        response, seconds = _timed(deliver, client, event)
-        assert (response.status_code, response.json["error"]) == (503, "unavailable")
+        response, seconds = _timed(send, client, event)
+        assert (response.status, response.json["error"]) == (503, "unavailable")
         assert int(response.headers["Retry-After"]) >= 1
         assert seconds < 10, seconds  # the lock timeout (1 s), well before a sender's timeout
         assert event_rows(db) == 0
         assert not redis_client.exists(lock_key("evt_pg_slow"))
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert balance(db) == 1020
 
 
@@ -324,17 +324,17 @@ def test_frozen_postgres_is_503_within_a_bound_and_the_cli_says_so_in_one_line(m
                                                                                redis_client, freeze):
     settings = {**config, **FROZEN_TIMEOUTS, "DATABASE_URL": own_postgres.url(), "PG_POOL_SIZE": 2}
     client = make_app(settings).test_client()
-    assert deliver(client, payment("evt_before_the_freeze", cents=1)).json["status"] == "processed"
+    assert send(client, payment("evt_before_the_freeze", cents=1)).json["status"] == "processed"
     assert client.get("/ready").status_code == 200  # connections now pooled, their sockets idle
     freeze()
 
     frozen_event = payment("evt_while_frozen", cents=10)
-    for ask in [lambda: deliver(client, frozen_event)] * 3 + [lambda: client.get("/ready")] * 2:
+    for ask in [lambda: send(client, frozen_event)] * 3 + [lambda: Answer.of(client.get("/ready"))] * 2:
         thread, result = _in_thread(_timed, ask)
         thread.join(FROZEN_BOUND_S + 5)
         assert not thread.is_alive(), "no answer: the request hangs on the frozen server"
         response, seconds = result["value"]
-        assert (response.status_code, response.json.get("error") or response.json["status"]) in [
+        assert (response.status, response.json.get("error") or response.json["status"]) in [
             (503, "unavailable")], response.json
         assert "Retry-After" in response.headers
         assert seconds < FROZEN_BOUND_S, seconds
@@ -353,7 +353,7 @@ def test_frozen_postgres_is_503_within_a_bound_and_the_cli_says_so_in_one_line(m
     # its 503 (they were sent); the provider's retry finds it, credited once.
     freeze(thaw=True)
     answers = []
-    wait_until(lambda: answers.append(deliver(client, frozen_event)) or answers[-1].status_code == 200,
+    wait_until(lambda: answers.append(send(client, frozen_event)) or answers[-1].status == 200,
                timeout=20, interval=0.2, what="recovery")
     assert answers[-1].json["status"] in ("processed", "duplicate")
     with psycopg.connect(own_postgres.url()) as conn:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .helpers import ALICE, EVERY_SCHEME, event_rows, signed_headers
+from .helpers import ALICE, EVERY_SCHEME, event_rows, send, signed_headers
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -37,9 +37,9 @@ SIGNATURE_HEADERS = {
 def test_unsigned_bytes_never_5xx_and_never_write(client, db, scheme, data, body, content_type):
     headers = data.draw(st.fixed_dictionaries({}, optional={
         name: st.one_of(header_text, shaped) for name, shaped in SIGNATURE_HEADERS[scheme].items()}))
-    response = client.post("/api/webhooks", data=body, headers={"Content-Type": content_type, **headers})
-    assert response.status_code in (400, 401, 413, 415), response.status_code
-    assert response.is_json and "error" in response.json
+    response = send(client, body, {"Content-Type": content_type, **headers})
+    assert response.status in (400, 401, 413, 415), response.status
+    assert response.headers["Content-Type"] == "application/json" and "error" in response.json
     assert event_rows(db) == 0
 
 
@@ -53,13 +53,13 @@ def test_arbitrary_event_id_headers_never_5xx(client, db, scheme, data):
                       {"type": "t", "data": {}}).encode()
     event_id = data.draw(header_text.filter(bool))
     headers = signed_headers(body, scheme=scheme, event_id=event_id, github_event=data.draw(header_text))
-    response = client.post("/api/webhooks", data=body, headers=headers)
+    response = send(client, body, headers)
     # 409: an id drawn again with another X-GitHub-Event is the same event with another type (effect).
-    assert response.status_code in (200, 400, 401, 409), (response.status_code, response.json)
-    assert response.is_json
-    if response.status_code == 409:
+    assert response.status in (200, 400, 401, 409), (response.status, response.json)
+    assert response.headers["Content-Type"] == "application/json"
+    if response.status == 409:
         assert response.json["error"] == "payload_mismatch"
-    if response.status_code == 200:
+    if response.status == 200:
         assert response.json["event_id"] == event_id
 
 
@@ -82,13 +82,13 @@ events = st.fixed_dictionaries({}, optional={
 @given(event=events)
 def test_signed_arbitrary_events_never_5xx(client, db, event):
     body = json.dumps(event).encode()
-    response = client.post("/api/webhooks", data=body, headers=signed_headers(body))
-    assert response.status_code in (200, 400, 409, 422), (response.status_code, response.json)
-    assert response.is_json
+    response = send(client, body)
+    assert response.status in (200, 400, 409, 422), (response.status, response.json)
+    assert response.headers["Content-Type"] == "application/json"
 
 
 @FUZZ
 @given(body=st.binary(max_size=512))
 def test_signed_arbitrary_bytes_never_5xx(client, db, body):
-    response = client.post("/api/webhooks", data=body, headers=signed_headers(body))
-    assert response.status_code in (200, 400, 409, 422), (response.status_code, response.json)
+    response = send(client, body)
+    assert response.status in (200, 400, 409, 422), (response.status, response.json)

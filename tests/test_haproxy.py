@@ -11,7 +11,7 @@ import pytest
 
 from devservers.topology import HAProxy, program
 
-from .helpers import encode, http_request, payment, signed_headers
+from .helpers import encode, http_request, payment, send, signed_headers
 
 
 @pytest.fixture
@@ -44,9 +44,9 @@ def test_the_public_frontend_serves_the_webhooks_and_the_host_serves_the_rest(ha
     proxy, host = haproxy
     body = encode(payment())
     for path, outcome in (("/api/webhooks", "processed"), ("/api/webhooks/", "duplicate")):
-        assert http_request(proxy.base, "POST", path, body, signed_headers(body))[:2] == (
+        assert send(proxy.base, body, path=path)[:2] == (
             200, {"status": outcome, "event_id": json.loads(body)["id"]})
-    assert http_request(proxy.base, "POST", "/api/webhooks/nosuch", body, signed_headers(body))[:2] == (
+    assert send(proxy.base, body, signed_headers(body), source="nosuch")[:2] == (
         404, {"error": "unknown_source"})
     # Where the operator means them to be: each host's own address.
     assert http_request(host.base, "GET", "/openapi.json")[0] == 200

@@ -20,7 +20,7 @@ from devservers import free_port, readme, wait_until
 from devservers import image as images
 from devservers.packages import IMAGE, find, image_test_skipped
 
-from .helpers import http_get, http_post, samples, signed_headers
+from .helpers import http_get, samples, send
 
 DEMO_USER = uuid.UUID("00000000-0000-4000-8000-000000000001")  # the README's curl credits it
 DEMO_SECRET = "dev-secret-change-me"  # the README's curl signs with it
@@ -195,7 +195,7 @@ def test_sigterm_answers_the_delivery_in_flight_then_exits_0(container, schema, 
         # Hold the demo user's row: the delivery's transaction waits on it.
         holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [DEMO_USER])
         sender = threading.Thread(target=lambda: answers.append(
-            http_post(base, body, signed_headers(body, DEMO_SECRET), timeout=30)))
+            send(base, body, secret=DEMO_SECRET, timeout=30)))
         sender.start()
         with psycopg.connect(schema, autocommit=True) as watcher:
             wait_until(lambda: _waiting_on_a_lock(watcher), timeout=10, what="the delivery to wait on the row")

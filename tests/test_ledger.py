@@ -6,21 +6,12 @@ import uuid
 
 import pytest
 
-from .helpers import (
-    ALICE,
-    assert_ledger_consistent,
-    balance,
-    deliver,
-    encode,
-    payment,
-    signed_headers,
-    stored_event_row,
-)
+from .helpers import ALICE, assert_ledger_consistent, balance, encode, payment, send, stored_event_row
 
 
 def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     body = encode(payment("evt_journal", cents=250))
-    client.post("/api/webhooks", data=body, headers=signed_headers(body))
+    send(client, body)
     assert db.execute("SELECT event_id, user_id, amount_cents FROM ledger_journal").fetchall() == \
         [("evt_journal", ALICE, 250)]
     assert stored_event_row(db, "evt_journal").payload_sha256 == hashlib.sha256(body).digest()
@@ -29,13 +20,13 @@ def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
 @pytest.mark.parametrize("first_cents, stored_status", [(250, "completed"), (0, "failed")])
 def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client, db, first_cents, stored_status):
     original = payment("evt_twice", cents=first_cents)
-    deliver(client, original)
+    send(client, original)
     stored = stored_event_row(db, "evt_twice")
     before = (balance(db), stored.status, stored.attempts)
 
     forged = payment("evt_twice", cents=99999)
-    response = deliver(client, forged)
-    assert response.status_code == 409
+    response = send(client, forged)
+    assert response.status == 409
     assert response.json["error"] == "payload_mismatch"
     assert response.json["event_id"] == "evt_twice"
     after = stored_event_row(db, "evt_twice")
@@ -49,8 +40,8 @@ def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client,
 
 def test_same_effect_in_other_bytes_is_a_duplicate(client, db):
     event = payment("evt_bytes", cents=5)
-    deliver(client, event)
-    response = deliver(client, json.dumps(event, indent=1).encode())
+    send(client, event)
+    response = send(client, json.dumps(event, indent=1).encode())
     assert response.json == {"status": "duplicate", "event_id": "evt_bytes"}
     assert balance(db) == 1005
     assert stored_event_row(db, "evt_bytes").mismatches == 0  # not a mismatch
@@ -58,8 +49,8 @@ def test_same_effect_in_other_bytes_is_a_duplicate(client, db):
 
 def test_identical_redelivery_is_still_a_duplicate(client, db):
     event = payment("evt_same", cents=5)
-    deliver(client, event)
-    assert deliver(client, event).json == {"status": "duplicate", "event_id": "evt_same"}
+    send(client, event)
+    assert send(client, event).json == {"status": "duplicate", "event_id": "evt_same"}
     assert stored_event_row(db, "evt_same").mismatches == 0
 
 
@@ -77,8 +68,8 @@ DORA = uuid.UUID("dddddddd-aaaa-4bbb-8ccc-eeeeeeeeeeee")  # hex letters, so that
 ], ids=["upper-case-uuid", "braced-uuid", "uuid-without-hyphens", "currency-case", "currency-implied"])
 def test_the_same_credit_spelled_otherwise_is_a_duplicate(client, db, first, again):
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [DORA])
-    assert deliver(client, payment("evt_spelled", user=DORA, cents=70, **first)).json["status"] == "processed"
-    response = deliver(client, payment("evt_spelled", user=DORA, cents=70, **again))
+    assert send(client, payment("evt_spelled", user=DORA, cents=70, **first)).json["status"] == "processed"
+    response = send(client, payment("evt_spelled", user=DORA, cents=70, **again))
     assert response.json == {"status": "duplicate", "event_id": "evt_spelled"}
     assert balance(db, DORA) == 70
     assert stored_event_row(db, "evt_spelled").mismatches == 0  # not a mismatch
@@ -91,8 +82,8 @@ def test_the_same_credit_spelled_otherwise_is_a_duplicate(client, db, first, aga
     ({"currency": "eur"}, {}, 422),
 ])
 def test_a_refused_and_an_applied_body_never_compare_equal(client, db, first, again, first_status):
-    assert deliver(client, payment("evt_refused", cents=70, **first)).status_code == first_status
+    assert send(client, payment("evt_refused", cents=70, **first)).status == first_status
     before = balance(db)
-    response = deliver(client, payment("evt_refused", cents=70, **again))
-    assert (response.status_code, response.json["error"]) == (409, "payload_mismatch")
+    response = send(client, payment("evt_refused", cents=70, **again))
+    assert (response.status, response.json["error"]) == (409, "payload_mismatch")
     assert balance(db) == before

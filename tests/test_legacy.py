@@ -4,7 +4,7 @@ tests/test_db.py)."""
 
 import pytest
 
-from .helpers import ALICE, BOB, balance, deliver, payment
+from .helpers import ALICE, BOB, balance, payment, send
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_legacy_payments_lists_only_the_credits_of_a_release_before_payments_per
     _filed_by_002(db, "evt_a")
     _filed_by_002(db, "evt_b", source="billing")
     # This release files a payment without data.paymentId under its event id too, by design: never legacy.
-    assert deliver(client, payment("evt_own", paymentId=None)).json["status"] == "processed"
+    assert send(client, payment("evt_own", paymentId=None)).json["status"] == "processed"
     _purged(db, "evt_own")
     listed = run("ledger", "legacy-payments")
     assert listed.exit_code == 0, listed.output
@@ -60,13 +60,13 @@ def test_legacy_payments_lists_only_the_credits_of_a_release_before_payments_per
 
 def test_naming_files_the_credit_under_the_new_id_and_replays_the_refunds_that_waited_for_it(client, db, run):
     _filed_by_002(db, "evt_a")
-    waiting = deliver(client, _refunded("evt_r1", "pay_a", 80))
-    assert (waiting.status_code, waiting.json["message"]) == (422, "unknown payment pay_a")
+    waiting = send(client, _refunded("evt_r1", "pay_a", 80))
+    assert (waiting.status, waiting.json["message"]) == (422, "unknown payment pay_a")
     named = run("ledger", "name-payment", "evt_a", "pay_a")
     assert named.output.splitlines() == [
         f"payment 'evt_a' (300 cents to {BOB}, credited by event 'evt_a') is now payment 'pay_a'",
         "replayed 1 failed events that waited for payment 'pay_a':", "  evt_r1: processed; now completed"]
-    assert deliver(client, _refunded("evt_r2", "pay_a", 120)).json["status"] == "processed"
+    assert send(client, _refunded("evt_r2", "pay_a", 120)).json["status"] == "processed"
     assert db.execute("SELECT event_id, kind, payment_id, amount_cents FROM ledger_journal WHERE user_id = %s"
                       " ORDER BY id", [BOB]).fetchall() == [
         ("evt_a", "credit", "pay_a", 300), ("evt_r1", "refund", "pay_a", -80), ("evt_r2", "refund", "pay_a", -40)]
@@ -95,10 +95,10 @@ def test_naming_files_the_credit_under_the_new_id_and_replays_the_refunds_that_w
 def test_name_payment_refuses_in_one_line_and_changes_nothing(client, db, run, event_id, payment_id, error):
     _filed_by_002(db, "evt_a")
     _filed_by_002(db, "evt_refunded")
-    assert deliver(client, _refunded("evt_r", "evt_refunded", 10)).json["status"] == "processed"
+    assert send(client, _refunded("evt_r", "evt_refunded", 10)).json["status"] == "processed"
     for stored in ("evt_taken", "evt_stored", "evt_new"):
         paid = payment(stored, user=ALICE, cents=5) if stored == "evt_taken" else payment(stored, paymentId=None)
-        assert deliver(client, paid).json["status"] == "processed"
+        assert send(client, paid).json["status"] == "processed"
     _purged(db, "evt_new")
     before = db.execute("SELECT * FROM payments ORDER BY source, payment_id").fetchall()
     refused = run("ledger", "name-payment", event_id, payment_id)

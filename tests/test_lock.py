@@ -11,32 +11,32 @@ from redis.crc import key_slot
 from app.events import parse
 from app.lock import FORGET_BATCH, EventLock, LockState, done_key, lock_key
 
-from .helpers import ALICE, UNKNOWN_USER, assert_ledger_consistent, balance, deliver, encode, payment
+from .helpers import ALICE, UNKNOWN_USER, assert_ledger_consistent, balance, encode, payment, send
 
 
 def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client, db, redis_client):
     event = payment("evt_fast")
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     # The marker: the effect's SHA-256, then that of the bytes stored.
     effect, stored = redis_client.get(done_key("evt_fast")).decode().split(":")
     assert (len(effect), stored) == (64, hashlib.sha256(encode(event)).hexdigest())
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails
-    again = deliver(client, event)
-    assert (again.status_code, again.json) == (200, {"status": "duplicate", "event_id": "evt_fast"})
+    again = send(client, event)
+    assert (again.status, again.json) == (200, {"status": "duplicate", "event_id": "evt_fast"})
     assert balance(db) == 1250
 
 
 def test_scripts_forgotten_by_redis_are_sent_again(client, db, redis_client):
     redis_client.script_flush()  # as after a Redis restart: EVALSHA answers NOSCRIPT
-    assert deliver(client, payment("evt_noscript")).json["status"] == "processed"
+    assert send(client, payment("evt_noscript")).json["status"] == "processed"
     assert redis_client.exists(done_key("evt_noscript")) and not redis_client.exists(lock_key("evt_noscript"))
-    assert deliver(client, payment("evt_noscript")).json["status"] == "duplicate"
+    assert send(client, payment("evt_noscript")).json["status"] == "duplicate"
 
 
 def test_different_bytes_under_a_done_id_still_reach_postgres(client, db, redis_client):
-    assert deliver(client, payment("evt_changed", cents=5)).json["status"] == "processed"
-    changed = deliver(client, payment("evt_changed", cents=500))
-    assert (changed.status_code, changed.json["error"]) == (409, "payload_mismatch")
+    assert send(client, payment("evt_changed", cents=5)).json["status"] == "processed"
+    changed = send(client, payment("evt_changed", cents=500))
+    assert (changed.status, changed.json["error"]) == (409, "payload_mismatch")
     assert db.execute("SELECT mismatches FROM webhook_events").fetchone()[0] == 1
     assert balance(db) == 1005
 
@@ -44,7 +44,7 @@ def test_different_bytes_under_a_done_id_still_reach_postgres(client, db, redis_
 @pytest.mark.parametrize("event", [payment("evt_unknown_user", user=UNKNOWN_USER),
                                    payment("evt_zero", cents=0)])
 def test_failed_events_are_not_marked_done(client, db, redis_client, event):
-    assert deliver(client, event).status_code == 422
+    assert send(client, event).status == 422
     assert not redis_client.exists(done_key(event["id"]))
     assert not redis_client.exists(lock_key(event["id"]))
 
@@ -55,7 +55,7 @@ def test_marker_is_written_only_after_commit(make_app, config, db, redis_client)
     answer = {}
     with psycopg.connect(config["DATABASE_URL"]) as blocker:
         blocker.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
-        thread = threading.Thread(target=lambda: answer.update(r=deliver(client, event)))
+        thread = threading.Thread(target=lambda: answer.update(r=send(client, event)))
         thread.start()
         thread.join(1.0)  # the delivery is now waiting on the row lock, inside its transaction
         assert thread.is_alive()
@@ -69,9 +69,9 @@ def test_marker_is_written_only_after_commit(make_app, config, db, redis_client)
 
 def test_flushed_marker_is_restored_by_the_postgres_answer(client, db, redis_client):
     event = payment("evt_restored")
-    deliver(client, event)
+    send(client, event)
     redis_client.flushall()
-    assert deliver(client, event).json["status"] == "duplicate"  # PostgreSQL decided
+    assert send(client, event).json["status"] == "duplicate"  # PostgreSQL decided
     assert redis_client.exists(done_key("evt_restored"))
     assert balance(db) == 1250
 
@@ -109,19 +109,19 @@ def _lose_the_commit(db, event_id, user=ALICE):
 
 def test_after_forget_done_a_redelivery_reaches_postgres(app, client, db, redis_client):
     event = payment("evt_lost_commit", cents=300)
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     _lose_the_commit(db, "evt_lost_commit")
     # The marker outlived the commit: Redis alone would answer, and the credit be lost.
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db) == 1000
 
     result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
     assert (result.exit_code, result.output) == (
         0, "forgot 1 done markers: re-deliveries of those events now reach PostgreSQL\n")
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert balance(db) == 1300
     assert_ledger_consistent(db)
-    assert deliver(client, event).json["status"] == "duplicate"  # marked done again
+    assert send(client, event).json["status"] == "duplicate"  # marked done again
 
 
 def test_forget_done_deletes_every_marker_in_batches_and_nothing_else(app, redis_client):

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from app.lock import lock_key
 from devservers import ROOT, wait_until
 
-from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, samples, signed_headers
+from .helpers import SECRET, UNKNOWN_USER, encode, http_get, payment, samples, send, signed_headers
 
 
 def deliveries(scraped, outcome, reason="", source="default"):
@@ -30,16 +30,16 @@ def latency_count(scraped):
 # -- one process ------------------------------------------------------------------
 
 def test_each_outcome_is_counted(client, db, redis_client):
-    deliver(client, payment("evt_1"))
-    deliver(client, payment("evt_1"))
-    deliver(client, payment("evt_1", cents=1))                     # payload_mismatch
-    deliver(client, payment(user=UNKNOWN_USER))                    # failed (422)
+    send(client, payment("evt_1"))
+    send(client, payment("evt_1"))
+    send(client, payment("evt_1", cents=1))                     # payload_mismatch
+    send(client, payment(user=UNKNOWN_USER))                    # failed (422)
     redis_client.set(lock_key("evt_busy"), "twin", px=10000)
-    deliver(client, payment("evt_busy"))                           # in_progress
-    deliver(client, payment(), secret="wrong")                     # rejected
-    client.post("/api/webhooks", data=b"{", headers=signed_headers(b"{"))
-    client.post("/api/webhooks", data=b"{}", headers={"Content-Type": "text/plain"})
-    client.get("/health")                                          # not a delivery
+    send(client, payment("evt_busy"))                           # in_progress
+    send(client, payment(), secret="wrong")                     # rejected
+    send(client, b"{", signed_headers(b"{"))                    # rejected (400)
+    send(client, b"{}", {"Content-Type": "text/plain"})         # rejected (415)
+    client.get("/health")                                       # not a delivery
 
     response = client.get("/metrics")
     assert response.status_code == 200
@@ -62,7 +62,7 @@ def test_unavailable_and_redis_degraded_are_counted(make_app, config, db):
     app = make_app({**config, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
                     "REDIS_URL": "redis://127.0.0.1:1/0", "PG_POOL_TIMEOUT_MS": 300})
     client = app.test_client()
-    assert deliver(client, payment()).status_code == 503
+    assert send(client, payment()).status == 503
     scraped = samples(client.get("/metrics").text)
     assert deliveries(scraped, "unavailable") == 1
     assert scraped[("webhook_ledger_redis_degraded_deliveries_total", ())] == 1
@@ -91,7 +91,7 @@ def _one_round(base, redis_client, n):
     """Send one known mix of deliveries at once; return how many of each were sent."""
     def post(event, secret=SECRET):
         body = encode(event)
-        return http_post(base, body, signed_headers(body, secret))
+        return send(base, body, secret=secret)
 
     redis_client.set(lock_key(f"evt_busy_{n}"), "twin", px=60000)
     sends = [lambda: post(payment(f"evt_{n}_a")), lambda: post(payment(f"evt_{n}_b", cents=2)),
@@ -107,8 +107,8 @@ def _one_round(base, redis_client, n):
         statuses = sorted(status for status, _, _ in pool.map(run, sends))
     assert statuses == [200, 200, 401, 409, 422]
     # Then a duplicate and a mismatch of this round's first event.
-    assert post(payment(f"evt_{n}_a"))[1]["status"] == "duplicate"
-    assert post(payment(f"evt_{n}_a", cents=3))[1]["error"] == "payload_mismatch"
+    assert post(payment(f"evt_{n}_a")).json["status"] == "duplicate"
+    assert post(payment(f"evt_{n}_a", cents=3)).json["error"] == "payload_mismatch"
     return {"processed": 2, "failed": 1, "in_progress": 1, "rejected": 1, "duplicate": 1, "payload_mismatch": 1}
 
 
@@ -140,7 +140,7 @@ def test_metrics_directory_is_wiped_at_start_and_dead_workers_gauges_dropped(gun
     assert not (metrics_dir / "counter_999999.db").exists()
 
     body = encode(payment())
-    assert http_post(server.base, body, signed_headers(body))[0] == 200
+    assert send(server.base, body).status == 200
     assert deliveries(_scrape(server.base), "processed") == 1
     live = {int(p.stem.rsplit("_", 1)[1]) for p in metrics_dir.glob("gauge_livesum_*.db")}
     assert live and live <= set(server.worker_pids())
@@ -157,7 +157,7 @@ def test_a_worker_boots_after_a_cleaner_removed_the_metrics_folder(gunicorn, db,
     metrics_dir.mkdir()
     server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
     body = encode(payment())
-    assert http_post(server.base, body, signed_headers(body))[0] == 200
+    assert send(server.base, body).status == 200
 
     shutil.rmtree(metrics_dir)  # what a /tmp cleaner does
     assert _scrape(server.base) is not None  # the workers running now still answer a scrape
@@ -170,7 +170,7 @@ def test_a_worker_boots_after_a_cleaner_removed_the_metrics_folder(gunicorn, db,
 
     assert metrics_dir.is_dir()
     body = encode(payment())
-    assert http_post(server.base, body, signed_headers(body))[0] == 200
+    assert send(server.base, body).status == 200
     assert http_get(server.base, "/health")[0] == 200
     for _ in range(4):  # whichever worker answers the scrape
         assert deliveries(_scrape(server.base), "processed") >= 1
@@ -211,7 +211,7 @@ def test_credits_a_replay_makes_reach_metrics_once(gunicorn, config, db, tmp_pat
     server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
     for number in range(3):
         body = encode(payment(f"evt_cli_{number}", user=UNKNOWN_USER, cents=100))
-        assert http_post(server.base, body, signed_headers(body))[0] == 422
+        assert send(server.base, body).status == 422
     assert _credited(_scrape(server.base)) == 0
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
 
@@ -241,7 +241,7 @@ def test_a_read_only_command_leaves_nothing_in_the_metrics_folder(gunicorn, conf
 
 
 def test_a_replay_says_in_one_line_when_its_counts_cannot_reach_metrics(client, config, db, tmp_path):
-    assert deliver(client, payment("evt_cli", user=UNKNOWN_USER)).status_code == 422
+    assert send(client, payment("evt_cli", user=UNKNOWN_USER)).status == 422
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     missing = tmp_path / "not-there"
     done = _flask({**config, "PROMETHEUS_MULTIPROC_DIR": str(missing)}, "events", "replay", "evt_cli")

@@ -125,7 +125,7 @@ def test_a_malformed_refund_object_is_422_and_debits_nothing(client, db, paid, c
     args = {"refund_id": "re_bad", "cents": 500, **change}
     bad = refund(args.pop("refund_id"), paid, args.pop("cents"), **args)
     response = send_stripe(client, bad)
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert stored_event_row(db, bad.id).status == "failed"
     assert balance(db, BOB) == 1000
@@ -136,7 +136,7 @@ def test_a_refund_object_announced_with_another_amount_is_409_payment_mismatch(c
     _send_all(client, refund("re_m", paid, 100, event_type="refund.created"))
     other = refund("re_m", paid, 150, status="failed")
     response = send_stripe(client, other)
-    assert (response.status_code, response.json["error"]) == (409, "payment_mismatch")
+    assert (response.status, response.json["error"]) == (409, "payment_mismatch")
     assert "refund re_m was announced by event" in response.json["message"]
     assert balance(db, BOB) == 900
     assert_ledger_consistent(db)
@@ -145,7 +145,7 @@ def test_a_refund_object_announced_with_another_amount_is_409_payment_mismatch(c
 def test_a_refund_object_before_its_payment_is_422_then_applied_by_the_retry(client, db):
     early = refund("re_early", "pi_late", 100, event_type="refund.created")
     response = send_stripe(client, early)
-    assert (response.status_code, response.json["message"]) == (422, "unknown payment pi_late")
+    assert (response.status, response.json["message"]) == (422, "unknown payment pi_late")
     send_stripe(client, intent_succeeded("pi_late", cents=500))
     assert send_stripe(client, early).json["status"] == "processed"
     assert balance(db, ALICE) == 1000 + 500 - 100
@@ -161,12 +161,23 @@ def test_a_refund_of_an_authorisation_that_expired_uncaptured_moves_nothing(clie
 
 # -- disputes ---------------------------------------------------------------------------
 
-def test_a_dispute_withdraws_its_amount_once_and_a_won_one_is_reinstated_once(client, db, paid):
+def _withdraw(client, paid):
+    """du_1 opened, then its funds withdrawn, announced twice."""
     withdrawn = dispute("du_1", paid, 600)
-    assert _send_all(client, dispute("du_1", paid, 600, event_type="charge.dispute.created"), withdrawn,
-                     dispute("du_1", paid, 600)) == ["processed", "processed", "processed"]
+    return _send_all(client, dispute("du_1", paid, 600, event_type="charge.dispute.created"), withdrawn,
+                     dispute("du_1", paid, 600))
+
+
+def test_a_dispute_withdraws_its_amount_once(client, db, paid):
+    assert _withdraw(client, paid) == ["processed", "processed", "processed"]
     assert balance(db, BOB) == 400
+    assert _journal(db) == [("dispute_withdrawn", "du_1", -600)]
     assert _counted(client, "webhook_ledger_disputes_withdrawn_total") == 1
+    assert_ledger_consistent(db)
+
+
+def test_a_won_dispute_is_reinstated_once(client, db, paid):
+    _withdraw(client, paid)
     reinstated = dispute("du_1", paid, 600, event_type="charge.dispute.funds_reinstated", status="won")
     assert _send_all(client, reinstated, dispute("du_1", paid, 600, event_type="charge.dispute.closed", status="won"),
                      dispute("du_1", paid, 600, event_type="charge.dispute.funds_reinstated", status="won")) == \
@@ -199,7 +210,7 @@ def test_a_reinstatement_before_its_withdrawal_nets_zero(client, db, paid):
 
 def test_a_dispute_of_an_unknown_payment_is_422(client, db):
     response = send_stripe(client, dispute("du_u", "pi_nowhere", 100))
-    assert (response.status_code, response.json["message"]) == (422, "unknown payment pi_nowhere")
+    assert (response.status, response.json["message"]) == (422, "unknown payment pi_nowhere")
 
 
 def test_refunds_and_disputes_together_never_take_more_than_the_payment(client, db, paid):
@@ -244,7 +255,7 @@ def test_a_canceled_authorisation_is_200_with_no_money_moved(client, db, capture
     if captured is None:  # before basil a canceled charge's amount_captured could be null, captured false
         canceled["data"]["object"]["amount_captured"] = None
     response = send_stripe(client, canceled)
-    assert (response.status_code, response.json["status"]) == (200, "processed")
+    assert (response.status, response.json["status"]) == (200, "processed")
     assert stored_event_row(db, canceled.id).status == "completed"
     assert balance(db, ALICE) == 1000
     assert_ledger_consistent(db)
@@ -255,7 +266,7 @@ def test_a_partially_captured_charge_without_an_api_version_is_422(client, db):
     unversioned = charge_refunded("pi_nov", 5000, cents=10000, captured=6000)
     unversioned["api_version"] = None
     response = send_stripe(client, unversioned)
-    assert response.status_code == 422
+    assert response.status == 422
     assert "api_version must name a Stripe API version" in response.json["message"]
     assert balance(db, ALICE) == 7000
 
@@ -298,5 +309,5 @@ def test_purged_movements_resent_in_any_order_move_nothing_again(app, client, db
     redis_client.flushall()  # no done marker answers for them either
     assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 0
     for evt in reversed(announced):
-        assert send_stripe(client, evt).status_code == 200
+        assert send_stripe(client, evt).status == 200
     assert balance(db, BOB) == 600

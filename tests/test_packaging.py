@@ -16,7 +16,7 @@ import psycopg
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import ALICE, INSTALLED_SECRET, UNKNOWN_USER, encode, http_get, http_post, payment, signed_headers
+from .helpers import ALICE, INSTALLED_SECRET, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
 
 
 def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
@@ -81,11 +81,11 @@ def test_an_installed_host_inits_its_database_serves_and_runs_every_command(inst
         assert http_get(base, "/ready") == (200, {"status": "ok", "postgres": "ok", "redis": "ok"})
         body = encode(payment("evt_installed", cents=700))
         headers = signed_headers(body, INSTALLED_SECRET)
-        assert http_post(base, body, headers)[:2] == (200, {"status": "processed", "event_id": "evt_installed"})
-        assert http_post(base, body, headers)[:2] == (200, {"status": "duplicate", "event_id": "evt_installed"})
+        assert send(base, body, headers)[:2] == (200, {"status": "processed", "event_id": "evt_installed"})
+        assert send(base, body, headers)[:2] == (200, {"status": "duplicate", "event_id": "evt_installed"})
         # A payment to a user not there yet is recorded as failed, for `events replay` below.
         body = encode(payment("evt_later", user=UNKNOWN_USER, cents=300))
-        assert http_post(base, body, signed_headers(body, INSTALLED_SECRET))[0] == 422
+        assert send(base, body, secret=INSTALLED_SECRET).status == 422
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         output = server.communicate(timeout=30)[0]

@@ -21,13 +21,10 @@ from .helpers import (
     BOB,
     assert_ledger_consistent,
     balance,
-    deliver,
-    encode,
-    http_post,
     payment,
     payment_refunded,
     samples,
-    signed_headers,
+    send,
     stored_event_row,
 )
 from .stripe_events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
@@ -79,35 +76,41 @@ def test_the_same_payment_named_otherwise_is_409_payment_mismatch_recorded_and_n
     other = intent_succeeded("pi_clash", **change)
     response = send_stripe(client, other)
     if change == {"currency": "eur"}:  # not the ledger's currency: refused before any payment is looked at
-        assert response.status_code == 422
+        assert response.status == 422
     else:
-        assert (response.status_code, response.json["error"], response.json["event_id"]) == \
+        assert (response.status, response.json["error"], response.json["event_id"]) == \
             (409, "payment_mismatch", other.id)
         assert "pi_clash" in response.json["message"]
         stored = stored_event_row(db, other.id)
         assert stored.status == "failed" and "pi_clash" in stored.last_error
         assert _metrics(client)[("webhook_ledger_payment_mismatches_total", (("source", "default"),))] == 1
         # The provider's retry of it is refused alike.
-        assert send_stripe(client, other).status_code == 409
+        assert send_stripe(client, other).status == 409
     assert (balance(db), balance(db, BOB)) == (1250, 0)
     assert _journal(db) == [{"kind": "credit", "payment_id": "pi_clash", "user_id": ALICE, "amount_cents": 250}]
     assert_ledger_consistent(db)
 
 
-def test_payments_sharing_a_payment_id_credit_once_and_without_one_each_credits(client, db):
-    assert deliver(client, payment("evt_a", cents=100, paymentId="pay_1")).json["status"] == "processed"
-    assert deliver(client, payment("evt_b", cents=100, paymentId="pay_1")).json["status"] == "duplicate"
-    assert deliver(client, payment("evt_c", cents=100, paymentId=None)).json["status"] == "processed"
-    assert deliver(client, payment("evt_d", cents=100, paymentId=None)).json["status"] == "processed"
-    assert balance(db) == 1300
-    assert [row["payment_id"] for row in _journal(db)] == ["pay_1", "evt_c", "evt_d"]
+def test_events_sharing_a_payment_id_credit_once(client, db):
+    assert send(client, payment("evt_a", cents=100, paymentId="pay_1")).json["status"] == "processed"
+    assert send(client, payment("evt_b", cents=100, paymentId="pay_1")).json["status"] == "duplicate"
+    assert balance(db) == 1100
+    assert [row["payment_id"] for row in _journal(db)] == ["pay_1"]
+    assert_ledger_consistent(db)
+
+
+def test_events_without_a_payment_id_each_credit(client, db):
+    assert send(client, payment("evt_c", cents=100, paymentId=None)).json["status"] == "processed"
+    assert send(client, payment("evt_d", cents=100, paymentId=None)).json["status"] == "processed"
+    assert balance(db) == 1200
+    assert [row["payment_id"] for row in _journal(db)] == ["evt_c", "evt_d"]
     assert_ledger_consistent(db)
 
 
 @pytest.mark.parametrize("payment_id", [7, "", "p" * 129, "pay\u0000"])
 def test_a_payment_id_that_cannot_name_a_payment_is_422(client, db, payment_id):
-    response = deliver(client, payment("evt_bad_pid", paymentId=payment_id))
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    response = send(client, payment("evt_bad_pid", paymentId=payment_id))
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert "data.paymentId" in response.json["message"]
     assert balance(db) == 1000
 
@@ -119,12 +122,12 @@ def test_concurrent_events_for_one_payment_intent_credit_once(gunicorn, db, even
     deliveries = [stripe_signed(intent_succeeded("pi_burst", cents=400)) for _ in range(events)]
     barrier = threading.Barrier(events)
 
-    def send(delivery):
+    def send_one(delivery):
         barrier.wait()
-        return http_post(server.base, *delivery)
+        return send(server.base, *delivery)
 
     with ThreadPoolExecutor(events) as pool:
-        answers = list(pool.map(send, deliveries))
+        answers = list(pool.map(send_one, deliveries))
     outcomes = Counter((status, body["status"]) for status, body, _ in answers)
     assert outcomes == {(200, "processed"): 1, (200, "duplicate"): events - 1}, outcomes
     assert balance(db) == 1400
@@ -137,15 +140,15 @@ def test_events_for_one_payment_on_two_hosts_with_redis_flushed_midway_credit_on
     hosts = [gunicorn(workers=2, threads=4), gunicorn(workers=1, threads=4)]
     deliveries = [stripe_signed(intent_succeeded("pi_hosts", user=BOB, cents=700)) for _ in range(12)]
 
-    def send(i):
+    def send_one(i):
         if i == 6:
             redis_client.flushall()
-        return http_post(hosts[i % 2].base, *deliveries[i])
+        return send(hosts[i % 2].base, *deliveries[i])
 
     with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(send, range(12)))
+        answers = list(pool.map(send_one, range(12)))
     # And each delivery once more, as a provider retrying after a timeout would.
-    answers += [http_post(hosts[i % 2].base, *deliveries[i]) for i in range(12)]
+    answers += [send(hosts[i % 2].base, *deliveries[i]) for i in range(12)]
     outcomes = Counter((status, body["status"]) for status, body, _ in answers)
     assert outcomes[(200, "processed")] == 1, outcomes
     assert set(outcomes) <= {(200, "processed"), (200, "duplicate"), (409, "in_progress")}, outcomes
@@ -158,9 +161,9 @@ def test_events_for_one_payment_on_two_hosts_with_redis_flushed_midway_credit_on
 @pytest.mark.parametrize("totals", [[100, 250], [250, 100], [100, 100, 100], [60, 200, 60, 120, 200]],
                          ids=["in-order", "out-of-order", "repeated", "mixed"])
 def test_refunds_debit_the_highest_total_once_whatever_their_order(client, db, totals):
-    deliver(client, payment("evt_paid", cents=250, paymentId="pay_r"))
+    send(client, payment("evt_paid", cents=250, paymentId="pay_r"))
     for total in totals:
-        response = deliver(client, payment_refunded("pay_r", total))
+        response = send(client, payment_refunded("pay_r", total))
         assert response.json["status"] == "processed"
     assert balance(db) == 1000 + 250 - max(totals)
     assert _payment(db, "pay_r") == {"user_id": ALICE, "amount_cents": 250, "refunded_cents": max(totals)}
@@ -189,9 +192,9 @@ def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
     (payment_refunded(None, 100), "data.paymentId must be a payment id"),
 ])
 def test_a_refund_above_its_payment_or_malformed_is_422_and_debits_nothing(client, db, refund, reason):
-    deliver(client, payment("evt_x", cents=250, paymentId="pay_x"))
-    response = deliver(client, refund)
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    send(client, payment("evt_x", cents=250, paymentId="pay_x"))
+    response = send(client, refund)
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert stored_event_row(db, refund["id"]).status == "failed"
     assert balance(db) == 1250
@@ -207,7 +210,7 @@ def test_a_refund_in_another_currency_than_its_payment_is_422(make_app, config, 
                " VALUES ('default', 'evt_old', 'credit', 'pi_usd', %s, 300)", [ALICE])
     db.execute("UPDATE user_balances SET balance_cents = balance_cents + 300 WHERE user_id = %s", [ALICE])
     response = send_stripe(client, charge_refunded("pi_usd", 100, currency="eur", cents=300))
-    assert response.status_code == 422
+    assert response.status == 422
     assert "refund in eur of payment pi_usd, which was in usd" in response.json["message"]
     assert balance(db) == 1300
 
@@ -215,13 +218,13 @@ def test_a_refund_in_another_currency_than_its_payment_is_422(make_app, config, 
 def test_a_refund_before_its_payment_is_422_then_applied_by_the_retry(client, db, run_cli):
     refund, retried = payment_refunded("pay_late", 100), payment_refunded("pay_late", 150)
     for event in (refund, retried):
-        response = deliver(client, event)
-        assert (response.status_code, response.json["message"]) == (422, "unknown payment pay_late")
+        response = send(client, event)
+        assert (response.status, response.json["message"]) == (422, "unknown payment pay_late")
         stored = stored_event_row(db, event["id"])
         assert stored.status == "failed" and stored.last_error == "unknown payment pay_late"
-    deliver(client, payment("evt_late_paid", cents=200, paymentId="pay_late"))
+    send(client, payment("evt_late_paid", cents=200, paymentId="pay_late"))
     # The provider's retry of one, `flask events replay` of the other.
-    assert deliver(client, refund).json["status"] == "processed"
+    assert send(client, refund).json["status"] == "processed"
     result = run_cli("events", "replay", retried["id"])
     assert result.exit_code == 0, result.output
     assert balance(db) == 1000 + 200 - 150
@@ -233,19 +236,18 @@ def test_a_refund_before_its_payment_is_422_then_applied_by_the_retry(client, db
 def test_concurrent_refund_totals_debit_the_highest_once(gunicorn, db, order):
     server = gunicorn(workers=2, threads=4)
 
-    def send(event):
-        body = encode(event)
-        return http_post(server.base, body, signed_headers(body))
+    def send_one(event):
+        return send(server.base, event)
 
-    assert send(payment("evt_cc", user=BOB, cents=900, paymentId="pay_cc"))[1]["status"] == "processed"
+    assert send_one(payment("evt_cc", user=BOB, cents=900, paymentId="pay_cc")).json["status"] == "processed"
     totals = [100, 900, 300, 300, 800, 50, 900, 10]
     refunds = [payment_refunded("pay_cc", total) for total in totals]
     with ThreadPoolExecutor(len(refunds)) as pool:
-        answers = list(pool.map(send, refunds if order == "refunds-first" else refunds[::-1]))
+        answers = list(pool.map(send_one, refunds if order == "refunds-first" else refunds[::-1]))
     assert {status for status, _, _ in answers} <= {200, 503}, answers
     for event, (status, _, _) in zip(refunds, answers, strict=True):
         if status == 503:  # a lock wait beyond lock_timeout: the provider retries
-            assert send(event)[0] == 200
+            assert send_one(event).status == 200
     assert balance(db, BOB) == 0
     assert_ledger_consistent(db)
 
@@ -253,10 +255,10 @@ def test_concurrent_refund_totals_debit_the_highest_once(gunicorn, db, order):
 def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_reported(client, db, run_cli):
     carol = uuid.UUID("44444444-4444-4444-8444-444444444444")
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [carol])
-    deliver(client, payment("evt_carol", user=carol, cents=300, paymentId="pay_carol"))
+    send(client, payment("evt_carol", user=carol, cents=300, paymentId="pay_carol"))
     db.execute("UPDATE user_balances SET balance_cents = 0, opening_balance_cents = -300 WHERE user_id = %s",
                [carol])  # she spent it (outside the ledger's journal, as an opening balance)
-    assert deliver(client, payment_refunded("pay_carol", 300)).json["status"] == "processed"
+    assert send(client, payment_refunded("pay_carol", 300)).json["status"] == "processed"
     assert balance(db, carol) == -300
     assert _metrics(client)[("webhook_ledger_balances_below_zero_total", (("source", "default"),))] == 1
     result = run_cli("ledger", "verify")
@@ -267,22 +269,33 @@ def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_re
 
 def test_the_delivery_line_names_the_payment_and_the_change(client, db, caplog):
     caplog.set_level(logging.INFO, logger="app.webhooks")
-    deliver(client, payment("evt_logged", cents=10, paymentId="pay_logged"))
-    deliver(client, payment_refunded("pay_logged", 4))
+    send(client, payment("evt_logged", cents=10, paymentId="pay_logged"))
+    send(client, payment_refunded("pay_logged", 4))
     lines = [r for r in caplog.records if r.getMessage() == "delivery"]
     assert [(r.payment_id, r.change, r.outcome) for r in lines] == \
         [("pay_logged", "credit", Outcome.PROCESSED), ("pay_logged", "refund", Outcome.PROCESSED)]
 
 
-def test_verify_reports_a_payment_credited_twice_and_refunds_that_do_not_add_up(client, db, run_cli):
-    deliver(client, payment("evt_v1", cents=50, paymentId="pay_v"))
-    deliver(client, payment_refunded("pay_v", 20))
+def _paid_and_refunded(client):
+    send(client, payment("evt_v1", cents=50, paymentId="pay_v"))
+    send(client, payment_refunded("pay_v", 20))
+
+
+def test_verify_reports_a_payment_credited_twice(client, db, run_cli):
+    _paid_and_refunded(client)
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
                " VALUES ('default', 'evt_forged', 'credit', 'pay_v', %s, 50)", [ALICE])
-    db.execute("UPDATE payments SET refunded_cents = 30")
     result = run_cli("ledger", "verify")
     assert result.exit_code == 1
     assert "payment 'pay_v': credited 2 times" in result.output
+
+
+def test_verify_reports_refunds_that_do_not_add_up(client, db, run_cli):
+    _paid_and_refunded(client)
+    db.execute("UPDATE payments SET refunded_cents = 30")
+    result = run_cli("ledger", "verify")
+    assert result.exit_code == 1
+    assert "payment 'pay_v': 20 cents debited, its refunds and disputes make 30 due" in result.output
 
 
 # -- any interleaving -----------------------------------------------------------------
@@ -301,9 +314,9 @@ def test_for_any_interleaving_the_balance_is_opening_plus_amount_minus_the_highe
     sent = data.draw(st.permutations(events + data.draw(st.lists(st.sampled_from(events), max_size=6))))
     before = balance(db, BOB)
     for event in sent:
-        assert deliver(client, event).status_code in (200, 422)
+        assert send(client, event).status in (200, 422)
     for event in events:  # the provider retries what was refused (a refund before its payment)
-        assert deliver(client, event).status_code == 200
+        assert send(client, event).status == 200
     highest = max((r["data"]["amountRefundedCents"] for r in refunds), default=0)
     assert balance(db, BOB) - before == amount - highest
     assert_ledger_consistent(db)

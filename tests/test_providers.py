@@ -19,12 +19,11 @@ from .helpers import (
     UNKNOWN_USER,
     assert_ledger_consistent,
     balance,
-    deliver,
     encode,
     event_rows,
     payment,
-    post_delivery,
     secret_for,
+    send,
     signed_headers,
     stored_event_row,
 )
@@ -69,9 +68,9 @@ def signed_by_the_provider(scheme, body, timestamp=None, msg_id=None):
 def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, scheme):
     event = stripe_event(user=BOB, cents=4200)
     body = encode(event)
-    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json == {
+    assert send(client, body, signed_by_the_provider(scheme, body)).json == {
         "status": "processed", "event_id": event["id"]}
-    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
+    assert send(client, body, signed_by_the_provider(scheme, body)).json["status"] == "duplicate"
     assert balance(db, BOB) == 4200
     stored = stored_event_row(db, event["id"])
     assert stored.event_type == "payment_intent.succeeded" and stored.status == "completed" and stored.attempts == 1
@@ -87,8 +86,8 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
 ])
 def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db, scheme, intent, reason):
     body = encode(stripe_event("evt_bad_intent", **intent))
-    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    response = send(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     stored = stored_event_row(db, "evt_bad_intent")
     assert stored.status == "failed" and stored.attempts == 1
@@ -100,13 +99,13 @@ def test_a_failed_stripe_payment_retried_with_changed_pending_webhooks_is_proces
         client, db, scheme):
     event = {**stripe_event("evt_retried_by_stripe", user=UNKNOWN_USER, cents=900), "pending_webhooks": 1}
     first = encode(event)
-    assert post_delivery(client, first, signed_by_the_provider(scheme, first)).status_code == 422
+    assert send(client, first, signed_by_the_provider(scheme, first)).status == 422
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     # Stripe's next attempt: the Event as its API serialises it, pending_webhooks changed.
     for pending in (2, 3):
         retried = str(stripe.Event.construct_from({**event, "pending_webhooks": pending}, "sk_test")).encode()
         assert retried != first
-        answer = post_delivery(client, retried, signed_by_the_provider(scheme, retried))
+        answer = send(client, retried, signed_by_the_provider(scheme, retried))
         assert answer.json["status"] == ("processed" if pending == 2 else "duplicate")
     assert balance(db, UNKNOWN_USER) == 900
     stored = stored_event_row(db, "evt_retried_by_stripe")
@@ -122,8 +121,8 @@ def test_a_failed_stripe_payment_retried_with_changed_pending_webhooks_is_proces
 def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config, db, scheme, event, setting, reason):
     client = make_app({**config, **setting}).test_client()
     body = encode(event)
-    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    response = send(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
@@ -132,14 +131,14 @@ def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config
 def test_stripe_test_mode_and_another_ledger_currency_credit_when_configured(make_app, config, db, scheme):
     client = make_app({**config, "STRIPE_ACCEPT_TEST_EVENTS": "true", "LEDGER_CURRENCY": "EUR"}).test_client()
     body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, livemode=False, currency="eur"))
-    assert post_delivery(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"
+    assert send(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"
     assert balance(db, BOB) == 300
 
 
 @pytest.mark.parametrize("currency, status", [("eur", 422), ("USD", 200), (7, 422)])
 def test_a_payment_in_the_services_own_shape_naming_a_currency_must_name_the_ledgers(client, db, currency, status):
-    response = deliver(client, payment("evt_currency", cents=10, currency=currency))
-    assert response.status_code == status
+    response = send(client, payment("evt_currency", cents=10, currency=currency))
+    assert response.status == status
     assert balance(db) == (1010 if status == 200 else 1000)
 
 
@@ -148,10 +147,10 @@ def test_a_payment_in_the_services_own_shape_naming_a_currency_must_name_the_led
 @STANDARD_WEBHOOKS
 def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, db, scheme):
     body = encode(standard_event(cents=75))
-    first = post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_2b3c4d"))
+    first = send(client, body, signed_by_the_provider(scheme, body, msg_id="msg_2b3c4d"))
     assert first.json == {"status": "processed", "event_id": "msg_2b3c4d"}
     # A sender's retry: same message id, a new timestamp and signature.
-    retry = post_delivery(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
+    retry = send(client, body, signed_by_the_provider(scheme, body, int(time.time()) + 1, msg_id="msg_2b3c4d"))
     assert retry.json == {"status": "duplicate", "event_id": "msg_2b3c4d"}
     assert balance(db) == 1075
     stored = stored_event_row(db, "msg_2b3c4d")
@@ -161,8 +160,8 @@ def test_standard_webhooks_delivery_signed_by_the_package_credits_once(client, d
 @STANDARD_WEBHOOKS
 def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db, scheme):
     body = encode({"id": "evt_in_body", **standard_event(cents=5)})
-    assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
-    assert post_delivery(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
+    assert send(client, body, signed_by_the_provider(scheme, body, msg_id="msg_a")).json["event_id"] == "msg_a"
+    assert send(client, body, signed_by_the_provider(scheme, body, msg_id="msg_b")).json["event_id"] == "msg_b"
     assert event_rows(db) == 2 and stored_event_row(db, "evt_in_body") is None
 
 
@@ -174,8 +173,8 @@ def test_standard_webhooks_event_id_is_the_signed_header_not_the_body(client, db
 ])
 def test_standard_webhooks_body_must_still_have_type_and_data(client, db, scheme, document, error):
     body = encode(document)
-    response = post_delivery(client, body, signed_by_the_provider(scheme, body))
-    assert (response.status_code, response.json["error"]) == (400, error)
+    response = send(client, body, signed_by_the_provider(scheme, body))
+    assert (response.status, response.json["error"]) == (400, error)
     assert event_rows(db) == 0
 
 
@@ -189,8 +188,8 @@ PING = {"zen": "Design for failure.", "hook_id": 109948940,
 def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, db, scheme):
     body, delivery = encode(PING), str(uuid.uuid4())
     headers = signed_headers(body, scheme=scheme, event_id=delivery, github_event="ping")
-    assert post_delivery(client, body, headers).json == {"status": "processed", "event_id": delivery}
-    assert post_delivery(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
+    assert send(client, body, headers).json == {"status": "processed", "event_id": delivery}
+    assert send(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
     stored = stored_event_row(db, delivery)
     assert stored.event_type == "ping" and stored.status == "completed" and stored.attempts == 1
     assert db.execute("SELECT payload->>'zen' FROM webhook_events_json").fetchone()[0] == "Design for failure."
@@ -201,9 +200,9 @@ def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, d
 def test_github_event_in_the_services_own_shape_replayed_under_a_new_delivery_id_is_a_duplicate(client, db, scheme):
     # X-GitHub-Delivery is not signed; a body that has its own id keeps it.
     body = encode(payment("evt_gh_1", cents=10))
-    assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+    assert send(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
         "status": "processed", "event_id": "evt_gh_1"}
-    assert post_delivery(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
+    assert send(client, body, signed_headers(body, scheme=scheme, event_id=str(uuid.uuid4()))).json == {
         "status": "duplicate", "event_id": "evt_gh_1"}
     assert balance(db) == 1010
 
@@ -224,8 +223,8 @@ def test_github_headers_that_cannot_name_the_event_are_400(client, db, scheme, c
     headers.update({k: v for k, v in change.items() if v is not None})
     for name in (k for k, v in change.items() if v is None):
         del headers[name]
-    response = post_delivery(client, body, headers)
-    assert (response.status_code, response.json["error"]) == (400, "invalid_event")
+    response = send(client, body, headers)
+    assert (response.status, response.json["error"]) == (400, "invalid_event")
     assert message in response.json["message"]
     assert event_rows(db) == 0 and balance(db) == 1000
 
@@ -236,8 +235,8 @@ def test_github_documented_example_passes_the_signature_check(make_app, config, 
     header = {"Content-Type": "application/json",
               "X-Hub-Signature-256": "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"}
     # Authentic, but not JSON: 400 after the signature check, not 401.
-    assert post_delivery(client, b"Hello, World!", header).json["error"] == "invalid_json"
-    assert post_delivery(client, b"Hello, World?", header).json["error"] == "invalid_signature"
+    assert send(client, b"Hello, World!", header).json["error"] == "invalid_json"
+    assert send(client, b"Hello, World?", header).json["error"] == "invalid_signature"
 
 
 # -- every scheme: malformed headers, rotation ------------------------------------
@@ -255,8 +254,8 @@ def test_github_documented_example_passes_the_signature_check(make_app, config, 
     ("github", {"X-Signature": "0" * 64}, "missing X-Hub-Signature-256 header"),
 ])
 def test_malformed_signature_headers_are_401_in_general_terms(client, db, scheme, headers, message):
-    response = post_delivery(client, encode(payment()), {"Content-Type": "application/json", **headers})
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, encode(payment()), {"Content-Type": "application/json", **headers})
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
     assert event_rows(db) == 0
 
@@ -266,7 +265,7 @@ def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, ca
     new, old = secret_for(scheme, "new-secret-0123456789"), secret_for(scheme, "old-secret-0123456789")
     client = make_app({**config, "WEBHOOK_SECRET": f"{new},{old}"}).test_client()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        assert deliver(client, payment(cents=1), secret=[old, new]).json["status"] == "processed"
+        assert send(client, payment(cents=1), secret=[old, new]).json["status"] == "processed"
     assert [r.secret_index for r in caplog.records if r.getMessage() == "delivery"] == [0]
     assert balance(db) == 1001
 
@@ -277,8 +276,8 @@ def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, ca
 @pytest.mark.parametrize("offset, message", [(-360, "too old"), (360, "too far in the future")])
 def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db, scheme, offset, message):
     body = encode(payment("evt_captured"))
-    response = post_delivery(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
     assert event_rows(db) == 0 and balance(db) == 1000
 
@@ -290,12 +289,12 @@ def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(m
     body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted delivery writes
     signed_at = int(time.time())
     captured = signed_by_the_provider(scheme, body, signed_at, msg_id="evt_replayed")
-    assert post_delivery(client, body, captured).status_code == 422
-    assert post_delivery(client, body, captured).status_code == 422  # inside the window: a retry, recorded
+    assert send(client, body, captured).status == 422
+    assert send(client, body, captured).status == 422  # inside the window: a retry, recorded
     before = stored_event_row(db, "evt_replayed")
     assert before.status == "failed" and before.attempts == 2
     wait_until(lambda: time.time() > signed_at + tolerance + 0.5, timeout=10, what="the window to pass")
-    replay = post_delivery(client, body, captured)
-    assert (replay.status_code, replay.json["error"]) == (401, "invalid_signature")
+    replay = send(client, body, captured)
+    assert (replay.status, replay.json["error"]) == (401, "invalid_signature")
     assert "too old" in replay.json["message"]
     assert stored_event_row(db, "evt_replayed") == before  # attempts, updated_at, every column untouched

@@ -23,8 +23,7 @@ from .helpers import (
     db_url,
     encode,
     event_rows,
-    http_post,
-    post_delivery,
+    send,
     source_secret,
     sources_config,
     stored_event_row,
@@ -49,9 +48,10 @@ def razorpay_headers(body, event_id=None, secret=SECRET):
         "X-Razorpay-Signature"], "x-razorpay-event-id": event_id or new_id("evt")[4:]}
 
 
-def send(client, event, event_id=None):
+def send_razorpay(client, event, event_id=None):
+    """POST event to the Razorpay source, signed as Razorpay signs it."""
     body = encode(event)
-    return post_delivery(client, body, razorpay_headers(body, event_id), SOURCE)
+    return send(client, body, razorpay_headers(body, event_id), source=SOURCE)
 
 
 # -- the scheme, checked against Razorpay's library -------------------------------------
@@ -89,9 +89,9 @@ def test_razorpay_documented_payload_verifies_with_the_library_and_with_us():
 ])
 def test_bad_razorpay_signatures_are_401_and_write_nothing(client, db, headers, message):
     body = encode(payment_captured(new_id("pay")))
-    response = post_delivery(client, body, {"Content-Type": "application/json", "x-razorpay-event-id": "e1",
-                                            **headers}, SOURCE)
-    assert response.status_code == 401 and message in response.json["message"]
+    response = send(client, body, {"Content-Type": "application/json", "x-razorpay-event-id": "e1", **headers},
+                    source=SOURCE)
+    assert response.status == 401 and message in response.json["message"]
     assert event_rows(db) == 0
 
 
@@ -101,9 +101,9 @@ def test_payment_captured_credits_its_payment_once_and_order_paid_for_it_moves_n
     payment_id = new_id("pay")
     captured = payment_captured(payment_id, user=BOB, paise=50000)
     event_id = "Hdjxv1mE1e0gOk"
-    assert send(client, captured, event_id).json == {"status": "processed", "event_id": event_id}
-    assert send(client, captured, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
-    assert send(client, order_paid(payment_id, user=BOB, paise=50000)).status_code == 200
+    assert send_razorpay(client, captured, event_id).json == {"status": "processed", "event_id": event_id}
+    assert send_razorpay(client, captured, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
+    assert send_razorpay(client, order_paid(payment_id, user=BOB, paise=50000)).status == 200
     assert balance(db, BOB) == 50000
     row = stored_event_row(db, event_id)
     assert (row.source, row.event_type, row.status, row.attempts) == (SOURCE, "payment.captured", "completed", 1)
@@ -119,7 +119,7 @@ def test_a_captured_delivery_replayed_under_another_event_id_moves_no_money(clie
     for event_id in ("first-id", "replayed-id-1", "replayed-id-2"):
         headers = {"Content-Type": "application/json", "X-Razorpay-Signature": signature,
                    "x-razorpay-event-id": event_id}
-        assert post_delivery(client, body, headers, SOURCE).status_code == 200
+        assert send(client, body, headers, source=SOURCE).status == 200
     assert balance(db, BOB) == 12300
     assert event_rows(db, SOURCE) == 3
     assert db.execute("SELECT count(*) FROM ledger_journal WHERE kind = 'credit'").fetchone()[0] == 1
@@ -137,7 +137,7 @@ def test_payment_captured_and_order_paid_concurrently_credit_once(gunicorn, db):
 
         def post(body, barrier=barrier):
             barrier.wait()
-            return http_post(server.base, body, razorpay_headers(body), source=SOURCE)[0]
+            return send(server.base, body, razorpay_headers(body), source=SOURCE).status
 
         with ThreadPoolExecutor(len(bodies)) as pool:
             assert set(pool.map(post, bodies)) == {200}
@@ -154,8 +154,8 @@ def test_payment_captured_and_order_paid_concurrently_credit_once(gunicorn, db):
 def test_a_payment_that_cannot_apply_is_422(client, db, change, problem):
     event = payment_captured(new_id("pay"), user=BOB)
     event["payload"]["payment"]["entity"].update(change)
-    response = send(client, event)
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    response = send_razorpay(client, event)
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert problem in response.json["message"]
     assert balance(db, BOB) == 0
 
@@ -167,8 +167,8 @@ def test_a_payment_that_cannot_apply_is_422(client, db, change, problem):
 def test_a_delivery_without_a_usable_event_id_is_400(client, db, change, message):
     body = encode(payment_captured(new_id("pay")))
     headers = {k: v for k, v in {**razorpay_headers(body), **change}.items() if v is not None}
-    response = post_delivery(client, body, headers, SOURCE)
-    assert response.status_code == 400 and message in response.json["message"]
+    response = send(client, body, headers, source=SOURCE)
+    assert response.status == 400 and message in response.json["message"]
     assert event_rows(db) == 0
 
 
@@ -177,7 +177,7 @@ def test_a_delivery_without_a_usable_event_id_is_400(client, db, change, message
 @pytest.fixture
 def paid(client, db):
     payment_id = new_id("pay")
-    assert send(client, payment_captured(payment_id, user=BOB, paise=10000)).json["status"] == "processed"
+    assert send_razorpay(client, payment_captured(payment_id, user=BOB, paise=10000)).json["status"] == "processed"
     return payment_id
 
 
@@ -190,14 +190,14 @@ def test_a_processed_refund_debits_once_and_a_failed_one_gives_it_back(client, d
     refund_id = new_id("rfnd")
     for event in (refund_event("refund.created", refund_id, paid, 3000, "pending"),
                   refund_event("refund.processed", refund_id, paid, 3000, "processed")):
-        assert send(client, event).status_code == 200
+        assert send_razorpay(client, event).status == 200
     assert balance(db, BOB) == 7000
     other = new_id("rfnd")
-    assert send(client, refund_event("refund.failed", other, paid, 2000, "failed")).status_code == 200
+    assert send_razorpay(client, refund_event("refund.failed", other, paid, 2000, "failed")).status == 200
     assert balance(db, BOB) == 7000  # failed before it was counted: nothing taken, nothing given
     failing = new_id("rfnd")
-    assert send(client, refund_event("refund.created", failing, paid, 1000, "pending")).status_code == 200
-    assert send(client, refund_event("refund.failed", failing, paid, 1000, "failed")).status_code == 200
+    assert send_razorpay(client, refund_event("refund.created", failing, paid, 1000, "pending")).status == 200
+    assert send_razorpay(client, refund_event("refund.failed", failing, paid, 1000, "failed")).status == 200
     assert balance(db, BOB) == 7000
     assert _journal(db) == [("refund", refund_id, -3000), ("refund", failing, -1000),
                             ("refund_reversed", failing, 1000)]
@@ -206,12 +206,12 @@ def test_a_processed_refund_debits_once_and_a_failed_one_gives_it_back(client, d
 
 def test_a_lost_dispute_withdraws_once_and_a_won_one_reinstates(client, db, paid):
     dispute_id = new_id("disp")
-    assert send(client, dispute_event("payment.dispute.created", dispute_id, paid, 4000, "open")).status_code == 200
+    assert send_razorpay(client, dispute_event("payment.dispute.created", dispute_id, paid, 4000, "open")).status == 200
     assert balance(db, BOB) == 10000  # Razorpay deducts nothing until the dispute is lost
     lost = dispute_event("payment.dispute.lost", dispute_id, paid, 4000, "lost", deducted=4000)
-    assert send(client, lost).status_code == 200 and send(client, lost).status_code == 200  # two event ids
+    assert send_razorpay(client, lost).status == 200 and send_razorpay(client, lost).status == 200  # two event ids
     assert balance(db, BOB) == 6000
-    assert send(client, dispute_event("payment.dispute.won", dispute_id, paid, 4000, "won")).status_code == 200
+    assert send_razorpay(client, dispute_event("payment.dispute.won", dispute_id, paid, 4000, "won")).status == 200
     assert balance(db, BOB) == 10000
     assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
     assert_ledger_consistent(db, INR)

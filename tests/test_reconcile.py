@@ -215,7 +215,7 @@ def test_a_signed_live_delivery_of_a_recovered_event_afterwards_is_a_duplicate(a
     stand_in.add(evt)
     assert run(app).exit_code == 0
     answer = send_stripe(client, evt)  # Stripe's own bytes (pretty-printed), not the listed ones
-    assert (answer.status_code, answer.json["status"]) == (200, "duplicate")
+    assert (answer.status, answer.json["status"]) == (200, "duplicate")
     assert balance(db) == OPENING[ALICE] + 70
     shown = app.test_cli_runner().invoke(args=["events", "show", evt.id])
     assert "reconcile (the provider's event list: its delivery was lost)" in shown.output, shown.output

@@ -16,7 +16,7 @@ from app.lock import done_key, lock_key
 from devservers import Redis
 from devservers.topology import RedisCluster
 
-from .helpers import balance, deliver, payment
+from .helpers import balance, payment, send
 
 # The ACL user the app logs in as in the NOPERM test; its password must never be logged.
 APP_USER, APP_PASSWORD = "ledger", "redis-s3cret-pw"
@@ -53,8 +53,8 @@ def test_an_acl_without_evalsha_is_a_noperm_fault_logged_once(make_app, config, 
     client = make_app({**config, "REDIS_URL": url}).test_client()
 
     events = [payment(f"evt_noperm_{n}", cents=10) for n in range(5)]
-    assert [deliver(client, e).json["status"] for e in events] == ["processed"] * 5
-    assert deliver(client, events[0]).json["status"] == "duplicate"  # PostgreSQL decided
+    assert [send(client, e).json["status"] for e in events] == ["processed"] * 5
+    assert send(client, events[0]).json["status"] == "duplicate"  # PostgreSQL decided
     assert balance(db) == 1050
 
     (logged,) = _errors(caplog, "NOPERM")  # six faults, one ERROR line
@@ -76,8 +76,8 @@ def test_out_of_memory_is_a_fault_and_deliveries_go_on(make_app, config, db, own
     admin.config_set("maxmemory-policy", "noeviction")
     admin.config_set("maxmemory", 1)  # every write is refused: OOM
     event = payment("evt_oom", cents=7)
-    assert deliver(client, event).json["status"] == "processed"
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db) == 1007
     assert len(_errors(caplog, "OOM")) == 1
     assert _faults(client, "OOM") == 2
@@ -90,14 +90,14 @@ def test_a_fault_is_reported_again_after_the_interval_with_its_count(make_app, c
     redis.Redis.from_url(own_redis.url).config_set("maxmemory", 1)
     monkeypatch.setattr(redis_client, "FAULT_INTERVAL", 0.0)  # every fault is past the interval
     for n in range(3):
-        assert deliver(client, payment(f"evt_oom_{n}")).status_code == 200
+        assert send(client, payment(f"evt_oom_{n}")).status == 200
     assert len(_errors(caplog, "OOM")) == 3
     monkeypatch.setattr(redis_client, "FAULT_INTERVAL", 3600.0)
     for n in range(4):
-        deliver(client, payment(f"evt_oom_more_{n}"))
+        send(client, payment(f"evt_oom_more_{n}"))
     assert len(_errors(caplog, "OOM")) == 3  # none past the interval now
     monkeypatch.setattr(redis_client, "FAULT_INTERVAL", 0.0)
-    deliver(client, payment("evt_oom_last"))
+    send(client, payment("evt_oom_last"))
     assert "seen 5 times since its last report" in _errors(caplog, "OOM")[-1].getMessage()
 
 
@@ -105,7 +105,7 @@ def test_ready_is_ok_again_once_a_fault_is_older_than_the_interval(make_app, con
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     admin = redis.Redis.from_url(own_redis.url)
     admin.config_set("maxmemory", 1)
-    deliver(client, payment("evt_oom_then_fixed"))
+    send(client, payment("evt_oom_then_fixed"))
     admin.config_set("maxmemory", 0)  # fixed
     assert client.get("/ready").json["redis_reason"] == "OOM"  # seen less than a minute ago
     monkeypatch.setattr(redis_client, "FAULT_INTERVAL", 0.0)
@@ -115,7 +115,7 @@ def test_ready_is_ok_again_once_a_fault_is_older_than_the_interval(make_app, con
 def test_unreachable_redis_stays_a_warning_and_makes_ready_degraded(make_app, config, db, own_redis, caplog):
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     own_redis.stop()
-    assert deliver(client, payment("evt_redis_gone")).json["status"] == "processed"
+    assert send(client, payment("evt_redis_gone")).json["status"] == "processed"
     assert [r.levelname for r in caplog.records if "redis" in r.getMessage()] == ["WARNING"]
     assert "redis unavailable, event 'evt_redis_gone' proceeds unlocked" in caplog.text
     assert client.get("/ready").json == {"status": "ok", "postgres": "ok", "redis": "degraded",
@@ -125,10 +125,10 @@ def test_unreachable_redis_stays_a_warning_and_makes_ready_degraded(make_app, co
 
 def test_a_flushed_script_cache_is_reloaded_not_a_fault(client, db, redis_client, caplog):
     """NOSCRIPT after a restart or a failover: the script is loaded again, the delivery keeps its lock."""
-    assert deliver(client, payment("evt_before_flush")).json["status"] == "processed"
+    assert send(client, payment("evt_before_flush")).json["status"] == "processed"
     redis_client.script_flush()
     event = payment("evt_after_flush")
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert redis_client.exists(done_key("evt_after_flush"))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -136,7 +136,7 @@ def test_a_flushed_script_cache_is_reloaded_not_a_fault(client, db, redis_client
 def test_a_cluster_that_is_down_at_start_only_degrades(make_app, config, db):
     """The cluster client asks for the slot map as it is made: made at first use, not in create_app."""
     client = make_app({**config, "REDIS_CLUSTER": "true", "REDIS_URL": "redis://127.0.0.1:1"}).test_client()
-    assert deliver(client, payment("evt_no_cluster")).json["status"] == "processed"
+    assert send(client, payment("evt_no_cluster")).json["status"] == "processed"
     assert client.get("/ready").json["redis_reason"] == "unavailable"
 
 
@@ -180,12 +180,12 @@ def test_deliveries_on_a_cluster_lock_and_mark_done_in_their_slot(make_app, conf
     app = make_app({**config, "REDIS_CLUSTER": "true", "REDIS_URL": cluster.url})
     client = app.test_client()
     events = [payment(f"evt_cluster_{n}", cents=1) for n in range(12)]
-    assert [deliver(client, e).json["status"] for e in events] == ["processed"] * 12
+    assert [send(client, e).json["status"] for e in events] == ["processed"] * 12
     served_by = {cluster.primary_of(done_key(e["id"])) for e in events}
     assert len(served_by) == 3  # the markers are spread over every primary
     assert all(cluster_client.exists(done_key(e["id"])) for e in events)
     app.extensions["db_pool"].close()  # a re-delivery now needs Redis alone
-    assert [deliver(client, e).json["status"] for e in events] == ["duplicate"] * 12
+    assert [send(client, e).json["status"] for e in events] == ["duplicate"] * 12
     assert client.get("/ready").json["redis"] == "ok"
 
 
@@ -194,7 +194,7 @@ def test_a_plain_client_against_a_cluster_is_a_moved_fault(make_app, config, db,
     event_id = next(f"evt_moved_{n}" for n in range(100)
                     if cluster.primary_of(lock_key(f"evt_moved_{n}")) != cluster.nodes[0].port)
     client = make_app({**config, "REDIS_URL": cluster.url}).test_client()
-    assert deliver(client, payment(event_id)).json["status"] == "processed"
+    assert send(client, payment(event_id)).json["status"] == "processed"
     assert len(_errors(caplog, "MOVED")) == 1
     assert _faults(client, "MOVED") == 1
     assert client.get("/ready").json["redis"] == "degraded"
@@ -204,10 +204,10 @@ def test_an_id_beginning_with_a_brace_keeps_its_two_keys_in_one_slot(make_app, c
     """The hash tag starts with the source's name (app/lock.py), so no id can split an event's keys: no CROSSSLOT."""
     client = make_app({**config, "REDIS_URL": cluster.url, "REDIS_CLUSTER": "true"}).test_client()
     event = payment("}odd{id}", cents=3)
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     assert (_faults(client, "CROSSSLOT"), _faults(client, "MOVED")) == (0, 0)
     assert cluster_client.exists(done_key(event["id"]))  # the marker was written: the script ran
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db) == 1003
 
 
@@ -216,7 +216,7 @@ def test_forget_done_on_a_cluster_empties_every_primary(make_app, config, db, cl
     client = app.test_client()
     events = [payment(f"evt_forget_{n}", cents=1) for n in range(12)]
     for event in events:
-        assert deliver(client, event).json["status"] == "processed"
+        assert send(client, event).json["status"] == "processed"
     assert len({cluster.primary_of(done_key(e["id"])) for e in events}) == 3
     cluster_client.set(lock_key("evt_in_flight"), "token", px=60000)
     result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
@@ -224,7 +224,7 @@ def test_forget_done_on_a_cluster_empties_every_primary(make_app, config, db, cl
     assert list(cluster_client.scan_iter(match="done:*")) == []  # scans every primary
     assert cluster_client.exists(lock_key("evt_in_flight"))
     app.extensions["db_pool"].close()  # Redis alone would answer "duplicate"; PostgreSQL cannot answer now
-    assert deliver(client, events[0]).status_code == 503
+    assert send(client, events[0]).status == 503
 
 
 def test_the_acl_that_docs_operations_md_names_is_enough(make_app, config, db, own_redis, caplog):
@@ -234,8 +234,8 @@ def test_the_acl_that_docs_operations_md_names_is_enough(make_app, config, db, o
     app = make_app({**config, "REDIS_URL": f"redis://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{own_redis.port}/0"})
     client = app.test_client()
     event = payment("evt_acl")
-    assert deliver(client, event).json["status"] == "processed"
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "duplicate"
     assert [r.redis for r in caplog.records if r.getMessage() == "delivery"] == ["acquired", "done"]
     assert client.get("/ready").json["redis"] == "ok"
     assert app.test_cli_runner().invoke(args=["redis", "forget-done"]).output.startswith("forgot 1 done markers")

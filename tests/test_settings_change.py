@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .helpers import ALICE, BOB, assert_ledger_consistent, balance, deliver, payment, stored_event_row
+from .helpers import ALICE, BOB, assert_ledger_consistent, balance, payment, send, stored_event_row
 from .stripe_events import intent_succeeded, send_stripe
 
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
@@ -28,7 +28,7 @@ def test_a_test_mode_event_refused_is_applied_once_test_events_are_accepted(make
     test_mode = intent_succeeded("pi_test_mode", user=BOB, cents=300)
     test_mode["livemode"] = False
     refused = send_stripe(_stripe_client(make_app, config), test_mode)
-    assert refused.status_code == 422 and "STRIPE_ACCEPT_TEST_EVENTS=true" in refused.json["message"]
+    assert refused.status == 422 and "STRIPE_ACCEPT_TEST_EVENTS=true" in refused.json["message"]
     if applied_by == "retry":  # Stripe's next attempt, after the operator set it
         answer = send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode).json
         assert answer == {"status": "processed", "event_id": test_mode.id}
@@ -45,7 +45,7 @@ def test_a_test_mode_event_refused_is_applied_once_test_events_are_accepted(make
 def test_a_payment_refused_for_its_currency_is_credited_once_the_ledger_currency_is_fixed(make_app, config, db,
                                                                                         applied_by):
     euros = intent_succeeded("pi_euro", user=BOB, cents=700, currency="eur")
-    assert send_stripe(_stripe_client(make_app, config), euros).status_code == 422  # LEDGER_CURRENCY usd
+    assert send_stripe(_stripe_client(make_app, config), euros).status == 422  # LEDGER_CURRENCY usd
     if applied_by == "retry":
         assert send_stripe(_stripe_client(make_app, config, LEDGER_CURRENCY="eur"), euros).json["status"] == \
             "processed"
@@ -61,7 +61,7 @@ def test_a_payment_refused_for_its_currency_is_credited_once_the_ledger_currency
 def test_verify_judges_each_event_by_the_settings_it_was_decided_under(make_app, config, db):
     test_mode = intent_succeeded("pi_accepted_then", user=BOB, cents=300)
     test_mode["livemode"] = False
-    assert send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode).status_code \
+    assert send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode).status \
         == 200
     stored = db.execute("SELECT ledger_currency, test_events_accepted FROM webhook_events WHERE event_id = %s",
                         [test_mode.id]).fetchone()
@@ -76,7 +76,7 @@ def test_verify_judges_each_event_by_the_settings_it_was_decided_under(make_app,
 @STRIPE
 def test_a_completed_event_its_own_settings_refuse_is_reported(make_app, config, db):
     paid = intent_succeeded("pi_forged_mode", user=BOB, cents=300)
-    assert send_stripe(_stripe_client(make_app, config), paid).status_code == 200
+    assert send_stripe(_stripe_client(make_app, config), paid).status == 200
     # Its bytes changed to test mode after the fact, hash kept: the settings it was decided under refuse it.
     forged = json.dumps({**json.loads(str(paid)), "livemode": False}).encode()
     db.execute("UPDATE webhook_events SET body = %s, payload_sha256 = sha256(%s) WHERE event_id = %s",
@@ -87,8 +87,8 @@ def test_a_completed_event_its_own_settings_refuse_is_reported(make_app, config,
 
 
 def test_an_implied_currency_and_the_ledgers_named_are_one_credit(client, db):
-    assert deliver(client, payment("evt_implied", cents=10)).json["status"] == "processed"
-    assert deliver(client, payment("evt_implied", cents=10, currency="usd")).json["status"] == "duplicate"
+    assert send(client, payment("evt_implied", cents=10)).json["status"] == "processed"
+    assert send(client, payment("evt_implied", cents=10, currency="usd")).json["status"] == "duplicate"
     assert balance(db, ALICE) == 1010
 
 
@@ -100,14 +100,14 @@ def _nested(depth):
 
 
 def test_a_body_nested_beyond_the_limit_is_400_and_writes_nothing(client, db):
-    response = deliver(client, _nested(65))
-    assert (response.status_code, response.json["error"]) == (400, "invalid_json")
+    response = send(client, _nested(65))
+    assert (response.status, response.json["error"]) == (400, "invalid_json")
     assert response.json["message"] == "body is nested more than 64 levels deep"
     assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 0
 
 
 def test_a_body_at_the_limit_is_applied_and_verify_and_replay_read_it_alike(app, client, db):
-    assert deliver(client, _nested(64)).json["status"] == "processed"
+    assert send(client, _nested(64)).json["status"] == "processed"
     assert balance(db, ALICE) == 1005
     runner = app.test_cli_runner()
     assert runner.invoke(args=["events", "replay", "evt_deep"]).output.strip() == \

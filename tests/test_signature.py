@@ -40,11 +40,15 @@ def signed(scheme, body=BODY, keys=(KEY,), timestamp=NOW, msg_id="msg_1"):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("body", [BODY, NOT_UTF8, b""], ids=["json", "not-utf8", "empty"])
-def test_signature_over_the_raw_bytes_verifies_and_one_changed_byte_fails(scheme, body):
-    headers = signed(scheme, body)
-    assert check(scheme, headers, body=body) == 0
+def test_a_signature_over_the_raw_bytes_verifies(scheme, body):
+    assert check(scheme, signed(scheme, body), body=body) == 0
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("body", [BODY, NOT_UTF8, b""], ids=["json", "not-utf8", "empty"])
+def test_one_changed_byte_fails_the_signature(scheme, body):
     with pytest.raises(SignatureError, match="does not match"):
-        check(scheme, headers, body=body + b" ")
+        check(scheme, signed(scheme, body), body=body + b" ")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -122,8 +126,9 @@ def test_hmac_sha256_is_hex_hmac_of_the_raw_bytes():
     assert sign("hmac-sha256", BODY, [b"k"]) == {"X-Signature": hmac.new(b"k", BODY, hashlib.sha256).hexdigest()}
 
 
-def test_hmac_sha256_uppercase_hex_and_surrounding_spaces_verify():
-    header = " " + sign("hmac-sha256", BODY, [KEY])["X-Signature"].upper() + " "
+@pytest.mark.parametrize("written", [str.upper, lambda header: f" {header} "], ids=["uppercase", "surrounding-spaces"])
+def test_a_hmac_sha256_signature_written_loosely_verifies(written):
+    header = written(sign("hmac-sha256", BODY, [KEY])["X-Signature"])
     assert check("hmac-sha256", {"X-Signature": header}) == 0
 
 
@@ -153,10 +158,15 @@ def test_our_stripe_signer_matches_stripe_python_both_ways():
     assert stripe.WebhookSignature.verify_header(BODY, fresh, STRIPE_SECRET, tolerance=TOLERANCE)
 
 
-def test_stripe_any_v1_may_match_and_v0_and_unknown_keys_are_ignored():
+def test_stripe_any_v1_may_match():
     good = signed("stripe")["Stripe-Signature"].split(",")[1]
-    header = f"t={NOW}, v0=not-hex, v1={'0' * 64}, scheme=x, {good}"
-    assert check("stripe", {"Stripe-Signature": header}) == 0
+    assert check("stripe", {"Stripe-Signature": f"t={NOW}, v1={'0' * 64}, {good}"}) == 0
+
+
+@pytest.mark.parametrize("key", ["v0=not-hex", "scheme=x"], ids=["v0", "unknown"])
+def test_stripe_ignores_the_keys_it_does_not_verify(key):
+    good = signed("stripe")["Stripe-Signature"].split(",")[1]
+    assert check("stripe", {"Stripe-Signature": f"t={NOW}, {key}, {good}"}) == 0
 
 
 def test_stripe_timestamp_is_signed():
@@ -221,11 +231,18 @@ def test_our_standard_webhooks_signer_verifies_with_the_package():
         "id": "evt_1", "type": "payment.succeeded", "data": {}}
 
 
-def test_standard_webhooks_unknown_versions_are_ignored_and_any_v1_may_match():
-    good = signed("standard-webhooks")
+def test_standard_webhooks_any_v1_may_match():
+    headers = signed("standard-webhooks")
     wrong = "v1," + base64.b64encode(b"\0" * 32).decode()
-    good["webhook-signature"] = f"{wrong}  v1a,c2lnbmVk v2,{wrong[3:]} {good['webhook-signature']}"
-    assert check("standard-webhooks", good) == 0
+    headers["webhook-signature"] = f"{wrong}  {headers['webhook-signature']}"
+    assert check("standard-webhooks", headers) == 0
+
+
+def test_standard_webhooks_unknown_versions_are_ignored():
+    headers = signed("standard-webhooks")
+    other = base64.b64encode(b"\0" * 32).decode()
+    headers["webhook-signature"] = f"v1a,c2lnbmVk v2,{other} {headers['webhook-signature']}"
+    assert check("standard-webhooks", headers) == 0
 
 
 @pytest.mark.parametrize("name, value", [("webhook-id", "msg_2"), ("webhook-timestamp", str(NOW + 1))])

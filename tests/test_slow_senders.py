@@ -25,17 +25,7 @@ import pytest
 
 from devservers.topology import HAProxy, program
 
-from .helpers import (
-    ALICE,
-    OPENING,
-    assert_ledger_consistent,
-    balance,
-    encode,
-    http_get,
-    http_post,
-    payment,
-    signed_headers,
-)
+from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, encode, http_get, payment, send
 
 # How long each run's attack lasts; the suite runs the 60 s the issue asks for.
 ATTACK_SECONDS = float(os.environ.get("SLOW_SENDERS_SECONDS", "60"))
@@ -157,8 +147,8 @@ class Client:
         while time.monotonic() < until:
             event = payment(f"evt_slow_{uuid.uuid4().hex}", cents=1)
             body = encode(event)
-            took, answer = self._timed(lambda body=body: http_post(
-                self.delivery_base, body, signed_headers(body), timeout=PATIENCE_S)[:2])
+            took, answer = self._timed(lambda body=body: send(
+                self.delivery_base, body, timeout=PATIENCE_S)[:2])
             self.deliveries.append((event["id"], took, answer))
             time.sleep(PROBE_INTERVAL_S)
 
@@ -300,7 +290,7 @@ def test_an_address_gets_50_open_connections_and_the_rest_are_refused_others_not
         refused = [closed(sock) for sock in sockets]
         assert sum(refused) == 10  # haproxy accepts in its own order: which 10 may vary
         body = encode(payment())
-        assert http_post(proxy.base, body, signed_headers(body))[0] == 200  # 127.0.0.1 is not limited
+        assert send(proxy.base, body).status == 200  # 127.0.0.1 is not limited
     finally:
         for sock in sockets:
             if sock is not None:
@@ -325,7 +315,7 @@ def test_an_address_over_2000_requests_in_10_s_is_answered_429_with_retry_after_
         conn.close()
     assert statuses.count(404) == REQUESTS_PER_10S and statuses[-1] == 429
     body = encode(payment())
-    assert http_post(proxy.base, body, signed_headers(body))[0] == 200  # 127.0.0.1 is not limited
+    assert send(proxy.base, body).status == 200  # 127.0.0.1 is not limited
 
 
 def test_a_body_declared_over_max_body_bytes_is_refused_413_before_a_host_sees_it(small_proxied):
@@ -356,7 +346,7 @@ def test_a_whole_delivery_goes_to_the_app_lane_and_one_larger_than_the_buffer_to
     proxy, host = small_proxied
     event = payment(memo="x" * padding)
     body = encode(event)
-    assert http_post(proxy.base, body, signed_headers(body))[:2] == (
+    assert send(proxy.base, body)[:2] == (
         200, {"status": "processed", "event_id": event["id"]})
     sent = {row["pxname"]: int(row["stot"]) for row in proxy.stat() if row["svname"] == "BACKEND"}
     assert sent == {"app": 1 if lane == "app" else 0, "app_unbuffered": 1 if lane == "app_unbuffered" else 0}
@@ -378,7 +368,7 @@ def test_the_unbuffered_lane_holds_one_thread_per_host_at_most(small_proxied):
         started = time.monotonic()
         assert http_get(host.base, "/health", timeout=5)[0] == 200
         body = encode(payment())
-        assert http_post(proxy.base, body, signed_headers(body), timeout=5)[0] == 200
+        assert send(proxy.base, body, timeout=5).status == 200
         assert time.monotonic() - started < ANSWER_WITHIN_S
     finally:
         for sock in sockets:

@@ -20,13 +20,12 @@ from .helpers import (
     UNKNOWN_USER,
     assert_ledger_consistent,
     balance,
-    deliver,
     encode,
     event_rows,
     payment,
-    post_delivery,
     samples,
     secret_for,
+    send,
     signed_headers,
     source_secret,
     sources_config,
@@ -67,10 +66,10 @@ def test_each_scheme_verifies_on_its_own_named_source_in_one_app(make_app, confi
     client = make_app(sources_config(config, FOUR)).test_client()
     assert Settings.of(client.application).sources[name].scheme == SCHEME_OF[name]
     event = provider_payment(SCHEME_OF[name], "evt_own_source", cents=40)
-    first = deliver(client, event, source=name)
-    assert (first.status_code, first.json) == (200, {"status": "processed", "event_id": "evt_own_source"})
-    second = deliver(client, event, source=name)
-    assert (second.status_code, second.json) == (200, {"status": "duplicate", "event_id": "evt_own_source"})
+    first = send(client, event, source=name)
+    assert (first.status, first.json) == (200, {"status": "processed", "event_id": "evt_own_source"})
+    second = send(client, event, source=name)
+    assert (second.status, second.json) == (200, {"status": "duplicate", "event_id": "evt_own_source"})
     assert balance(db) == 1040
     assert stored(db, "evt_own_source") == {name: "completed"}
     assert credited(db, "evt_own_source") == {name: 40}
@@ -83,10 +82,10 @@ def test_one_app_serves_the_default_and_every_named_source_at_once(make_app, con
     client = make_app(sources_config(config, FOUR)).test_client()
     for cents, (name, scheme) in enumerate(SCHEME_OF.items(), start=1):
         event = provider_payment(scheme, "evt_everywhere", cents=cents)
-        assert deliver(client, event, source=name).json["status"] == "processed", name
+        assert send(client, event, source=name).json["status"] == "processed", name
     for cents, (name, scheme) in enumerate(SCHEME_OF.items(), start=1):
         event = provider_payment(scheme, "evt_everywhere", cents=cents)
-        assert deliver(client, event, source=name).json["status"] == "duplicate", name
+        assert send(client, event, source=name).json["status"] == "duplicate", name
     assert credited(db, "evt_everywhere") == {name: cents for cents, name in enumerate(SCHEME_OF, start=1)}
     assert balance(db) == 1000 + 1 + 2 + 3 + 4 + 5
     assert_ledger_consistent(db)
@@ -99,7 +98,7 @@ def test_same_id_on_two_sources_credits_twice(make_app, config, db, first, secon
     client = make_app(sources_config(config, FOUR)).test_client()
     for source, user in ((first, ALICE), (second, BOB)):
         event = provider_payment(SCHEME_OF[source], "evt_shared_id", cents=300, user=user)
-        assert deliver(client, event, source=source).json == {"status": "processed", "event_id": "evt_shared_id"}
+        assert send(client, event, source=source).json == {"status": "processed", "event_id": "evt_shared_id"}
     assert (balance(db, ALICE), balance(db, BOB)) == (1300, 300)
     assert stored(db, "evt_shared_id") == {first: "completed", second: "completed"}
     assert credited(db, "evt_shared_id") == {first: 300, second: 300}
@@ -109,10 +108,10 @@ def test_same_id_on_two_sources_credits_twice(make_app, config, db, first, secon
 def test_same_id_on_one_source_credits_once(make_app, config, db):
     client = make_app(sources_config(config, FOUR)).test_client()
     event = payment("evt_once", cents=300)
-    answers = [deliver(client, event, source="billing").json["status"] for _ in range(3)]
+    answers = [send(client, event, source="billing").json["status"] for _ in range(3)]
     assert answers == ["processed", "duplicate", "duplicate"]
     # The same id with another effect on that source is a mismatch, not a second event.
-    assert deliver(client, payment("evt_once", cents=301), source="billing").json["error"] == "payload_mismatch"
+    assert send(client, payment("evt_once", cents=301), source="billing").json["error"] == "payload_mismatch"
     assert balance(db) == 1300
     assert credited(db, "evt_once") == {"billing": 300}
     assert event_rows(db) == event_rows(db, "billing") == 1
@@ -122,11 +121,11 @@ def test_a_purged_event_is_recognised_by_its_own_sources_credit_only(make_app, c
     """ledger_journal outlives the row: it answers for its (source, id), not for the id on another source."""
     client = make_app(sources_config(config, FOUR)).test_client()
     event = payment("evt_purged", cents=10)
-    assert deliver(client, event, source="billing").json["status"] == "processed"
+    assert send(client, event, source="billing").json["status"] == "processed"
     db.execute("DELETE FROM webhook_events")
     redis_client.flushall()  # so that PostgreSQL answers, not the done marker
-    assert deliver(client, event, source="billing").json["status"] == "duplicate"
-    assert deliver(client, event).json["status"] == "processed"  # the default source's evt_purged is new
+    assert send(client, event, source="billing").json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "processed"  # the default source's evt_purged is new
     assert credited(db, "evt_purged") == {"billing": 10, DEFAULT_SOURCE: 10}
     assert balance(db) == 1020
 
@@ -147,12 +146,12 @@ def test_a_secret_of_one_source_does_not_verify_on_another(make_app, config, db,
     secret = SECRETS[scheme] if signed_for == DEFAULT_SOURCE else source_secret(signed_for, scheme)
     body = encode(payment("evt_cross", cents=500))
     headers = signed_headers(body, secret, scheme=scheme)
-    response = post_delivery(client, body, headers, source=sent_to)
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, body, headers, source=sent_to)
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert event_rows(db) == 0 and balance(db) == 1000
     assert redis_client.keys("*") == []
     # The same headers verify where they belong.
-    assert post_delivery(client, body, headers, source=signed_for).json["status"] == "processed"
+    assert send(client, body, headers, source=signed_for).json["status"] == "processed"
 
 
 # -- a provider moved from one source to another --------------------------------
@@ -164,7 +163,7 @@ def test_a_provider_moved_to_a_named_source_is_not_credited_again(make_app, conf
     secret = SECRETS["hmac-sha256"]  # the provider keeps its secret when it is moved
     before = make_app(config).test_client()
     sent_before = payment("evt_sent_before_the_move", cents=100)
-    assert deliver(before, sent_before).json["status"] == "processed"
+    assert send(before, sent_before).json["status"] == "processed"
 
     moved = sources_config(config, {"stripe": "hmac-sha256"}, WEBHOOK_STRIPE_SECRET=secret,
                            WEBHOOK_STRIPE_MOVED_FROM=DEFAULT_SOURCE)
@@ -173,44 +172,57 @@ def test_a_provider_moved_to_a_named_source_is_not_credited_again(make_app, conf
     after = make_app(moved).test_client()
     if redis_state == "flushed":
         redis_client.flushall()
-    assert deliver(after, sent_before, secret=secret, source="stripe").json["status"] == "duplicate"
+    assert send(after, sent_before, secret=secret, source="stripe").json["status"] == "duplicate"
     sent_after = payment("evt_sent_after_the_move", cents=10)
-    assert deliver(after, sent_after, secret=secret, source="stripe").json["status"] == "processed"
+    assert send(after, sent_after, secret=secret, source="stripe").json["status"] == "processed"
     for source in ("stripe", DEFAULT_SOURCE):  # both routes, while the old one is still served
         for event in (sent_before, sent_after):
-            assert deliver(after, event, secret=secret, source=source).json["status"] == "duplicate"
+            assert send(after, event, secret=secret, source=source).json["status"] == "duplicate"
     assert balance(db) == 1110
     assert (event_rows(db, DEFAULT_SOURCE), event_rows(db, "stripe")) == (2, 0)
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_rotation_is_per_source_and_the_log_names_the_secret_index(make_app, config, db, scheme, caplog):
+def _rotating_and_steady(make_app, config, scheme):
+    """A client serving "rotating" (a new and an old secret) and "steady" (its own), and the (new, old,
+    retired) secrets; _ROTATION sends each of them to each source."""
     new, old, retired = (secret_for(scheme, f"{name}-secret-0123456789") for name in ("new", "old", "retired"))
     app_config = sources_config(config, {"rotating": scheme, "steady": scheme},
                                 WEBHOOK_ROTATING_SECRET=f"{new},{old}",
                                 WEBHOOK_STEADY_SECRET=source_secret("steady", scheme))
-    client = make_app(app_config).test_client()
+    return make_app(app_config).test_client(), {"old": old, "new": new, "retired": retired, "steady's own": None}
+
+
+# (source, secret, status): the rotating source's secrets are its own, neither verifies on the other source.
+_ROTATION = [("rotating", "old", 200), ("rotating", "new", 200), ("rotating", "retired", 401),
+             ("steady", "old", 401), ("steady", "new", 401), ("steady", "steady's own", 200)]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_rotation_is_per_source(make_app, config, db, scheme):
+    client, secrets = _rotating_and_steady(make_app, config, scheme)
+    answers = [(source, name, send(client, payment(), secret=secrets[name], source=source).status)
+               for source, name, _ in _ROTATION]
+    assert answers == _ROTATION
+    assert balance(db) == 1000 + 3 * 250
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_delivery_line_names_each_sources_secret_by_its_index(make_app, config, db, scheme, caplog):
+    client, secrets = _rotating_and_steady(make_app, config, scheme)
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        assert deliver(client, payment(), secret=old, source="rotating").status_code == 200
-        assert deliver(client, payment(), secret=new, source="rotating").status_code == 200
-        assert deliver(client, payment(), secret=retired, source="rotating").status_code == 401
-        # The rotating source's secrets are its own: neither verifies on the other source.
-        assert deliver(client, payment(), secret=old, source="steady").status_code == 401
-        assert deliver(client, payment(), secret=new, source="steady").status_code == 401
-        assert deliver(client, payment(), source="steady").status_code == 200
+        for source, name, _ in _ROTATION:
+            send(client, payment(), secret=secrets[name], source=source)
     lines = [(r.source, r.secret_index, r.status) for r in caplog.records if r.getMessage() == "delivery"]
     assert lines == [("rotating", 1, 200), ("rotating", 0, 200), ("rotating", None, 401),
                      ("steady", None, 401), ("steady", None, 401), ("steady", 0, 200)]
-    assert balance(db) == 1000 + 3 * 250
 
 
 def test_a_stripe_delivery_to_an_hmac_sha256_source_is_told_the_sources_scheme(make_app, config, db):
     client = make_app(sources_config(config, FOUR)).test_client()
     body = encode(provider_payment("stripe", "evt_wrong_scheme", 100))
-    response = post_delivery(client, body, signed_headers(body, source_secret("stripe", "stripe"),
-                                                                  scheme="stripe"), source="billing")
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, body, source="billing", scheme="stripe", secret=source_secret("stripe", "stripe"))
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert response.json["message"] == ("missing X-Signature header: this source verifies the hmac-sha256 scheme, "
                                         "and the request carries Stripe-Signature, the stripe scheme's header")
     assert event_rows(db) == 0
@@ -224,8 +236,8 @@ def test_unknown_source_is_404_and_writes_nothing(make_app, config, db, redis_cl
     # Signed with the billing secret and the default one: neither is looked at.
     for secret in (source_secret("billing", "hmac-sha256"), SECRETS["hmac-sha256"]):
         body = encode(payment("evt_unknown"))
-        response = client.post(f"/api/webhooks/{name}", data=body, headers=signed_headers(body, secret))
-        assert response.status_code == 404
+        response = send(client, body, secret=secret, path=f"/api/webhooks/{name}")
+        assert response.status == 404
         assert response.json == {"error": "unknown_source"}
         assert response.headers["X-Request-ID"]
     assert event_rows(db) == 0 and balance(db) == 1000
@@ -235,18 +247,18 @@ def test_unknown_source_is_404_and_writes_nothing(make_app, config, db, redis_cl
 def test_unknown_source_is_refused_before_the_body_is_read(make_app, config, db):
     """Nothing about the request is looked at: no Content-Type, signature or size check."""
     client = make_app({**config, "MAX_BODY_BYTES": 10}).test_client()
-    response = client.post("/api/webhooks/nope", data=b"x" * 100, headers={"Content-Type": "text/plain"})
-    assert (response.status_code, response.json) == (404, {"error": "unknown_source"})
+    response = send(client, b"x" * 100, {"Content-Type": "text/plain"}, source="nope")
+    assert (response.status, response.json) == (404, {"error": "unknown_source"})
 
 
 def test_default_path_is_404_when_only_named_sources_are_configured(make_app, config, db, redis_client):
     client = make_app(sources_config(config, {"billing": None}, WEBHOOK_SECRET=None)).test_client()
     assert DEFAULT_SOURCE not in Settings.of(client.application).sources
     event = payment("evt_sources_only")
-    response = deliver(client, event)  # signed with the would-be default secret
-    assert (response.status_code, response.json) == (404, {"error": "unknown_source"})
+    response = send(client, event)  # signed with the would-be default secret
+    assert (response.status, response.json) == (404, {"error": "unknown_source"})
     assert event_rows(db) == 0 and redis_client.keys("*") == []
-    assert deliver(client, event, source="billing").json["status"] == "processed"
+    assert send(client, event, source="billing").json["status"] == "processed"
 
 
 # -- the scheme and the window of a source -------------------------------------------
@@ -259,19 +271,19 @@ def test_scheme_defaults_to_the_name_when_it_is_a_scheme_else_hmac_sha256(make_a
     assert Settings.of(client.application).sources[name].scheme == scheme
     body = encode(payment("evt_default_scheme"))
     headers = signed_headers(body, source_secret(name, scheme), scheme=scheme)
-    assert post_delivery(client, body, headers, source=name).json["status"] == "processed"
+    assert send(client, body, headers, source=name).json["status"] == "processed"
     if scheme != "hmac-sha256":  # the same secret under the default scheme's header is refused
         headers = signed_headers(body, source_secret(name, scheme), scheme="hmac-sha256")
-        assert post_delivery(client, body, headers, source=name).status_code == 401
+        assert send(client, body, headers, source=name).status == 401
 
 
 def test_scheme_is_the_sources_own_setting_when_given(make_app, config, db):
     client = make_app(sources_config(config, {"stripe": "hmac-sha256"})).test_client()
     body = encode(payment("evt_explicit"))
     stripe_headers = signed_headers(body, source_secret("stripe", "hmac-sha256"), scheme="stripe")
-    assert post_delivery(client, body, stripe_headers, source="stripe").status_code == 401
+    assert send(client, body, stripe_headers, source="stripe").status == 401
     headers = signed_headers(body, source_secret("stripe", "hmac-sha256"))
-    assert post_delivery(client, body, headers, source="stripe").json["status"] == "processed"
+    assert send(client, body, headers, source="stripe").json["status"] == "processed"
 
 
 @pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
@@ -287,7 +299,7 @@ def test_tolerance_is_per_source_and_defaults_to_the_deployments(make_app, confi
     signed_at = int(time.time()) - 200
     for name, status in (("strict", 401), ("lenient", 200)):
         headers = signed_headers(body, source_secret(name, scheme), scheme=scheme, timestamp=signed_at)
-        assert post_delivery(client, body, headers, source=name).status_code == status, name
+        assert send(client, body, headers, source=name).status == status, name
     assert event_rows(db) == event_rows(db, "lenient") == 1
 
 
@@ -295,13 +307,13 @@ def test_tolerance_is_per_source_and_defaults_to_the_deployments(make_app, confi
 
 def test_metrics_label_configured_sources_and_count_unknown_ones_without_a_label(make_app, config, db):
     client = make_app(sources_config(config, FOUR)).test_client()
-    deliver(client, payment("evt_m"))
-    deliver(client, payment("evt_m"), source="billing")
-    deliver(client, payment("evt_m"), source="billing")
-    deliver(client, payment("evt_m"), source="stripe", secret="wrong")
+    send(client, payment("evt_m"))
+    send(client, payment("evt_m"), source="billing")
+    send(client, payment("evt_m"), source="billing")
+    send(client, payment("evt_m"), source="stripe", secret="wrong")
     for unknown in ("attacker-chosen-1", "attacker-chosen-2", "default"):
         body = encode(payment())
-        assert client.post(f"/api/webhooks/{unknown}", data=body, headers=signed_headers(body)).status_code == 404
+        assert send(client, body, path=f"/api/webhooks/{unknown}").status == 404
     text = client.get("/metrics").text
     scraped = samples(text)
     deliveries = {labels: value for (name, labels), value in scraped.items()
@@ -321,9 +333,9 @@ def test_metrics_label_configured_sources_and_count_unknown_ones_without_a_label
 def test_the_delivery_log_line_names_the_source(make_app, config, db, caplog):
     client = make_app(sources_config(config, FOUR)).test_client()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        deliver(client, payment("evt_logged"), source="svix")
-        deliver(client, payment("evt_logged"))
-        deliver(client, payment(), source="attacker-chosen")
+        send(client, payment("evt_logged"), source="svix")
+        send(client, payment("evt_logged"))
+        send(client, payment(), source="attacker-chosen")
     lines = [(r.source, r.event_id, r.outcome, r.status) for r in caplog.records if r.getMessage() == "delivery"]
     # An unknown source is logged without a source: a name from the request is never a field's value.
     assert lines == [("svix", "evt_logged", "processed", 200), (DEFAULT_SOURCE, "evt_logged", "processed", 200),
@@ -340,9 +352,9 @@ def _two_sources(make_app, config):
     """
     app = make_app(sources_config(config, {"billing": None}))
     client = app.test_client()
-    assert deliver(client, payment("evt_same", user=UNKNOWN_USER, cents=70), source="billing").status_code == 422
-    assert deliver(client, payment("evt_only", cents=1), source="billing").status_code == 200
-    assert deliver(client, payment("evt_same", cents=30)).status_code == 200
+    assert send(client, payment("evt_same", user=UNKNOWN_USER, cents=70), source="billing").status == 422
+    assert send(client, payment("evt_only", cents=1), source="billing").status == 200
+    assert send(client, payment("evt_same", cents=30)).status == 200
     runner = app.test_cli_runner()
     return lambda *args: runner.invoke(args=list(args))
 

@@ -19,9 +19,9 @@ from .helpers import (
     assert_ledger_consistent,
     balance,
     db_url,
-    deliver,
     payment,
     payment_refunded,
+    send,
 )
 
 
@@ -146,9 +146,9 @@ def test_concurrent_spends_never_take_a_balance_below_zero(db):
 
 
 def test_a_refund_after_the_credit_was_spent_leaves_a_balance_below_zero_that_verify_lists(client, db, app):
-    deliver(client, payment("evt_paid", user=BOB, cents=300, paymentId="pay_b"))
+    send(client, payment("evt_paid", user=BOB, cents=300, paymentId="pay_b"))
     assert spend(db, BOB, 300, "order-1").balance_cents == 0
-    assert deliver(client, payment_refunded("pay_b", 300)).json["status"] == "processed"
+    assert send(client, payment_refunded("pay_b", 300)).json["status"] == "processed"
     assert balance(db, BOB) == -300
     result = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert result.exit_code == 0, result.output

@@ -25,18 +25,7 @@ from app.events import (
 )
 from app.lock import done_key
 
-from .helpers import (
-    ALICE,
-    UNKNOWN_USER,
-    balance,
-    deliver,
-    encode,
-    event_rows,
-    payment,
-    post_delivery,
-    signed_headers,
-    stored_event_row,
-)
+from .helpers import ALICE, UNKNOWN_USER, balance, encode, event_rows, payment, send, signed_headers, stored_event_row
 
 
 @pytest.fixture
@@ -54,7 +43,7 @@ def _payment_text(event_id, amount_json, extra=""):
 def test_the_exact_bytes_are_stored_with_their_hash(client, db):
     body = b'{"type":"payment.succeeded",  "id":"evt_exact","data":{"amountCents":250,"userId":"' + \
         str(ALICE).encode() + b'"}}  \n'
-    assert post_delivery(client, body, signed_headers(body)).json["status"] == "processed"
+    assert send(client, body).json["status"] == "processed"
     stored = stored_event_row(db, "evt_exact")
     assert stored.status == "completed" and bytes(stored.body) == body
     assert bytes(stored.payload_sha256) == hashlib.sha256(body).digest()
@@ -64,8 +53,8 @@ def test_the_exact_bytes_are_stored_with_their_hash(client, db):
 
 def test_an_exponent_amount_fails_live_and_on_replay(client, db, run):
     body = _payment_text("evt_exponent", "1e2")  # jsonb would give it back as 100
-    response = post_delivery(client, body, signed_headers(body))
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable")
+    response = send(client, body)
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
     result = run("events", "replay", "evt_exponent")
     assert (result.exit_code, result.output) == \
         (1, "evt_exponent: still failed: data.amountCents must be a positive integer\n")
@@ -78,8 +67,8 @@ def test_a_very_long_number_is_shown_replayed_and_verified_without_crashing(clie
     # integer, which Python's json refuses to read back.
     credited = _payment_text("evt_long_ok", "250", ', "note": 1e4400')
     failed = _payment_text("evt_long_bad", "1e4400")
-    assert post_delivery(client, credited, signed_headers(credited)).json["status"] == "processed"
-    assert post_delivery(client, failed, signed_headers(failed)).status_code == 422
+    assert send(client, credited).json["status"] == "processed"
+    assert send(client, failed).status == 422
 
     shown = run("events", "show", "evt_long_ok")
     assert shown.exit_code == 0 and "stored bytes:   match" in shown.output
@@ -99,7 +88,7 @@ def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     for event_id in ("evt_tampered", "evt_legacy", "evt_fine"):
         db.execute("DELETE FROM user_balances WHERE user_id = %s", [UNKNOWN_USER])
-        deliver(client, payment(event_id, user=UNKNOWN_USER, cents=5))
+        send(client, payment(event_id, user=UNKNOWN_USER, cents=5))
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     db.execute("UPDATE webhook_events SET body = body || ' '::bytea WHERE event_id = 'evt_tampered'")
     db.execute("UPDATE webhook_events SET body = NULL WHERE event_id = 'evt_legacy'")  # as stored before sources
@@ -116,7 +105,7 @@ def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a
 
 
 def test_verify_reports_a_completed_event_whose_bytes_were_altered(client, db, run):
-    deliver(client, payment("evt_altered", cents=5))
+    send(client, payment("evt_altered", cents=5))
     db.execute("UPDATE webhook_events SET body = convert_to(replace(convert_from(body, 'UTF8'), ': 5,', ': 6,'),"
                " 'UTF8') WHERE event_id = 'evt_altered'")
     result = run("ledger", "verify")
@@ -150,7 +139,7 @@ def test_for_any_body_the_live_and_the_stored_reading_agree(amount, currency):
 def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, client, db, amount):
     event_id = f"evt_{uuid.uuid4().hex}"
     body = _payment_text(event_id, amount)
-    live = post_delivery(client, body, signed_headers(body)).status_code
+    live = send(client, body).status
     pool = get_pool(app)
     if live >= 400 and live != 422:
         assert stored_event_row(db, event_id) is None
@@ -168,12 +157,12 @@ def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, c
 
 def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed_from_them(app, client, db, caplog):
     event = payment("evt_retry_bytes", user=UNKNOWN_USER, cents=40)
-    assert deliver(client, event).status_code == 422
+    assert send(client, event).status == 422
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     first_sha = bytes(stored_event_row(db, "evt_retry_bytes").payload_sha256)
     resent = json.dumps(event, indent=2).encode()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        assert post_delivery(client, resent, signed_headers(resent)).json["status"] == "processed"
+        assert send(client, resent).json["status"] == "processed"
     stored = stored_event_row(db, "evt_retry_bytes")
     assert stored.status == "completed" and bytes(stored.body) == resent
     assert stored.attempts == 2 and stored.last_error is None
@@ -187,11 +176,11 @@ def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed
 def test_same_effect_in_other_bytes_is_answered_by_redis_and_logged_with_both_hashes(app, client, db, caplog):
     event = payment("evt_fast_bytes", cents=5)
     body = encode(event)
-    assert deliver(client, event).json["status"] == "processed"
+    assert send(client, event).json["status"] == "processed"
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails: Redis alone answers
     resent = json.dumps(event, separators=(",", ":")).encode()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        again = post_delivery(client, resent, signed_headers(resent))
+        again = send(client, resent)
     assert again.json == {"status": "duplicate", "event_id": "evt_fast_bytes"}
     line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
     assert (line.redis, line.body_sha256, line.stored_sha256) == \
@@ -202,10 +191,10 @@ def test_same_effect_in_other_bytes_is_answered_by_redis_and_logged_with_both_ha
 
 def test_same_effect_in_other_bytes_after_a_redis_flush_is_a_duplicate_from_postgres(client, db, redis_client):
     event = payment("evt_pg_bytes", cents=5)
-    deliver(client, event)
+    send(client, event)
     redis_client.flushall()
     resent = json.dumps(event, indent=3).encode()
-    assert post_delivery(client, resent, signed_headers(resent)).json["status"] == "duplicate"
+    assert send(client, resent).json["status"] == "duplicate"
     assert redis_client.get(done_key("evt_pg_bytes")).decode().endswith(hashlib.sha256(encode(event)).hexdigest())
     assert balance(db) == 1005
 
@@ -214,13 +203,13 @@ def test_same_effect_in_other_bytes_after_a_redis_flush_is_a_duplicate_from_post
     {"cents": 6}, {"user": UNKNOWN_USER}, {"currency": "eur"}, {"event_type": "payment.refunded"},
 ])
 def test_a_different_effect_is_a_mismatch_whatever_the_stored_status(client, db, change):
-    deliver(client, payment("evt_effect", cents=5))
+    send(client, payment("evt_effect", cents=5))
     changed = payment("evt_effect", cents=change.get("cents", 5), user=change.get("user", ALICE),
                       **({"currency": change["currency"]} if "currency" in change else {}))
     if "event_type" in change:
         changed["type"] = change["event_type"]
-    response = deliver(client, changed)
-    assert (response.status_code, response.json["error"]) == (409, "payload_mismatch")
+    response = send(client, changed)
+    assert (response.status, response.json["error"]) == (409, "payload_mismatch")
     assert balance(db) == 1005
 
 
@@ -233,10 +222,10 @@ def test_a_different_effect_is_a_mismatch_whatever_the_stored_status(client, db,
     {"id": "evt_purged", "type": "customer.created", "data": {}},
 ])
 def test_a_purged_credited_event_resent_in_any_bytes_is_a_duplicate_and_never_failed(client, db, run, resent):
-    deliver(client, payment("evt_purged", cents=10))
+    send(client, payment("evt_purged", cents=10))
     db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
     assert run("events", "purge").exit_code == 0
-    assert deliver(client, resent).json == {"status": "duplicate", "event_id": "evt_purged"}
+    assert send(client, resent).json == {"status": "duplicate", "event_id": "evt_purged"}
     assert event_rows(db) == 0  # nothing re-inserted: no failed row beside a credit
     assert balance(db) == 1010
     # The journal, not the purged rows, holds its credit: verify checks balances against it.
@@ -275,8 +264,8 @@ def test_a_declared_length_one_byte_over_the_limit_is_413(make_app, config, db):
     body = encode(payment("evt_301"))
     body = encode(payment("evt_301", note="z" * (301 - len(body) - len(', "note": ""'))))
     assert len(body) == 301
-    response = post_delivery(client, body, signed_headers(body))
-    assert (response.status_code, response.json["error"]) == (413, "too_large")
+    response = send(client, body)
+    assert (response.status, response.json["error"]) == (413, "too_large")
     assert event_rows(db) == 0
 
 

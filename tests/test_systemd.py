@@ -23,7 +23,7 @@ import pytest
 
 from devservers import ROOT, free_port, packages, wait_until
 
-from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, http_post, payment, signed_headers
+from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, payment, send
 
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
@@ -161,7 +161,7 @@ def test_the_service_tells_systemd_it_is_ready_and_stops_gracefully_with_a_deliv
             # The delivery waits on ALICE's balance row, held here, while the master is told to stop.
             holder.execute("SELECT 1 FROM user_balances WHERE user_id = %s FOR UPDATE", [ALICE])
             sender = threading.Thread(target=lambda: answers.append(
-                http_post(base, body, signed_headers(body, INSTALLED_SECRET))[:2]))
+                send(base, body, secret=INSTALLED_SECRET)[:2]))
             sender.start()
             wait_until(lambda: _lock_waiters(installed_host.db_url) > 0, timeout=10, what="a delivery on the row")
             os.kill(proc.pid, signal.SIGTERM)  # KillMode=mixed: the main process only

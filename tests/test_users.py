@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from .helpers import ALICE, BOB, OPENING, deliver, payment, payment_refunded
+from .helpers import ALICE, BOB, OPENING, payment, payment_refunded, send
 
 CAROL = uuid.UUID("44444444-4444-4444-8444-444444444444")
 
@@ -25,15 +25,19 @@ def test_add_creates_a_user_with_its_opening_balance_once(run, db):
                       [CAROL]).fetchone() == (1500, 1500)
 
 
-def test_add_defaults_to_zero_and_refuses_an_id_that_is_not_a_uuid(run, db):
+def test_add_opens_a_balance_at_zero_by_default(run, db):
     assert run("users", "add", str(CAROL)).exit_code == 0
     assert db.execute("SELECT opening_balance_cents FROM user_balances WHERE user_id = %s", [CAROL]).fetchone() == (0,)
+
+
+def test_add_refuses_an_id_that_is_not_a_uuid(run, db):
     assert run("users", "add", "carol").exit_code == 2
+    assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == len(OPENING)
 
 
 def test_show_prints_balance_opening_and_each_movement_with_its_event(client, run):
-    deliver(client, payment("evt_paid", user=BOB, cents=400, paymentId="pay_1"))
-    deliver(client, payment_refunded("pay_1", 150, event_id="evt_refunded"))
+    send(client, payment("evt_paid", user=BOB, cents=400, paymentId="pay_1"))
+    send(client, payment_refunded("pay_1", 150, event_id="evt_refunded"))
     run("ledger", "adjust", str(BOB), "25", "--reason", "goodwill", "--by", "ana")
     shown = run("users", "show", str(BOB))
     assert shown.exit_code == 0, shown.output
@@ -53,7 +57,7 @@ def test_show_of_an_unknown_user_says_how_to_create_it(run):
 
 
 def test_list_shows_every_user_with_balance_and_journal_rows(client, run):
-    deliver(client, payment(user=ALICE, cents=10))
+    send(client, payment(user=ALICE, cents=10))
     listed = run("users", "list").output.splitlines()
     assert listed[0].split() == ["USER", "BALANCE", "OPENING", "JOURNAL", "ROWS", "CREATED", "(UTC)"]
     rows = {line.split()[0]: line.split()[1:4] for line in listed[1:]}

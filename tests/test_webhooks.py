@@ -14,14 +14,13 @@ from .helpers import (
     SECRET,
     UNKNOWN_USER,
     balance,
-    deliver,
     encode,
     event_rows,
     http_request,
     payment,
-    post_delivery,
     scrape,
     secret_for,
+    send,
     signed_headers,
     signing_key,
     source_secret,
@@ -33,8 +32,8 @@ from .helpers import (
 @EVERY_SCHEME
 def test_new_event_is_processed_and_credited(client, db, scheme):
     event = payment(cents=250)
-    response = deliver(client, event)
-    assert response.status_code == 200
+    response = send(client, event)
+    assert response.status == 200
     assert response.json == {"status": "processed", "event_id": event["id"]}
     assert balance(db) == 1250
     stored = stored_event_row(db, event["id"])
@@ -44,9 +43,9 @@ def test_new_event_is_processed_and_credited(client, db, scheme):
 @EVERY_SCHEME
 def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db, scheme):
     event = payment(cents=300)
-    assert deliver(client, event).json["status"] == "processed"
-    second = deliver(client, event)
-    assert second.status_code == 200
+    assert send(client, event).json["status"] == "processed"
+    second = send(client, event)
+    assert second.status == 200
     assert second.json == {"status": "duplicate", "event_id": event["id"]}
     assert balance(db) == 1300
     assert event_rows(db) == 1
@@ -55,19 +54,31 @@ def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db, sche
 @EVERY_SCHEME
 def test_other_event_types_are_stored_without_effect(client, db, scheme):
     event = {"id": "evt_refund_1", "type": "customer.created", "data": {"userId": str(ALICE)}}
-    assert deliver(client, event).json == {"status": "processed", "event_id": "evt_refund_1"}
+    assert send(client, event).json == {"status": "processed", "event_id": "evt_refund_1"}
     assert balance(db) == 1000
     assert db.execute("SELECT status FROM webhook_events").fetchone()[0] == "completed"
 
 
-@EVERY_SCHEME
-def test_any_rotated_secret_verifies_and_the_log_names_it_by_index(make_app, config, db, scheme, caplog):
+def _rotating(make_app, config, scheme):
+    """A client whose WEBHOOK_SECRET is a new and an old secret, and the (new, old, retired) secrets."""
     new, old, retired = (secret_for(scheme, f"{name}-secret-0123456789") for name in ("new", "old", "retired"))
-    client = make_app({**config, "WEBHOOK_SECRET": f"{new}, {old}"}).test_client()
+    return make_app({**config, "WEBHOOK_SECRET": f"{new}, {old}"}).test_client(), (new, old, retired)
+
+
+@EVERY_SCHEME
+def test_any_rotated_secret_verifies(make_app, config, db, scheme):
+    client, (new, old, retired) = _rotating(make_app, config, scheme)
+    assert send(client, payment(), secret=old).status == 200
+    assert send(client, payment(), secret=new).status == 200
+    assert send(client, payment(), secret=retired).status == 401
+
+
+@EVERY_SCHEME
+def test_the_delivery_line_names_the_secret_by_its_index_never_its_value(make_app, config, db, scheme, caplog):
+    client, (new, old, retired) = _rotating(make_app, config, scheme)
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
-        assert deliver(client, payment(), secret=old).status_code == 200
-        assert deliver(client, payment(), secret=new).status_code == 200
-        assert deliver(client, payment(), secret=retired).status_code == 401
+        for secret in (old, new, retired):
+            send(client, payment(), secret=secret)
     deliveries = [r for r in caplog.records if r.getMessage() == "delivery"]
     assert [r.secret_index for r in deliveries] == [1, 0, None]
     logged = caplog.text + " ".join(str(vars(r)) for r in caplog.records)
@@ -78,7 +89,7 @@ def test_any_rotated_secret_verifies_and_the_log_names_it_by_index(make_app, con
 
 def test_digits_only_secret_stays_a_string(make_app, config, db):
     client = make_app({**config, "WEBHOOK_SECRET": "0012345678901234567"}).test_client()
-    assert deliver(client, payment(), secret="0012345678901234567").status_code == 200
+    assert send(client, payment(), secret="0012345678901234567").status == 200
 
 
 GOOD = encode(payment("evt_good"))
@@ -99,8 +110,8 @@ def test_bad_signature_is_401_and_writes_nothing(client, db, signature, why):
     headers = {"Content-Type": "application/json"}
     if signature is not None:
         headers["X-Signature"] = signature
-    response = post_delivery(client, GOOD, headers)
-    assert response.status_code == 401, why
+    response = send(client, GOOD, headers)
+    assert response.status == 401, why
     assert response.json["error"] == "invalid_signature"
     assert event_rows(db) == 0
 
@@ -110,14 +121,14 @@ def test_signature_over_reserialized_json_is_rejected(client, db):
     signed_over = json.dumps(event, separators=(",", ":")).encode()
     sent = json.dumps(event, indent=2).encode()
     headers = {**signed_headers(signed_over), "Content-Type": "application/json"}
-    response = post_delivery(client, sent, headers)
-    assert response.status_code == 401
+    response = send(client, sent, headers)
+    assert response.status == 401
     assert event_rows(db) == 0
 
 
 def test_signature_with_wrong_secret_is_rejected(client, db):
-    response = deliver(client, payment(), secret="not-the-secret")
-    assert response.status_code == 401
+    response = send(client, payment(), secret="not-the-secret")
+    assert response.status == 401
     assert response.json["error"] == "invalid_signature"
     assert event_rows(db) == 0
 
@@ -146,8 +157,8 @@ def test_signature_with_wrong_secret_is_rejected(client, db):
     (json.dumps({"id": "e", "type": "t" * 65, "data": {}}).encode(), "invalid_event"),
 ])
 def test_malformed_body_is_400_and_writes_nothing(client, db, redis_client, body, error):
-    response = post_delivery(client, body, signed_headers(body))
-    assert response.status_code == 400
+    response = send(client, body)
+    assert response.status == 400
     assert response.json["error"] == error
     assert response.json["message"]
     assert event_rows(db) == 0
@@ -155,7 +166,7 @@ def test_malformed_body_is_400_and_writes_nothing(client, db, redis_client, body
 
 
 def test_id_of_128_characters_is_accepted(client, db):
-    assert deliver(client, payment("e" * 128, paymentId=None)).status_code == 200
+    assert send(client, payment("e" * 128, paymentId=None)).status == 200
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None,
@@ -166,23 +177,23 @@ def test_non_json_content_type_is_415(client, db, content_type):
     headers.pop("Content-Type")
     if content_type:
         headers["Content-Type"] = content_type
-    response = post_delivery(client, body, headers)
-    assert response.status_code == 415
+    response = send(client, body, headers)
+    assert response.status == 415
     assert response.json["error"] == "unsupported_media_type"
     assert event_rows(db) == 0
 
 
 def test_json_with_charset_is_accepted(client, db):
     body = encode(payment())
-    response = post_delivery(client, body, signed_headers(body, content_type="application/json; charset=utf-8"))
-    assert response.status_code == 200
+    response = send(client, body, signed_headers(body, content_type="application/json; charset=utf-8"))
+    assert response.status == 200
 
 
 def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
     client = make_app({**config, "MAX_BODY_BYTES": 1024}).test_client()
     body = encode(payment(padding="x" * 2000))
-    response = post_delivery(client, body, signed_headers(body))
-    assert response.status_code == 413
+    response = send(client, body)
+    assert response.status == 413
     assert response.json["error"] == "too_large"
     assert event_rows(db) == 0
 
@@ -202,8 +213,8 @@ def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
 ])
 def test_unprocessable_payment_is_422_and_recorded(client, db, data, reason):
     event = {"id": "evt_bad_payment", "type": "payment.succeeded", "data": data}
-    response = deliver(client, event)
-    assert response.status_code == 422
+    response = send(client, event)
+    assert response.status == 422
     assert response.json["error"] == "unprocessable"
     assert reason in response.json["message"]
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
@@ -214,8 +225,8 @@ def test_unprocessable_payment_is_422_and_recorded(client, db, data, reason):
 
 def test_credit_that_would_overflow_is_422(client, db):
     db.execute("UPDATE user_balances SET balance_cents = %s WHERE user_id = %s", [2**63 - 10, BOB])
-    response = deliver(client, payment("evt_overflow", user=BOB, cents=11))
-    assert response.status_code == 422
+    response = send(client, payment("evt_overflow", user=BOB, cents=11))
+    assert response.status == 422
     assert "overflow" in response.json["message"]
     assert balance(db, BOB) == 2**63 - 10
 
@@ -223,12 +234,12 @@ def test_credit_that_would_overflow_is_422(client, db):
 @EVERY_SCHEME
 def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, scheme):
     event = payment("evt_early", user=UNKNOWN_USER, cents=700)
-    assert deliver(client, event).status_code == 422
-    assert deliver(client, event).status_code == 422
+    assert send(client, event).status == 422
+    assert send(client, event).status == 422
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
-    response = deliver(client, event)
+    response = send(client, event)
     assert response.json == {"status": "processed", "event_id": "evt_early"}
-    assert deliver(client, event).json["status"] == "duplicate"
+    assert send(client, event).json["status"] == "duplicate"
     assert balance(db, UNKNOWN_USER) == 700
     stored = stored_event_row(db, "evt_early")
     assert stored.status == "completed" and stored.attempts == 3
@@ -240,8 +251,8 @@ def test_failed_event_is_processed_normally_by_a_later_delivery(client, db, sche
 def test_twin_of_a_delivery_in_progress_is_409_with_retry_after(client, db, redis_client, scheme):
     event = payment("evt_busy")
     redis_client.set(lock_key("evt_busy"), "held-by-a-twin", px=10000)
-    response = deliver(client, event)
-    assert response.status_code == 409
+    response = send(client, event)
+    assert response.status == 409
     assert response.json["status"] == "in_progress"
     assert response.json["event_id"] == "evt_busy"
     assert int(response.headers["Retry-After"]) >= 1
@@ -251,7 +262,7 @@ def test_twin_of_a_delivery_in_progress_is_409_with_retry_after(client, db, redi
 
 @EVERY_SCHEME
 def test_lock_is_released_after_processing(client, db, redis_client, scheme):
-    deliver(client, payment("evt_release"))
+    send(client, payment("evt_release"))
     assert redis_client.exists(lock_key("evt_release")) == 0
 
 
@@ -286,14 +297,14 @@ def test_ready_reports_postgres_and_redis(client):
 def test_an_authentic_payment_that_jsonb_cannot_hold_is_stored_and_credited_from_its_bytes(client, db, value):
     body = (b'{"id": "evt_jsonb", "type": "payment.succeeded", "data": {"userId": "%s", "amountCents": 250, '
             b'"note": %s}}' % (str(ALICE).encode(), value))
-    response = post_delivery(client, body, signed_headers(body))
+    response = send(client, body)
     assert response.json == {"status": "processed", "event_id": "evt_jsonb"}
     assert balance(db) == 1250
     # The bytes are the event of record; the jsonb view, for querying only, has no value for them.
     stored = stored_event_row(db, "evt_jsonb")
     assert stored.status == "completed" and stored.body == body
     assert db.execute("SELECT payload FROM webhook_events_json WHERE event_id = 'evt_jsonb'").fetchone()[0] is None
-    assert post_delivery(client, body, signed_headers(body)).json["status"] == "duplicate"
+    assert send(client, body).json["status"] == "duplicate"
     assert balance(db) == 1250
 
 
@@ -305,7 +316,7 @@ def test_a_trailing_slash_is_the_same_source_and_every_answer_is_logged_and_coun
     billing = signed_headers(body, source_secret("billing", "hmac-sha256"))
 
     def post(path, headers=billing):
-        status, answer, _ = http_request(server.base, "POST", path, body, headers)
+        status, answer, _ = send(server.base, body, headers, path=path)
         return status, answer.get("status") or answer["error"]
 
     assert post("/api/webhooks/billing/") == (200, "processed")
