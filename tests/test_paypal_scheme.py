@@ -35,8 +35,7 @@ from .helpers import (
     db_url,
     encode,
     event_rows,
-    http_post,
-    post_delivery,
+    send,
     sources_config,
     stored_event_row,
 )
@@ -222,11 +221,11 @@ def paypal_headers(body, pki, cert_host, name="CERT-good", webhook_id=WEBHOOK_ID
 
 
 @pytest.fixture
-def send(client, pki, cert_host):
-    def send(event, **signing):
+def send_paypal(client, pki, cert_host):
+    def signed(event, **signing):
         body = encode(event)
-        return post_delivery(client, body, paypal_headers(body, pki, cert_host, **signing), SOURCE)
-    return send
+        return send(client, body, paypal_headers(body, pki, cert_host, **signing), source=SOURCE)
+    return signed
 
 
 # -- the scheme, against PayPal's own SDK -------------------------------------------------------------
@@ -307,19 +306,19 @@ def test_another_schemes_delivery_is_told_which_header_it_carries_both_ways(pki)
 
 # -- the certificate, through the endpoint ----------------------------------------------------------
 
-def test_a_paypal_payment_is_credited_and_its_certificate_fetched_once_for_many_deliveries(send, db, seen):
+def test_a_paypal_payment_is_credited_and_its_certificate_fetched_once_for_many_deliveries(send_paypal, db, seen):
     for cents in range(5):
         capture_id = new_id()
-        response = send(capture_completed(capture_id, user=BOB, value=f"1.0{cents}"))
-        assert response.status_code == 200, response.json
+        response = send_paypal(capture_completed(capture_id, user=BOB, value=f"1.0{cents}"))
+        assert response.status == 200, response.json
         assert response.json["status"] == "processed"
     assert balance(db, BOB) == 100 + 101 + 102 + 103 + 104
     assert seen == [f"{CERTS}CERT-good"]
     assert_ledger_consistent(db, USD)
 
 
-def test_the_sandbox_certificate_verifies_too(send, db, seen):
-    assert send(capture_completed(new_id(), user=BOB, value="2.00"), name="CERT-sandbox").status_code == 200
+def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="2.00"), name="CERT-sandbox").status == 200
     assert balance(db, BOB) == 200
 
 
@@ -339,9 +338,9 @@ def test_a_certificate_that_fails_a_check_is_401_and_writes_nothing(client, db, 
                                                                      message):
     body = encode(capture_completed(new_id(), user=BOB))
     signer = name if name in pki.keys else "CERT-good"
-    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, signer, url=cert_host.url(name)),
-                             SOURCE)
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, body, paypal_headers(body, pki, cert_host, signer, url=cert_host.url(name)),
+                    source=SOURCE)
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
     assert seen == [f"{CERTS}{name}"]  # fetched, once: a redirect is not followed
     assert event_rows(db) == 0 and balance(db, BOB) == 0
@@ -365,8 +364,8 @@ def test_a_certificate_that_fails_a_check_is_401_and_writes_nothing(client, db, 
 def test_a_certificate_url_not_on_the_list_is_401_with_nothing_fetched(client, db, pki, cert_host, seen, url):
     body = encode(capture_completed(new_id(), user=BOB))
     headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port))
-    response = post_delivery(client, body, headers, SOURCE)
-    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    response = send(client, body, headers, source=SOURCE)
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert "PAYPAL-CERT-URL is not a URL of PayPal's certificates" in response.json["message"]
     assert seen == []
     assert event_rows(db) == 0
@@ -377,8 +376,8 @@ def test_a_body_changed_by_one_byte_is_401(client, db, pki, cert_host, seen):
     headers = paypal_headers(body, pki, cert_host)
     changed = body.replace(b'"5.00"', b'"6.00"', 1)
     assert len(changed) == len(body) and changed != body
-    response = post_delivery(client, changed, headers, SOURCE)
-    assert response.status_code == 401 and "does not match" in response.json["message"]
+    response = send(client, changed, headers, source=SOURCE)
+    assert response.status == 401 and "does not match" in response.json["message"]
     assert event_rows(db) == 0 and balance(db, BOB) == 0
 
 
@@ -392,21 +391,20 @@ def test_a_signature_not_made_for_this_webhook_now_by_the_named_certificate_is_4
     body = encode(capture_completed(new_id(), user=BOB))
     if signing.get("url") == "good":
         signing = {**signing, "url": cert_host.url("CERT-good")}
-    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, **signing), SOURCE)
-    assert response.status_code == 401 and message in response.json["message"]
+    response = send(client, body, paypal_headers(body, pki, cert_host, **signing), source=SOURCE)
+    assert response.status == 401 and message in response.json["message"]
     assert event_rows(db) == 0
 
 
 def test_a_certificate_host_failing_is_503_with_retry_after_and_writes_nothing(client, db, pki, cert_host, seen):
     body = encode(capture_completed(new_id(), user=BOB))
-    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, url=cert_host.url("CERT-500")),
-                             SOURCE)
-    assert (response.status_code, response.json["error"]) == (503, "unavailable")
+    response = send(client, body, paypal_headers(body, pki, cert_host, url=cert_host.url("CERT-500")), source=SOURCE)
+    assert (response.status, response.json["error"]) == (503, "unavailable")
     assert response.headers["Retry-After"] == "1"
     assert event_rows(db) == 0
     # Not cached: PayPal's retry, once its host is back, is verified.
-    response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
-    assert response.status_code == 200
+    response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
+    assert response.status == 200
 
 
 # -- the certificate cache, without the endpoint ---------------------------------------------------------
@@ -470,9 +468,9 @@ def test_a_replayed_delivery_moves_nothing(client, db, pki, cert_host):
     event = capture_completed(new_id(), user=BOB, value="7.50")
     body = encode(event)
     headers = paypal_headers(body, pki, cert_host)
-    assert post_delivery(client, body, headers, SOURCE).json == {"status": "processed", "event_id": event["id"]}
-    assert post_delivery(client, body, headers, SOURCE).json["status"] == "duplicate"
-    assert post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE).json["status"] == "duplicate"
+    assert send(client, body, headers, source=SOURCE).json == {"status": "processed", "event_id": event["id"]}
+    assert send(client, body, headers, source=SOURCE).json["status"] == "duplicate"
+    assert send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE).json["status"] == "duplicate"
     assert balance(db, BOB) == 750
     row = stored_event_row(db, event["id"])
     assert (row.source, row.event_type, row.status, bytes(row.body)) == (SOURCE, "PAYMENT.CAPTURE.COMPLETED",
@@ -480,51 +478,51 @@ def test_a_replayed_delivery_moves_nothing(client, db, pki, cert_host):
     assert_ledger_consistent(db, USD)
 
 
-def test_a_capture_announced_by_two_events_is_credited_once(send, db):
+def test_a_capture_announced_by_two_events_is_credited_once(send_paypal, db):
     capture_id = new_id()
-    assert send(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "processed"
-    assert send(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "duplicate"
-    assert send(capture_completed(capture_id, user=ALICE, value="3.00")).status_code == 409  # payment_mismatch
+    assert send_paypal(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "processed"
+    assert send_paypal(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "duplicate"
+    assert send_paypal(capture_completed(capture_id, user=ALICE, value="3.00")).status == 409  # payment_mismatch
     assert balance(db, BOB) == 300
     assert_ledger_consistent(db, USD)
 
 
-def test_a_refund_and_a_reversal_debit_once_each_and_a_failed_refund_moves_nothing(send, db, paid):
+def test_a_refund_and_a_reversal_debit_once_each_and_a_failed_refund_moves_nothing(send_paypal, db, paid):
     refund_id, reversal_id = new_id(), new_id()
     refunded = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, paid, "30.00")
-    assert send(refunded).json["status"] == "processed"
-    assert send(refunded).json["status"] == "duplicate"
+    assert send_paypal(refunded).json["status"] == "processed"
+    assert send_paypal(refunded).json["status"] == "duplicate"
     assert balance(db, BOB) == 7000
-    assert send(refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, paid, "20.00")).status_code == 200
+    assert send_paypal(refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, paid, "20.00")).status == 200
     assert balance(db, BOB) == 5000
     failed = new_id()
-    assert send(refund_event("PAYMENT.CAPTURE.REFUNDED", failed, paid, "10.00", status="FAILED")).status_code == 200
+    assert send_paypal(refund_event("PAYMENT.CAPTURE.REFUNDED", failed, paid, "10.00", status="FAILED")).status == 200
     assert balance(db, BOB) == 5000
     assert _journal(db) == [("refund", refund_id, -3000), ("refund", reversal_id, -2000)]
     assert_ledger_consistent(db, USD)
 
 
-def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send, db, paid):
+def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send_paypal, db, paid):
     dispute_id = new_dispute_id()
     for event_type, status in (("CUSTOMER.DISPUTE.CREATED", "OPEN"), ("CUSTOMER.DISPUTE.UPDATED", "UNDER_REVIEW")):
-        assert send(dispute_event(event_type, dispute_id, paid, "40.00", status)).json["status"] == "processed"
+        assert send_paypal(dispute_event(event_type, dispute_id, paid, "40.00", status)).json["status"] == "processed"
     assert balance(db, BOB) == 10000
     lost = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR")
-    assert send(lost).status_code == 200 and send(lost).status_code == 200  # two event ids, one movement
+    assert send_paypal(lost).status == 200 and send_paypal(lost).status == 200  # two event ids, one movement
     assert balance(db, BOB) == 6000
     won = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_SELLER_FAVOUR")
-    assert send(won).status_code == 200
+    assert send_paypal(won).status == 200
     assert balance(db, BOB) == 10000
     assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
     assert_ledger_consistent(db, USD)
 
 
-def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send, db):
+def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send_paypal, db):
     capture_id, refund_id = new_id(), new_id()
     refund = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, capture_id, "1.00")
-    assert send(refund).status_code == 422
-    assert send(capture_completed(capture_id, user=BOB, value="4.00")).status_code == 200
-    assert send(refund).json["status"] == "processed"  # PayPal's retry
+    assert send_paypal(refund).status == 422
+    assert send_paypal(capture_completed(capture_id, user=BOB, value="4.00")).status == 200
+    assert send_paypal(refund).json["status"] == "processed"  # PayPal's retry
     assert balance(db, BOB) == 300
     assert_ledger_consistent(db, USD)
 
@@ -548,9 +546,9 @@ def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send
     (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-1", "C8", "1.00", "RESOLVED", "NONE"),
      "resource.dispute_outcome.outcome_code must be one of"),
 ])
-def test_an_event_whose_effect_cannot_apply_is_422_and_moves_nothing(send, db, event, problem):
-    response = send(event)
-    assert (response.status_code, response.json["error"]) == (422, "unprocessable"), response.json
+def test_an_event_whose_effect_cannot_apply_is_422_and_moves_nothing(send_paypal, db, event, problem):
+    response = send_paypal(event)
+    assert (response.status, response.json["error"]) == (422, "unprocessable"), response.json
     assert problem in response.json["message"]
     assert balance(db, BOB) == 0
     assert stored_event_row(db, event["id"]).status == "failed"
@@ -561,18 +559,18 @@ def test_an_event_whose_effect_cannot_apply_is_422_and_moves_nothing(send, db, e
     ({"event_type": None}, "'event_type' is missing"),
     ({"resource": []}, "'resource' must be an object"),
 ])
-def test_a_paypal_body_without_its_id_type_or_resource_is_400(send, db, change, message):
+def test_a_paypal_body_without_its_id_type_or_resource_is_400(send_paypal, db, change, message):
     event = {k: v for k, v in {**capture_completed(new_id()), **change}.items() if v is not None}
-    response = send(event)
-    assert response.status_code == 400 and message in response.json["message"]
+    response = send_paypal(event)
+    assert response.status == 400 and message in response.json["message"]
     assert event_rows(db) == 0
 
 
-def test_events_replay_and_ledger_verify_read_stored_paypal_events_as_the_live_path_did(send, db, app):
+def test_events_replay_and_ledger_verify_read_stored_paypal_events_as_the_live_path_did(send_paypal, db, app):
     capture_id = new_id()
     refund = refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), capture_id, "25.00")
-    assert send(refund).status_code == 422  # its capture is not credited yet: stored failed
-    assert send(capture_completed(capture_id, user=BOB, value="100.00")).status_code == 200
+    assert send_paypal(refund).status == 422  # its capture is not credited yet: stored failed
+    assert send_paypal(capture_completed(capture_id, user=BOB, value="100.00")).status == 200
     runner = app.test_cli_runner()
     result = runner.invoke(args=["events", "replay", "--source", SOURCE, refund["id"]])
     assert (result.exit_code, result.output) == (0, f"{SOURCE}/{refund['id']}: processed; now completed\n")
@@ -631,8 +629,8 @@ _FIELDS = ["id", "amount", "custom_id", "status", "links", "dispute_id", "disput
        resource=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=len(_FIELDS)))
 def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_host, event_type, resource):
     body = encode({"id": new_event_id(), "event_type": event_type, "resource": resource})
-    response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
-    assert response.status_code in (200, 409, 422), response.json
+    response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
+    assert response.status in (200, 409, 422), response.json
 
 
 def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concurrent_deliveries(gunicorn, db, pki,
@@ -641,7 +639,7 @@ def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concur
     bodies = [encode(capture_completed(new_id(), user=BOB, value="1.00")) for _ in range(24)]
 
     def post(body):
-        return http_post(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE)[0]
+        return send(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE).status
 
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(post, bodies)) == {200}

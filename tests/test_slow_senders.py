@@ -190,16 +190,19 @@ def count_answers(client):
     return counts
 
 
-def assert_each_processed_delivery_credited_once(db, client):
-    """Every delivery answered 200 processed has one completed row and one journal row; the balance adds up."""
-    processed = [event_id for event_id, _, answer in client.deliveries
-                 if answer and answer == (200, {"status": "processed", "event_id": event_id})]
-    rows = dict(db.execute("SELECT event_id, count(*) FROM ledger_journal WHERE event_id = ANY(%s) GROUP BY event_id",
-                           [processed]).fetchall())
-    assert rows == dict.fromkeys(processed, 1)
-    credited = db.execute("SELECT count(*) FROM ledger_journal WHERE event_id LIKE 'evt_slow_%'").fetchone()[0]
-    assert credited == len(processed), "a delivery not answered processed was credited"
-    assert balance(db) == OPENING[ALICE] + len(processed)
+def assert_each_delivery_credited_at_most_once(db, client):
+    """Every delivery answered 200 processed has one journal row. One the client gave up on (no answer
+    within PATIENCE_S) may have been credited after it left, once, as its provider's retry would then find
+    it a duplicate. No other delivery is credited, and the balance adds up."""
+    processed = {event_id for event_id, _, answer in client.deliveries
+                 if answer and answer == (200, {"status": "processed", "event_id": event_id})}
+    unanswered = {event_id for event_id, _, answer in client.deliveries if answer is None}
+    credits = dict(db.execute("SELECT event_id, count(*) FROM ledger_journal WHERE event_id LIKE 'evt_slow_%' "
+                              "GROUP BY event_id").fetchall())
+    assert processed <= set(credits), "a delivery answered processed was not credited"
+    assert set(credits) <= processed | unanswered, "a delivery answered otherwise than processed was credited"
+    assert set(credits.values()) <= {1}, "a delivery was credited twice"
+    assert balance(db) == OPENING[ALICE] + len(credits)
     assert_ledger_consistent(db)
 
 
@@ -242,7 +245,7 @@ def test_behind_the_proxy_slow_senders_freeze_nothing_and_each_delivery_is_credi
     assert [took for took, status in client.health if status != 200 or took > ANSWER_WITHIN_S] == []
     assert [(event_id, took, answer) for event_id, took, answer in client.deliveries
             if took > ANSWER_WITHIN_S or answer != (200, {"status": "processed", "event_id": event_id})] == []
-    assert_each_processed_delivery_credited_once(db, client)
+    assert_each_delivery_credited_at_most_once(db, client)
 
 
 def test_a_bare_host_freezes_under_the_same_waves(gunicorn, db):
@@ -253,7 +256,7 @@ def test_a_bare_host_freezes_under_the_same_waves(gunicorn, db):
         client = Client(host.base, host.base).run(ATTACK_SECONDS)
     report("bare gunicorn", client, attack)
     assert max(took for took, _ in client.health) > ANSWER_WITHIN_S
-    assert_each_processed_delivery_credited_once(db, client)
+    assert_each_delivery_credited_at_most_once(db, client)
 
 
 # -- the proxy's limits, one at a time -------------------------------------------
