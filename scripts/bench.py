@@ -325,7 +325,8 @@ def full_page_images(pg_data, start, end):
     WAL bytes that depends on when the last checkpoint was, not on the event."""
     out = sh(str(pg_bindir() / "pg_waldump"), "--stats", "-p", str(Path(pg_data) / "pg_wal"), "-s", start, "-e", end)
     total = next(line for line in out.splitlines() if line.startswith("Total"))
-    return int(total.split()[3])
+    # Total, N, record bytes, FPI bytes, combined bytes; each but N maybe followed by its [share%].
+    return int([word for word in total.split()[1:] if not word.startswith("[")][2])
 
 
 def body_bytes(events):
