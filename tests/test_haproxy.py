@@ -13,6 +13,8 @@ from devservers.topology import HAProxy, program
 
 from .helpers import encode, http_request, payment, signed_headers
 
+pytestmark = pytest.mark.deploy
+
 
 @pytest.fixture
 def haproxy(gunicorn, db):

@@ -17,6 +17,8 @@ from .helpers import (
     stored_event_row,
 )
 
+pytestmark = pytest.mark.core
+
 
 def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     body = encode(payment("evt_journal", cents=250))

@@ -6,6 +6,8 @@ import pytest
 
 from .helpers import ALICE, BOB, balance, deliver, payment
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def run(app):

@@ -11,6 +11,8 @@ from devservers import Gunicorn
 
 from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, signed_headers
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.parametrize("sent, kept", [
     ("req-42", True),

@@ -12,10 +12,14 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from app.lock import lock_key
 from devservers import ROOT, wait_until
 
 from .helpers import SECRET, UNKNOWN_USER, deliver, encode, http_get, http_post, payment, samples, signed_headers
+
+pytestmark = pytest.mark.core
 
 
 def deliveries(scraped, outcome, reason="", source="default"):

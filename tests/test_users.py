@@ -6,6 +6,8 @@ import pytest
 
 from .helpers import ALICE, BOB, OPENING, deliver, payment, payment_refunded
 
+pytestmark = pytest.mark.core
+
 CAROL = uuid.UUID("44444444-4444-4444-8444-444444444444")
 
 
