@@ -35,7 +35,7 @@ RUN pip install --require-hashes --no-deps -r requirements.lock && pip check
 RUN useradd --no-create-home --home-dir /nonexistent --uid 10001 --shell /usr/sbin/nologin app
 
 COPY app/ ./app/
-COPY wsgi.py logformat.py gunicorn_worker.py gunicorn.conf.py schema.sql money.sql ./
+COPY wsgi.py gunicorn.conf.py schema.sql money.sql ./
 COPY migrations/ ./migrations/
 
 USER app

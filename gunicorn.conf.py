@@ -2,13 +2,35 @@
 command line or through GUNICORN_CMD_ARGS."""
 
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from gunicorn import glogging
+
+
+def _leaf(name):
+    """app/<name>.py, loaded by its path under a name of its own, without the app package.
+
+    The master must import nothing of the app: a HUP forks the new workers
+    from it, and they would run the old code of any app module it holds
+    (tests/test_startup.py). app/logformat.py and app/gunicorn_worker.py
+    import nothing of the app, so each loads alone; a HUP reads them again.
+    """
+    folder = Path(__file__).with_name("app")  # a checkout, or the image's /app
+    if not folder.is_dir():  # an installed host: share/webhook-ledger/ holds this file, site-packages the app
+        folder = Path(importlib.util.find_spec("app").submodule_search_locations[0])  # found, not imported
+    spec = importlib.util.spec_from_file_location(f"webhook_ledger_{name}", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_logformat, _worker = _leaf("logformat"), _leaf("gunicorn_worker")
 
 bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # One process per core this process may run on (a container's CPU set, not
@@ -17,8 +39,8 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # (docs/performance.md).
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 # gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
-# senders that stall mid-request no longer hold every thread (gunicorn_worker.py).
-worker_class = "gunicorn_worker.ThreadWorker"
+# senders that stall mid-request no longer hold every thread (app/gunicorn_worker.py).
+worker_class = _worker.ThreadWorker
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
 # Under gthread, a heartbeat of the worker as a whole, not a limit on a
 # request: the app's own timeouts end a request (docs/deploying.md), the
@@ -34,7 +56,7 @@ preload_app = False
 control_socket_disable = True
 
 # -- logs: one line per record on stdout, gunicorn's and the app's ----------
-# logformat.py formats them, not the app: importing the app into the master
+# app/logformat.py formats them, loaded alone: importing the app into the master
 # would stop a HUP from loading new code into the new workers.
 # The app logs one line per delivery (app/logs.py); gunicorn's access line
 # repeated it at about a tenth of a worker's CPU (docs/performance.md), so it
@@ -58,7 +80,7 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-i
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"stdout": {"()": "logformat.stdout_formatter"}},
+    "formatters": {"stdout": {"()": _logformat.stdout_formatter}},
     "handlers": {
         "stdout": {"class": "logging.StreamHandler", "formatter": "stdout", "stream": "ext://sys.stdout"},
     },
@@ -131,10 +153,8 @@ def _settings_problem():
 
 
 def _read_timeout_problem():
-    import gunicorn_worker  # here, not above: the working directory is on sys.path only now
-
     try:
-        gunicorn_worker.read_timeout(os.environ)
+        _worker.read_timeout(os.environ)
     except ValueError as exc:
         return f"configuration error: {exc}"
     return None

@@ -4,37 +4,37 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import config as settings
+from . import config
 
 if TYPE_CHECKING:
     from flask import Flask
 
 
-def create_app(test_config: Mapping[str, object] | None = None, needs: settings.Needs | None = None) -> "Flask":
+def create_app(test_config: Mapping[str, object] | None = None, needs: config.Needs | None = None) -> "Flask":
     """Build the app from the environment, or from test_config (setting name -> value) when given.
 
     needs: the least it must read of the settings, or ConfigError (wsgi.py: Needs.SERVICE). None, as
-    `flask` calls it: as much as they allow, from DATABASE_URL alone up; each command declares its own (cli.needs).
+    `flask` calls it: as much as they allow, from DATABASE_URL alone up; each command declares its own (commands.needs).
     """
     # Imported here, as flaskr imports its modules: `import app.config` alone
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
-    from . import cli, db, delivery, errors, lock, logs, metrics, openapi, webhooks
+    from . import cli, db, delivery, errors, lock, logs, metrics, openapi, users, webhooks
 
     app = Flask(__name__)
     environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}
     if needs is None:
-        parsed, problems = settings.from_env_as_far_as_it_goes(environ)
+        settings, problems = config.from_env_as_far_as_it_goes(environ)
     else:
-        parsed, problems = settings.from_env(environ, needs), {}
-    app.extensions[settings.EXTENSION] = parsed  # read with Settings.of(app)
-    app.extensions[settings.PROBLEMS] = problems  # why it was read below Needs.SERVICE (cli.needs says it)
+        settings, problems = config.from_env(environ, needs), {}
+    app.extensions[config.EXTENSION] = settings  # read with Settings.of(app)
+    app.extensions[config.PROBLEMS] = problems  # why it was read below Needs.SERVICE (commands.needs says it)
     # Flask answers 413 past this; webhooks.py refuses the one byte more,
     # which it reads to tell a chunked body cut at the limit.
-    app.config["MAX_CONTENT_LENGTH"] = parsed.max_body_bytes + 1
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     logs.init_app(app)
-    for warning in settings.check_nesting(parsed):
+    for warning in config.check_nesting(settings):
         app.logger.warning("timeouts do not nest: %s", warning)
 
     errors.init_app(app)
@@ -44,5 +44,6 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: settings.
     metrics.init_app(app)
     openapi.init_app(app)
     cli.init_app(app)
+    users.init_app(app)
     app.register_blueprint(webhooks.bp)
     return app

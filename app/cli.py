@@ -1,80 +1,27 @@
 """Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger
 verify|adjust|legacy-payments|name-payment`, `flask redis forget-done` and `flask reconcile`."""
 
-import functools
-import getpass
 import hashlib
 import uuid
-from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from flask import Flask, current_app
-from flask.cli import AppGroup, with_appcontext
+from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import ledger, legacy, lock, metrics, reconcile, retention, verify
-from .config import PROBLEMS, ConfigError, Needs, Settings, api_key_setting
+from .commands import CENTS, Commands, needs, os_user, table, utc
+from .config import Needs, Settings
 from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
-from .delivery import Outcome
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
+from .outcome import Outcome
+from .parsers import ConfigError
 from .redis_client import reason_of
 from .schema import SchemaError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# What each level of the settings is, in a refusal's words.
-NEEDS_WORDS = {Needs.DATABASE: "DATABASE_URL", Needs.REDIS: "DATABASE_URL and REDIS_URL",
-               Needs.SERVICE: "the service's settings"}
-
-
-def needs(level: Needs) -> Callable[[F], F]:
-    """Declare what a command reads of the settings: one that is missing or bad stops it in one line, before it runs.
-
-    `flask` builds the app from as much of the settings as there is, from
-    DATABASE_URL alone up (create_app); a command that needs more says so here.
-    """
-    def declare(command: F) -> F:
-        @functools.wraps(command)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            if Settings.of(current_app).read < level:
-                problem = current_app.extensions[PROBLEMS][level]
-                raise ConfigError(f"{problem.message} ({_name_of(click.get_current_context())} reads "
-                                  f"{NEEDS_WORDS[level]})")
-            return command(*args, **kwargs)
-        return checked  # type: ignore[return-value]
-    return declare
-
-
-def _name_of(ctx: click.Context) -> str:
-    """The command as an operator types it: `flask events replay` (however `flask` itself was started)."""
-    names: list[str] = []
-    while ctx.parent is not None:
-        names.insert(0, ctx.info_name or "")
-        ctx = ctx.parent
-    return " ".join(["flask", *names])
-
-
-class Commands(AppGroup):
-    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable.
-
-    Each command declares what it reads of the settings: `@group.command(name, needs=Needs.DATABASE)`;
-    a command that says nothing needs them all.
-    """
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with unavailable_in_one_line():
-            return super().invoke(ctx)
-
-    def command(self, *args: Any, needs: Needs = Needs.SERVICE, **kwargs: Any) -> Any:
-        register = super().command(*args, **kwargs)
-        return lambda function: register(_needs(needs)(function))
-
-
-_needs = needs  # for Commands.command, whose keyword hides it
-
+from .sources import api_key_setting
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance, name the payments of an earlier release.")
@@ -106,8 +53,6 @@ FAILED_EVENTS = """
     WHERE status = 'failed' AND (%(source)s::text IS NULL OR source = %(source)s)
     ORDER BY created_at, id
 """
-# An adjustment's amount: any that a balance (BIGINT) can hold.
-CENTS = click.IntRange(-2**63, 2**63 - 1)
 
 # webhook_events.origin, as `events show` tells it.
 ORIGINS = {ledger.Origin.DELIVERY: "delivery (a webhook received)",
@@ -122,18 +67,6 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(ledger_group)
     app.cli.add_command(redis_group)
     app.cli.add_command(reconcile_command)
-    from . import users  # noqa: PLC0415 - users.py imports this module's helpers
-    users.init_app(app)
-
-
-def _utc(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _table(header: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
-    for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
 
 
 @click.command("init-db")
@@ -199,7 +132,7 @@ def list_events(sources: tuple[str, ...], statuses: tuple[str, ...], types: tupl
         click.echo("no events")
         return
     header = ("SOURCE", "EVENT ID", "TYPE", "STATUS", "ATTEMPTS", "MISMATCHES", "RECEIVED (UTC)", "LAST ERROR")
-    _table(header, [(r.source, r.event_id, r.event_type, r.status, r.attempts, r.mismatches, _utc(r.created_at),
+    table(header, [(r.source, r.event_id, r.event_type, r.status, r.attempts, r.mismatches, utc(r.created_at),
                      _one_line(r.last_error or "")) for r in rows])
 
 
@@ -230,14 +163,14 @@ def show_event(event_id: str, source: str) -> None:
     else:
         kept = "match" if hashlib.sha256(row.body).digest() == row.body_sha256 else "DO NOT MATCH their SHA-256"
     change = (f"{row.kind} of payment {row.payment_id}: {row.amount_cents:+} cents to {row.user_id} "
-              f"at {_utc(row.changed_at)}" if row.kind else "-")
+              f"at {utc(row.changed_at)}" if row.kind else "-")
     fields = [
         ("source", row.source), ("event id", row.event_id), ("type", row.event_type), ("status", row.status),
         ("attempts", row.attempts), ("last error", row.last_error or "-"),
-        ("mismatches", f"{row.mismatches} (last {_utc(row.last_mismatch_at)})"),
+        ("mismatches", f"{row.mismatches} (last {utc(row.last_mismatch_at)})"),
         ("body sha256", row.body_sha256.hex()), ("stored bytes", kept),
         ("origin", ORIGINS.get(row.origin, row.origin)),
-        ("received", _utc(row.created_at)), ("updated", _utc(row.updated_at)), ("completed", _utc(row.completed_at)),
+        ("received", utc(row.created_at)), ("updated", utc(row.updated_at)), ("completed", utc(row.completed_at)),
         ("movement", _movement_line(effect, movement)),
         ("balance change", change),
         ("account", _account_line(account)),
@@ -363,7 +296,7 @@ STATUS = "SELECT status FROM webhook_events WHERE source = %s AND event_id = %s"
 @click.option("--by", "actor", help="Who dismisses it, recorded with it [default: the OS user].")
 def dismiss_event(event_id: str, source: str, reason: str, actor: str | None) -> None:
     """Close a failed event that will never apply, with its reason: kept, listed, never replayed by --all-failed."""
-    actor = _os_user() if actor is None else actor
+    actor = os_user() if actor is None else actor
     if not reason.strip() or len(reason) > 500:
         raise click.BadParameter("the reason must be 1 to 500 characters, not only spaces", param_hint="--reason")
     if not 1 <= len(actor) <= 128:
@@ -377,7 +310,7 @@ def dismiss_event(event_id: str, source: str, reason: str, actor: str | None) ->
     if dismissed is None:
         raise click.ClickException(f"event {event_id!r} of source {source!r} is {status[0]}: only a failed event "
                                    "is dismissed")
-    click.echo(f"dismissed event {event_id!r} of source {source!r} at {_utc(dismissed[0])} by {actor}: {reason}")
+    click.echo(f"dismissed event {event_id!r} of source {source!r} at {utc(dismissed[0])} by {actor}: {reason}")
 
 
 @events.command("purge", needs=Needs.DATABASE)
@@ -396,7 +329,7 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
         raise click.UsageError("--include-failed deletes events that never took effect; add --force")
     deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source)
     kinds = "completed and failed" if include_failed else "completed"
-    click.echo(f"purged {deleted} {kinds} events received before {_utc(cutoff)}; the ledger's journal kept")
+    click.echo(f"purged {deleted} {kinds} events received before {utc(cutoff)}; the ledger's journal kept")
 
 
 @ledger_group.command("verify", needs=Needs.DATABASE)
@@ -433,7 +366,7 @@ def verify_ledger() -> None:
 def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | None, payment_id: str | None,
                    source: str) -> None:
     """Add CENTS (signed: -500 takes 500 cents away) to USER_ID's balance, journaled as an adjustment."""
-    actor = _os_user() if actor is None else actor
+    actor = os_user() if actor is None else actor
     payment = None if payment_id is None else (source, payment_id)
     try:
         adjusted = ledger.adjust(get_pool(current_app), user_id, cents, reason, actor, payment)
@@ -445,14 +378,6 @@ def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | Non
                f"(journal row {adjusted.journal_id}, by {actor}{corrects})")
 
 
-def _os_user() -> str:
-    """The name of the OS user running the command."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name in the environment, and a uid with no passwd entry
-        raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None
-
-
 @ledger_group.command("legacy-payments", needs=Needs.DATABASE)
 @click.option("--source", help="Only this source's payments [default: every source's].")
 def legacy_payments(source: str | None) -> None:
@@ -461,15 +386,15 @@ def legacy_payments(source: str | None) -> None:
     if not payments:
         click.echo("no payment of an earlier release is filed under its event id")
     else:
-        _table(("SOURCE", "EVENT ID", "USER", "CENTS", "CURRENCY", "CREDITED (UTC)", "WHY"),
-               [(r.source, r.event_id, r.user_id, r.amount_cents, r.currency, _utc(r.credited_at), legacy.why(r))
+        table(("SOURCE", "EVENT ID", "USER", "CENTS", "CURRENCY", "CREDITED (UTC)", "WHY"),
+               [(r.source, r.event_id, r.user_id, r.amount_cents, r.currency, utc(r.credited_at), legacy.why(r))
                 for r in payments])
         click.echo(f"{len(payments)} payments of an earlier release are filed under their event id: name each that "
                    "its provider refunds by another id: flask ledger name-payment EVENT_ID PAYMENT_ID [--source NAME]")
     if waiting:
         click.echo("failed events waiting for a payment the ledger does not know:")
-        _table(("SOURCE", "EVENT ID", "TYPE", "RECEIVED (UTC)", "LAST ERROR"),
-               [(r.source, r.event_id, r.event_type, _utc(r.created_at), r.last_error) for r in waiting])
+        table(("SOURCE", "EVENT ID", "TYPE", "RECEIVED (UTC)", "LAST ERROR"),
+               [(r.source, r.event_id, r.event_type, utc(r.created_at), r.last_error) for r in waiting])
 
 
 @ledger_group.command("name-payment", needs=Needs.SERVICE)
@@ -574,10 +499,10 @@ def _count(number: int, noun: str) -> str:
 def summary_lines(summary: reconcile.Summary) -> list[str]:
     """A run's summary, as `flask reconcile` prints it."""
     run = "dry run, nothing written" if summary.dry_run else f"run {summary.run_id}"
-    start = (f" (the watermark {_utc(summary.from_watermark)} minus {reconcile.OVERLAP})"
+    start = (f" (the watermark {utc(summary.from_watermark)} minus {reconcile.OVERLAP})"
              if summary.from_watermark else "")
     lines = [f"reconcile {summary.source} from {summary.provider}'s event list, {run}: "
-             f"events created {_utc(summary.since)} to {_utc(summary.until)}{start}"]
+             f"events created {utc(summary.since)} to {utc(summary.until)}{start}"]
     if summary.status == reconcile.RunStatus.YIELDED:
         return [*lines, summary.message]
     tally = summary.tally
@@ -598,7 +523,7 @@ def summary_lines(summary: reconcile.Summary) -> list[str]:
     if summary.unprovable:
         lines.append(f"  NOT PROVABLE: {summary.message}")
     if summary.status == reconcile.RunStatus.COMPLETED:
-        moved = f"; watermark {_utc(summary.watermark)}" if summary.watermark else ""
+        moved = f"; watermark {utc(summary.watermark)}" if summary.watermark else ""
         lines.append(f"  {'would complete' if summary.dry_run else 'completed'}{moved}")
     else:
         lines.append(f"  {summary.status}: not reported as done")

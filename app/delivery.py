@@ -1,9 +1,10 @@
 """A delivery's record: what its log line and its metrics need, and nothing else.
 
-It is begun for every request under /api/webhooks, before routing; the
-view fills it in as the delivery goes (event, secret, lock state,
-outcome); errors.py sets the outcome of a delivery that ends in an error.
-After the answer, one log line and the metrics are taken from it.
+It is begun for every request under /api/webhooks, before routing. The
+view keeps in it what each of its steps returns (the source, the secret
+that verified, the event and its effect, the lock, the ledger's result);
+errors.py sets the outcome of a delivery that ends in an error. After the
+answer, one log line and the metrics are taken from it.
 """
 
 from __future__ import annotations
@@ -11,51 +12,80 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, current_app, g, request
 
+from .outcome import Outcome
+
+if TYPE_CHECKING:
+    from .events import Effect, Event
+    from .ledger import Change, Result
+    from .lock import EventLock, LockState
+
 # Named for the endpoint whose deliveries it logs (operators filter on it).
 log = logging.getLogger("app.webhooks")
-
-
-class Outcome(StrEnum):
-    """What a delivery came to: the `outcome` of its log line and metrics."""
-
-    PROCESSED = "processed"  # effects committed by this delivery
-    DUPLICATE = "duplicate"  # committed before; nothing changed
-    FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
-    IGNORED = "ignored"  # a payment that names no user, or a movement of one, under NO_USER=ignore (200)
-    PAYLOAD_MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)
-    PAYMENT_MISMATCH = "payment_mismatch"  # its payment was credited with another user, amount or currency (409)
-    IN_PROGRESS = "in_progress"  # a twin delivery holds the lock (409)
-    UNAVAILABLE = "unavailable"  # the database did not answer; nothing committed (503)
-    REJECTED = "rejected"  # refused before the ledger: 400, 401, 404, 413, 415
-    ERROR = "error"  # a bug (500)
 
 
 @dataclass
 class Delivery:
     source: str | None  # a configured source's name; None until the view finds one
     started: float = field(default_factory=time.perf_counter)
-    event_id: str | None = None
-    event_type: str | None = None
     secret_index: int | None = None  # which of the rotated secrets verified it
-    lock_state: StrEnum | None = None  # the lock.LockState that taking the lock found; logged as `redis`
-    redis_fault: str | None = None  # a Redis fault's reason (redis_client.py), if the lock met one
+    event: Event | None = None
+    effect: Effect | None = None
+    body_sha256: bytes | None = None  # of the bytes received
+    lock: EventLock | None = None
+    result: Result | None = None  # what the ledger (or the done marker) answered
     outcome: Outcome | None = None
     reason: str | None = None  # a rejection's error code
-    body_sha256: bytes | None = None  # of the bytes received
-    stored_sha256: bytes | None = None  # of the bytes stored for the event, when they were read
-    payment_id: str | None = None  # the payment whose money the event moves
-    movement: str | None = None  # a refund or dispute, its id and what the event says: "refund re_1 reversed"
-    change: StrEnum | None = None  # the ledger.Change it made
-    balance_after: int | None = None  # the user's balance after that change
+
+    @property
+    def event_id(self) -> str | None:
+        return None if self.event is None else self.event.id
+
+    @property
+    def event_type(self) -> str | None:
+        return None if self.event is None else self.event.type
+
+    @property
+    def payment_id(self) -> str | None:
+        """The payment whose money the event moves."""
+        return None if self.effect is None else self.effect.payment_id
+
+    @property
+    def movement(self) -> str | None:
+        """A refund or dispute, its id and what the event says: "refund re_1 reversed"."""
+        effect = self.effect
+        if effect is None or not effect.movement_id:
+            return None
+        return f"{effect.kind} {effect.movement_id} {effect.state}"
+
+    @property
+    def lock_state(self) -> LockState | None:
+        """What taking the lock found; logged as `redis`."""
+        return None if self.lock is None else self.lock.state
+
+    @property
+    def redis_fault(self) -> str | None:
+        """A Redis fault's reason (redis_client.py), if the lock met one."""
+        return None if self.lock is None else self.lock.fault
+
+    @property
+    def change(self) -> Change | None:
+        """The ledger.Change the delivery made."""
+        return None if self.result is None else self.result.change
+
+    @property
+    def balance_after(self) -> int | None:
+        """The user's balance after that change."""
+        return None if self.result is None else self.result.balance_after
 
     @property
     def reserialised(self) -> bool:
         """The same effect arrived in other bytes than the stored ones (a provider re-serialising)."""
-        return None not in (self.body_sha256, self.stored_sha256) and self.body_sha256 != self.stored_sha256
+        stored = None if self.result is None else self.result.stored_sha256
+        return None not in (self.body_sha256, stored) and self.body_sha256 != stored
 
 
 # Every request under it is a delivery: logged and counted, whatever its
@@ -106,7 +136,7 @@ def _log(delivery: Delivery, response: Response, seconds: float) -> None:
         "payment_id": delivery.payment_id, "movement": delivery.movement, "change": delivery.change,
     }
     if delivery.reserialised:
-        assert delivery.body_sha256 is not None and delivery.stored_sha256 is not None  # reserialised says so
+        assert delivery.body_sha256 is not None and delivery.result and delivery.result.stored_sha256
         # The same effect in other bytes: both hashes, so that the two bodies can be told apart.
-        fields.update(body_sha256=delivery.body_sha256.hex(), stored_sha256=delivery.stored_sha256.hex())
+        fields.update(body_sha256=delivery.body_sha256.hex(), stored_sha256=delivery.result.stored_sha256.hex())
     log.info("delivery", extra=fields)

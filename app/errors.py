@@ -15,12 +15,15 @@ from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
-from .config import Settings, UnknownSourceError
-from .delivery import Outcome, current_delivery
+from .config import Settings
+from .delivery import current_delivery
 from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
+from .outcome import Outcome
+from .paypal import CertificateUnavailableError
 from .signature import SignatureError
+from .webhooks import UnknownSourceError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,9 @@ ANSWERS: dict[type[Exception], Answer] = {
     # limit (the worker stalled): both end in a rollback, and a retry succeeds.
     psycopg.errors.ReadOnlySqlTransaction: _UNAVAILABLE,
     psycopg.errors.IdleInTransactionSessionTimeout: _UNAVAILABLE,
+    # PayPal's certificate host timed out, refused, failed TLS or answered 5xx
+    # (app/paypal.py): the signature may be good, and PayPal retries.
+    CertificateUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE, retry_after=True),
     # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
     # or a misconfiguration: 500, its class and SQLSTATE logged (_internal_error).
 }
@@ -107,8 +113,10 @@ def _answer(status: int, body: Mapping[str, object], retry_after: bool = False) 
 
 def _domain_error(exc: Exception) -> Response:
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
-    if answer.status == 503:
+    if answer is _UNAVAILABLE:
         log.warning("database unavailable: %s%s", type(exc).__name__, _sqlstate(exc))
+    elif answer.status == 503:
+        log.warning("unavailable: %s", exc)  # our own message: names no value of the request
     body = {"error": answer.error, **(answer.extra or {})}
     message = str(exc) if answer.message is None else answer.message
     if message:
@@ -125,7 +133,7 @@ def _domain_error(exc: Exception) -> Response:
 def _http_error(exc: HTTPException) -> Response:
     if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
         # Werkzeug's word for a body read that failed: here, because the body did not arrive
-        # within the server's deadline (gunicorn_worker.py). The connection is closed after.
+        # within the server's deadline (app/gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
     assert exc.code is not None  # Flask answers a code-less HTTPException itself, without a handler
     error = _CODES.get(exc.code, "http_error")

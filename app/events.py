@@ -17,6 +17,10 @@ event id is taken from what the scheme signs:
   stored, never whether money moves. Each movement is keyed by what the
   signed body names (the payment's, the refund's, the dispute's id), so a
   captured delivery replayed under another id is stored and moves nothing.
+- paypal: a body with a `type` is in this service's own shape. A body without
+  one is PayPal's own: id its `id` (WH-...), type its `event_type`, data its
+  `resource`. The whole body is signed (its CRC32 is in the signed string,
+  app/signature.py), so its id is as signed as its payment.
 
 What each type does to the ledger is read by effect_of, from the fields
 that RULES names per type (docs/providers.md has the table).
@@ -218,6 +222,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
         return _github_event(document, body, headers, source)
     if scheme == "razorpay" and "type" not in document:
         return _razorpay_event(document, body, headers, source)
+    if scheme == "paypal" and "type" not in document:
+        return _paypal_event(document, body, source)
     if scheme == "standard-webhooks":
         event_id = _text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
@@ -263,6 +269,15 @@ def _razorpay_event(document: dict[str, Any], body: bytes, headers: Headers, sou
         raise InvalidEventError("'payload' must be an object")
     event_id = _text(headers.get("x-razorpay-event-id"), "the x-razorpay-event-id header", MAX_ID_CHARS)
     return Event(event_id, event_type, payload, document, body, source)
+
+
+def _paypal_event(document: dict[str, Any], body: bytes, source: str) -> Event:
+    event_id = _text(document.get("id"), "'id'", MAX_ID_CHARS)
+    event_type = _text(document.get("event_type"), "'event_type'", MAX_TYPE_CHARS)
+    resource = document.get("resource")
+    if not isinstance(resource, dict):
+        raise InvalidEventError("'resource' must be an object")
+    return Event(event_id, event_type, resource, document, body, source)
 
 
 def _text(value: object, label: str, max_chars: int) -> str:
@@ -536,6 +551,81 @@ def minor_units(value: object, currency: object) -> int | None:
     return units if units <= MAX_CENTS else None
 
 
+# -- PayPal (docs/providers.md): the resource of each event (a Capture, a Refund, a Dispute), amounts in
+# PayPal's Money object; no test mode in the body (sandbox and live are separate webhooks, with their ids).
+
+def _paypal_resource(event: Event) -> dict[str, Any]:
+    # From the document, not event.data: a stored event's data is its whole body.
+    return _object(event.document.get("resource"))
+
+
+def _paypal_money(money: object, label: str) -> tuple[object, object, str | None]:
+    """A Money object's amount in minor units and its currency (lower case), or why the amount is not exact.
+
+    A value that is not a string, or a currency that is no code, is left as
+    sent: _problem names it. A value that does not convert exactly is the 422.
+    """
+    value, code = _object(money).get("value"), _object(money).get("currency_code")
+    units = minor_units(value, code)
+    if units is None and isinstance(value, str) and isinstance(code, str) and _CURRENCY.fullmatch(code.lower()):
+        exponent = CURRENCY_EXPONENTS.get(code.upper(), 2)
+        return value, code.lower(), (f"{label}.value must be a decimal amount of {code.upper()} exact in its minor "
+                                     f"units ({exponent} decimals), got {value[:40]!r}")
+    return (value if units is None else units), _lower(code), None
+
+
+def _read_paypal_capture(event: Event) -> Fields | str:
+    """PAYMENT.CAPTURE.COMPLETED: the Capture, credited once by its id, to the user its custom_id names."""
+    capture = _paypal_resource(event)
+    amount, currency, problem = _paypal_money(capture.get("amount"), "resource.amount")
+    return problem or Fields(capture.get("id"), _uuid(capture.get("custom_id")), amount, currency, None)
+
+
+# A PayPal Refund's status -> what it says of the refund (Payments v2, the refund's `status`).
+PAYPAL_REFUND_STATES = {"PENDING": State.APPLIED, "COMPLETED": State.APPLIED, "FAILED": State.REVERSED,
+                        "CANCELLED": State.REVERSED}
+# A Refund's capture: its `up` link, https://api.paypal.com/v2/payments/captures/<capture id>.
+_CAPTURE_LINK = re.compile(r"https://[^/]+/v2/payments/captures/([^/?#]+)")
+
+
+def _read_paypal_refund(event: Event) -> Fields | str:
+    """PAYMENT.CAPTURE.REFUNDED and .REVERSED: a Refund of a capture, keyed by its own id, its amount debited."""
+    refund = _paypal_resource(event)
+    amount, currency, problem = _paypal_money(refund.get("amount"), "resource.amount")
+    if problem:
+        return problem
+    links = refund.get("links")
+    ups = [link.get("href") for link in links if isinstance(link, dict) and link.get("rel") == "up"] \
+        if isinstance(links, list) else []
+    capture = _CAPTURE_LINK.fullmatch(ups[0]) if len(ups) == 1 and isinstance(ups[0], str) else None
+    status = refund.get("status")
+    state = PAYPAL_REFUND_STATES.get(status, status) if isinstance(status, str) else status
+    return Fields(capture[1] if capture else None, None, amount, currency, None, refund.get("id"), state)
+
+
+# A resolved Dispute's outcome -> what it does to its funds (Disputes v1, dispute_outcome.outcome_code): the
+# buyer's win takes the disputed amount, the seller's (or none taken from the seller) gives back what was taken.
+PAYPAL_DISPUTE_OUTCOMES = {"RESOLVED_BUYER_FAVOUR": State.APPLIED, "ACCEPTED": State.APPLIED,
+                           "RESOLVED_SELLER_FAVOUR": State.REVERSED, "DENIED": State.REVERSED,
+                           "CANCELED_BY_BUYER": State.REVERSED, "RESOLVED_WITH_PAYOUT": State.REVERSED}
+
+
+def _read_paypal_dispute(event: Event) -> Fields | str:
+    """CUSTOMER.DISPUTE.RESOLVED: lost, it takes dispute_amount from its transaction's payment once; won, nothing,
+    or back what a loss took. Created and updated move nothing, as Razorpay's disputes before they are lost."""
+    dispute = _paypal_resource(event)
+    outcome = _object(dispute.get("dispute_outcome")).get("outcome_code")
+    state = PAYPAL_DISPUTE_OUTCOMES.get(outcome) if isinstance(outcome, str) else None
+    if state is None:
+        return f"resource.dispute_outcome.outcome_code must be one of {', '.join(PAYPAL_DISPUTE_OUTCOMES)}"
+    transactions = dispute.get("disputed_transactions")
+    if not isinstance(transactions, list) or len(transactions) != 1:
+        return "resource.disputed_transactions must name exactly one transaction"
+    amount, currency, problem = _paypal_money(dispute.get("dispute_amount"), "resource.dispute_amount")
+    return problem or Fields(_object(transactions[0]).get("seller_transaction_id"), None, amount, currency, None,
+                             dispute.get("dispute_id"), state)
+
+
 def _livemode(event: Event) -> bool:
     return event.document.get("livemode") is True
 
@@ -626,6 +716,11 @@ RAZORPAY_REFUND_EVENTS = ("refund.processed",)
 EITHER_REFUND_EVENTS = ("refund.created", "refund.failed")  # Stripe's names too
 RAZORPAY_DISPUTE_LOST = "payment.dispute.lost"
 RAZORPAY_DISPUTE_WON = "payment.dispute.won"
+_PAYPAL_REFUND = Fields("resource.links[rel=up] (the capture's URL)", None, "resource.amount.value",
+                        "resource.amount.currency_code", None, "resource.id", "resource.status")
+PAYPAL_CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
+PAYPAL_REFUND_EVENTS = ("PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED")
+PAYPAL_DISPUTE_RESOLVED = "CUSTOMER.DISPUTE.RESOLVED"  # CUSTOMER.DISPUTE.CREATED and .UPDATED move nothing
 
 # Keyed by type, not by scheme: the names do not collide, so a Stripe event
 # relayed by another sender still applies.
@@ -647,4 +742,10 @@ RULES = {
     **{refund: Rule(Kind.REFUND, _read_razorpay_refund, _RAZORPAY_REFUND) for refund in RAZORPAY_REFUND_EVENTS},
     RAZORPAY_DISPUTE_LOST: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.APPLIED), _RAZORPAY_DISPUTE),
     RAZORPAY_DISPUTE_WON: Rule(Kind.DISPUTE, _read_razorpay_dispute(State.REVERSED), _RAZORPAY_DISPUTE),
+    PAYPAL_CAPTURE_COMPLETED: Rule(Kind.CREDIT, _read_paypal_capture, Fields(
+        "resource.id", "resource.custom_id", "resource.amount.value", "resource.amount.currency_code", None)),
+    **{refund: Rule(Kind.REFUND, _read_paypal_refund, _PAYPAL_REFUND) for refund in PAYPAL_REFUND_EVENTS},
+    PAYPAL_DISPUTE_RESOLVED: Rule(Kind.DISPUTE, _read_paypal_dispute, Fields(
+        "resource.disputed_transactions[0].seller_transaction_id", None, "resource.dispute_amount.value",
+        "resource.dispute_amount.currency_code", None, "resource.dispute_id", "resource.dispute_outcome")),
 }

@@ -21,7 +21,6 @@ from typing import NamedTuple
 import psycopg
 
 from .db import Pool, one_query, transaction
-from .delivery import Outcome
 from .events import (
     DEFAULT_POLICY,
     EFFECT_VERSION,
@@ -34,6 +33,7 @@ from .events import (
     effect_of,
     stored_event,
 )
+from .outcome import Outcome
 
 
 class RetryLaterError(RuntimeError):

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .config import Settings
-from .delivery import Outcome
-from .events import DEFAULT_SOURCE, Event
+from .events import DEFAULT_SOURCE, Effect, Event
+from .ledger import Result
+from .outcome import Outcome
 from .redis_client import UNAVAILABLE, RedisLink, UnusableError
 
 if TYPE_CHECKING:
     import redis
     from flask import Flask
     from redis.cluster import RedisCluster
-
-    from .ledger import Result
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +93,34 @@ def init_app(app: Flask) -> None:
     settings = Settings.of(app)
     if settings.redis_url is None:  # read for a command that needs no Redis (config.Needs)
         return
-    app.extensions["redis"] = RedisLink(settings.redis_url, settings.redis_cluster, settings.redis_timeout_ms / 1000)
+    link = RedisLink(settings.redis_url, settings.redis_cluster, settings.redis_timeout_ms / 1000)
+    app.extensions["redis"] = link
+    app.extensions["locks"] = Locks(link, settings)
+
+
+class Locks:
+    """Each delivery's EventLock, on the app's Redis link, held and remembered as long as the settings say."""
+
+    def __init__(self, link: RedisLink, settings: Settings) -> None:
+        self._link = link
+        self._ttl_ms, self._done_ttl_ms = settings.lock_ttl_ms, settings.redis_done_ttl_seconds * 1000
+
+    @staticmethod
+    def of(app: Flask) -> Locks:
+        """The locks init_app made for the app."""
+        locks: Locks = app.extensions["locks"]
+        return locks
+
+    def event_lock(self, event: Event, effect: Effect, body_sha256: bytes) -> EventLock:
+        """The lock of one delivery of event, whose effect and received bytes are given."""
+        return EventLock(self._link, event, effect.sha256, body_sha256, ttl_ms=self._ttl_ms,
+                         done_ttl_ms=self._done_ttl_ms)
 
 
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, link: RedisLink, event: Event, effect_sha256: bytes, body_sha256: bytes, ttl_ms: int,
+    def __init__(self, link: RedisLink, event: Event, effect_sha256: bytes, body_sha256: bytes, *, ttl_ms: int,
                  done_ttl_ms: int) -> None:
         self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
@@ -108,11 +129,38 @@ class EventLock:
         self._body_sha256 = body_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
+        self.state: LockState | None = None  # what acquire found; None before it ran
         self.fault: str | None = None  # the reason of a Redis fault met by this delivery, if any
         self.stored_sha256: bytes | None = None  # of the committed bytes, when the marker answered
 
+    def apply_once(self, apply: Callable[[], Result]) -> Result:
+        """Run apply (one transaction) under the lock, or answer without it.
+
+        A done marker of this effect is a duplicate, answered without
+        PostgreSQL; a twin holding the lock is InProgressError (409, retry
+        later); without Redis (DEGRADED) apply runs unlocked and PostgreSQL
+        alone decides. A lock this delivery took is released, and marks the
+        event done only if apply committed (not if it raised).
+        """
+        state = self.acquire()
+        if state == LockState.DONE:
+            return Result(Outcome.DUPLICATE, stored_sha256=self.stored_sha256)
+        if state == LockState.HELD_ELSEWHERE:
+            raise InProgressError("another delivery of this event is being processed; retry later")
+        applied = None  # None when the transaction raised: release() leaves no done marker
+        try:
+            applied = apply()
+        finally:
+            if state == LockState.ACQUIRED:
+                self.release(applied)
+        return applied
+
     def acquire(self) -> LockState:
-        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used."""
+        """Return ACQUIRED, HELD_ELSEWHERE, DONE, or DEGRADED when Redis cannot be used (also kept in state)."""
+        self.state = self._acquire()
+        return self.state
+
+    def _acquire(self) -> LockState:
         try:
             taken = self._link.run(ACQUIRE, self._keys, [self._token, self._ttl_ms, self._effect_sha256])
         except UnusableError as exc:

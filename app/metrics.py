@@ -33,9 +33,10 @@ from prometheus_client.registry import Collector
 
 from .config import Settings
 from .db import Pool, get_pool, statement_timeout
-from .delivery import Delivery, Outcome
+from .delivery import Delivery
 from .ledger import Change, Result
 from .lock import LockState
+from .outcome import Outcome
 
 log = logging.getLogger(__name__)
 

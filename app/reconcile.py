@@ -27,9 +27,9 @@ from typing import NamedTuple, Protocol
 import psycopg
 
 from .db import Pool, transaction
-from .delivery import Outcome
 from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from .ledger import Origin, Result, RetryLaterError, apply_event, replay
+from .outcome import Outcome
 
 # Events reach the list a little after they are created (their `created` is
 # earlier than the moment they can be listed): a run without --since starts

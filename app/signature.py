@@ -12,6 +12,16 @@ which are never decoded to text, compared timing-safe with every secret:
 - `razorpay`: `X-Razorpay-Signature: <hex>` of the body. Razorpay signs no
   timestamp and not its `x-razorpay-event-id` header: see app/events.py.
 
+And one that is not an HMAC:
+
+- `paypal`: `PAYPAL-TRANSMISSION-SIG: <base64>`, PayPal's RSA-SHA256
+  (SHA256withRSA) signature of `<PAYPAL-TRANSMISSION-ID>|<PAYPAL-TRANSMISSION-TIME>|<webhook id>|<CRC32 of the
+  body, unsigned decimal>` ("Self verification method",
+  https://developer.paypal.com/api/rest/webhooks/rest/; PayPal's Python SDK, paypalrestsdk's
+  WebhookEvent._get_expected_sig, builds the same string). The secrets are the webhook ids; the public key
+  is that of the certificate PAYPAL-CERT-URL names, which verify asks of `certificates` (app/paypal.py
+  fetches, checks and caches it: this module does no I/O).
+
 A missing or malformed header raises SignatureError, as a wrong signature
 does; no input raises anything else. A missing header's message names the
 scheme the source expects, and the scheme whose header the request carries
@@ -20,12 +30,21 @@ names only, never a value.
 """
 
 import base64
+import binascii
+import functools
 import hashlib
 import hmac
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey, RSAPublicKey
 
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 _BASE64_DIGEST = re.compile(r"[A-Za-z0-9+/]{43}=")  # 32 bytes, standard alphabet
@@ -46,12 +65,28 @@ class Headers(Protocol):
     def items(self) -> Iterable[tuple[str, str]]: ...
 
 
+class Certificates(Protocol):
+    """Where the paypal scheme gets the public key of the certificate a PAYPAL-CERT-URL names (app/paypal.py).
+
+    It raises SignatureError for a URL or a certificate it refuses, and may
+    raise another error (answered 503) when the certificate cannot be had now.
+    """
+
+    def __call__(self, url: str, now: float) -> RSAPublicKey: ...
+
+
 def verify(scheme: str, body: bytes, headers: Headers, secrets: Sequence[bytes], tolerance: int,
-           now: float | None = None) -> int:
-    """Return the index of the secret that signed the delivery, or raise SignatureError."""
+           now: float | None = None, certificates: Certificates | None = None) -> int:
+    """Return the index of the secret that signed the delivery, or raise SignatureError.
+
+    certificates is needed by the paypal scheme alone (its secrets are webhook ids, its key PayPal's).
+    """
     lowered = {str(name).lower(): value for name, value in headers.items()}
+    check = _SCHEMES[scheme][0]
+    if scheme == "paypal":
+        check = functools.partial(_paypal, certificates=certificates)
     try:
-        return _SCHEMES[scheme][0](body, lowered, secrets, tolerance, time.time() if now is None else now)
+        return check(body, lowered, secrets, tolerance, time.time() if now is None else now)
     except _MissingHeaderError as exc:
         raise SignatureError(f"{exc}: {_expected(scheme, lowered)}") from None
 
@@ -117,6 +152,63 @@ def _razorpay(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes],
     return _match(secrets, [body], [_hex(_required(headers, name).strip(), name)])
 
 
+# PayPal's (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's request): a
+# transmission id matches ^(?!\d+$)\w+\S+ in at most 50 characters (a UUID in practice); narrowed to
+# ASCII word characters and '-', so that no '|' can move a field of the signed string.
+_TRANSMISSION_ID = re.compile(r"[0-9A-Za-z_-]{1,50}")
+# "Internet date and time format" (RFC 3339), as PayPal sends it: 2016-02-18T20:01:35Z.
+_TRANSMISSION_TIME = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})")
+# The only algorithm accepted, whatever PAYPAL-AUTH-ALGO says otherwise: it is not signed, and PayPal's
+# SDK would also take SHA1withRSA.
+PAYPAL_AUTH_ALGO = "SHA256withRSA"
+# A 4096-bit RSA signature is 684 base64 characters; PayPal's limit for the field is 500.
+_MAX_SIGNATURE_CHARS = 1024
+
+
+def _paypal(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+            certificates: Certificates | None = None) -> int:
+    """PayPal's own check ("Self verification method"): the headers' fields, the time, then the certificate."""
+    transmission_id = _required(headers, "PAYPAL-TRANSMISSION-ID")
+    if not _TRANSMISSION_ID.fullmatch(transmission_id):
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-ID header: expected 1 to 50 letters, digits, _ or -")
+    stamp = _required(headers, "PAYPAL-TRANSMISSION-TIME")
+    try:
+        if not _TRANSMISSION_TIME.fullmatch(stamp):
+            raise ValueError
+        sent = datetime.fromisoformat(stamp).timestamp()  # ValueError for a 13th month, a 25th hour
+    except ValueError:
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-TIME header: expected an RFC 3339 date and time") from None
+    algorithm = _required(headers, "PAYPAL-AUTH-ALGO")
+    if algorithm != PAYPAL_AUTH_ALGO:
+        raise SignatureError(f"PAYPAL-AUTH-ALGO must be {PAYPAL_AUTH_ALGO}")
+    raw_signature = _required(headers, "PAYPAL-TRANSMISSION-SIG").strip()
+    try:
+        if len(raw_signature) > _MAX_SIGNATURE_CHARS:
+            raise ValueError
+        received = base64.b64decode(raw_signature, validate=True)
+    except (ValueError, binascii.Error):
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-SIG header: expected base64") from None
+    url = _required(headers, "PAYPAL-CERT-URL").strip()
+    _check_age(now - sent, tolerance)
+    if certificates is None:
+        raise TypeError("the paypal scheme verifies with a certificate source: pass certificates")
+    key = certificates(url, now)  # after every cheap refusal: nothing is fetched for a malformed delivery
+    crc = str(binascii.crc32(body) & 0xFFFFFFFF).encode()  # the SDK's: unsigned, base 10
+    matched = -1
+    for index, webhook_id in enumerate(secrets):
+        try:
+            key.verify(received, b"|".join([transmission_id.encode(), stamp.encode(), webhook_id, crc]),
+                       padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            continue
+        matched = index
+        break  # the webhook id is no secret: which one matched may show in the time taken
+    if matched < 0:
+        raise SignatureError("signature does not match")
+    return matched
+
+
 # Each scheme's verifier, and the header that tells its deliveries apart (standard-webhooks sends two more),
 # named to a delivery that lacks its source's.
 _SCHEMES: dict[str, tuple[Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int], str]] = {
@@ -125,8 +217,12 @@ _SCHEMES: dict[str, tuple[Callable[[bytes, Mapping[str, str], Sequence[bytes], i
     "standard-webhooks": (_standard_webhooks, "webhook-signature"),
     "github": (_github, "X-Hub-Signature-256"),
     "razorpay": (_razorpay, "X-Razorpay-Signature"),
+    "paypal": (_paypal, "PAYPAL-TRANSMISSION-SIG"),
 }
 SCHEMES = tuple(_SCHEMES)
+# Those whose sign() and verify() need nothing but the secrets (keys): every scheme but paypal, whose
+# verifier needs PayPal's certificate and whose signer a private key (tests/test_paypal_scheme.py).
+HMAC_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme != "paypal")
 
 
 class _MissingHeaderError(SignatureError):
@@ -159,7 +255,10 @@ def _check_timestamp(value: str, header: str, tolerance: int, now: float) -> Non
     """Refuse a delivery signed too long ago (a replay) or too far ahead (a skewed or forged clock)."""
     if not _UNIX_SECONDS.fullmatch(value):
         raise SignatureError(f"malformed {header} header: expected a timestamp in Unix seconds")
-    age = now - int(value)
+    _check_age(now - int(value), tolerance)
+
+
+def _check_age(age: float, tolerance: int) -> None:
     if age > tolerance:
         raise SignatureError("timestamp is too old: outside the tolerance window")
     if age < -tolerance:
@@ -193,7 +292,8 @@ def _mac(secret: bytes, *parts: bytes) -> bytes:
 
 
 def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int | None = None,
-         msg_id: str | None = None) -> dict[str, str]:
+         msg_id: str | None = None, private_key: RSAPrivateKey | None = None,
+         cert_url: str | None = None) -> dict[str, str]:
     """Return the signature headers a sender of scheme sends with body.
 
     secrets are keys as configured (Standard Webhooks': the bytes after
@@ -201,8 +301,17 @@ def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int |
     rolling its secret does; the others sign with the first. timestamp
     defaults to now; msg_id is standard-webhooks' webhook-id (required there)
     and razorpay's x-razorpay-event-id (sent when given).
+
+    paypal signs as PayPal does: for the first secret (the webhook id), with
+    private_key, the key of the certificate at cert_url (both required);
+    msg_id is the transmission id (default a new UUID).
     """
-    return _SIGNERS[scheme](body, list(secrets), int(time.time() if timestamp is None else timestamp), msg_id)
+    stamp = int(time.time() if timestamp is None else timestamp)
+    if scheme == "paypal":
+        if private_key is None or cert_url is None:
+            raise ValueError("paypal signs with the private key of the certificate at cert_url: pass both")
+        return _sign_paypal(body, next(iter(secrets)), stamp, msg_id or str(uuid.uuid4()), private_key, cert_url)
+    return _SIGNERS[scheme](body, list(secrets), stamp, msg_id)
 
 
 def _sign_hmac_sha256(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) -> dict[str, str]:
@@ -234,6 +343,18 @@ def _sign_razorpay(body: bytes, secrets: list[bytes], timestamp: int, msg_id: st
     return {"X-Razorpay-Signature": _mac(secrets[0], body).hex(), **({"x-razorpay-event-id": msg_id} if msg_id else {})}
 
 
+def _sign_paypal(body: bytes, webhook_id: bytes, timestamp: int, transmission_id: str, private_key: RSAPrivateKey,
+                 cert_url: str) -> dict[str, str]:
+    stamp = datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crc = str(binascii.crc32(body) & 0xFFFFFFFF).encode()
+    signed = private_key.sign(b"|".join([transmission_id.encode(), stamp.encode(), webhook_id, crc]),
+                              padding.PKCS1v15(), hashes.SHA256())
+    return {"PAYPAL-TRANSMISSION-ID": transmission_id, "PAYPAL-TRANSMISSION-TIME": stamp,
+            "PAYPAL-TRANSMISSION-SIG": base64.b64encode(signed).decode(), "PAYPAL-CERT-URL": cert_url,
+            "PAYPAL-AUTH-ALGO": PAYPAL_AUTH_ALGO}
+
+
+# paypal's signer takes a private key and a certificate's URL besides: sign() calls it itself.
 _SIGNERS: dict[str, Callable[[bytes, list[bytes], int, str | None], dict[str, str]]] = {
     "hmac-sha256": _sign_hmac_sha256,
     "stripe": _sign_stripe,

@@ -15,7 +15,7 @@ import click
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
-from .cli import CENTS, Commands, _os_user, _table, _utc
+from .commands import CENTS, Commands, os_user, table, utc
 from .config import Needs
 from .db import NamedRow, get_pool, transaction
 from .events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
@@ -110,14 +110,14 @@ def show_user(user_id: uuid.UUID) -> None:
     changed = sum(row.amount_cents for row in journal)
     click.echo(f"user:       {user.user_id}")
     click.echo(f"balance:    {user.balance_cents} cents")
-    click.echo(f"opening:    {user.opening_balance_cents} cents, created {_utc(user.created_at)}")
+    click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
     click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
     for link in links:
         click.echo(f"linked:     customer {link.customer_id} of source {link.source} (by {link.linked_by}, "
-                   f"{_utc(link.created_at)})")
+                   f"{utc(link.created_at)})")
     if journal:
-        _table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
-               [(_utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
+        table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
+               [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
 
 
 def _movement(row: NamedRow) -> str:
@@ -145,8 +145,8 @@ def list_users(limit: int) -> None:
     if not rows:
         click.echo("no users")
         return
-    _table(("USER", "BALANCE", "OPENING", "JOURNAL ROWS", "CREATED (UTC)"),
-           [(r.user_id, r.balance_cents, r.opening_balance_cents, r.journal_rows, _utc(r.created_at)) for r in rows])
+    table(("USER", "BALANCE", "OPENING", "JOURNAL ROWS", "CREATED (UTC)"),
+           [(r.user_id, r.balance_cents, r.opening_balance_cents, r.journal_rows, utc(r.created_at)) for r in rows])
 
 
 @users.command("link", needs=Needs.DATABASE)
@@ -159,7 +159,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
 
     A link is never changed: a payment credited before it is not moved.
     """
-    actor = _os_user() if actor is None else actor
+    actor = os_user() if actor is None else actor
     if not 1 <= len(customer_id) <= 128:
         raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
     params = {"source": source, "customer": customer_id, "user": user_id, "by": actor}
@@ -171,7 +171,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
     if link.user_id != user_id:
         raise click.ClickException(f"customer {customer_id} of source {source} is linked to user {link.user_id} "
-                                   f"(by {link.linked_by}, {_utc(link.created_at)}); a link is never changed")
+                                   f"(by {link.linked_by}, {utc(link.created_at)}); a link is never changed")
     click.echo(f"linked customer {customer_id} of source {source} to user {user_id}" if made else
                f"customer {customer_id} of source {source} is linked to user {user_id} already: nothing changed")
     for event_id, status in waiting:

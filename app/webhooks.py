@@ -7,14 +7,19 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import ledger, lock, signature
-from .config import Settings, UnknownSourceError
+from . import ledger, lock, paypal, signature
+from .config import Settings
 from .db import get_pool
-from .delivery import Outcome, current_delivery
+from .delivery import current_delivery
 from .events import DEFAULT_SOURCE, effect_of, parse
-from .lock import LockState
+from .lock import Locks
+from .sources import Source
 
 bp = Blueprint("webhooks", __name__)
+
+
+class UnknownSourceError(LookupError):
+    """No source of that name is configured: answered 404."""
 
 
 # The default source's route passes None, not its name: with its name as the
@@ -27,48 +32,29 @@ bp = Blueprint("webhooks", __name__)
 @bp.post("/api/webhooks/<name>", strict_slashes=False, provide_automatic_options=False)
 def receive(name: str | None) -> dict[str, str]:
     """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
-    settings = Settings.of(current_app)
+    settings, delivery = Settings.of(current_app), current_delivery()
+    assert delivery is not None  # every request under delivery.PREFIX is one
+    source = _source(settings, name)  # before anything is read: an unknown source costs a dict lookup
+    delivery.source = source.name
+    body = _raw_json_body(settings.max_body_bytes)
+    delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
+                                             certificates=paypal.certificates(current_app))
+    event = delivery.event = parse(body, source.scheme, request.headers, source.event_source)
+    effect = delivery.effect = effect_of(event, settings.policy)
+    body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
+    delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
+    delivery.result = delivery.lock.apply_once(
+        lambda: ledger.apply_event(get_pool(current_app), event, effect, body_sha256, settings.policy))
+    delivery.outcome = delivery.result.raise_for_outcome().outcome
+    return {"status": delivery.outcome, "event_id": event.id}
+
+
+def _source(settings: Settings, name: str | None) -> Source:
     # "default" is reserved for POST /api/webhooks: it names no source on /api/webhooks/<name>.
     source = None if name == DEFAULT_SOURCE else settings.sources.get(name or DEFAULT_SOURCE)
-    delivery = current_delivery()
-    assert delivery is not None  # every request under delivery.PREFIX is one
-    delivery.source = None if source is None else source.name
     if source is None:
-        # Before anything is read: an unknown source costs a dict lookup.
         raise UnknownSourceError("no such source")
-    body = _raw_json_body(settings.max_body_bytes)
-    delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance)
-
-    event = parse(body, source.scheme, request.headers, source.event_source)
-    effect = effect_of(event, settings.policy)
-    delivery.event_id, delivery.event_type, delivery.payment_id = event.id, event.type, effect.payment_id
-    delivery.movement = effect.movement_id and f"{effect.kind} {effect.movement_id} {effect.state}"
-
-    delivery.body_sha256 = hashlib.sha256(body).digest()
-    event_lock = lock.EventLock(current_app.extensions["redis"], event, effect.sha256, delivery.body_sha256,
-                                settings.lock_ttl_ms, settings.redis_done_ttl_seconds * 1000)
-    delivery.lock_state = event_lock.acquire()
-    delivery.redis_fault = event_lock.fault
-    if delivery.lock_state == LockState.DONE:
-        # This effect was committed before (the marker is set only after
-        # COMMIT): a duplicate, answered without touching PostgreSQL.
-        result = ledger.Result(Outcome.DUPLICATE, stored_sha256=event_lock.stored_sha256)
-    elif delivery.lock_state == LockState.HELD_ELSEWHERE:
-        raise lock.InProgressError("another delivery of this event is being processed; retry later")
-    else:
-        applied = None  # None when the transaction raised: release() leaves no done marker
-        try:
-            applied = ledger.apply_event(get_pool(current_app), event, effect, delivery.body_sha256, settings.policy)
-        finally:
-            if delivery.lock_state == LockState.ACQUIRED:
-                event_lock.release(applied)
-                delivery.redis_fault = event_lock.fault
-        result = applied
-
-    delivery.stored_sha256 = result.stored_sha256
-    delivery.change, delivery.balance_after = result.change, result.balance_after
-    delivery.outcome = result.raise_for_outcome().outcome
-    return {"status": delivery.outcome, "event_id": event.id}
+    return source
 
 
 def _raw_json_body(limit: int) -> bytes:

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from app import create_app
-from app.cli import Commands
+from app.commands import Commands
 from app.config import Needs
 from devservers import ROOT
 

@@ -11,6 +11,7 @@ import pytest
 
 from app import config, create_app
 from app.config import ConfigError, Needs, Settings, Source
+from app.events import Users
 from devservers import ROOT
 
 # Starts no server: in `make check` (docs/testing.md).
@@ -32,12 +33,19 @@ def test_defaults_match_the_readme():
     assert config.check_nesting(parsed) == []
 
 
+def test_each_setting_is_declared_once_with_its_meaning_and_a_default_that_parses():
+    for name, (parse, default, meaning) in config.SETTINGS.items():
+        assert meaning.strip(), name
+        if default is not None:
+            parse(name, default)  # a default that did not parse would stop every host that leaves it unset
+
+
 def test_settings_are_one_frozen_object_with_a_field_per_setting():
     parsed = config.from_env(BASE)
     names = {field.name for field in dataclasses.fields(Settings)}
     assert names == {name.lower() for name in config.SETTINGS} | {"sources", "policy", "read"}
     assert (parsed.schema_path, parsed.policy) == \
-        (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False, {"default": config.Users()}))
+        (config.DEFAULT_SCHEMA_PATH, config.Policy("usd", False, {"default": Users()}))
     with pytest.raises(dataclasses.FrozenInstanceError):
         parsed.lock_ttl_ms = 1  # type: ignore[misc]
     with pytest.raises(TypeError):

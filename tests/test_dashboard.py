@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from app.db import apply_schema
-from app.delivery import Outcome
+from app.outcome import Outcome
 from devservers import ROOT, Gunicorn, Prometheus, Redis, packages, wait_until
 
 from .helpers import (

@@ -87,7 +87,8 @@ def test_release_never_deletes_a_lock_taken_by_another_token(app, redis_client):
     second = EventLock(link, event, b"\x02" * 32, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
     assert second.acquire() == LockState.ACQUIRED
     first.release(None)  # not committed
-    assert EventLock(link, event, b"\x02" * 32, b"\x01" * 32, 10000, 1000).acquire() == LockState.HELD_ELSEWHERE
+    third = EventLock(link, event, b"\x02" * 32, b"\x01" * 32, ttl_ms=10000, done_ttl_ms=1000)
+    assert third.acquire() == LockState.HELD_ELSEWHERE
 
 
 @pytest.mark.unit

@@ -108,7 +108,7 @@ def test_a_terminal_gets_human_lines_from_the_same_records():
     import io
     import logging
 
-    from logformat import HumanFormatter, formatter_for
+    from app.logformat import HumanFormatter, formatter_for
 
     class Terminal(io.StringIO):
         def isatty(self):

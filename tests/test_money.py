@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app import events
-from app.delivery import Outcome
 from app.events import Kind, State
 from app.ledger import Change, Entry, SpendOutcome, Status
+from app.outcome import Outcome
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, http_post
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed

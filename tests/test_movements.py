@@ -8,7 +8,7 @@ import logging
 import pytest
 from psycopg.rows import dict_row
 
-from app.delivery import Outcome
+from app.outcome import Outcome
 
 from .helpers import ALICE, BOB, assert_ledger_consistent, balance, samples, stored_event_row
 from .stripe_events import BEFORE_BASIL, charge_refunded, dispute, intent_succeeded, refund, send_stripe

@@ -31,7 +31,7 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
         conf = archive.read(next(n for n in names if n.endswith(".data/data/share/webhook-ledger/gunicorn.conf.py")))
     release = "-".join(wheel.name.split("-")[:2])  # webhook_ledger-<version>
     assert {name.split("/")[0] for name in names} == {
-        "app", "wsgi.py", "logformat.py", "gunicorn_worker.py", f"{release}.dist-info", f"{release}.data"}, names
+        "app", "wsgi.py", f"{release}.dist-info", f"{release}.data"}, names
     assert not [n for n in names if n.startswith(("devservers/", "tests/", "scripts/", "deploy/"))]
     # Copies of the checkout's files, byte for byte (app/schema.sql and app/migrations are symlinks to the
     # top-level ones).
@@ -56,7 +56,7 @@ def test_the_installed_host_runs_the_exact_versions_of_requirements_lock(install
 def test_the_installed_host_imports_the_installed_package_and_no_test_tooling(installed_host):
     host = installed_host
     assert ROOT not in host.workdir.parents
-    probe = "import importlib.util, app, wsgi, logformat; print(app.__file__, importlib.util.find_spec('devservers'))"
+    probe = "import importlib.util, app.logformat, wsgi; print(app.__file__, importlib.util.find_spec('devservers'))"
     done = subprocess.run([str(host.venv / "bin" / "python"), "-c", probe], cwd=host.workdir, env=host.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

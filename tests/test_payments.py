@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from app.delivery import Outcome
+from app.outcome import Outcome
 
 from .helpers import (
     ALICE,

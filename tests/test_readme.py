@@ -21,7 +21,7 @@ def _table_defaults():
 
 def test_every_setting_is_documented_with_its_default():
     documented = _table_defaults()
-    for name, (_, default) in SETTINGS.items():
+    for name, (_, default, _) in SETTINGS.items():
         assert name in documented, f"{name} missing from README's configuration table"
         if default == "":
             assert "none" in documented[name], name

@@ -10,16 +10,21 @@ closed. A buffering proxy in front (deploy/haproxy.cfg) spares the threads
 altogether; this bounds what a sender can hold where there is none (the
 Docker image, `make run`).
 
-A module of its own, outside the app package, as logformat.py: gunicorn's
-master loads the worker class, and must not import the app.
+A leaf of the app package, as app/logformat.py: it imports nothing of the app,
+so gunicorn.conf.py loads it by its path, without the package (gunicorn's
+master loads the worker class, and must import nothing of the app).
 """
 
 import os
+import socket
 import time
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
-from gunicorn.http.errors import NoMoreData
-from gunicorn.workers import gthread
+# gunicorn ships no type hints.
+from gunicorn.http.errors import NoMoreData  # type: ignore[import-untyped]
+from gunicorn.workers import gthread  # type: ignore[import-untyped]
 
 SETTING = "REQUEST_READ_TIMEOUT_SECONDS"
 # haproxy's `timeout http-request` in deploy/haproxy.cfg, for the same job.
@@ -43,11 +48,11 @@ class RequestTimeout(NoMoreData, TimeoutError):
     into ClientDisconnected) a TimeoutError, which errors.py answers 408.
     """
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "the request did not arrive in time"
 
 
-def read_timeout(environ):
+def read_timeout(environ: Mapping[str, str]) -> float:
     """REQUEST_READ_TIMEOUT_SECONDS in seconds; ValueError, naming the setting, if it is not a positive number."""
     value = environ.get(SETTING, "").strip() or str(DEFAULT_SECONDS)
     try:
@@ -67,21 +72,21 @@ class DeadlineSocket:
     Everything else is the socket's own.
     """
 
-    def __init__(self, sock, seconds):
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
         self._sock, self._seconds = sock, seconds
-        self.deadline = None
+        self.deadline: float | None = None
         self.armed = self.timed_out = self.answered = False
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
-    def start_request(self):
+    def start_request(self) -> None:
         self.armed, self.deadline, self.timed_out, self.answered = True, None, False, False
 
-    def end_request(self):
+    def end_request(self) -> None:
         self.armed = False
 
-    def recv(self, size, *flags):
+    def recv(self, size: int, *flags: int) -> bytes:
         if not self.armed:
             return self._sock.recv(size, *flags)
         now = time.monotonic()
@@ -102,11 +107,11 @@ class DeadlineSocket:
         finally:
             self._sock.settimeout(prior)
 
-    def sendall(self, data, *flags):
+    def sendall(self, data: bytes, *flags: int) -> None:
         self.answered = True
         return self._sock.sendall(data, *flags)
 
-    def send(self, data, *flags):
+    def send(self, data: bytes, *flags: int) -> int:
         self.answered = True
         return self._sock.send(data, *flags)
 
@@ -114,11 +119,11 @@ class DeadlineSocket:
 class ThreadWorker(gthread.ThreadWorker):
     """gthread, whose connections read through a DeadlineSocket."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout(os.environ)  # checked by gunicorn.conf.py's on_starting
 
-    def handle(self, conn):
+    def handle(self, conn: Any) -> bool:
         if self.cfg.is_ssl:
             # gunicorn wraps the socket itself in TLS: terminate TLS in a proxy in front instead.
             return super().handle(conn)

@@ -1,9 +1,10 @@
 """Log formatters shared by gunicorn.conf.py and app/logs.py, from the same records:
 JSON lines for production, a short human line when the stream is a terminal.
 
-A module of its own, outside the app package: gunicorn's master loads it for
-logconfig_dict without importing the app (which would stop a HUP from loading
-new code into the new workers).
+A leaf of the app package: it imports nothing of the app, so gunicorn.conf.py
+loads it by its path, without the package, for logconfig_dict (the master
+must import nothing of the app, or a HUP would not load new code into the
+new workers).
 """
 
 import logging

@@ -1,0 +1,92 @@
+"""What every group of `flask` commands shares: the settings each command needs, one-line failures, tables.
+
+cli.py's and users.py's commands are built from it.
+"""
+
+import functools
+import getpass
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from .config import PROBLEMS, Needs, Settings
+from .db import unavailable_in_one_line
+from .parsers import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What each level of the settings is, in a refusal's words.
+NEEDS_WORDS = {Needs.DATABASE: "DATABASE_URL", Needs.REDIS: "DATABASE_URL and REDIS_URL",
+               Needs.SERVICE: "the service's settings"}
+
+
+def needs(level: Needs) -> Callable[[F], F]:
+    """Declare what a command reads of the settings: one that is missing or bad stops it in one line, before it runs.
+
+    `flask` builds the app from as much of the settings as there is, from
+    DATABASE_URL alone up (create_app); a command that needs more says so here.
+    """
+    def declare(command: F) -> F:
+        @functools.wraps(command)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if Settings.of(current_app).read < level:
+                problem = current_app.extensions[PROBLEMS][level]
+                raise ConfigError(f"{problem.message} ({name_of(click.get_current_context())} reads "
+                                  f"{NEEDS_WORDS[level]})")
+            return command(*args, **kwargs)
+        return checked  # type: ignore[return-value]
+    return declare
+
+
+def name_of(ctx: click.Context) -> str:
+    """The command as an operator types it: `flask events replay` (however `flask` itself was started)."""
+    names: list[str] = []
+    while ctx.parent is not None:
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["flask", *names])
+
+
+class Commands(AppGroup):
+    """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable.
+
+    Each command declares what it reads of the settings: `@group.command(name, needs=Needs.DATABASE)`;
+    a command that says nothing needs them all.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with unavailable_in_one_line():
+            return super().invoke(ctx)
+
+    def command(self, *args: Any, needs: Needs = Needs.SERVICE, **kwargs: Any) -> Any:
+        register = super().command(*args, **kwargs)
+        return lambda function: register(_needs(needs)(function))
+
+
+_needs = needs  # for Commands.command, whose keyword hides it
+
+
+# An adjustment's amount: any that a balance (BIGINT) can hold.
+CENTS = click.IntRange(-2**63, 2**63 - 1)
+
+
+def utc(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def table(header: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
+
+
+def os_user() -> str:
+    """The name of the OS user running the command."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in the environment, and a uid with no passwd entry
+        raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None

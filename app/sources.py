@@ -1,0 +1,213 @@
+"""The sources: who may send deliveries, each with its route, scheme, secrets and policy.
+
+The default source is configured by the global settings (WEBHOOK_SECRET,
+WEBHOOK_SIGNATURE_SCHEME, ...: config.py); each source named in
+WEBHOOK_SOURCES by WEBHOOK_<NAME>_<key>, read here, whose values default to
+the default source's.
+"""
+
+import base64
+import binascii
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import parsers
+from .events import DEFAULT_SOURCE, Users
+from .parsers import ConfigError
+from .signature import SCHEMES
+
+# Standard Webhooks secrets are written whsec_<base64 of the key>.
+WHSEC_PREFIX = "whsec_"
+# The shortest HMAC key accepted (under standard-webhooks, once decoded).
+# A captured delivery lets anyone search for the key offline (its signature
+# is an HMAC of bytes they have); 16 bytes can carry 128 bits, out of reach
+# of such a search. Providers issue longer ones: Stripe whsec_ + 32
+# characters, Standard Webhooks keys of 24 to 64 bytes, GitHub any string.
+MIN_SECRET_BYTES = 16
+
+
+# Also in schema.sql's CHECK on webhook_events.source.
+SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
+# Each named source's settings: WEBHOOK_<NAME>_<key>; each defaults to the default source's.
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window.
+
+    moved_from names the source whose events these are (WEBHOOK_<NAME>_MOVED_FROM):
+    a provider moved to this route keeps its events' identity, (source, id).
+    """
+
+    name: str
+    scheme: str
+    secrets: tuple[bytes, ...]
+    tolerance: int
+    moved_from: str | None = None
+    # The provider's API key, for `flask reconcile` (WEBHOOK_<NAME>_API_KEY); never in a repr.
+    api_key: str | None = field(default=None, repr=False)
+    # How its payments name their user (WEBHOOK_<NAME>_USER_METADATA_KEY, WEBHOOK_<NAME>_NO_USER).
+    users: Users = Users()
+
+    @property
+    def event_source(self) -> str:
+        """The source its events are stored, locked and deduplicated under."""
+        return self.moved_from or self.name
+
+
+# The replay window of a named source, as WEBHOOK_TOLERANCE_SECONDS's.
+TOLERANCE = parsers.integer(1, ": the replay window cannot be switched off")
+
+
+def names(name: str, raw: str, taken: Collection[str]) -> tuple[str, ...]:
+    """The named sources of WEBHOOK_SOURCES; none may be configured by a setting in taken (the global ones)."""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    for source in names:
+        if not SOURCE_NAME.fullmatch(source) or source == DEFAULT_SOURCE:
+            raise ConfigError(f"{name}: {source!r} is not a source name (1-64 lowercase letters, digits and -; "
+                              f"not {DEFAULT_SOURCE!r})")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{name} names a source twice")
+    for source in names:
+        # "signature" would read its scheme from WEBHOOK_SIGNATURE_SCHEME, the default source's.
+        clashes = [f"{prefix(source)}{key}" for key in SOURCE_SETTINGS if f"{prefix(source)}{key}" in taken]
+        if clashes:
+            raise ConfigError(f"{name}: source {source!r} would be configured by {clashes[0]}, another setting")
+    return tuple(names)
+
+
+def prefix(source: str) -> str:
+    return f"WEBHOOK_{source.upper().replace('-', '_')}_"
+
+
+def _long_enough(name: str, keys: tuple[bytes, ...], unit: str = "bytes") -> tuple[bytes, ...]:
+    """Refuse a key shorter than MIN_SECRET_BYTES; the message names it by index, never by value."""
+    for index, key in enumerate(keys):
+        if len(key) < MIN_SECRET_BYTES:
+            split = " (a comma always separates two secrets)" if len(keys) > 1 else ""
+            raise ConfigError(
+                f"{name} entry {index} (counted from 0) is shorter than {MIN_SECRET_BYTES} {unit}{split}")
+    return keys
+
+
+def keys(name: str, secrets: tuple[bytes, ...], scheme: str) -> tuple[bytes, ...]:
+    """The HMAC keys of a parsed secrets setting, as its scheme uses them (decoded under standard-webhooks)."""
+    if scheme == "paypal":  # webhook ids, not keys (PayPal's RSA key signs): no length to reach
+        return _webhook_ids(name, secrets)
+    if scheme == "standard-webhooks":
+        return _long_enough(name, _whsec_keys(name, secrets), f"bytes once decoded from {WHSEC_PREFIX}<base64>")
+    return _long_enough(name, secrets)
+
+
+def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, Source]:
+    """Every source served, by name: the default one (when it has a secret), then the named ones.
+
+    values are the global settings, parsed (config.SETTINGS's names): the default source's, and the
+    defaults of a named source's own; environ is read for WEBHOOK_<NAME>_<key> of each name in named.
+    """
+    sources = {}
+    if values["WEBHOOK_SECRET"] is not None:
+        secrets = keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], values["WEBHOOK_SIGNATURE_SCHEME"])
+        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, values["WEBHOOK_SIGNATURE_SCHEME"],
+                                         secrets, values["WEBHOOK_TOLERANCE_SECONDS"],
+                                         api_key=values["WEBHOOK_API_KEY"],
+                                         users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]))
+    for name in named:
+        own = prefix(name)
+        raw_secret = environ.get(own + "SECRET")
+        if raw_secret is None:
+            raise ConfigError(f"{own}SECRET is required for source {name!r} (named in WEBHOOK_SOURCES)")
+        scheme = parsers.scheme(own + "SCHEME",
+                                environ.get(own + "SCHEME", name if name in SCHEMES else "hmac-sha256"))
+        secrets = keys(own + "SECRET", parsers.secrets(own + "SECRET", raw_secret), scheme)
+        raw_tolerance = environ.get(own + "TOLERANCE_SECONDS")
+        tolerance: int = (values["WEBHOOK_TOLERANCE_SECONDS"] if raw_tolerance is None
+                          else TOLERANCE(own + "TOLERANCE_SECONDS", raw_tolerance))
+        moved_from = environ.get(own + "MOVED_FROM")
+        key = environ.get(own + "USER_METADATA_KEY")
+        no_user = environ.get(own + "NO_USER")
+        users = Users(values["WEBHOOK_USER_METADATA_KEY"] if key is None
+                      else parsers.metadata_key(own + "USER_METADATA_KEY", key),
+                      values["WEBHOOK_NO_USER"] if no_user is None else parsers.no_user(own + "NO_USER", no_user),
+                      own + "USER_METADATA_KEY" if key is not None else "WEBHOOK_USER_METADATA_KEY")
+        sources[name] = Source(name, scheme, secrets, tolerance,
+                               None if moved_from is None else _moved_from(own + "MOVED_FROM", moved_from, name),
+                               parsers.api_key(own + "API_KEY", environ.get(own + "API_KEY", "")), users)
+    for source in sources.values():
+        earlier = sources.get(source.moved_from) if source.moved_from is not None else None
+        if earlier is not None and earlier.moved_from is not None:
+            # One step, so that a source's events have one name whatever route they came by.
+            raise ConfigError(f"{prefix(source.name)}MOVED_FROM names {earlier.name!r}, itself moved from "
+                              f"{earlier.moved_from!r}: write {earlier.moved_from}")
+    return sources
+
+
+def _moved_from(name: str, raw: str, source: str) -> str:
+    """The name of the source a provider was moved from; it need not be served any more."""
+    old = raw.strip()
+    if old != DEFAULT_SOURCE and not SOURCE_NAME.fullmatch(old):
+        raise ConfigError(f"{name}: {old!r} is not a source name (1-64 lowercase letters, digits and -)")
+    if old == source:
+        raise ConfigError(f"{name} names the source itself")
+    return old
+
+
+def refuse_shared_secrets(sources: Mapping[str, Source]) -> None:
+    """Refuse a key that verifies for two sources with different events: one delivery would be credited twice."""
+    owners: dict[bytes, Source] = {}
+    for source in sources.values():
+        for key in source.secrets:
+            other = owners.setdefault(key, source)
+            if other.event_source != source.event_source:
+                raise ConfigError(
+                    f"{secret_setting(other.name)} and {secret_setting(source.name)} share a secret: a delivery "
+                    f"signed with it would be credited once per source; give each its own, or, to move a provider "
+                    f"from {other.name!r} to {source.name!r}, "
+                    f"set {prefix(source.name)}MOVED_FROM={other.event_source}")
+
+
+def api_key_setting(source: str) -> str:
+    """The setting that holds source's API key (`flask reconcile`)."""
+    return "WEBHOOK_API_KEY" if source == DEFAULT_SOURCE else f"{prefix(source)}API_KEY"
+
+
+def secret_setting(source: str) -> str:
+    """The setting that holds source's signing secrets."""
+    return "WEBHOOK_SECRET" if source == DEFAULT_SOURCE else f"{prefix(source)}SECRET"
+
+
+# PayPal's webhook id (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's webhook_id:
+# letters and digits, at most 50), and WEBHOOK_ID, the id its simulator's mock events are signed for
+# (https://developer.paypal.com/api/rest/webhooks/rest/).
+PAYPAL_WEBHOOK_ID = re.compile(rb"[A-Za-z0-9]{1,50}|WEBHOOK_ID")
+
+
+def _webhook_ids(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    for index, webhook_id in enumerate(secrets):
+        if not PAYPAL_WEBHOOK_ID.fullmatch(webhook_id):
+            raise ConfigError(f"{name} entry {index} (counted from 0) is not a PayPal webhook id (1 to 50 letters "
+                              f"and digits, or WEBHOOK_ID) under the paypal scheme")
+    return secrets
+
+
+def _whsec_keys(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    return tuple(_whsec_key(i, s, name) for i, s in enumerate(secrets))
+
+
+def _whsec_key(index: int, secret: bytes, name: str = "WEBHOOK_SECRET") -> bytes:
+    """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
+    where = f"{name} entry {index} (counted from 0)"
+    if not secret.startswith(WHSEC_PREFIX.encode()):
+        raise ConfigError(f"{where} must be written {WHSEC_PREFIX}<base64> under standard-webhooks")
+    encoded = secret[len(WHSEC_PREFIX):]
+    try:
+        # Padding is often left off; validate=True refuses anything outside the alphabet.
+        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ConfigError(f"{where} is not valid base64 after {WHSEC_PREFIX}") from None
+    if not key:
+        raise ConfigError(f"{where} has an empty key after {WHSEC_PREFIX}")
+    return key

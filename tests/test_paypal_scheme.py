@@ -1,0 +1,652 @@
+"""The paypal scheme end to end on a named source (WEBHOOK_SOURCES=paypal): deliveries signed as PayPal signs
+them (RSA-SHA256 over transmission id|time|webhook id|CRC32), checked with a certificate that the service
+fetches from PAYPAL-CERT-URL over HTTPS from a loopback stand-in of PayPal's certificate host, under a CA made
+here; PayPal's own SDK's signed string agrees with ours; each certificate check refuses as it should; payments,
+refunds, reversals and disputes move the ledger once. Real PostgreSQL and Redis."""
+
+import binascii
+import datetime
+import re
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import paypalrestsdk.notifications
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import config as app_config
+from app.events import Policy
+from app.paypal import Certificates, CertificateUnavailableError
+from app.signature import SignatureError, sign, verify
+
+from .helpers import (
+    ALICE,
+    BOB,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    encode,
+    event_rows,
+    http_post,
+    post_delivery,
+    sources_config,
+    stored_event_row,
+)
+from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_event_id, new_id, refund_event
+
+pytestmark = pytest.mark.core
+
+SOURCE = "paypal"
+WEBHOOK_ID = "1JE4291016473214C"  # the form of PayPal's sample's webhook_id
+USD = Policy("usd")
+PAYPAL_NAME = "messageverificationcerts.paypal.com"  # the subject of PayPal's signing certificate
+CERTS = "/v1/notifications/certs/"
+DAY = datetime.timedelta(days=1)
+
+
+# -- a certificate authority, PayPal's certificates and a stand-in of its host -----------------------
+
+def _key():
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _cert(name, key, issuer=None, *, ca=False, start=-DAY, end=365 * DAY, eku=ExtendedKeyUsageOID.SERVER_AUTH):
+    """A certificate for name's key, signed by issuer ((cert, key); None: self-signed), with the Web PKI's
+    extensions (a CA's basic constraints and key usage; a leaf's subject alternative name)."""
+    issuer_cert, issuer_key = issuer or (None, key)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(issuer_cert.subject if issuer_cert else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now + start).not_valid_after(now + end)
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                              critical=False))
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+            critical=True)
+    else:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
+            key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False),
+            critical=True)
+        if eku is not None:
+            builder = builder.add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(*certs):
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
+
+
+class PKI:
+    """A root CA (the tests' PAYPAL_CA_FILE), an intermediate under it, and the certificates the stand-in serves,
+    by name: PayPal's good one and each kind a check must refuse, with the private keys that sign for them."""
+
+    def __init__(self, tmp):
+        root_key, inter_key = _key(), _key()
+        self.root = _cert("Test Root CA", root_key, ca=True, end=3650 * DAY)
+        self.inter = _cert("Test Intermediate CA", inter_key, (self.root, root_key), ca=True, end=3000 * DAY)
+        issuer = (self.inter, inter_key)
+        self.key = _key()  # PayPal's signing key
+        other_root_key = _key()
+        other_root = _cert("Another Root CA", other_root_key, ca=True)
+        self.keys = {}
+        self.served = {}  # name under /v1/notifications/certs/ -> PEM body
+        for name, cert_name, signer, start, end, chain in [
+            ("CERT-good", PAYPAL_NAME, issuer, -DAY, 365 * DAY, True),
+            ("CERT-sandbox", "messageverificationcerts.sandbox.paypal.com", issuer, -DAY, 365 * DAY, True),
+            ("CERT-expired", PAYPAL_NAME, issuer, -30 * DAY, -DAY, True),
+            ("CERT-not-yet", PAYPAL_NAME, issuer, DAY, 30 * DAY, True),
+            ("CERT-self-signed", PAYPAL_NAME, None, -DAY, 365 * DAY, False),
+            ("CERT-other-ca", PAYPAL_NAME, None, -DAY, 365 * DAY, False),
+            ("CERT-not-paypal", "messageverificationcerts.example.com", issuer, -DAY, 365 * DAY, True),
+            ("CERT-paypal-lookalike", "paypal.com.example.net", issuer, -DAY, 365 * DAY, True),
+        ]:
+            key = self.key if name == "CERT-good" else _key()
+            if name == "CERT-other-ca":
+                signer = (other_root, other_root_key)
+            cert = _cert(cert_name, key, signer, start=start, end=end)
+            self.keys[name] = key
+            self.served[name] = _pem(cert, self.inter) if chain else _pem(cert)
+        # The chain without its intermediate: the leaf alone does not reach the root.
+        self.keys["CERT-no-chain"] = self.key
+        self.served["CERT-no-chain"] = _pem(x509.load_pem_x509_certificates(self.served["CERT-good"])[0])
+        self.served["CERT-not-pem"] = b"<html>maintenance</html>"
+        self.ca_file = tmp / "ca.pem"
+        self.ca_file.write_bytes(_pem(self.root))
+        tls_key = _key()
+        self.tls_cert_file, self.tls_key_file = tmp / "tls.pem", tmp / "tls.key"
+        self.tls_cert_file.write_bytes(_pem(_cert("localhost", tls_key, issuer), self.inter))
+        self.tls_key_file.write_bytes(tls_key.private_bytes(serialization.Encoding.PEM,
+                                                            serialization.PrivateFormat.PKCS8,
+                                                            serialization.NoEncryption()))
+
+
+class CertHost:
+    """A stand-in of PayPal's certificate host (api.paypal.com/v1/notifications/certs/<name>, the URL PayPal puts
+    in PAYPAL-CERT-URL, "Self verification method", https://developer.paypal.com/api/rest/webhooks/rest/): it
+    serves each certificate's PEM, with its chain, over HTTPS on loopback, and counts the requests it sees.
+    CERT-500 answers 500 (PayPal's host failing); every answer waits `slow` seconds first."""
+
+    def __init__(self, pki):
+        self.requests = []
+        self.slow = 0.0
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                host.requests.append(self.path)
+                name = self.path.removeprefix(CERTS)
+                time.sleep(host.slow)
+                if name == "CERT-500":
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                if name == "CERT-redirect":
+                    self.send_response(302)
+                    self.send_header("Location", f"https://localhost:{host.port}{CERTS}CERT-good")
+                    self.end_headers()
+                    return
+                body = pki.served.get(name) if self.path.startswith(CERTS) else None
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki.tls_cert_file, pki.tls_key_file)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, name, host="localhost"):
+        return f"https://{host}:{self.port}{CERTS}{name}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return PKI(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def cert_host(pki):
+    host = CertHost(pki)
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def seen(cert_host):
+    """The stand-in's requests during this test."""
+    cert_host.requests.clear()
+    cert_host.slow = 0.0
+    return cert_host.requests
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, pki, cert_host):
+    """PayPal on its own route, its webhook id the source's secret; the stand-in the one certificate host."""
+    base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
+    return sources_config(base, {SOURCE: None}, **{"WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID, "LEDGER_CURRENCY": "usd",
+                                                   "PAYPAL_CERT_HOSTS": f"localhost:{cert_host.port}",
+                                                   "PAYPAL_CA_FILE": str(pki.ca_file)})
+
+
+def paypal_headers(body, pki, cert_host, name="CERT-good", webhook_id=WEBHOOK_ID, timestamp=None, url=None):
+    """What PayPal sends: the five PAYPAL-* headers, signed with the private key of the certificate at the URL."""
+    return {"Content-Type": "application/json",
+            **sign("paypal", body, [webhook_id.encode()], timestamp=timestamp, private_key=pki.keys[name],
+                   cert_url=url or cert_host.url(name))}
+
+
+@pytest.fixture
+def send(client, pki, cert_host):
+    def send(event, **signing):
+        body = encode(event)
+        return post_delivery(client, body, paypal_headers(body, pki, cert_host, **signing), SOURCE)
+    return send
+
+
+# -- the scheme, against PayPal's own SDK -------------------------------------------------------------
+
+@settings(max_examples=100, deadline=None)
+@given(body=st.text(max_size=300), transmission_id=st.uuids().map(str),
+       timestamp=st.integers(min_value=0, max_value=4_000_000_000))
+def test_paypal_sdk_builds_the_string_we_sign_and_our_signature_verifies_over_it(pki, body, transmission_id,
+                                                                                  timestamp):
+    """paypalrestsdk.WebhookEvent._get_expected_sig is PayPal's own Python builder of the signed string (its RSA
+    check calls OpenSSL.crypto.verify, which pyOpenSSL has since removed: the signature is checked here with
+    cryptography over the SDK's string)."""
+    raw = body.encode()
+    headers = sign("paypal", raw, [WEBHOOK_ID.encode()], timestamp=timestamp, msg_id=transmission_id,
+                   private_key=pki.key, cert_url="https://api.paypal.com/v1/notifications/certs/CERT-x")
+    expected = paypalrestsdk.notifications.WebhookEvent._get_expected_sig(
+        transmission_id, headers["PAYPAL-TRANSMISSION-TIME"], WEBHOOK_ID, body)
+    pki.key.public_key().verify(binascii.a2b_base64(headers["PAYPAL-TRANSMISSION-SIG"]), expected.encode(),
+                                padding.PKCS1v15(), hashes.SHA256())
+    assert expected == f"{transmission_id}|{headers['PAYPAL-TRANSMISSION-TIME']}|{WEBHOOK_ID}|" \
+                       f"{binascii.crc32(raw) & 0xFFFFFFFF}"
+
+
+def _offline(pki):
+    """A certificate source without a server: PayPal's good key for any URL."""
+    return lambda url, now: pki.key.public_key()
+
+
+def test_a_signature_verifies_for_any_configured_webhook_id_and_reports_its_index(pki):
+    body = b'{"id":"WH-1"}'
+    headers = sign("paypal", body, [b"NEWWEBHOOKID2"], private_key=pki.key, cert_url="https://x")
+    assert verify("paypal", body, headers, [b"OLDWEBHOOKID1", b"NEWWEBHOOKID2"], 300,
+                  certificates=_offline(pki)) == 1
+    with pytest.raises(SignatureError, match="does not match"):
+        verify("paypal", body, headers, [b"OLDWEBHOOKID1"], 300, certificates=_offline(pki))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"PAYPAL-TRANSMISSION-ID": None}, "missing PAYPAL-TRANSMISSION-ID header: this source verifies the paypal"),
+    ({"PAYPAL-TRANSMISSION-ID": "a|b"}, "malformed PAYPAL-TRANSMISSION-ID"),
+    ({"PAYPAL-TRANSMISSION-TIME": "1700000000"}, "malformed PAYPAL-TRANSMISSION-TIME"),
+    ({"PAYPAL-TRANSMISSION-TIME": "2016-13-45T20:01:35Z"}, "malformed PAYPAL-TRANSMISSION-TIME"),
+    ({"PAYPAL-TRANSMISSION-TIME": "2016-02-18T20:01:35"}, "malformed PAYPAL-TRANSMISSION-TIME"),  # no offset
+    ({"PAYPAL-AUTH-ALGO": "SHA1withRSA"}, "PAYPAL-AUTH-ALGO must be SHA256withRSA"),
+    ({"PAYPAL-TRANSMISSION-SIG": "not base64!"}, "malformed PAYPAL-TRANSMISSION-SIG"),
+    ({"PAYPAL-CERT-URL": None}, "missing PAYPAL-CERT-URL header"),
+])
+def test_a_malformed_paypal_header_is_refused_before_any_certificate_is_asked_for(pki, change, message):
+    body = b"{}"
+    headers = {**sign("paypal", body, [b"W1"], private_key=pki.key, cert_url="https://x"), **change}
+    asked = []
+    with pytest.raises(SignatureError, match=message):
+        verify("paypal", body, {k: v for k, v in headers.items() if v is not None}, [b"W1"], 300,
+               certificates=lambda url, now: asked.append(url))
+    assert asked == []
+
+
+@pytest.mark.parametrize("offset, error", [(-300, None), (-301, "too old"), (300, None), (301, "too far")])
+def test_the_transmission_time_is_held_to_the_tolerance_both_ways(pki, offset, error):
+    now, body = 1_700_000_000, b"{}"
+    headers = sign("paypal", body, [b"W1"], timestamp=now + offset, private_key=pki.key, cert_url="https://x")
+    if error is None:
+        assert verify("paypal", body, headers, [b"W1"], 300, now=now, certificates=_offline(pki)) == 0
+    else:
+        with pytest.raises(SignatureError, match=error):
+            verify("paypal", body, headers, [b"W1"], 300, now=now, certificates=_offline(pki))
+
+
+def test_another_schemes_delivery_is_told_which_header_it_carries_both_ways(pki):
+    paypal = sign("paypal", b"{}", [b"W1"], private_key=pki.key, cert_url="https://x")
+    with pytest.raises(SignatureError, match="carries PAYPAL-TRANSMISSION-SIG, the paypal scheme's header$"):
+        verify("hmac-sha256", b"{}", paypal, [b"k" * 16], 300)
+    stripe = sign("stripe", b"{}", [b"k" * 16])
+    with pytest.raises(SignatureError, match="this source verifies the paypal scheme, and the request carries "
+                                             "Stripe-Signature, the stripe scheme's header$"):
+        verify("paypal", b"{}", stripe, [b"W1"], 300, certificates=_offline(pki))
+
+
+# -- the certificate, through the endpoint ----------------------------------------------------------
+
+def test_a_paypal_payment_is_credited_and_its_certificate_fetched_once_for_many_deliveries(send, db, seen):
+    for cents in range(5):
+        capture_id = new_id()
+        response = send(capture_completed(capture_id, user=BOB, value=f"1.0{cents}"))
+        assert response.status_code == 200, response.json
+        assert response.json["status"] == "processed"
+    assert balance(db, BOB) == 100 + 101 + 102 + 103 + 104
+    assert seen == [f"{CERTS}CERT-good"]
+    assert_ledger_consistent(db, USD)
+
+
+def test_the_sandbox_certificate_verifies_too(send, db, seen):
+    assert send(capture_completed(new_id(), user=BOB, value="2.00"), name="CERT-sandbox").status_code == 200
+    assert balance(db, BOB) == 200
+
+
+@pytest.mark.parametrize("name, message", [
+    ("CERT-expired", "outside its validity dates"),
+    ("CERT-not-yet", "outside its validity dates"),
+    ("CERT-self-signed", "does not chain to a trusted root"),
+    ("CERT-other-ca", "does not chain to a trusted root"),
+    ("CERT-no-chain", "does not chain to a trusted root"),
+    ("CERT-not-paypal", "not issued to PayPal"),
+    ("CERT-paypal-lookalike", "not issued to PayPal"),
+    ("CERT-not-pem", "not a PEM certificate"),
+    ("CERT-missing", "names no certificate (HTTP 404)"),
+    ("CERT-redirect", "names no certificate (HTTP 302)"),
+])
+def test_a_certificate_that_fails_a_check_is_401_and_writes_nothing(client, db, pki, cert_host, seen, name,
+                                                                     message):
+    body = encode(capture_completed(new_id(), user=BOB))
+    signer = name if name in pki.keys else "CERT-good"
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, signer, url=cert_host.url(name)),
+                             SOURCE)
+    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    assert message in response.json["message"]
+    assert seen == [f"{CERTS}{name}"]  # fetched, once: a redirect is not followed
+    assert event_rows(db) == 0 and balance(db, BOB) == 0
+
+
+@pytest.mark.parametrize("url", [
+    "https://127.0.0.1:{port}/v1/notifications/certs/CERT-good",  # the same server under another host name
+    "https://localhost:1/v1/notifications/certs/CERT-good",  # a listed host on another port
+    "https://localhost/v1/notifications/certs/CERT-good",  # ... on the default port
+    "http://localhost:{port}/v1/notifications/certs/CERT-good",  # not https
+    "https://localhost:{port}@evil.example/v1/notifications/certs/CERT-good",  # userinfo
+    "https://evil.example#@localhost:{port}/v1/notifications/certs/CERT-good",
+    "https://localhost:{port}/v1/notifications/certs/../../../admin",
+    "https://localhost:{port}/v1/notifications/certs/%2e%2e/admin",
+    "https://localhost:{port}/v1/oauth2/token",  # a listed host, not PayPal's certificates
+    "https://localhost:{port}/v1/notifications/certs/CERT-good?x=1",
+    "https://api.paypal.com/v1/notifications/certs/CERT-good",  # PayPal's own: not listed in this test
+    "file:///etc/passwd",
+    "https://localhost:{port}/v1/notifications/certs/CERT good",
+])
+def test_a_certificate_url_not_on_the_list_is_401_with_nothing_fetched(client, db, pki, cert_host, seen, url):
+    body = encode(capture_completed(new_id(), user=BOB))
+    headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port))
+    response = post_delivery(client, body, headers, SOURCE)
+    assert (response.status_code, response.json["error"]) == (401, "invalid_signature")
+    assert "PAYPAL-CERT-URL is not a URL of PayPal's certificates" in response.json["message"]
+    assert seen == []
+    assert event_rows(db) == 0
+
+
+def test_a_body_changed_by_one_byte_is_401(client, db, pki, cert_host, seen):
+    body = encode(capture_completed(new_id(), user=BOB, value="5.00"))
+    headers = paypal_headers(body, pki, cert_host)
+    changed = body.replace(b'"5.00"', b'"6.00"', 1)
+    assert len(changed) == len(body) and changed != body
+    response = post_delivery(client, changed, headers, SOURCE)
+    assert response.status_code == 401 and "does not match" in response.json["message"]
+    assert event_rows(db) == 0 and balance(db, BOB) == 0
+
+
+@pytest.mark.parametrize("signing, message", [
+    ({"webhook_id": "ANOTHERWEBHOOK99"}, "does not match"),  # signed for another merchant's webhook
+    ({"name": "CERT-sandbox", "url": "good"}, "does not match"),  # another key than the named certificate's
+    ({"timestamp": time.time() - 3600}, "too old"),  # a captured delivery sent an hour later
+])
+def test_a_signature_not_made_for_this_webhook_now_by_the_named_certificate_is_401(client, db, pki, cert_host,
+                                                                                    signing, message):
+    body = encode(capture_completed(new_id(), user=BOB))
+    if signing.get("url") == "good":
+        signing = {**signing, "url": cert_host.url("CERT-good")}
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, **signing), SOURCE)
+    assert response.status_code == 401 and message in response.json["message"]
+    assert event_rows(db) == 0
+
+
+def test_a_certificate_host_failing_is_503_with_retry_after_and_writes_nothing(client, db, pki, cert_host, seen):
+    body = encode(capture_completed(new_id(), user=BOB))
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host, url=cert_host.url("CERT-500")),
+                             SOURCE)
+    assert (response.status_code, response.json["error"]) == (503, "unavailable")
+    assert response.headers["Retry-After"] == "1"
+    assert event_rows(db) == 0
+    # Not cached: PayPal's retry, once its host is back, is verified.
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
+    assert response.status_code == 200
+
+
+# -- the certificate cache, without the endpoint ---------------------------------------------------------
+
+@pytest.fixture
+def cache(pki, cert_host):
+    return Certificates(frozenset({f"localhost:{cert_host.port}"}), pki.ca_file, timeout=0.5)
+
+
+def test_a_slow_certificate_host_is_unavailable_not_an_error(cache, cert_host, seen):
+    cert_host.slow = 2.0
+    with pytest.raises(CertificateUnavailableError, match="could not be fetched"):
+        cache(cert_host.url("CERT-good"), time.time())
+
+
+def test_a_tls_failure_is_unavailable(cert_host, seen):
+    """The host's TLS certificate does not chain to the roots configured (certifi's here): a 503, not a 500."""
+    with pytest.raises(CertificateUnavailableError, match="could not be fetched"):
+        Certificates(frozenset({f"localhost:{cert_host.port}"}), None)(cert_host.url("CERT-good"), time.time())
+
+
+def test_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(cache, cert_host, seen):
+    cert_host.slow = 0.2  # every answer: the threads meet while the first fetch is under way
+    url, now = cert_host.url("CERT-good"), time.time()
+    barrier = threading.Barrier(8)
+
+    def ask(_):
+        barrier.wait()
+        return cache(url, now).public_numbers()
+
+    with ThreadPoolExecutor(8) as pool:
+        assert len(set(pool.map(ask, range(8)))) == 1
+    assert seen == [f"{CERTS}CERT-good"] and cache.fetches == 1
+
+
+def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, cert_host, seen):
+    now = time.time()
+    cache(cert_host.url("CERT-good"), now)
+    with pytest.raises(SignatureError, match="outside its validity dates"):
+        cache(cert_host.url("CERT-good"), now + 400 * 86400)
+    assert seen == [f"{CERTS}CERT-good"]
+
+
+# -- the money rules, through the endpoint --------------------------------------------------------------
+
+@pytest.fixture
+def paid(send, db):
+    capture_id = new_id()
+    assert send(capture_completed(capture_id, user=BOB, value="100.00")).json["status"] == "processed"
+    return capture_id
+
+
+def _journal(db):
+    return db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE kind <> 'credit'"
+                      " ORDER BY id").fetchall()
+
+
+def test_a_replayed_delivery_moves_nothing(client, db, pki, cert_host):
+    """The same bytes and headers sent again, and the same event signed in a new transmission (as PayPal's
+    retry is): the event's id, signed with its body, decides."""
+    event = capture_completed(new_id(), user=BOB, value="7.50")
+    body = encode(event)
+    headers = paypal_headers(body, pki, cert_host)
+    assert post_delivery(client, body, headers, SOURCE).json == {"status": "processed", "event_id": event["id"]}
+    assert post_delivery(client, body, headers, SOURCE).json["status"] == "duplicate"
+    assert post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE).json["status"] == "duplicate"
+    assert balance(db, BOB) == 750
+    row = stored_event_row(db, event["id"])
+    assert (row.source, row.event_type, row.status, bytes(row.body)) == (SOURCE, "PAYMENT.CAPTURE.COMPLETED",
+                                                                        "completed", body)
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_capture_announced_by_two_events_is_credited_once(send, db):
+    capture_id = new_id()
+    assert send(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "processed"
+    assert send(capture_completed(capture_id, user=BOB, value="3.00")).json["status"] == "duplicate"
+    assert send(capture_completed(capture_id, user=ALICE, value="3.00")).status_code == 409  # payment_mismatch
+    assert balance(db, BOB) == 300
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_refund_and_a_reversal_debit_once_each_and_a_failed_refund_moves_nothing(send, db, paid):
+    refund_id, reversal_id = new_id(), new_id()
+    refunded = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, paid, "30.00")
+    assert send(refunded).json["status"] == "processed"
+    assert send(refunded).json["status"] == "duplicate"
+    assert balance(db, BOB) == 7000
+    assert send(refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, paid, "20.00")).status_code == 200
+    assert balance(db, BOB) == 5000
+    failed = new_id()
+    assert send(refund_event("PAYMENT.CAPTURE.REFUNDED", failed, paid, "10.00", status="FAILED")).status_code == 200
+    assert balance(db, BOB) == 5000
+    assert _journal(db) == [("refund", refund_id, -3000), ("refund", reversal_id, -2000)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send, db, paid):
+    dispute_id = new_dispute_id()
+    for event_type, status in (("CUSTOMER.DISPUTE.CREATED", "OPEN"), ("CUSTOMER.DISPUTE.UPDATED", "UNDER_REVIEW")):
+        assert send(dispute_event(event_type, dispute_id, paid, "40.00", status)).json["status"] == "processed"
+    assert balance(db, BOB) == 10000
+    lost = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR")
+    assert send(lost).status_code == 200 and send(lost).status_code == 200  # two event ids, one movement
+    assert balance(db, BOB) == 6000
+    won = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_SELLER_FAVOUR")
+    assert send(won).status_code == 200
+    assert balance(db, BOB) == 10000
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send, db):
+    capture_id, refund_id = new_id(), new_id()
+    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, capture_id, "1.00")
+    assert send(refund).status_code == 422
+    assert send(capture_completed(capture_id, user=BOB, value="4.00")).status_code == 200
+    assert send(refund).json["status"] == "processed"  # PayPal's retry
+    assert balance(db, BOB) == 300
+    assert_ledger_consistent(db, USD)
+
+
+@pytest.mark.parametrize("event, problem", [
+    (capture_completed("C1", user=BOB, value="10.001"),
+     "resource.amount.value must be a decimal amount of USD exact in its minor units (2 decimals), got '10.001'"),
+    (capture_completed("C2", user=BOB, value="10.5", currency="JPY"),
+     "resource.amount.value must be a decimal amount of JPY exact in its minor units (0 decimals)"),
+    (capture_completed("C3", user=BOB, value=10.5), "resource.amount.value must be a positive integer"),
+    (capture_completed("C4", user=BOB, value="10.00", currency="EUR"),
+     "resource.amount.currency_code must be the ledger's currency, 'usd'"),
+    (capture_completed("C5", user=BOB, custom_id="order-17"), "resource.custom_id must be a user's UUID"),
+    (refund_event("PAYMENT.CAPTURE.REFUNDED", "R1", "C6", "-1.00"), "resource.amount.value must be a decimal"),
+    ({**refund_event("PAYMENT.CAPTURE.REFUNDED", "R2", "C7", "1.00"), "resource": {
+        "id": "R2", "amount": {"currency_code": "USD", "value": "1.00"}, "status": "COMPLETED", "links": []}},
+     "resource.links[rel=up] (the capture's URL) must be a payment id"),
+    ({**refund_event("PAYMENT.CAPTURE.REFUNDED", "R3", "C9", "1.00"), "resource": {
+        "id": "R3", "amount": {"currency_code": "USD", "value": "1.00"}, "status": "COMPLETED", "links": 5}},
+     "resource.links[rel=up] (the capture's URL) must be a payment id"),
+    (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-1", "C8", "1.00", "RESOLVED", "NONE"),
+     "resource.dispute_outcome.outcome_code must be one of"),
+])
+def test_an_event_whose_effect_cannot_apply_is_422_and_moves_nothing(send, db, event, problem):
+    response = send(event)
+    assert (response.status_code, response.json["error"]) == (422, "unprocessable"), response.json
+    assert problem in response.json["message"]
+    assert balance(db, BOB) == 0
+    assert stored_event_row(db, event["id"]).status == "failed"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"id": None}, "'id' is missing"),
+    ({"event_type": None}, "'event_type' is missing"),
+    ({"resource": []}, "'resource' must be an object"),
+])
+def test_a_paypal_body_without_its_id_type_or_resource_is_400(send, db, change, message):
+    event = {k: v for k, v in {**capture_completed(new_id()), **change}.items() if v is not None}
+    response = send(event)
+    assert response.status_code == 400 and message in response.json["message"]
+    assert event_rows(db) == 0
+
+
+def test_events_replay_and_ledger_verify_read_stored_paypal_events_as_the_live_path_did(send, db, app):
+    capture_id = new_id()
+    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), capture_id, "25.00")
+    assert send(refund).status_code == 422  # its capture is not credited yet: stored failed
+    assert send(capture_completed(capture_id, user=BOB, value="100.00")).status_code == 200
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["events", "replay", "--source", SOURCE, refund["id"]])
+    assert (result.exit_code, result.output) == (0, f"{SOURCE}/{refund['id']}: processed; now completed\n")
+    assert balance(db, BOB) == 7500
+    result = runner.invoke(args=["ledger", "verify"])
+    assert result.exit_code == 0, result.output
+    assert_ledger_consistent(db, USD)
+
+
+# -- settings ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"WEBHOOK_PAYPAL_SECRET": "webhook-id-with-dashes"}, "WEBHOOK_PAYPAL_SECRET entry 0 (counted from 0) is not a "
+                                                          "PayPal webhook id"),
+    ({"WEBHOOK_PAYPAL_SECRET": "NEWID1,bad id"}, "WEBHOOK_PAYPAL_SECRET entry 1"),
+    ({"PAYPAL_CERT_HOSTS": "api.paypal.com:port"}, "PAYPAL_CERT_HOSTS must be comma-separated host names"),
+    ({"PAYPAL_CERT_HOSTS": "https://api.paypal.com"}, "PAYPAL_CERT_HOSTS must be"),
+    ({"PAYPAL_CA_FILE": "/nonexistent/ca.pem"}, "PAYPAL_CA_FILE names no file"),
+])
+def test_bad_paypal_settings_stop_with_one_line_naming_the_setting(settings_, message):
+    environ = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
+               "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID, **settings_}
+    with pytest.raises(app_config.ConfigError, match=re.escape(message)) as refused:
+        app_config.from_env(environ)
+    assert "\n" not in refused.value.format_message()
+
+
+def test_paypal_settings_defaults_and_rotation():
+    environ = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
+               "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
+    settings_ = app_config.from_env(environ)
+    assert settings_.sources["paypal"].scheme == "paypal"
+    assert settings_.sources["paypal"].secrets == (b"OLDWEBHOOKID1", WEBHOOK_ID.encode())
+    assert settings_.paypal_cert_hosts == {"api.paypal.com:443", "api-m.paypal.com:443",
+                                           "api.sandbox.paypal.com:443", "api-m.sandbox.paypal.com:443"}
+    assert settings_.paypal_ca_file is None
+    # PayPal's simulator signs its mock events for the webhook id WEBHOOK_ID (PayPal's webhooks guide).
+    mock = app_config.from_env({**environ, "WEBHOOK_PAYPAL_SECRET": "WEBHOOK_ID"})
+    assert mock.sources["paypal"].secrets == (b"WEBHOOK_ID",)
+
+
+# -- any body PayPal's shape may take --------------------------------------------------------------------
+
+_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=20))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=20)
+_PAYPAL_TYPES = ["PAYMENT.CAPTURE.COMPLETED", "PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED",
+                 "CUSTOMER.DISPUTE.RESOLVED", "CUSTOMER.DISPUTE.CREATED"]
+_FIELDS = ["id", "amount", "custom_id", "status", "links", "dispute_id", "dispute_amount", "dispute_outcome",
+           "disputed_transactions"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(event_type=st.sampled_from(_PAYPAL_TYPES),
+       resource=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=len(_FIELDS)))
+def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_host, event_type, resource):
+    body = encode({"id": new_event_id(), "event_type": event_type, "resource": resource})
+    response = post_delivery(client, body, paypal_headers(body, pki, cert_host), SOURCE)
+    assert response.status_code in (200, 409, 422), response.json
+
+
+def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concurrent_deliveries(gunicorn, db, pki,
+                                                                                                cert_host, seen):
+    server = gunicorn(workers=2, threads=4)
+    bodies = [encode(capture_completed(new_id(), user=BOB, value="1.00")) for _ in range(24)]
+
+    def post(body):
+        return http_post(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE)[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(post, bodies)) == {200}
+    assert balance(db, BOB) == 2400
+    assert 1 <= len(seen) <= 2 and set(seen) == {f"{CERTS}CERT-good"}  # one per worker process at most
+    assert_ledger_consistent(db, USD)
