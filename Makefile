@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # needs async-timeout, 3.11.3+ does not). uv writes no index or find-links.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --upgrade --universal --python-version 3.11 --generate-hashes
 
-.PHONY: run cluster test check lint bench lock clean
+.PHONY: run cluster test test-unit test-core test-deploy check lint bench lock clean
 
 # The exact versions of requirements-test.lock, hash-checked; then the
 # package itself, editable (its dependencies are already there, unless
@@ -28,15 +28,27 @@ cluster: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages cluster
 	exec $(BIN)/python scripts/cluster.py
 
-# Installs the Debian packages the tests need when missing (devservers/packages.py).
+# The whole suite, every tier in one session. Installs the Debian packages
+# the tests need when missing (devservers/packages.py).
 test: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages test
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The fast tier, under 30 s: lint, then the tests marked unit, which start no
-# server (docs/testing.md). `make test` stays the whole suite.
-check: lint
+# The tiers, by what they need (docs/testing.md). A test of a core or deploy
+# module that is marked unit is in the unit tier alone.
+test-unit: $(VENV)/.installed
 	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+
+# A throwaway PostgreSQL and Redis, the README's prerequisites: no root, no apt.
+test-core: $(VENV)/.installed
+	$(BIN)/pytest -m 'core and not unit' $(PYTEST_ARGS)
+
+test-deploy: $(VENV)/.installed
+	$(BIN)/python -m devservers.packages test
+	$(BIN)/pytest -m 'deploy and not unit' $(PYTEST_ARGS)
+
+# The fast tier, under 30 s: lint, then the unit tier.
+check: lint test-unit
 
 # ruff, then mypy over app/ (their settings are in pyproject.toml).
 lint: $(VENV)/.installed

@@ -1,39 +1,50 @@
-"""DATABASE_URL: its values checked at start as libpq would check them, and kept out of every log line.
+"""DATABASE_URL: checked at start by libpq itself, and kept out of every log line.
 
-libpq's parser accepts what its connection attempt later refuses (an
-unescaped `@` in a password makes the rest of it a host name, `sslmode=bogus`,
-`keepalives=x`): the service would answer 503 for ever and psycopg_pool would
-log the bad value on every attempt. Here such a URL stops the service at
-start, and no message names any of its values.
+libpq checks a conninfo's values only when it connects, and the pool
+connects after gunicorn forks, again on every attempt: a bad value would be
+a 503 for ever, and a log line per attempt. So check() has libpq start two
+connections that reach no server, and a value libpq refuses stops the
+service at start, with libpq's reason and without the value. The first goes
+to a socket in a folder that does not exist: libpq checks the ports and
+every enumerated parameter, then finds no socket. The second goes to a
+loopback port of our own that answers nothing: libpq checks gssencmode,
+which it refuses over a local socket, and the integers it reads only for
+TCP (keepalives, tcp_user_timeout). gssencmode=require goes as prefer:
+libpq also refuses it while no Kerberos credential cache exists, and a
+cache may come after the service starts.
+
+What remains here is what neither connection can leave to libpq:
+- an unescaped `@` in a URL's password: libpq reads the rest of the
+  password as the host name, and only a DNS lookup of it would fail (on
+  every attempt, sending part of the password to the resolver);
+- hostaddr, which libpq parses only when it connects to that address;
+- connect_timeout, which psycopg reads itself (its own function checks it);
+- the values in psycopg's and libpq's messages, kept out of the logs (Redact).
 """
 
 import ipaddress
 import logging
+import os
 import re
+import socket
+import tempfile
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
-# libpq's enumerated parameters and the values it accepts (PostgreSQL 18's
-# libpq; older ones accept a subset, and refuse the keyword itself if new).
-CHOICES = {
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "gssencmode": ("disable", "prefer", "require"),
-    "channel_binding": ("disable", "prefer", "require"),
-    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
-    "load_balance_hosts": ("disable", "random"),
-    "sslnegotiation": ("postgres", "direct"),
-    "sslcertmode": ("disable", "allow", "require"),
-    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
-    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
-    "min_protocol_version": ("3.0", "3.2", "latest"),
-    "max_protocol_version": ("3.0", "3.2", "latest"),
-}
-# Parameters that libpq reads as integers, only when it connects.
-INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-            "tcp_user_timeout")
-AUTH_METHODS = ("password", "md5", "gss", "sspi", "scram-sha-256", "oauth", "none")
-# A DNS name (Docker's service names may hold _).
-HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+from psycopg import ProgrammingError, pq
+from psycopg.conninfo import make_conninfo, timeout_from_conninfo
+
+# libpq's own parameter names: the only quoted words of its messages that
+# ours repeat (anything else quoted is a value, maybe a password).
+KEYWORDS = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+QUOTED = re.compile(r'"([^"]*)"')
+# Where libpq's connection goes instead of the server's: replaced, so that
+# neither the given hosts nor PGHOST and PGHOSTADDR are reached.
+TARGET = ("host", "hostaddr", "port")
+# libpq's words before its reason, on a connection to our loopback port (its
+# address and port are ours, not the setting's).
+LOOPBACK_PREFIX = re.compile(r'^connection to server at "[^"]*"(?: \([^)]*\))?, port \d+ failed: ')
 
 
 class BadValueError(ValueError):
@@ -42,26 +53,60 @@ class BadValueError(ValueError):
 
 def check(params: Mapping[str, Any]) -> None:
     """Refuse the values of params (conninfo_to_dict's) that libpq would refuse when connecting."""
-    for entry in _entries(params, "host"):
-        if entry and not entry.startswith(("/", "@")) and not _is_address(entry) and not HOST_NAME.fullmatch(entry):
-            raise BadValueError("has a host that is not a host name, an address or a socket path "
-                           "(a password holding @, / or ? must write it %40, %2F or %3F)")
+    if any("@" in entry and not entry.startswith(("/", "@")) for entry in _entries(params, "host")):
+        raise BadValueError("has a host name holding @ (a password holding @, / or ? must write it %40, %2F or %3F)")
     if not all(_is_address(entry) for entry in _entries(params, "hostaddr") if entry):
         raise BadValueError("has a hostaddr that is not an IP address")
-    if not all(entry.isdigit() and 1 <= int(entry) <= 65535 for entry in _entries(params, "port") if entry):
-        raise BadValueError("has a port that is not a number from 1 to 65535")
-    for keyword, choices in CHOICES.items():
-        if keyword in params and params[keyword] not in choices:
-            raise BadValueError(f"has an invalid {keyword}: libpq accepts {', '.join(choices)}")
-    for keyword in INTEGERS:
-        if keyword in params and not re.fullmatch(r"\s*-?\d+\s*", str(params[keyword])):
-            raise BadValueError(f"has a {keyword} that is not an integer")
-    if not all(method.removeprefix("!") in AUTH_METHODS for method in _entries(params, "require_auth")):
-        raise BadValueError(f"has an invalid require_auth: libpq accepts {', '.join(AUTH_METHODS)}, each maybe after !")
+    try:
+        timeout_from_conninfo(dict(params))
+    except ProgrammingError:
+        raise BadValueError("has a connect_timeout that is not a number") from None
+    _refused_by_libpq_on_a_socket(params)
+    _refused_by_libpq_on_loopback(params)
+
+
+def _refused_by_libpq_on_a_socket(params: Mapping[str, Any]) -> None:
+    """Connect to a socket that does not exist, once for each host: libpq refuses a bad value, or finds no socket."""
+    nowhere = os.path.join(tempfile.gettempdir(), f"webhook-ledger-no-server-{uuid.uuid4().hex}")
+    hosts = len(_entries(params, "host") or _entries(params, "hostaddr") or [""])
+    # gssencmode=require is refused over a local socket: the loopback connection checks it.
+    given = {key: value for key, value in params.items() if key not in ("host", "hostaddr", "gssencmode")}
+    reason = _refusal(make_conninfo(**given, host=",".join([nowhere] * hosts), hostaddr="", gssencmode="disable"))
+    if reason is not None and nowhere not in reason:
+        raise BadValueError(f"has a value that libpq refuses: {_without_values(reason)}")
+
+
+def _refused_by_libpq_on_loopback(params: Mapping[str, Any]) -> None:
+    """Connect to a loopback port that listens and never answers: libpq refuses a bad value, or waits."""
+    given = {key: value for key, value in params.items() if key not in TARGET}
+    if given.get("gssencmode") == "require":
+        given["gssencmode"] = "prefer"
+    with socket.create_server(("127.0.0.1", 0), backlog=1) as listener:
+        port = listener.getsockname()[1]
+        reason = _refusal(make_conninfo(**given, host="127.0.0.1", hostaddr="127.0.0.1", port=port))
+    if reason is not None:
+        raise BadValueError(f"has a value that libpq refuses: {_without_values(LOOPBACK_PREFIX.sub('', reason))}")
+
+
+def _refusal(conninfo: str) -> str | None:
+    """libpq's message if it gave up on conninfo at once, else None (the connection is closed)."""
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        if pgconn.status != pq.ConnStatus.BAD:
+            return None
+        return pgconn.get_error_message()
+    finally:
+        pgconn.finish()
+
+
+def _without_values(message: str) -> str:
+    """libpq's message on one line, its quoted values replaced by "..." (its parameter names kept)."""
+    kept = QUOTED.sub(lambda quoted: quoted[0] if quoted[1] in KEYWORDS else '"..."', message)
+    return " ".join(kept.split())
 
 
 def _entries(params: Mapping[str, Any], keyword: str) -> list[str]:
-    return str(params[keyword]).split(",") if keyword in params else []
+    return str(params[keyword]).split(",") if params.get(keyword) else []
 
 
 def _is_address(text: str) -> bool:

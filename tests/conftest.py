@@ -1,6 +1,7 @@
 """Fixtures: real PostgreSQL (pytest-postgresql on a private cluster), real
-Redis, the app, gunicorn, and a signer for the test's scheme. Shared helpers
-live in helpers.py."""
+Redis, the app, gunicorn, and a signer for the test's scheme; and the hooks
+that hold each test to its tier (tests/tiers.py). Shared helpers live in
+helpers.py."""
 
 import functools
 import os
@@ -21,6 +22,7 @@ from app.config import DEFAULT_SOURCE
 from app.db import apply_schema
 from devservers import ROOT, Gunicorn, Postgres, Redis, readme
 
+from . import tiers
 from .helpers import (
     INSTALLED_SECRET,
     OPENING,
@@ -32,16 +34,35 @@ from .helpers import (
     sources_config,
 )
 
-# The fixtures that start servers, and so have no place in a test marked unit (`make check`).
-SERVER_FIXTURES = {"pg_server", "postgresql", "redis_server", "gunicorn", "installed_venv"}
+# -- the tiers (tests/tiers.py, docs/testing.md) ---------------------------------
+
+# The tier of the test being set up, run or torn down, for the audit hook below.
+RUNNING = {"tier": None}
 
 
-@pytest.fixture(autouse=True)
-def _unit_tests_start_no_server(request):
-    """A test marked unit that asks for a server fails at once: `make check` stays fast and needs no server."""
-    if request.node.get_closest_marker("unit"):
-        servers = SERVER_FIXTURES & set(request.fixturenames)
-        assert not servers, f"marked unit, but starts {sorted(servers)}: remove the mark (docs/testing.md)"
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture starts: a test whose module declares no tier, or that asks for a fixture beyond its
+    tier, fails at once."""
+    RUNNING["tier"] = tiers.tier(item)
+    if RUNNING["tier"] is None:
+        pytest.fail(f"{item.path.name} declares no tier: add pytestmark = pytest.mark.unit, core or deploy "
+                    "(docs/testing.md)", pytrace=False)
+    refused = tiers.refused_fixtures(RUNNING["tier"], item.fixturenames)
+    if refused:
+        pytest.fail(f"a {RUNNING['tier']} test asks for {refused}: mark it with the tier they need "
+                    "(docs/testing.md)", pytrace=False)
+
+
+def _refuse_deploy_programs(event, args):
+    """A unit or core test that starts a program of the deploy tier fails before the program runs."""
+    if event == "subprocess.Popen":
+        refused = tiers.refused_program(RUNNING["tier"], tiers.program(args[0], args[1]))
+        if refused:
+            raise RuntimeError(refused)
+
+
+sys.addaudithook(_refuse_deploy_programs)
 
 
 @pytest.fixture(scope="session")

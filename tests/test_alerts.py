@@ -13,6 +13,8 @@ from app.outcome import Outcome
 from devservers import ROOT
 from devservers.packages import program
 
+pytestmark = pytest.mark.deploy
+
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 

@@ -5,7 +5,11 @@ packages to install (devservers/packages.py's "bench" group)."""
 import subprocess
 import sys
 
+import pytest
+
 from devservers import ROOT
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_missing_program_is_named_in_one_line_and_nothing_starts(tmp_path):

@@ -22,6 +22,8 @@ from .helpers import (
     stored_event_row,
 )
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def run(app):

@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from devservers import ROOT, free_port, wait_until
 
 from .helpers import read_banner, send
+
+pytestmark = pytest.mark.deploy
 
 # Starting 11 servers takes ~10 s on 2 cores; a busy CI machine gets 6x that.
 START_TIMEOUT_S = 60

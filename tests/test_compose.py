@@ -19,6 +19,8 @@ import yaml
 from app.config import SETTINGS
 from devservers import ROOT, packages
 
+pytestmark = pytest.mark.deploy
+
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()

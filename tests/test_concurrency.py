@@ -6,6 +6,8 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from .helpers import (
     ALICE,
     BOB,
@@ -22,6 +24,8 @@ from .helpers import (
     source_secret,
     sources_config,
 )
+
+pytestmark = pytest.mark.core
 
 
 def _assert_one_processed(answers, event_id):

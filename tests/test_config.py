@@ -2,6 +2,7 @@
 
 import base64
 import dataclasses
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,8 +76,8 @@ def test_the_factory_keeps_the_settings_a_test_dict_makes_as_the_environment_wou
     ({"DATABASE_URL": "db.internal"}, "DATABASE_URL is not a PostgreSQL URL or key=value conninfo string"),
     ({"DATABASE_URL": "http://db.internal/ledger"}, "DATABASE_URL is not a PostgreSQL URL"),
     ({"DATABASE_URL": "postgresql://db/ledger?sslmod=require"}, "DATABASE_URL is not .* invalid URI query parameter"),
-    ({"DATABASE_URL": "postgresql://db:five/ledger"}, "DATABASE_URL has a port that is not a number"),
-    ({"DATABASE_URL": "host=db port=5432x"}, "DATABASE_URL has a port that is not a number"),
+    ({"DATABASE_URL": "postgresql://db:five/ledger"}, 'DATABASE_URL has a value that libpq refuses: .* "port"'),
+    ({"DATABASE_URL": "host=db port=5432x"}, 'DATABASE_URL has a value that libpq refuses: .* "port"'),
     ({"DATABASE_URL": "  "}, "DATABASE_URL is empty"),
     ({"REDIS_URL": "cache.internal:6379"}, "REDIS_URL must start with redis://, rediss:// or unix://"),
     ({"REDIS_URL": "http://cache.internal"}, "REDIS_URL must start with redis://"),
@@ -97,22 +98,46 @@ def test_invalid_settings_are_refused_with_their_name(override, message):
         config.from_env(environ)
 
 
+REFUSED = "DATABASE_URL has a value that libpq refuses: "
+
+
 @pytest.mark.parametrize("url, message", [
-    ("postgresql://ledger:pw@s3cret@db/ledger", "DATABASE_URL has a host that is not a host name, an address or a "
-                                                "socket path \\(a password holding @, / or \\? must write it %40"),
-    ("postgresql://db/ledger?sslmode=s3cret", "DATABASE_URL has an invalid sslmode: libpq accepts disable, allow"),
-    ("host=db keepalives=s3cret", "DATABASE_URL has a keepalives that is not an integer"),
-    ("host=db connect_timeout=5s3cret", "DATABASE_URL has a connect_timeout that is not an integer"),
-    ("postgresql://db:70000/ledger", "DATABASE_URL has a port that is not a number from 1 to 65535"),
+    # What app/conninfo.py checks itself: libpq does not, or not without reaching the network.
+    ("postgresql://ledger:pw@s3cret@db/ledger", "DATABASE_URL has a host name holding @ "
+                                                "\\(a password holding @, / or \\? must write it %40"),
     ("hostaddr=s3cret.internal", "DATABASE_URL has a hostaddr that is not an IP address"),
-    ("postgresql://db/ledger?target_session_attrs=s3cret", "DATABASE_URL has an invalid target_session_attrs"),
-    ("postgresql://db/ledger?require_auth=s3cret", "DATABASE_URL has an invalid require_auth"),
-    ("postgresql://db/ledger?gssencmode=s3cret", "DATABASE_URL has an invalid gssencmode"),
+    ("host=db connect_timeout=5s3cret", "DATABASE_URL has a connect_timeout that is not a number"),
+    # What libpq refuses itself, on a connection to a socket that does not exist.
+    ("postgresql://db/ledger?sslmode=s3cret", REFUSED + 'invalid sslmode value: "..."$'),
+    ("postgresql://db:70000/ledger", REFUSED + 'invalid port number: "..."$'),
+    ("postgresql://db/ledger?target_session_attrs=s3cret", REFUSED + "invalid target_session_attrs value"),
+    ("postgresql://db/ledger?require_auth=s3cret", REFUSED + "invalid require_auth value"),
+    ("postgresql://db/ledger?ssl_min_protocol_version=s3cret", REFUSED + 'invalid "ssl_min_protocol_version" value'),
+    ("host=s3cret-a,s3cret-b port=1,2,3", REFUSED + "could not match 3 port numbers to 2 hosts$"),
+    ("host=db service=s3cret", REFUSED + 'definition of service "..." not found'),
+    # ... and on a connection to a loopback port of the check's own, which answers nothing.
+    ("postgresql://db/ledger?gssencmode=s3cret", REFUSED + "invalid gssencmode value"),
+    ("host=db keepalives=s3cret", REFUSED + 'invalid integer value "..." for connection option "keepalives"$'),
+    ("host=db tcp_user_timeout=s3cret", REFUSED + '.* for connection option "tcp_user_timeout"$'),
 ])
 def test_values_libpq_refuses_only_when_connecting_are_refused_at_start_without_them(url, message):
     with pytest.raises(ConfigError, match=message) as refused:
         create_app({**BASE, "DATABASE_URL": url})
     assert "s3cret" not in str(refused.value)
+
+
+def test_libpqs_check_reaches_no_server_that_the_url_or_the_environment_names(monkeypatch):
+    """libpq checks the values on connections that go nowhere: not to the URL's host, nor to PGHOSTADDR's."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        monkeypatch.setenv("PGHOSTADDR", "127.0.0.1")
+        monkeypatch.setenv("PGPORT", str(port))
+        for url in (f"postgresql://ledger@127.0.0.1:{port}/ledger", f"host=127.0.0.1 port={port}", "dbname=ledger",
+                    f"hostaddr=127.0.0.1 port={port} dbname=ledger"):
+            config.from_env({**BASE, "DATABASE_URL": url})
+        server.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            server.accept()
 
 
 @pytest.mark.parametrize("url", [
@@ -123,6 +148,10 @@ def test_values_libpq_refuses_only_when_connecting_are_refused_at_start_without_
     "postgresql://ledger:p%40ss@db.internal/ledger", "postgresql://db1,db2:5433/ledger",
     "host=@pg-abstract dbname=ledger", "hostaddr=10.0.0.5,::1 host=a,b dbname=ledger",
     "postgresql://my_db/ledger?sslmode=verify-full&target_session_attrs=prefer-standby&require_auth=!password",
+    # Refused by libpq over a local socket, or without a Kerberos credential cache yet: valid all the same.
+    "postgresql://db/ledger?gssencmode=require", "postgresql://db/ledger?requirepeer=postgres",
+    "postgresql://db/ledger?sslmode=verify-full&sslrootcert=/nonexistent/root.crt&sslnegotiation=direct",
+    "host=db connect_timeout=2.5",
 ])
 def test_database_urls_that_libpq_accepts_are_accepted(url):
     assert config.from_env({**BASE, "DATABASE_URL": url}).database_url == url

@@ -36,6 +36,8 @@ from .helpers import (
     sources_config,
 )
 
+pytestmark = pytest.mark.deploy
+
 DASHBOARD = ROOT / "deploy" / "grafana" / "webhook-ledger.json"
 # Grafana's variables, as the test queries them: every source, a window over the whole load.
 VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$source": ".*"}

@@ -41,6 +41,8 @@ from .helpers import (
 )
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
 
+pytestmark = pytest.mark.core
+
 # The schemas as they were released: before sources (76d09bb), before payments (fbc880a), and the last one
 # before migrations (7dd3d34), which upgraded a database in place by re-running the whole file.
 BEFORE_SOURCES = Path(__file__).parent / "data" / "schema_before_sources.sql"
@@ -82,6 +84,7 @@ def test_opening_balance_is_the_balance_at_insert(db):
                       [ALICE]).fetchone()[0] == OPENING[ALICE]
 
 
+@pytest.mark.unit
 def test_schema_has_no_psql_meta_commands():
     assert not any(line.lstrip().startswith("\\") for line in DEFAULT_SCHEMA_PATH.read_text().splitlines())
 

@@ -29,6 +29,8 @@ from devservers.demo import DEMO_SECRET
 
 from .helpers import db_url, http_get
 
+pytestmark = pytest.mark.core
+
 PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
 MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`
 BLOCK_TIMEOUT = 60  # a block is a few commands on loopback

@@ -12,6 +12,8 @@ from psycopg import errors
 
 from .helpers import ALICE, balance, event_rows, payment, raw_exchange, scrape, send
 
+pytestmark = pytest.mark.core
+
 TRANSIENT = [
     psycopg.OperationalError("connection to server at 127.0.0.1 failed: Connection refused"),
     psycopg_pool.PoolTimeout("couldn't get a connection after 3.00 sec"),

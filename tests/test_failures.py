@@ -33,6 +33,8 @@ from .helpers import (
     send,
 )
 
+pytestmark = pytest.mark.core
+
 
 def _app_backends_waiting(conn):
     """pids of the app's backends blocked on a lock, with the gunicorn worker pid of each."""

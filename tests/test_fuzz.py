@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from .helpers import ALICE, EVERY_SCHEME, event_rows, send, signed_headers
 
+pytestmark = pytest.mark.core
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # What an HTTP header can carry: Latin-1 text without control characters.

@@ -19,6 +19,8 @@ from devservers import ROOT, free_port
 
 from .helpers import encode, http_get, payment, read_answer, scrape, send, signed_headers
 
+pytestmark = pytest.mark.core
+
 BUDGET = 2  # REQUEST_READ_TIMEOUT_SECONDS for these tests; the default is 10
 MARGIN = 1.5  # scheduling on a shared machine
 THREADS = 4

@@ -13,6 +13,8 @@ from devservers.topology import HAProxy, program
 
 from .helpers import encode, http_request, payment, send, signed_headers
 
+pytestmark = pytest.mark.deploy
+
 
 @pytest.fixture
 def haproxy(gunicorn, db):

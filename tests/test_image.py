@@ -34,7 +34,8 @@ SLOW_DATABASE = {"PG_LOCK_TIMEOUT_MS": "8000", "PG_STATEMENT_TIMEOUT_MS": "9000"
 # How long the in-flight delivery is held after SIGTERM: the server must stay up meanwhile.
 HELD_AFTER_SIGTERM_S = 2.0
 
-pytestmark = pytest.mark.skipif(image_test_skipped(), reason="IMAGE_TEST=skip: podman cannot run here")
+pytestmark = [pytest.mark.deploy,
+              pytest.mark.skipif(image_test_skipped(), reason="IMAGE_TEST=skip: podman cannot run here")]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ import pytest
 
 from .helpers import ALICE, assert_ledger_consistent, balance, encode, payment, send, stored_event_row
 
+pytestmark = pytest.mark.core
+
 
 def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     body = encode(payment("evt_journal", cents=250))

@@ -6,6 +6,8 @@ import pytest
 
 from .helpers import ALICE, BOB, balance, payment, send
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def run(app):

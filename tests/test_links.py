@@ -9,7 +9,7 @@ from app.config import Settings
 from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, samples, stored_event_row
 from .stripe_events import charge_refunded, dispute, intent_succeeded, invoice_intent_succeeded, refund, send_stripe
 
-pytestmark = pytest.mark.parametrize("scheme", ["stripe"])
+pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from app.lock import FORGET_BATCH, EventLock, LockState, done_key, lock_key
 
 from .helpers import ALICE, UNKNOWN_USER, assert_ledger_consistent, balance, encode, payment, send
 
+pytestmark = pytest.mark.core
+
 
 def test_redelivery_of_a_committed_event_is_answered_by_redis_alone(app, client, db, redis_client):
     event = payment("evt_fast")

@@ -11,6 +11,8 @@ from devservers import Gunicorn
 
 from .helpers import SECRET, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
 
+pytestmark = pytest.mark.core
+
 
 def _echoed(client, sent):
     """The X-Request-ID of the answer to a delivery sent with X-Request-ID: sent."""

@@ -12,10 +12,14 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from app.lock import lock_key
 from devservers import ROOT, wait_until
 
 from .helpers import SECRET, UNKNOWN_USER, encode, http_get, payment, samples, send, signed_headers
+
+pytestmark = pytest.mark.core
 
 
 def deliveries(scraped, outcome, reason="", source="default"):

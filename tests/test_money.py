@@ -24,6 +24,8 @@ from app.outcome import Outcome
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).parent.parent
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
 

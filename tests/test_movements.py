@@ -13,7 +13,7 @@ from app.outcome import Outcome
 from .helpers import ALICE, BOB, assert_ledger_consistent, balance, samples, stored_event_row
 from .stripe_events import BEFORE_BASIL, charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
-pytestmark = pytest.mark.parametrize("scheme", ["stripe"])
+pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 
 
 def _journal(db):

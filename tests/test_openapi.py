@@ -20,6 +20,8 @@ from app.signature import sign
 
 from .helpers import SECRET
 
+pytestmark = pytest.mark.core
+
 # "No 5xx, and no answer the document does not describe."
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_headers_conformance, response_schema_conformance]

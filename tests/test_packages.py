@@ -10,6 +10,8 @@ import pytest
 from devservers import ROOT
 from devservers.packages import BENCH, GROUPS, IMAGE, SERVERS, find, image_test_skipped
 
+pytestmark = pytest.mark.deploy
+
 SOURCES = [*ROOT.glob("tests/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
 # Run by name but not installed by the list: the shell, and apt itself.
 NOT_LISTED = {"bash", "apt-get", "git"}

@@ -13,10 +13,13 @@ import zipfile
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from devservers import ROOT, free_port, wait_until
 
 from .helpers import ALICE, INSTALLED_SECRET, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
+
+pytestmark = pytest.mark.deploy
 
 
 def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):

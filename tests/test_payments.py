@@ -29,6 +29,8 @@ from .helpers import (
 )
 from .stripe_events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
 
+pytestmark = pytest.mark.core
+
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from app.events import MAX_CENTS, minor_units
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("value, currency, units", [
     ("21.00", "USD", 2100), ("21", "USD", 2100), ("0.01", "USD", 1), ("21.5", "usd", 2150), ("21.500", "USD", 2150),

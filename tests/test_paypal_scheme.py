@@ -41,6 +41,8 @@ from .helpers import (
 )
 from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_event_id, new_id, refund_event
 
+pytestmark = pytest.mark.core
+
 SOURCE = "paypal"
 WEBHOOK_ID = "1JE4291016473214C"  # the form of PayPal's sample's webhook_id
 USD = Policy("usd")

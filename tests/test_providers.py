@@ -28,6 +28,8 @@ from .helpers import (
     stored_event_row,
 )
 
+pytestmark = pytest.mark.core
+
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
 STANDARD_WEBHOOKS = pytest.mark.parametrize("scheme", ["standard-webhooks"])
 GITHUB = pytest.mark.parametrize("scheme", ["github"])

@@ -30,6 +30,8 @@ from .helpers import (
 )
 from .razorpay_events import dispute_event, new_id, order_paid, payment_captured, refund_event
 
+pytestmark = pytest.mark.core
+
 SOURCE = "razorpay"
 SECRET = source_secret(SOURCE, "razorpay")
 INR = Policy("inr")
@@ -59,6 +61,7 @@ def send_razorpay(client, event, event_id=None):
 UTILITY = razorpay.Utility(None)
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(body=st.text(max_size=300), secret=st.text(min_size=16, max_size=40).filter(lambda s: "," not in s))
 def test_razorpay_library_verifies_every_signature_we_make_and_we_verify_its_digest(body, secret):
@@ -74,6 +77,7 @@ def test_razorpay_library_verifies_every_signature_we_make_and_we_verify_its_dig
         verify("razorpay", changed.encode(), {"X-Razorpay-Signature": header}, [key], 300)
 
 
+@pytest.mark.unit
 def test_razorpay_documented_payload_verifies_with_the_library_and_with_us():
     body = json.dumps(payment_captured("pay_DESp9bgForNoUd"), separators=(",", ":"))
     header = hmac.new(SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()

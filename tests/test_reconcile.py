@@ -22,6 +22,8 @@ from devservers.stripe_stand_in import API_KEY, StripeStandIn
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, scrape
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
+pytestmark = pytest.mark.core
+
 DAY = 86400
 
 

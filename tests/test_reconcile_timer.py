@@ -23,6 +23,8 @@ from .helpers import ALICE, debian_program
 from .stripe_events import intent_succeeded
 from .test_systemd import PREFIX, SYSTEMD_PATH, UNITS, read_unit
 
+pytestmark = pytest.mark.deploy
+
 SERVICE, TIMER = "webhook-ledger-reconcile@.service", "webhook-ledger-reconcile@.timer"
 INSTANCE = "default"  # %i: the source the instance reconciles
 

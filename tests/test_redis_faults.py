@@ -18,6 +18,8 @@ from devservers.topology import RedisCluster
 
 from .helpers import balance, payment, send
 
+pytestmark = pytest.mark.core
+
 # The ACL user the app logs in as in the NOPERM test; its password must never be logged.
 APP_USER, APP_PASSWORD = "ledger", "redis-s3cret-pw"
 

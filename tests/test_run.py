@@ -8,9 +8,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from devservers import ROOT, free_port
 
 from .helpers import read_banner
+
+pytestmark = pytest.mark.core
 
 # initdb on first use, PostgreSQL, Redis and gunicorn on 2 busy cores.
 START_TIMEOUT_S = 90

@@ -11,6 +11,8 @@ import pytest
 from .helpers import ALICE, BOB, assert_ledger_consistent, balance, payment, send, stored_event_row
 from .stripe_events import intent_succeeded, send_stripe
 
+pytestmark = pytest.mark.core
+
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])
 
 

@@ -27,6 +27,8 @@ from devservers.topology import HAProxy, program
 
 from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, encode, http_get, payment, send
 
+pytestmark = pytest.mark.deploy
+
 # How long each run's attack lasts; the suite runs the 60 s the issue asks for.
 ATTACK_SECONDS = float(os.environ.get("SLOW_SENDERS_SECONDS", "60"))
 # The issue's waves: at least 64 connections at a time, spread over 8 addresses

@@ -31,6 +31,8 @@ from .helpers import (
     sources_config,
 )
 
+pytestmark = pytest.mark.core
+
 # One app: the default source (hmac-sha256, the config fixture's) and one
 # named source per scheme, three of them taking their scheme from their name.
 FOUR = {"billing": None, "stripe": None, "github": None, "svix": "standard-webhooks"}

@@ -24,6 +24,8 @@ from .helpers import (
     send,
 )
 
+pytestmark = pytest.mark.core
+
 
 def spend(conn, user, cents, reference, **options):
     """SELECT * FROM spend(...) with named arguments (options: allow_negative), as the application calls it."""

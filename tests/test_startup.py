@@ -46,8 +46,12 @@ def _gunicorn(env, conf=ROOT / "gunicorn.conf.py", workers=4):
     ({"REDIS_URL": "http://:pg-s3cret@cache:6379/0"}, "REDIS_URL must start with redis://"),
     ({"REDIS_CLUSTER": "yes"}, "REDIS_CLUSTER must be true or false"),
     ({"PG_PREPARE_THRESHOLD": "never"}, "PG_PREPARE_THRESHOLD must be an integer"),
-    ({"DATABASE_URL": "postgresql://ledger:pg-s3cret@x@127.0.0.1/ledger"}, "DATABASE_URL has a host that is not"),
-    ({"DATABASE_URL": "host=127.0.0.1 keepalives=pg-s3cret"}, "DATABASE_URL has a keepalives that is not an integer"),
+    ({"DATABASE_URL": "postgresql://ledger:pg-s3cret@x@127.0.0.1/ledger"}, "DATABASE_URL has a host name holding @"),
+    # The log line is JSON: libpq's quotes in it are escaped.
+    ({"DATABASE_URL": "host=127.0.0.1 keepalives=pg-s3cret"}, "DATABASE_URL has a value that libpq refuses: "
+                                                              "invalid integer value"),
+    ({"DATABASE_URL": "postgresql://ledger:pg-s3cret@127.0.0.1/ledger?sslmode=pg-s3cret"},
+     "DATABASE_URL has a value that libpq refuses: invalid sslmode value"),
     ({"WEBHOOK_SECRET": "pg-s3cret"}, "WEBHOOK_SECRET entry 0 (counted from 0) is shorter than 16 bytes"),
     ({"WEBHOOK_SOURCES": "billing", "WEBHOOK_BILLING_SECRET": GOOD["WEBHOOK_SECRET"]},
      "WEBHOOK_SECRET and WEBHOOK_BILLING_SECRET share a secret"),

@@ -27,6 +27,8 @@ from app.lock import done_key
 
 from .helpers import ALICE, UNKNOWN_USER, balance, encode, event_rows, payment, send, signed_headers, stored_event_row
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def run(app):
@@ -122,6 +124,7 @@ NUMBERS = st.one_of(
 )
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(amount=NUMBERS, currency=st.sampled_from(["", ', "currency": "usd"', ', "currency": "JPY"']))
 def test_for_any_body_the_live_and_the_stored_reading_agree(amount, currency):
@@ -269,6 +272,7 @@ def test_a_declared_length_one_byte_over_the_limit_is_413(make_app, config, db):
     assert event_rows(db) == 0
 
 
+@pytest.mark.unit
 def test_stored_event_refuses_missing_altered_or_unreadable_bytes():
     body = encode(payment("evt_x"))
     with pytest.raises(StoredBodyError, match="not kept"):

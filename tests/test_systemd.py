@@ -25,6 +25,8 @@ from devservers import ROOT, free_port, packages, wait_until
 
 from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, payment, send
 
+pytestmark = pytest.mark.deploy
+
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
 # flask reconcile's, a template per source; verified as an instance (a link named for it, as systemctl does).

@@ -30,6 +30,8 @@ from devservers.topology import APP_USER, DB_NAME, Topology
 
 from .helpers import ALICE, BOB, OPENING, SECRET, assert_ledger_consistent, balance, encode, payment, signed_headers
 
+pytestmark = pytest.mark.deploy
+
 # What every host runs with besides the topology's URLs.
 ENV = {
     "WEBHOOK_SECRET": SECRET,

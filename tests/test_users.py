@@ -6,6 +6,8 @@ import pytest
 
 from .helpers import ALICE, BOB, OPENING, payment, payment_refunded, send
 
+pytestmark = pytest.mark.core
+
 CAROL = uuid.UUID("44444444-4444-4444-8444-444444444444")
 
 

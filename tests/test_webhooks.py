@@ -28,6 +28,8 @@ from .helpers import (
     stored_event_row,
 )
 
+pytestmark = pytest.mark.core
+
 
 @EVERY_SCHEME
 def test_new_event_is_processed_and_credited(client, db, scheme):

@@ -14,6 +14,8 @@ from app.events import DEFAULT_POLICY
 
 from .helpers import balance, payment, payment_refunded
 
+pytestmark = pytest.mark.core
+
 TABLES = ("webhook_events", "payments", "ledger_journal", "user_balances", "movements")
 
 

@@ -1,0 +1,100 @@
+"""app/deadline.py leans on two things psycopg does not promise: Connection.wait takes `timeout=`, and a wait
+that times out raises the private psycopg.errors._WaitTimeout. These tests fail, naming what changed, when a
+psycopg release changes either; tests/test_failures.py proves the bound itself on a frozen PostgreSQL."""
+
+import inspect
+import socket
+import time
+
+import psycopg
+import pytest
+from psycopg import errors
+from psycopg.pq import ConnStatus
+from psycopg.waiting import Wait
+
+from app import deadline
+
+pytestmark = pytest.mark.unit
+
+# Long enough for a busy machine to see the wait start; short enough to keep `make check` fast.
+TIMEOUT_S = 0.2
+
+
+class SilentPGconn:
+    """What Connection.wait reads of its pgconn: a socket, here one end of a pair that nothing ever writes to."""
+
+    def __init__(self):
+        self.peer, self.end = socket.socketpair()
+        self.finished = False
+
+    @property
+    def socket(self):
+        return self.end.fileno()
+
+    @property
+    def status(self):
+        return ConnStatus.BAD if self.finished else ConnStatus.OK
+
+    def finish(self):
+        self.finished = True
+
+    def close(self):
+        self.finished = True
+        self.peer.close()
+        self.end.close()
+
+
+@pytest.fixture
+def pgconn():
+    pgconn = SilentPGconn()
+    yield pgconn
+    pgconn.close()
+
+
+def never_ready():
+    """A psycopg generator that waits for its socket to be readable, forever."""
+    while True:
+        yield Wait.R
+
+
+def test_connection_wait_still_takes_a_timeout():
+    parameters = inspect.signature(psycopg.Connection.wait).parameters
+    assert "timeout" in parameters, (
+        f"psycopg {psycopg.__version__}: Connection.wait no longer takes timeout= (it takes {list(parameters)}); "
+        "app/deadline.py passes it to bound every wait for PostgreSQL")
+
+
+def test_the_private_wait_timeout_still_exists_and_is_an_operational_error():
+    assert hasattr(errors, "_WaitTimeout"), (
+        f"psycopg {psycopg.__version__}: psycopg.errors._WaitTimeout is gone; app/deadline.py catches it")
+    assert issubclass(errors._WaitTimeout, psycopg.OperationalError), (
+        f"psycopg {psycopg.__version__}: _WaitTimeout is no longer an OperationalError")
+
+
+def test_a_wait_that_never_becomes_ready_raises_the_private_wait_timeout_on_time(pgconn):
+    """psycopg's own Connection.wait, with the wait function it picked here, on a socket that never answers."""
+    conn = psycopg.Connection(pgconn)
+    started = time.monotonic()
+    try:
+        conn.wait(never_ready(), timeout=TIMEOUT_S)
+    except errors._WaitTimeout:
+        pass
+    except Exception as exc:
+        raise AssertionError(f"psycopg {psycopg.__version__}: a timed-out Connection.wait raised "
+                             f"{type(exc).__module__}.{type(exc).__qualname__}, not errors._WaitTimeout; "
+                             "app/deadline.py catches _WaitTimeout") from exc
+    else:
+        raise AssertionError(f"psycopg {psycopg.__version__}: Connection.wait returned from a generator "
+                             "that never became ready")
+    finally:
+        pgconn.finish()  # as app/deadline.py does: mid-exchange, the connection is not used again
+    waited = time.monotonic() - started
+    assert TIMEOUT_S <= waited < TIMEOUT_S + 5, f"waited {waited:.2f} s for a timeout of {TIMEOUT_S} s"
+
+
+def test_the_deadline_connection_closes_and_raises_not_answering(pgconn):
+    conn = deadline.Connection(pgconn)
+    conn.deadline = TIMEOUT_S
+    with pytest.raises(deadline.NotAnsweringError, match=f"did not answer within {TIMEOUT_S:g} s"):
+        conn.wait(never_ready())
+    assert pgconn.finished, "the connection is left open mid-exchange"

@@ -1,0 +1,140 @@
+"""Every test is in one tier, and the tiers below deploy need nothing of it (tests/tiers.py, docs/testing.md):
+each module declares its tier; only `unit` is marked test by test; a unit or core module imports none of the
+deploy tier's servers, fixtures or modules; and the hooks of conftest.py refuse, for real, what a tier may not
+start."""
+
+import ast
+import functools
+import subprocess
+
+import pytest
+
+from devservers import ROOT
+from devservers.packages import IMAGE, SERVERS
+
+from . import tiers
+
+pytestmark = pytest.mark.unit
+
+MODULES = sorted((ROOT / "tests").glob("test_*.py"))
+# What devservers gives the deploy tier alone: haproxy, PgBouncer, production's topology, Prometheus, the image.
+DEPLOY_IMPORTS = {"devservers.topology": {"HAProxy", "PgBouncer", "Topology"}, "devservers": {"Prometheus", "image"},
+                  "devservers.image": {"*"}}
+
+
+@functools.cache
+def tree(path):
+    return ast.parse(path.read_text(), str(path))
+
+
+def mark_names(node):
+    """The names of the pytest.mark.<name> that an expression holds (a mark, a list of marks, a call of one)."""
+    return {sub.attr for sub in ast.walk(node)
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Attribute) and sub.value.attr == "mark"}
+
+
+def declared_tiers(path):
+    """The tiers that the module's top-level pytestmark names."""
+    marks = [mark_names(node.value) for node in tree(path).body if isinstance(node, ast.Assign)
+             and any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets)]
+    return [name for names in marks for name in sorted(names) if name in tiers.TIERS]
+
+
+def module_tiers():
+    return {path.name: declared_tiers(path) for path in MODULES}
+
+
+def test_every_test_module_declares_one_tier():
+    wrong = {name: found for name, found in module_tiers().items() if len(found) != 1}
+    assert wrong == {}, "each test module needs pytestmark = pytest.mark.unit, core or deploy"
+
+
+def test_only_unit_is_marked_test_by_test():
+    """A test's own tier mark can only move it down to unit: a core test in a deploy module would hide there."""
+    found = {}
+    for path in MODULES:
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                marks = set().union(*(mark_names(decorator) for decorator in node.decorator_list))
+                if marks & {"core", "deploy"}:
+                    found[f"{path.name}::{node.name}"] = sorted(marks & {"core", "deploy"})
+    assert found == {}
+
+
+def deploy_dependencies(path):
+    """What the module takes of the deploy tier: imports, fixtures asked for, programs named in a call."""
+    found = set()
+    deploy_modules = {prefix + other.stem for other in MODULES if declared_tiers(other) == ["deploy"]
+                      for prefix in (".", "tests.")}
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.ImportFrom):
+            module = ("." * node.level) + (node.module or "")
+            names = {alias.name for alias in node.names}
+            taken = DEPLOY_IMPORTS.get(module, set())
+            found |= {f"{module}.{name}" for name in names if name in taken or "*" in taken}
+            if module in deploy_modules:
+                found.add(module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in DEPLOY_IMPORTS}
+        elif isinstance(node, ast.FunctionDef):
+            found |= {f"fixture {arg.arg}" for arg in node.args.args if arg.arg in tiers.DEPLOY_FIXTURES}
+        elif isinstance(node, ast.Call):
+            found |= {f"program {arg.value}" for arg in ast.walk(node)
+                      if isinstance(arg, ast.Constant) and arg.value in tiers.DEPLOY_PROGRAMS}
+    return found
+
+
+def test_the_unit_and_core_modules_take_nothing_of_the_deploy_tier():
+    # This module names the deploy tier's programs as data.
+    taken = {path.name: sorted(deploy_dependencies(path)) for path in MODULES
+             if declared_tiers(path) != ["deploy"] and path.name != "test_tiers.py"}
+    assert {name: found for name, found in taken.items() if found} == {}
+
+
+def test_the_check_finds_what_a_deploy_module_takes():
+    """The check above can fail: it finds the deploy tier in the modules that need it."""
+    assert "devservers.topology.HAProxy" in deploy_dependencies(ROOT / "tests/test_haproxy.py")
+    assert "fixture installed_host" in deploy_dependencies(ROOT / "tests/test_systemd.py")
+    assert ".test_systemd" in deploy_dependencies(ROOT / "tests/test_reconcile_timer.py")
+
+
+def test_every_program_of_the_package_list_is_in_a_tier():
+    """A program added to devservers/packages.py says which tier needs it."""
+    listed = set(SERVERS) | set(IMAGE)
+    assert tiers.CORE_PROGRAMS.isdisjoint(tiers.DEPLOY_PROGRAMS)
+    assert tiers.CORE_PROGRAMS | tiers.DEPLOY_PROGRAMS == listed
+
+
+@pytest.mark.parametrize("tier, fixtures, refused", [
+    ("unit", {"tmp_path", "make_app"}, []),
+    ("unit", {"postgresql", "db", "redis_server"}, ["postgresql", "redis_server"]),
+    ("core", {"db", "gunicorn", "redis_server"}, []),
+    ("core", {"gunicorn", "installed_host", "installed_venv", "wheel"}, ["installed_host", "installed_venv", "wheel"]),
+    ("deploy", {"installed_host", "installed_venv", "wheel", "pg_server"}, []),
+])
+def test_each_tier_is_refused_the_fixtures_beyond_it(tier, fixtures, refused):
+    assert tiers.refused_fixtures(tier, fixtures) == refused
+
+
+@pytest.mark.parametrize("executable, args, name", [
+    (None, ["/usr/sbin/haproxy", "-db", "-f", "x.cfg"], "haproxy"),
+    (None, "pgbouncer /tmp/pgbouncer.ini", "pgbouncer"),
+    ("/usr/bin/podman", ["podman", "run"], "podman"),
+    (None, [ROOT / "scripts" / "run.py"], "run.py"),
+    (None, [b"/usr/bin/redis-server", b"--port", b"0"], "redis-server"),
+])
+def test_the_program_a_popen_runs_is_named(executable, args, name):
+    assert tiers.program(executable, args) == name
+
+
+def test_a_unit_or_core_test_is_refused_a_deploy_program_and_a_deploy_test_is_not():
+    assert "deploy tier" in tiers.refused_program("core", "haproxy")
+    assert "deploy tier" in tiers.refused_program("unit", "promtool")
+    assert tiers.refused_program("core", "redis-server") is None
+    assert tiers.refused_program("deploy", "haproxy") is None
+
+
+def test_this_unit_test_may_not_start_haproxy():
+    """conftest.py's audit hook stops the Popen before anything runs, whether or not haproxy is installed."""
+    with pytest.raises(RuntimeError, match="a unit test runs haproxy, a program of the deploy tier"):
+        subprocess.Popen(["haproxy", "-v"])
