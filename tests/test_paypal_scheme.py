@@ -453,9 +453,9 @@ def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, c
 # -- the money rules, through the endpoint --------------------------------------------------------------
 
 @pytest.fixture
-def paid(send, db):
+def paid(send_paypal, db):
     capture_id = new_id()
-    assert send(capture_completed(capture_id, user=BOB, value="100.00")).json["status"] == "processed"
+    assert send_paypal(capture_completed(capture_id, user=BOB, value="100.00")).json["status"] == "processed"
     return capture_id
 
 
