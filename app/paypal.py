@@ -47,6 +47,7 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
+from .config import Settings
 from .signature import SignatureError
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ FETCH_TIMEOUT_SECONDS = 3.0
 MAX_CACHED = 32
 # The name a certificate must be issued to (PayPal's SDK: the subject's common name ends with it).
 PAYPAL_SUFFIX = ".paypal.com"
-# Where Settings keeps this process's cache (app.extensions).
+# Where init_app keeps this process's cache (app.extensions).
 EXTENSION = "paypal_certificates"
 
 
@@ -223,16 +224,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+def init_app(app: "Flask") -> None:
+    """The process's certificates, empty until a delivery names one; the roots are read at the first fetch."""
+    settings = Settings.of(app)
+    app.extensions[EXTENSION] = Certificates(settings.paypal_cert_hosts, settings.paypal_ca_file)
+
+
 def certificates(app: "Flask") -> Certificates:
-    """The process's certificates, made on first use from the app's settings."""
-    cache: Certificates | None = app.extensions.get(EXTENSION)
-    if cache is None:
-        with _MAKING:
-            cache = app.extensions.get(EXTENSION)
-            if cache is None:
-                settings = app.extensions["settings"]
-                cache = app.extensions[EXTENSION] = Certificates(settings.paypal_cert_hosts, settings.paypal_ca_file)
+    """The certificates init_app made for the app."""
+    cache: Certificates = app.extensions[EXTENSION]
     return cache
-
-
-_MAKING = threading.Lock()

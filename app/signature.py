@@ -31,7 +31,6 @@ names only, never a value.
 
 import base64
 import binascii
-import functools
 import hashlib
 import hmac
 import re
@@ -82,21 +81,20 @@ def verify(scheme: str, body: bytes, headers: Headers, secrets: Sequence[bytes],
     certificates is needed by the paypal scheme alone (its secrets are webhook ids, its key PayPal's).
     """
     lowered = {str(name).lower(): value for name, value in headers.items()}
-    check = _SCHEMES[scheme][0]
-    if scheme == "paypal":
-        check = functools.partial(_paypal, certificates=certificates)
     try:
-        return check(body, lowered, secrets, tolerance, time.time() if now is None else now)
+        return _SCHEMES[scheme][0](body, lowered, secrets, tolerance, time.time() if now is None else now,
+                                   certificates)
     except _MissingHeaderError as exc:
         raise SignatureError(f"{exc}: {_expected(scheme, lowered)}") from None
 
 
-def _hmac_sha256(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
-                 now: float) -> int:
+def _hmac_sha256(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+                 certificates: Certificates | None) -> int:
     return _match(secrets, [body], [_hex(_required(headers, "X-Signature").strip(), "X-Signature")])
 
 
-def _stripe(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float) -> int:
+def _stripe(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+            certificates: Certificates | None) -> int:
     name = "Stripe-Signature"
     stamps, signatures = [], []
     for item in _required(headers, name).split(","):
@@ -117,7 +115,7 @@ def _stripe(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
 
 
 def _standard_webhooks(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
-                       now: float) -> int:
+                       now: float, certificates: Certificates | None) -> int:
     msg_id = _required(headers, "webhook-id")
     if not _WEBHOOK_ID.fullmatch(msg_id):
         raise SignatureError("malformed webhook-id header: expected 1 to 128 visible ASCII characters")
@@ -138,7 +136,8 @@ def _standard_webhooks(body: bytes, headers: Mapping[str, str], secrets: Sequenc
     return _match(secrets, [msg_id.encode(), b".", stamp.encode(), b".", body], signatures)
 
 
-def _github(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float) -> int:
+def _github(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+            certificates: Certificates | None) -> int:
     name = "X-Hub-Signature-256"
     algorithm, equals, digest = _required(headers, name).strip().partition("=")
     if algorithm != "sha256" or not equals:
@@ -146,8 +145,8 @@ def _github(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
     return _match(secrets, [body], [_hex(digest, name)])
 
 
-def _razorpay(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int,
-              now: float) -> int:
+def _razorpay(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+              certificates: Certificates | None) -> int:
     name = "X-Razorpay-Signature"
     return _match(secrets, [body], [_hex(_required(headers, name).strip(), name)])
 
@@ -167,7 +166,7 @@ _MAX_SIGNATURE_CHARS = 1024
 
 
 def _paypal(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
-            certificates: Certificates | None = None) -> int:
+            certificates: Certificates | None) -> int:
     """PayPal's own check ("Self verification method"): the headers' fields, the time, then the certificate."""
     transmission_id = _required(headers, "PAYPAL-TRANSMISSION-ID")
     if not _TRANSMISSION_ID.fullmatch(transmission_id):
@@ -209,9 +208,12 @@ def _paypal(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], t
     return matched
 
 
+# A scheme's verifier: (body, lowered headers, secrets, tolerance, now, certificates) -> the secret's index.
+# Only paypal reads certificates; the HMAC schemes sign with the secrets alone.
+_Verifier = Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float, "Certificates | None"], int]
 # Each scheme's verifier, and the header that tells its deliveries apart (standard-webhooks sends two more),
 # named to a delivery that lacks its source's.
-_SCHEMES: dict[str, tuple[Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float], int], str]] = {
+_SCHEMES: dict[str, tuple[_Verifier, str]] = {
     "hmac-sha256": (_hmac_sha256, "X-Signature"),
     "stripe": (_stripe, "Stripe-Signature"),
     "standard-webhooks": (_standard_webhooks, "webhook-signature"),
