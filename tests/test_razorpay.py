@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import razorpay
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.events import Policy
@@ -229,3 +229,49 @@ def test_the_failed_refund_of_a_stripe_event_is_still_read_as_stripes(client, db
         "status": "failed"}}}
     effect = effect_of(Event("evt_1", "refund.failed", body["data"], body, encode(body)), INR)
     assert (effect.payment_id, effect.movement_id, effect.amount_cents) == ("pi_1", "re_1", 100)
+
+
+# -- any set of events, in any order ----------------------------------------------------------
+
+# Razorpay's refund events, each with the status its entity carries then.
+RAZORPAY_REFUNDS = [("refund.created", "pending"), ("refund.processed", "processed"), ("refund.failed", "failed")]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_for_any_set_of_razorpay_events_in_any_order_the_balance_moves_by_what_the_rule_says_is_due(client, db, data):
+    """The rule of docs/design.md, written apart from money.sql: a refund is counted once and given back if any
+    event saw it failed; a dispute takes its amount if it was lost and not won; never more than the payment."""
+    payment_id = new_id("pay")
+    amount = data.draw(st.integers(1, 10_000), label="amount")
+    paise = st.integers(1, amount)
+    sent = [payment_captured(payment_id, user=BOB, paise=amount)]
+    if data.draw(st.booleans(), label="order.paid too"):
+        sent.append(order_paid(payment_id, user=BOB, paise=amount))
+    refunds, disputes = {}, {}
+    for n in range(data.draw(st.integers(0, 3), label="refunds")):
+        refund_id, refund_paise = new_id("rfnd"), data.draw(paise, label=f"refund {n}")
+        seen = data.draw(st.lists(st.sampled_from(RAZORPAY_REFUNDS), min_size=1, max_size=3), label=f"refund {n}'s")
+        sent += [refund_event(event_type, refund_id, payment_id, refund_paise, status) for event_type, status in seen]
+        refunds[refund_id] = (refund_paise, {status for _, status in seen})
+    for n in range(data.draw(st.integers(0, 2), label="disputes")):
+        dispute_id, dispute_paise = new_id("disp"), data.draw(paise, label=f"dispute {n}")
+        outcomes = data.draw(st.sets(st.sampled_from(["lost", "won"]), min_size=1), label=f"dispute {n}'s")
+        sent += [dispute_event(f"payment.dispute.{outcome}", dispute_id, payment_id, dispute_paise, outcome)
+                 for outcome in outcomes]
+        disputes[dispute_id] = (dispute_paise, outcomes)
+    taken = min(amount, sum(cents for cents, statuses in refunds.values() if "failed" not in statuses)
+                + sum(cents for cents, outcomes in disputes.values() if outcomes == {"lost"}))
+    events = [(event, new_id("evt")[4:]) for event in sent]  # each event keeps its id on every delivery
+    # Each event delivered at least once, duplicates and reorders included.
+    deliveries = data.draw(st.permutations(events + data.draw(st.lists(st.sampled_from(events), max_size=6))))
+    before = balance(db, BOB)
+    for event, event_id in deliveries:
+        response = send_razorpay(client, event, event_id)
+        # 422: a movement before its payment's credit (unknown payment), which Razorpay retries.
+        assert response.status in (200, 422), response.json
+    for event, event_id in events:  # Razorpay retries what was refused before its payment
+        response = send_razorpay(client, event, event_id)
+        assert response.status == 200, response.json
+    assert balance(db, BOB) - before == amount - taken
+    assert_ledger_consistent(db, INR)

@@ -34,3 +34,13 @@ def test_every_setting_is_documented_with_its_default():
 def test_readme_curl_example_matches_make_run():
     assert DEMO_SECRET == "dev-secret-change-me" and DEMO_SECRET in README
     assert DEMO_USER in README
+
+
+def test_every_test_that_docs_design_names_exists():
+    """docs/design.md lists the tests that prove each invariant: a renamed or split test must be renamed there too."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    named = set(re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", design))
+    assert named, "docs/design.md names no test"
+    missing = [f"{path}::{name}" for path, name in sorted(named)
+               if not re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M)]
+    assert not missing, missing
