@@ -2,7 +2,7 @@
 #   docker build -t webhook-ledger .
 #   docker run --rm -p 8000:8000 -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger
 #   docker run --rm -e DATABASE_URL=... -e REDIS_URL=... -e WEBHOOK_SECRET=... webhook-ledger flask --app app init-db
-# tests/test_image.py builds it with podman on a Debian-made Python base
+# tests/deploy/test_image.py builds it with podman on a Debian-made Python base
 # (BASE_IMAGE) and runs it against throwaway PostgreSQL and Redis.
 
 # Any image with Python 3.11+, pip and useradd, pip and python on PATH.

@@ -1,4 +1,4 @@
-"""Container images without a registry, for tests/test_image.py and
+"""Container images without a registry, for tests/deploy/test_image.py and
 scripts/fresh_machine_check.py: a Debian bookworm base made from the apt
 mirror by mmdebstrap, a Python base on it (Debian's python3 in a venv on
 PATH, standing in for python:3.11-slim), and the project's Dockerfile built

@@ -26,7 +26,7 @@ SERVERS = {
     "runuser": "util-linux",  # runs PostgreSQL as `postgres` when we are root
     "pgrep": "procps",  # test_cluster.py looks for what `make cluster` left running
 }
-# tests/test_image.py: podman with runc (crun refuses the cgroup layout of
+# tests/deploy/test_image.py: podman with runc (crun refuses the cgroup layout of
 # this project's machines), mmdebstrap to make a Debian base image from the
 # apt mirror (there is no registry of images to pull from), and the README's
 # curl, which it sends to the container.

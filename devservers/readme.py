@@ -42,7 +42,7 @@ DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = ("sh", "bash", "shell")  # the fences whose blocks are run
 ANSWER = "output"  # the fence of an answer: what the shell block before it prints
 # Before a block that is not run: `<!-- example: not run, because <why> -->`,
-# or `<!-- example: run by tests/<module>.py <how> -->` for one a test module runs itself.
+# or `<!-- example: run by tests/[deploy/]<module>.py <how> -->` for one a test module runs itself.
 MARKER = re.compile(r"<!--\s*example:\s*(.*?)\s*-->\s*\Z", re.S)
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _MAKE_RUN = re.compile(r"(?:^|\s)make run(?:\s|$)")

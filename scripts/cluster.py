@@ -4,7 +4,7 @@ webhook through haproxy.
 haproxy (deploy/haproxy.cfg) in front of 3 gunicorn hosts (gunicorn.conf.py),
 PgBouncer in transaction pooling mode (deploy/pgbouncer.ini) in front of a
 private PostgreSQL, and a Redis Cluster of 3 primaries and 3 replicas: the
-same devservers.topology code that tests/test_topology.py starts. Everything
+same devservers.topology code that tests/deploy/test_topology.py starts. Everything
 lives in a fresh temporary folder (its logs too), removed on exit. Ctrl-C,
 SIGTERM or SIGHUP stops all of it; a host that dies is reported and the
 others keep serving (haproxy routes around it).

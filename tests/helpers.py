@@ -8,14 +8,11 @@ import http.client
 import json
 import queue
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -367,34 +364,6 @@ def read_banner(proc, timeout):
         text += line
         rules += line.startswith("=" * 70)
     return text
-
-
-# -- a host that installed the wheel (tests/test_packaging.py, test_systemd.py) ----
-
-# The default source's secret on such a host.
-INSTALLED_SECRET = "installed-host-secret"
-
-
-@dataclass(frozen=True)
-class InstalledHost:
-    """The wheel installed in a fresh virtualenv, its settings, and a working directory outside the checkout."""
-
-    venv: Path
-    env: dict
-    workdir: Path
-    db_url: str
-
-    @property
-    def gunicorn_conf(self):
-        """Where the wheel puts gunicorn's settings: setup.cfg's data_files, under the environment's prefix."""
-        return self.venv / "share" / "webhook-ledger" / "gunicorn.conf.py"
-
-    def flask(self, *args):
-        """Run `flask --app app <args>` on the host; return its output, asserting it succeeded."""
-        done = subprocess.run([str(self.venv / "bin" / "flask"), "--app", "app", *args], cwd=self.workdir,
-                              env=self.env, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, (args, done.stdout, done.stderr)
-        return done.stdout
 
 
 def debian_program(name):

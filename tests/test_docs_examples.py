@@ -172,7 +172,8 @@ def test_a_block_not_run_says_why_and_a_block_run_elsewhere_names_its_test(page)
         if example.exempt is None:
             example.service_settings()  # a block that starts make run is only that
             continue
-        reason = re.fullmatch(r"not run, because (.{12,})|run by (tests/test_\w+\.py)\b.*", example.exempt, re.S)
+        reason = re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:deploy/)?test_\w+\.py)\b.*",
+                              example.exempt, re.S)
         assert reason, f"{example.where}: the marker says neither `not run, because ...` nor `run by tests/...`"
         if reason.group(2):
             module = (ROOT / reason.group(2)).read_text()

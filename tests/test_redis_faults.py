@@ -159,7 +159,7 @@ def test_failures_are_told_apart(exc, reason):
     assert redis_client.reason_of(exc) == reason
 
 
-# -- on a real Redis Cluster (3 primaries, no replicas: failover is tests/test_topology.py's) --
+# -- on a real Redis Cluster (3 primaries, no replicas: failover is tests/deploy/test_topology.py's) --
 
 @pytest.fixture(scope="module")
 def cluster():

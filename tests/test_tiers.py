@@ -16,7 +16,10 @@ from . import tiers
 
 pytestmark = pytest.mark.unit
 
-MODULES = sorted((ROOT / "tests").glob("test_*.py"))
+TESTS = ROOT / "tests"
+MODULES = sorted(TESTS.rglob("test_*.py"))
+# The deploy tier's folder: its modules, its fixtures (conftest.py) and its helpers (host.py).
+DEPLOY = TESTS / "deploy"
 # What devservers gives the deploy tier alone: haproxy, PgBouncer, production's topology, Prometheus, the image.
 DEPLOY_IMPORTS = {"devservers.topology": {"HAProxy", "PgBouncer", "Topology"}, "devservers": {"Prometheus", "image"},
                   "devservers.image": {"*"}}
@@ -40,13 +43,23 @@ def declared_tiers(path):
     return [name for names in marks for name in sorted(names) if name in tiers.TIERS]
 
 
+def name(path):
+    return str(path.relative_to(TESTS))
+
+
 def module_tiers():
-    return {path.name: declared_tiers(path) for path in MODULES}
+    return {name(path): declared_tiers(path) for path in MODULES}
 
 
 def test_every_test_module_declares_one_tier():
     wrong = {name: found for name, found in module_tiers().items() if len(found) != 1}
     assert wrong == {}, "each test module needs pytestmark = pytest.mark.unit, core or deploy"
+
+
+def test_a_module_declares_deploy_exactly_when_it_is_in_the_deploy_folder():
+    misplaced = {name(path): declared_tiers(path) for path in MODULES
+                 if (declared_tiers(path) == ["deploy"]) != (DEPLOY in path.parents)}
+    assert misplaced == {}, "a deploy module lives in tests/deploy/, and only a deploy module does"
 
 
 def test_only_unit_is_marked_test_by_test():
@@ -57,25 +70,35 @@ def test_only_unit_is_marked_test_by_test():
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
                 marks = set().union(*(mark_names(decorator) for decorator in node.decorator_list))
                 if marks & {"core", "deploy"}:
-                    found[f"{path.name}::{node.name}"] = sorted(marks & {"core", "deploy"})
+                    found[f"{name(path)}::{node.name}"] = sorted(marks & {"core", "deploy"})
     assert found == {}
+
+
+def imported_module(path, node):
+    """The absolute name of the module that an ImportFrom in the test module at path imports."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    if not node.level:
+        return node.module
+    package = package.rsplit(".", node.level - 1)[0]  # each dot past the first goes one package up
+    return f"{package}.{node.module}" if node.module else package
 
 
 def deploy_dependencies(path):
     """What the module takes of the deploy tier: imports, fixtures asked for, programs named in a call."""
     found = set()
-    deploy_modules = {prefix + other.stem for other in MODULES if declared_tiers(other) == ["deploy"]
-                      for prefix in (".", "tests.")}
     for node in ast.walk(tree(path)):
         if isinstance(node, ast.ImportFrom):
-            module = ("." * node.level) + (node.module or "")
+            module = imported_module(path, node)
             names = {alias.name for alias in node.names}
             taken = DEPLOY_IMPORTS.get(module, set())
             found |= {f"{module}.{name}" for name in names if name in taken or "*" in taken}
-            if module in deploy_modules:
+            if module.startswith("tests.deploy"):
                 found.add(module)
+            elif module == "tests" and "deploy" in names:
+                found.add("tests.deploy")
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name in DEPLOY_IMPORTS}
+            found |= {alias.name for alias in node.names
+                      if alias.name in DEPLOY_IMPORTS or alias.name.startswith("tests.deploy")}
         elif isinstance(node, ast.FunctionDef):
             found |= {f"fixture {arg.arg}" for arg in node.args.args if arg.arg in tiers.DEPLOY_FIXTURES}
         elif isinstance(node, ast.Call):
@@ -84,18 +107,19 @@ def deploy_dependencies(path):
     return found
 
 
-def test_the_unit_and_core_modules_take_nothing_of_the_deploy_tier():
+def test_no_module_below_deploy_takes_anything_of_the_deploy_tier():
     # This module names the deploy tier's programs as data.
-    taken = {path.name: sorted(deploy_dependencies(path)) for path in MODULES
+    taken = {name(path): sorted(deploy_dependencies(path)) for path in MODULES
              if declared_tiers(path) != ["deploy"] and path.name != "test_tiers.py"}
     assert {name: found for name, found in taken.items() if found} == {}
 
 
 def test_the_check_finds_what_a_deploy_module_takes():
     """The check above can fail: it finds the deploy tier in the modules that need it."""
-    assert "devservers.topology.HAProxy" in deploy_dependencies(ROOT / "tests/test_haproxy.py")
-    assert "fixture installed_host" in deploy_dependencies(ROOT / "tests/test_systemd.py")
-    assert ".test_systemd" in deploy_dependencies(ROOT / "tests/test_reconcile_timer.py")
+    assert "devservers.topology.HAProxy" in deploy_dependencies(DEPLOY / "test_haproxy.py")
+    assert "fixture installed_host" in deploy_dependencies(DEPLOY / "test_systemd.py")
+    assert "tests.deploy.test_systemd" in deploy_dependencies(DEPLOY / "test_reconcile_timer.py")
+    assert "tests.deploy.host" in deploy_dependencies(DEPLOY / "test_packaging.py")
 
 
 def test_every_program_of_the_package_list_is_in_a_tier():
@@ -127,11 +151,14 @@ def test_the_program_a_popen_runs_is_named(executable, args, name):
     assert tiers.program(executable, args) == name
 
 
-def test_a_unit_or_core_test_is_refused_a_deploy_program_and_a_deploy_test_is_not():
-    assert "deploy tier" in tiers.refused_program("core", "haproxy")
-    assert "deploy tier" in tiers.refused_program("unit", "promtool")
-    assert tiers.refused_program("core", "redis-server") is None
-    assert tiers.refused_program("deploy", "haproxy") is None
+@pytest.mark.parametrize("tier, program", [("core", "haproxy"), ("unit", "promtool")])
+def test_a_unit_or_core_test_is_refused_a_deploy_program(tier, program):
+    assert "deploy tier" in tiers.refused_program(tier, program)
+
+
+@pytest.mark.parametrize("tier, program", [("core", "redis-server"), ("deploy", "haproxy")])
+def test_a_test_may_run_a_program_of_its_own_tier(tier, program):
+    assert tiers.refused_program(tier, program) is None
 
 
 def test_this_unit_test_may_not_start_haproxy():

@@ -17,7 +17,8 @@ import pytest
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import ALICE, INSTALLED_SECRET, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
+from ..helpers import ALICE, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
+from .host import INSTALLED_SECRET
 
 pytestmark = pytest.mark.deploy
 
@@ -53,18 +54,27 @@ def test_the_installed_host_runs_the_exact_versions_of_requirements_lock(install
     assert installed and {name: locked.get(name) for name in installed} == installed
 
 
-def test_the_installed_host_imports_the_installed_package_and_no_test_tooling(installed_host):
-    host = installed_host
+def _installed_python(host, code):
+    """What the installed host's Python prints for code, run from outside the checkout."""
     assert ROOT not in host.workdir.parents
-    probe = "import importlib.util, app.logformat, wsgi; print(app.__file__, importlib.util.find_spec('devservers'))"
-    done = subprocess.run([str(host.venv / "bin" / "python"), "-c", probe], cwd=host.workdir, env=host.env,
+    done = subprocess.run([str(host.venv / "bin" / "python"), "-c", code], cwd=host.workdir, env=host.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    location, devservers = done.stdout.split()
-    assert Path(location).is_relative_to(host.venv) and devservers == "None", done.stdout
+    return done.stdout.strip()
 
 
-def test_an_installed_host_inits_its_database_serves_and_runs_every_command(installed_host):
+def test_the_installed_host_imports_the_installed_package(installed_host):
+    location = _installed_python(installed_host, "import app.logformat, wsgi; print(app.__file__)")
+    assert Path(location).is_relative_to(installed_host.venv), location
+
+
+def test_the_installed_host_has_no_test_tooling(installed_host):
+    assert _installed_python(installed_host, "import importlib.util; print(importlib.util.find_spec('devservers'))") \
+        == "None"
+
+
+def test_an_installed_host_runs_every_command_from_outside_the_checkout(installed_host):
+    """init-db twice, gunicorn with the shipped settings, deliveries, and every `flask` command."""
     host = installed_host
     shipped = next(host.venv.glob("lib/python*/site-packages/app/schema.sql"))
     assert host.flask("init-db").strip() == f"created the schema from {shipped}"

@@ -15,7 +15,7 @@ import pytest
 
 from devservers import ROOT, free_port, wait_until
 
-from .helpers import read_banner, send
+from ..helpers import read_banner, send
 
 pytestmark = pytest.mark.deploy
 

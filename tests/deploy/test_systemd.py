@@ -8,6 +8,7 @@ serve a delivery and stop gracefully with one in flight.
 systemd is not PID 1 here, so the hardening options themselves are not
 applied by these tests: what runs is the unit's command and environment."""
 
+import contextlib
 import os
 import re
 import shlex
@@ -23,7 +24,8 @@ import pytest
 
 from devservers import ROOT, free_port, packages, wait_until
 
-from .helpers import ALICE, INSTALLED_SECRET, debian_program, encode, http_get, payment, send
+from ..helpers import ALICE, debian_program, encode, http_get, payment, send
+from .host import INSTALLED_SECRET
 
 pytestmark = pytest.mark.deploy
 
@@ -83,13 +85,16 @@ def test_the_units_verify_clean(units):
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
-def test_the_reconcile_timer_runs_the_sources_reconcile_hourly_and_a_yielded_run_is_no_failure():
-    timer = read_unit((UNITS / TIMER).read_text())["Timer"]
+def test_the_reconcile_service_runs_the_sources_reconcile_with_the_services_settings():
+    """test_reconcile_timer.py checks the timer that starts it, hourly."""
     service = read_unit((UNITS / RECONCILE).read_text())["Service"]
-    assert timer["OnCalendar"] == ["hourly"] and timer["Persistent"] == ["true"]
     assert service["ExecStart"] == [f"{PREFIX}/bin/flask --app app reconcile %i"]
-    assert service["Type"] == ["oneshot"] and service["SuccessExitStatus"] == ["75"]  # cli.YIELDED_EXIT
     assert service["EnvironmentFile"] == read_unit((UNITS / SERVICE).read_text())["Service"]["EnvironmentFile"]
+
+
+def test_a_reconcile_run_that_yields_to_another_is_no_failure_of_the_unit():
+    service = read_unit((UNITS / RECONCILE).read_text())["Service"]
+    assert service["Type"] == ["oneshot"] and service["SuccessExitStatus"] == ["75"]  # cli.YIELDED_EXIT
 
 
 def test_the_reconcile_run_writes_its_counts_in_the_services_metrics_folder_as_the_service_s_user():
@@ -143,19 +148,36 @@ def service(installed_host, tmp_path):
     return shlex.split(service["ExecStart"][0]), Path(service["WorkingDirectory"][0]), env
 
 
-def test_the_service_tells_systemd_it_is_ready_and_stops_gracefully_with_a_delivery_in_flight(
-        service, installed_host, tmp_path):
+@contextlib.contextmanager
+def running(service, tmp_path, **settings):
+    """The service's command run as systemd runs it, with NOTIFY_SOCKET bound here: (the notify socket, the
+    process, its base URL). On leaving, it is stopped with SIGTERM if it still runs, and must exit 0."""
     command, workdir, env = service
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))
     notify.settimeout(30)
+    proc = subprocess.Popen(command, cwd=workdir, env={**env, **settings, "NOTIFY_SOCKET": str(tmp_path / "notify")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        yield notify, proc, f"http://{env['BIND']}"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+        notify.close()
+    assert proc.returncode == 0, output
+
+
+def test_the_service_tells_systemd_it_is_ready_once_it_serves(service, tmp_path):
+    with running(service, tmp_path) as (notify, _, base):
+        assert b"READY=1" in notify.recv(4096)  # Type=notify: systemd starts dependants only now
+        wait_until(lambda: _healthy(base), timeout=20, what="gunicorn /health")
+
+
+def test_the_service_stops_gracefully_with_a_delivery_in_flight(service, installed_host, tmp_path):
     # Room for the held row below on a busy machine: the delivery waits seconds, not the default 1 s.
     timeouts = {"PG_LOCK_TIMEOUT_MS": "5000", "PG_STATEMENT_TIMEOUT_MS": "6000", "PG_POOL_TIMEOUT_MS": "7000"}
-    proc = subprocess.Popen(command, cwd=workdir, env={**env, **timeouts, "NOTIFY_SOCKET": str(tmp_path / "notify")},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    base = f"http://{env['BIND']}"
-    try:
-        assert b"READY=1" in notify.recv(4096)  # Type=notify: systemd starts dependants only now
+    with running(service, tmp_path, **timeouts) as (_, proc, base):
         wait_until(lambda: _healthy(base), timeout=20, what="gunicorn /health")
         body = encode(payment("evt_in_flight", cents=900))
         answers = []
@@ -170,14 +192,8 @@ def test_the_service_tells_systemd_it_is_ready_and_stops_gracefully_with_a_deliv
             time.sleep(0.5)
         sender.join(10)
         assert answers == [(200, {"status": "processed", "event_id": "evt_in_flight"})]
-        metrics_dir = Path(env["PROMETHEUS_MULTIPROC_DIR"])
-        assert list(metrics_dir.glob("*.db")), "the workers keep their metrics in the runtime directory"
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-        output = proc.communicate(timeout=30)[0]
-        notify.close()
-    assert proc.returncode == 0, output
+        assert list(Path(service[2]["PROMETHEUS_MULTIPROC_DIR"]).glob("*.db")), \
+            "the workers keep their metrics in the runtime directory"
 
 
 def test_the_service_serves_the_socket_that_the_socket_unit_hands_over(service):

@@ -4,7 +4,7 @@ systemd runs them, from the wheel installed in a fresh virtualenv, against Strip
 
 systemd is not PID 1 here, so no timer elapses by itself (and no hardening option is applied): what is
 tested is the unit each elapse starts, run as systemd would run it, and when the timer elapses
-(`systemd-analyze calendar` on its OnCalendar). tests/test_systemd.py verifies the units themselves.
+(`systemd-analyze calendar` on its OnCalendar). tests/deploy/test_systemd.py verifies the units themselves.
 """
 
 import shlex
@@ -19,8 +19,8 @@ import pytest
 from devservers import packages
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
-from .helpers import ALICE, debian_program
-from .stripe_events import intent_succeeded
+from ..helpers import ALICE, debian_program
+from ..stripe_events import intent_succeeded
 from .test_systemd import PREFIX, SYSTEMD_PATH, UNITS, read_unit
 
 pytestmark = pytest.mark.deploy
@@ -92,7 +92,7 @@ def test_each_elapse_of_the_timer_reconciles_the_source_once_on_the_installed_ho
             ["completed", "completed"]
 
 
-def test_an_elapse_while_another_run_holds_the_source_yields_and_the_unit_counts_it_a_success(unit_run,
+def test_an_elapse_while_another_run_holds_the_source_is_a_yield_the_unit_counts_a_success(unit_run,
                                                                                           installed_host,
                                                                                           stand_in):
     stand_in.add(*_payments(3))
@@ -104,10 +104,14 @@ def test_an_elapse_while_another_run_holds_the_source_yields_and_the_unit_counts
     assert output.splitlines()[-1].endswith("this one yields"), output
 
 
-def test_the_timer_starts_its_instance_hourly_and_catches_up_after_downtime():
+def test_the_timer_catches_up_a_run_missed_while_the_host_was_down():
+    assert read_unit((UNITS / TIMER).read_text())["Timer"]["Persistent"] == ["true"]
+
+
+def test_the_timer_starts_its_own_instance_every_hour_on_the_hour():
     timer = read_unit((UNITS / TIMER).read_text())
     assert "Unit" not in timer["Timer"]  # so an instance's timer starts the service instance of the same name
-    assert timer["Timer"]["Persistent"] == ["true"] and timer["Install"]["WantedBy"] == ["timers.target"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
     (calendar,) = timer["Timer"]["OnCalendar"]
     done = subprocess.run(["systemd-analyze", "calendar", "--iterations=3", calendar], capture_output=True,
                           text=True, timeout=30, env={"PATH": SYSTEMD_PATH, "TZ": "UTC", "LANG": "C.UTF-8"})

@@ -22,7 +22,7 @@ from app.db import apply_schema
 from app.outcome import Outcome
 from devservers import ROOT, Gunicorn, Prometheus, Redis, packages, wait_until
 
-from .helpers import (
+from ..helpers import (
     BOB,
     OPENING,
     SECRET,

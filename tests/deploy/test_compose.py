@@ -6,7 +6,7 @@ the major version the tests run; the schema is applied before the app
 starts; every setting passed is one the app knows, the service's own from an
 env file whose documented example names the README's settings; only the
 proxy's port is published, in front of the app's, with deploy/haproxy.cfg
-(tests/test_slow_senders.py runs that file)."""
+(tests/deploy/test_slow_senders.py runs that file)."""
 
 import json
 import re

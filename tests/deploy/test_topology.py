@@ -28,7 +28,7 @@ from app.lock import done_key, lock_key
 from devservers import wait_until
 from devservers.topology import APP_USER, DB_NAME, Topology
 
-from .helpers import ALICE, BOB, OPENING, SECRET, assert_ledger_consistent, balance, encode, payment, signed_headers
+from ..helpers import ALICE, BOB, OPENING, SECRET, assert_ledger_consistent, balance, encode, payment, signed_headers
 
 pytestmark = pytest.mark.deploy
 

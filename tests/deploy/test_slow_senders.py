@@ -25,7 +25,7 @@ import pytest
 
 from devservers.topology import HAProxy, program
 
-from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, encode, http_get, payment, send
+from ..helpers import ALICE, OPENING, assert_ledger_consistent, balance, encode, http_get, payment, send
 
 pytestmark = pytest.mark.deploy
 
@@ -287,7 +287,7 @@ def closed(sock):
         return True
 
 
-def test_an_address_gets_50_open_connections_and_the_rest_are_refused_others_not(small_proxied):
+def test_an_address_past_50_open_connections_is_refused_others_not(small_proxied):
     proxy, host = small_proxied
     sockets = [connect_or_refused(proxy.port, "127.0.0.20") for _ in range(CONNECTIONS_PER_ADDRESS + 10)]
     try:
@@ -346,7 +346,7 @@ def test_a_sender_that_stalls_is_answered_408_json_by_the_proxy(small_proxied):
 
 
 @pytest.mark.parametrize(("padding", "lane"), [(100, "app"), (40_000, "app_unbuffered")])
-def test_a_whole_delivery_goes_to_the_app_lane_and_one_larger_than_the_buffer_to_the_unbuffered_lane(
+def test_a_delivery_goes_to_the_lane_its_size_chooses(
         small_proxied, padding, lane):
     proxy, host = small_proxied
     event = payment(memo="x" * padding)

@@ -12,7 +12,7 @@ from devservers.packages import BENCH, GROUPS, IMAGE, SERVERS, find, image_test_
 
 pytestmark = pytest.mark.deploy
 
-SOURCES = [*ROOT.glob("tests/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
+SOURCES = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
 # Run by name but not installed by the list: the shell, and apt itself.
 NOT_LISTED = {"bash", "apt-get", "git"}
 CALLS = [re.compile(r'program\("([\w.-]+)"\)'), re.compile(r'subprocess\.(?:run|Popen)\(\s*\["([\w.-]+)"')]
