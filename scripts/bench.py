@@ -232,6 +232,15 @@ def cpu_ms(pids):
     return total * 1000 / tick
 
 
+def worker_class_name(printed):
+    """The worker class as gunicorn's --print-config shows it, `<ThreadWorker()>` for the class object that
+    gunicorn.conf.py loads from app/gunicorn_worker.py, as a dotted name."""
+    match = re.fullmatch(r"<(\w+)\(\)>", printed or "")
+    if match and f"class {match[1]}(" in (ROOT / "app" / "gunicorn_worker.py").read_text():
+        return f"app.gunicorn_worker.{match[1]}"
+    return printed
+
+
 def peak_rss_mb(pids):
     peaks = []
     for pid in pids:
@@ -549,7 +558,7 @@ def main():
 
         rss = {r.name: peak_rss_mb(r.worker_pids()) for r in receivers}
         header = (f"webhook-ledger bench: project = gunicorn {settings.get('workers')} workers x "
-                  f"{settings.get('threads')} threads ({settings.get('worker_class')}); "
+                  f"{settings.get('threads')} threads ({worker_class_name(settings.get('worker_class'))}); "
                   + (f"peer = {shlex.join(command)}, PG_POOL_MAX={peer_pool}" if command else "no peer")
                   + f"; {CONNECTIONS} connections, {os.cpu_count()} cores, {DURATION}s per run"
                   + (" (BENCH_QUICK)" if QUICK else ""))
