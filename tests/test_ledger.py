@@ -19,22 +19,40 @@ def test_processed_credit_is_journaled_in_the_same_transaction(client, db):
     assert stored_event_row(db, "evt_journal").payload_sha256 == hashlib.sha256(body).digest()
 
 
-@pytest.mark.parametrize("first_cents, stored_status", [(250, "completed"), (0, "failed")])
-def test_same_id_with_a_different_body_is_409_recorded_and_has_no_effect(client, db, first_cents, stored_status):
-    original = payment("evt_twice", cents=first_cents)
-    send(client, original)
-    stored = stored_event_row(db, "evt_twice")
-    before = (balance(db), stored.status, stored.attempts)
+# The first delivery of evt_twice, then the stored status it leaves: a credit applied, or refused (0 cents).
+FIRSTS = pytest.mark.parametrize("first_cents, stored_status", [(250, "completed"), (0, "failed")])
 
-    forged = payment("evt_twice", cents=99999)
-    response = send(client, forged)
+
+def _forged_after(client, db, first_cents, stored_status):
+    """evt_twice delivered with first_cents, then again with another amount.
+
+    Returns (the balance, the row's status and attempts) before the second delivery, and its answer."""
+    send(client, payment("evt_twice", cents=first_cents))
+    stored = stored_event_row(db, "evt_twice")
+    assert stored.status == stored_status
+    return (balance(db), stored.status, stored.attempts), send(client, payment("evt_twice", cents=99999))
+
+
+@FIRSTS
+def test_same_id_with_a_different_body_is_409_payload_mismatch(client, db, first_cents, stored_status):
+    _, response = _forged_after(client, db, first_cents, stored_status)
     assert response.status == 409
     assert response.json["error"] == "payload_mismatch"
     assert response.json["event_id"] == "evt_twice"
+
+
+@FIRSTS
+def test_same_id_with_a_different_body_is_recorded_as_a_mismatch(client, db, first_cents, stored_status):
+    _forged_after(client, db, first_cents, stored_status)
+    after = stored_event_row(db, "evt_twice")
+    assert after.mismatches == 1 and after.last_mismatch_at is not None
+
+
+@FIRSTS
+def test_same_id_with_a_different_body_has_no_effect(client, db, first_cents, stored_status):
+    before, _ = _forged_after(client, db, first_cents, stored_status)
     after = stored_event_row(db, "evt_twice")
     assert (balance(db), after.status, after.attempts) == before
-    assert stored.status == stored_status
-    assert after.mismatches == 1 and after.last_mismatch_at is not None
     payload = db.execute("SELECT payload FROM webhook_events_json WHERE event_id = 'evt_twice'").fetchone()[0]
     assert payload["data"]["amountCents"] == first_cents  # the stored payload is not overwritten
     assert_ledger_consistent(db)

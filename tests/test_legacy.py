@@ -60,14 +60,32 @@ def test_legacy_payments_lists_only_the_credits_of_a_release_before_payments_per
     assert "evt_b" not in run("ledger", "legacy-payments").output
 
 
-def test_naming_files_the_credit_under_the_new_id_and_replays_the_refunds_that_waited_for_it(client, db, run):
+def _named_with_a_refund_waiting(client, db, run):
+    """evt_a filed by 002, refunded 80 cents by pay_a (422: unknown), then named pay_a: name-payment's lines."""
     _filed_by_002(db, "evt_a")
     waiting = send(client, _refunded("evt_r1", "pay_a", 80))
     assert (waiting.status, waiting.json["message"]) == (422, "unknown payment pay_a")
-    named = run("ledger", "name-payment", "evt_a", "pay_a")
-    assert named.output.splitlines() == [
-        f"payment 'evt_a' (300 cents to {BOB}, credited by event 'evt_a') is now payment 'pay_a'",
-        "replayed 1 failed events that waited for payment 'pay_a':", "  evt_r1: processed; now completed"]
+    return run("ledger", "name-payment", "evt_a", "pay_a").output.splitlines()
+
+
+def test_naming_files_the_credit_under_the_new_id(client, db, run):
+    named = _named_with_a_refund_waiting(client, db, run)
+    assert named[0] == f"payment 'evt_a' (300 cents to {BOB}, credited by event 'evt_a') is now payment 'pay_a'"
+    assert db.execute("SELECT event_id, kind, payment_id, amount_cents FROM ledger_journal WHERE kind = 'credit'"
+                      ).fetchall() == [("evt_a", "credit", "pay_a", 300)]
+    assert db.execute("SELECT payment_id, event_id FROM payments").fetchall() == [("pay_a", "evt_a")]
+
+
+def test_naming_replays_the_refunds_that_waited_for_it(client, db, run):
+    named = _named_with_a_refund_waiting(client, db, run)
+    assert named[1:] == ["replayed 1 failed events that waited for payment 'pay_a':",
+                         "  evt_r1: processed; now completed"]
+    assert db.execute("SELECT event_id, kind, payment_id, amount_cents FROM ledger_journal WHERE kind = 'refund'"
+                      ).fetchall() == [("evt_r1", "refund", "pay_a", -80)]
+
+
+def test_a_refund_by_the_new_id_is_applied_after_the_naming(client, db, run):
+    _named_with_a_refund_waiting(client, db, run)
     assert send(client, _refunded("evt_r2", "pay_a", 120)).json["status"] == "processed"
     assert db.execute("SELECT event_id, kind, payment_id, amount_cents FROM ledger_journal WHERE user_id = %s"
                       " ORDER BY id", [BOB]).fetchall() == [
@@ -79,7 +97,20 @@ def test_naming_files_the_credit_under_the_new_id_and_replays_the_refunds_that_w
     assert verified.exit_code == 0, verified.output
 
 
-@pytest.mark.parametrize("event_id, payment_id, error", [
+@pytest.fixture
+def named_payments(client, db):
+    """evt_a and evt_refunded filed by 002 (evt_refunded refunded under that id), evt_taken's payment
+    pay_evt_taken credited, evt_stored and evt_new filed under their event ids, evt_new's event purged."""
+    _filed_by_002(db, "evt_a")
+    _filed_by_002(db, "evt_refunded")
+    assert send(client, _refunded("evt_r", "evt_refunded", 10)).json["status"] == "processed"
+    for stored in ("evt_taken", "evt_stored", "evt_new"):
+        paid = payment(stored, user=ALICE, cents=5) if stored == "evt_taken" else payment(stored, paymentId=None)
+        assert send(client, paid).json["status"] == "processed"
+    _purged(db, "evt_new")
+
+
+REFUSED_NAMINGS = pytest.mark.parametrize("event_id, payment_id, error", [
     ("evt_missing", "pi_x", "no payment of source 'default' is filed under the id of event 'evt_missing'"),
     ("evt_a", "", "PAYMENT_ID must be 1 to 128 characters that PostgreSQL can store"),
     ("evt_a", "p" * 129, "PAYMENT_ID must be 1 to 128 characters that PostgreSQL can store"),
@@ -94,17 +125,18 @@ def test_naming_files_the_credit_under_the_new_id_and_replays_the_refunds_that_w
     ("evt_refunded", "pi_x", "payment 'evt_refunded' of source 'default' has refunds or disputes under that id, so "
                              "its sender knows it by it: it is not renamed"),
 ])
-def test_name_payment_refuses_in_one_line_and_changes_nothing(client, db, run, event_id, payment_id, error):
-    _filed_by_002(db, "evt_a")
-    _filed_by_002(db, "evt_refunded")
-    assert send(client, _refunded("evt_r", "evt_refunded", 10)).json["status"] == "processed"
-    for stored in ("evt_taken", "evt_stored", "evt_new"):
-        paid = payment(stored, user=ALICE, cents=5) if stored == "evt_taken" else payment(stored, paymentId=None)
-        assert send(client, paid).json["status"] == "processed"
-    _purged(db, "evt_new")
-    before = db.execute("SELECT * FROM payments ORDER BY source, payment_id").fetchall()
+
+
+@REFUSED_NAMINGS
+def test_name_payment_refuses_in_one_line(named_payments, run, event_id, payment_id, error):
     refused = run("ledger", "name-payment", event_id, payment_id)
     assert (refused.exit_code, refused.output) == (1, f"Error: {error}\n")
+
+
+@REFUSED_NAMINGS
+def test_a_refused_name_payment_changes_nothing(named_payments, db, run, event_id, payment_id, error):
+    before = db.execute("SELECT * FROM payments ORDER BY source, payment_id").fetchall()
+    run("ledger", "name-payment", event_id, payment_id)
     assert db.execute("SELECT * FROM payments ORDER BY source, payment_id").fetchall() == before
 
 

@@ -82,13 +82,33 @@ def test_a_link_needs_a_known_user(run, db):
     assert db.execute("SELECT count(*) FROM customer_links").fetchone()[0] == 0
 
 
-def test_the_metadata_key_is_a_per_source_setting_and_not_part_of_the_effect(make_app, config, db):
-    evt = intent_succeeded("pi_key", cents=400, metadata={"ledger_user": str(BOB)})
-    first = make_app(config).test_client()
-    assert send_stripe(first, evt).status == 422  # user_id, the default key, names no one
-    keyed = make_app({**config, "WEBHOOK_USER_METADATA_KEY": "ledger_user"})
-    assert send_stripe(keyed.test_client(), evt).json["status"] == "processed"  # not payload_mismatch
+def _keyed_to_bob():
+    """A PaymentIntent naming Bob under the metadata key ledger_user only (a new event id each call)."""
+    return intent_succeeded("pi_key", cents=400, metadata={"ledger_user": str(BOB)})
+
+
+def _keyed(make_app, config):
+    return make_app({**config, "WEBHOOK_USER_METADATA_KEY": "ledger_user"})
+
+
+def test_the_metadata_key_is_a_per_source_setting(make_app, config, db):
+    assert send_stripe(make_app(config).test_client(), _keyed_to_bob()).status == 422  # user_id, the default key
+    assert send_stripe(_keyed(make_app, config).test_client(), _keyed_to_bob()).json["status"] == "processed"
     assert balance(db, BOB) == OPENING[BOB] + 400
+
+
+def test_the_metadata_key_is_not_part_of_the_effect(make_app, config, db):
+    evt = _keyed_to_bob()
+    assert send_stripe(make_app(config).test_client(), evt).status == 422  # user_id, the default key, names no one
+    # The same event under another key: applied, not payload_mismatch.
+    assert send_stripe(_keyed(make_app, config).test_client(), evt).json["status"] == "processed"
+    assert balance(db, BOB) == OPENING[BOB] + 400
+
+
+def test_verify_reads_a_credit_by_the_metadata_key_it_was_decided_under(make_app, config, db):
+    evt = _keyed_to_bob()
+    send_stripe(make_app(config).test_client(), evt)
+    send_stripe(_keyed(make_app, config).test_client(), evt)
     row = db.execute("SELECT user_metadata_key FROM webhook_events WHERE event_id = %s", [evt.id]).fetchone()
     assert row == ("ledger_user",)
     # verify reads the credit by the key it was decided under, not by today's
@@ -117,30 +137,58 @@ def ignoring(make_app, config):
     return make_app({**config, "WEBHOOK_NO_USER": "ignore"})
 
 
-def test_a_payment_with_no_user_is_ignored_recorded_counted_and_listed(ignoring, db):
+def _no_users_payment_sent_twice(ignoring):
+    """A payment naming no user, delivered, then redelivered: (the event, both answers' bodies)."""
     client = ignoring.test_client()
     evt = intent_succeeded("pi_other", cents=900, metadata={"product": "another"})
-    assert send_stripe(client, evt).json == {"status": "ignored", "event_id": evt.id}
-    row = stored_event_row(db, evt.id)
-    assert row.status == "ignored" and row.body == str(evt).encode()
-    assert "no user: no data.object.metadata.user_id, and no data.object.customer" in row.last_error
-    assert send_stripe(client, evt).json["status"] == "ignored"  # a redelivery changes nothing
-    scraped = samples(client.get("/metrics").text)
-    labels = (("outcome", "ignored"), ("reason", ""), ("source", "default"))
-    assert scraped[("webhook_ledger_deliveries_total", labels)] == 2
-    listed = _cli(ignoring)("events", "list", "--status", "ignored")
-    assert evt.id in listed.output and "no user" in listed.output
+    return evt, [send_stripe(client, evt).json for _ in range(2)]
+
+
+def test_a_payment_with_no_user_is_ignored(ignoring, db):
+    evt, answers = _no_users_payment_sent_twice(ignoring)
+    assert answers[0] == {"status": "ignored", "event_id": evt.id}
+    assert answers[1]["status"] == "ignored"  # a redelivery changes nothing
     assert db.execute("SELECT count(*) FROM payments").fetchone()[0] == 0
 
 
-def test_refunds_and_disputes_of_an_ignored_payment_are_ignored_and_verify_stays_clean(ignoring, db):
+def test_an_ignored_payment_is_recorded_with_its_bytes_and_reason(ignoring, db):
+    evt, _ = _no_users_payment_sent_twice(ignoring)
+    row = stored_event_row(db, evt.id)
+    assert row.status == "ignored" and row.body == str(evt).encode()
+    assert "no user: no data.object.metadata.user_id, and no data.object.customer" in row.last_error
+
+
+def test_each_delivery_of_an_ignored_payment_is_counted(ignoring, db):
+    _no_users_payment_sent_twice(ignoring)
+    scraped = samples(ignoring.test_client().get("/metrics").text)
+    labels = (("outcome", "ignored"), ("reason", ""), ("source", "default"))
+    assert scraped[("webhook_ledger_deliveries_total", labels)] == 2
+
+
+def test_an_ignored_payment_is_listed_with_its_reason(ignoring, db):
+    evt, _ = _no_users_payment_sent_twice(ignoring)
+    listed = _cli(ignoring)("events", "list", "--status", "ignored")
+    assert evt.id in listed.output and "no user" in listed.output
+
+
+def _movements_of_an_ignored_payment(ignoring):
+    """pi_theirs (no user) ignored, then a refunded total, a refund and a dispute of it: {type: answer's status}."""
     client = ignoring.test_client()
     send_stripe(client, intent_succeeded("pi_theirs", cents=900, metadata={}))
-    for evt in (charge_refunded("pi_theirs", 300, cents=900), refund("re_t", "pi_theirs", 200),
-                dispute("dp_t", "pi_theirs", 900)):
-        assert send_stripe(client, evt).json["status"] == "ignored", evt.type
+    return {evt.type: send_stripe(client, evt).json["status"]
+            for evt in (charge_refunded("pi_theirs", 300, cents=900), refund("re_t", "pi_theirs", 200),
+                        dispute("dp_t", "pi_theirs", 900))}
+
+
+def test_refunds_and_disputes_of_an_ignored_payment_are_ignored(ignoring, db):
+    assert _movements_of_an_ignored_payment(ignoring) == {
+        "charge.refunded": "ignored", "refund.updated": "ignored", "charge.dispute.funds_withdrawn": "ignored"}
     assert db.execute("SELECT count(*) FROM movements").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 0
+
+
+def test_verify_stays_clean_after_the_movements_of_an_ignored_payment(ignoring, db):
+    _movements_of_an_ignored_payment(ignoring)
     verified = _cli(ignoring)("ledger", "verify")
     assert verified.exit_code == 0, verified.output
 
@@ -173,21 +221,47 @@ def test_no_user_is_per_source(make_app, config, db):
 
 # -- failed events dismissed ---------------------------------------------------------------------
 
-def test_a_failed_event_is_dismissed_with_its_reason_kept_listed_and_never_replayed(client, db, run):
+def _dismissed(client, run):
+    """A payment naming no user, refused (422) and dismissed by ana: its event."""
     evt = intent_succeeded("pi_dead", metadata={}, cents=100)
     assert send_stripe(client, evt).status == 422
-    assert run("events", "replay", "--all-failed").exit_code == 1
+    assert run("events", "replay", "--all-failed").exit_code == 1  # failed, before it is dismissed
     dismissed = run("events", "dismiss", evt.id, "--reason", "a Payment Link of another product", "--by", "ana")
     assert dismissed.exit_code == 0, dismissed.output
+    return evt
+
+
+def test_a_failed_event_is_dismissed_with_its_reason_kept(client, db, run):
+    evt = _dismissed(client, run)
     row = db.execute("SELECT status, dismissed_reason, dismissed_by, dismissed_at IS NOT NULL, last_error"
                      " FROM webhook_events WHERE event_id = %s", [evt.id]).fetchone()
     assert row[:4] == ("dismissed", "a Payment Link of another product", "ana", True) and "no user" in row[4]
+
+
+def test_a_dismissed_event_is_listed_with_its_reason(client, db, run):
+    _dismissed(client, run)
     assert "dismissed by ana: a Payment Link of another product" in run("events", "list").output
+
+
+def test_a_dismissed_event_is_never_replayed(client, db, run):
+    _dismissed(client, run)
     replayed = run("events", "replay", "--all-failed")
     assert replayed.exit_code == 0 and replayed.output.startswith("replayed 0 failed events")
+
+
+def test_a_dismissed_events_redelivery_is_ignored(client, db, run):
+    evt = _dismissed(client, run)
     assert send_stripe(client, evt).json["status"] == "ignored"  # the provider's retry: closed
+
+
+def test_a_dismissed_event_is_not_dismissed_again(client, db, run):
+    evt = _dismissed(client, run)
     again = run("events", "dismiss", evt.id, "--reason", "twice", "--by", "ana")
     assert again.exit_code == 1 and "is dismissed: only a failed event is dismissed" in again.output
+
+
+def test_verify_stays_clean_after_a_dismissal(client, db, run):
+    send_stripe(client, _dismissed(client, run))  # and the provider's retry
     assert run("ledger", "verify").exit_code == 0
 
 

@@ -68,10 +68,23 @@ def test_a_refund_that_fails_after_it_was_debited_comes_back_once(client, db, pa
     assert_ledger_consistent(db)
 
 
-def test_a_failure_before_its_refund_nets_zero_and_the_late_refund_debits_nothing(client, db, paid):
-    assert _send_all(client, refund("re_x", paid, 250, status="failed"),
-                     refund("re_x", paid, 250, status="pending", event_type="refund.created")) == \
-        ["processed", "processed"]
+def _failed_first(client, paid):
+    """re_x's refund.failed, before its refund was ever announced: its status."""
+    return _send_all(client, refund("re_x", paid, 250, status="failed"))
+
+
+def test_a_failure_before_its_refund_nets_zero(client, db, paid):
+    assert _failed_first(client, paid) == ["processed"]
+    assert balance(db, BOB) == 1000
+    assert _journal(db) == []
+    assert _account(db, paid)["refunds_reversed_cents"] == 250
+    assert_ledger_consistent(db)
+
+
+def test_a_refund_announced_after_its_failure_debits_nothing(client, db, paid):
+    _failed_first(client, paid)
+    assert _send_all(client, refund("re_x", paid, 250, status="pending", event_type="refund.created")) == \
+        ["processed"]
     assert balance(db, BOB) == 1000
     assert _journal(db) == []
     assert _account(db, paid)["refunds_reversed_cents"] == 250
@@ -85,16 +98,37 @@ def test_charge_refund_updated_carries_the_same_refund(client, db, paid):
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("order", ["total-first", "object-first"])
-def test_one_refund_announced_by_its_total_and_its_object_is_debited_once_and_its_failure_comes_back(
-        client, db, paid, order):
+# One refund, re_both, announced by charge.refunded's running total and by its refund object, in either order.
+BOTH_ORDERS = pytest.mark.parametrize("order", ["total-first", "object-first"])
+
+
+def _announced_by_its_total_and_its_object(client, paid, order):
     total = charge_refunded(paid, 300, cents=1000)
     created = refund("re_both", paid, 300, status="succeeded", event_type="refund.created")
     _send_all(client, *((total, created) if order == "total-first" else (created, total)))
+
+
+def _then_failed(client, paid, order):
+    _announced_by_its_total_and_its_object(client, paid, order)
+    _send_all(client, refund("re_both", paid, 300, status="failed"))
+
+
+@BOTH_ORDERS
+def test_one_refund_announced_by_its_total_and_its_object_is_debited_once(client, db, paid, order):
+    _announced_by_its_total_and_its_object(client, paid, order)
     assert balance(db, BOB) == 700
     assert sum(cents for _, _, cents in _journal(db)) == -300
-    _send_all(client, refund("re_both", paid, 300, status="failed"))
+
+
+@BOTH_ORDERS
+def test_the_failure_of_a_refund_announced_by_its_total_and_its_object_comes_back(client, db, paid, order):
+    _then_failed(client, paid, order)
     assert balance(db, BOB) == 1000
+
+
+@BOTH_ORDERS
+def test_a_second_refund_after_the_failed_one_debits_only_its_own_amount(client, db, paid, order):
+    _then_failed(client, paid, order)
     # A second refund later raises the total to 500 (Stripe's total still counts the failed one, or not):
     # either way only the new 200 is debited beyond the refunds known.
     _send_all(client, charge_refunded(paid, 500, cents=1000), refund("re_2", paid, 200, event_type="refund.created"))
@@ -114,20 +148,33 @@ def test_a_total_beyond_the_refund_objects_known_debits_only_the_rest(client, db
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("change, reason", [
+MALFORMED_REFUNDS = pytest.mark.parametrize("change, reason", [
     ({"status": "refunded"}, "data.object.status must be one of pending, requires_action, succeeded, failed"),
     ({"cents": 0}, "data.object.amount must be a positive integer"),
     ({"cents": 1001}, "refund re_bad of 1001 cents is above payment pi_m's 1000 cents"),
     ({"refund_id": None}, "data.object.id must be an id"),
     ({"currency": "eur"}, "refund in eur of payment pi_m, which was in usd"),
 ])
-def test_a_malformed_refund_object_is_422_and_debits_nothing(client, db, paid, change, reason):
+
+
+def _malformed(client, paid, change):
+    """re_bad of 500 cents with change sent: (the event, its answer)."""
     args = {"refund_id": "re_bad", "cents": 500, **change}
     bad = refund(args.pop("refund_id"), paid, args.pop("cents"), **args)
-    response = send_stripe(client, bad)
+    return bad, send_stripe(client, bad)
+
+
+@MALFORMED_REFUNDS
+def test_a_malformed_refund_object_is_422_recorded_as_failed(client, db, paid, change, reason):
+    bad, response = _malformed(client, paid, change)
     assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert stored_event_row(db, bad.id).status == "failed"
+
+
+@MALFORMED_REFUNDS
+def test_a_malformed_refund_object_debits_nothing(client, db, paid, change, reason):
+    _malformed(client, paid, change)
     assert balance(db, BOB) == 1000
     assert_ledger_consistent(db)
 
@@ -188,16 +235,26 @@ def test_a_won_dispute_is_reinstated_once(client, db, paid):
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("event_type, status", [
+# The dispute events that move no funds: an inquiry opened, updated or closed, a dispute opened, or lost.
+NO_FUNDS_MOVED = pytest.mark.parametrize("event_type, status", [
     ("charge.dispute.created", "warning_needs_response"), ("charge.dispute.updated", "warning_under_review"),
     ("charge.dispute.closed", "warning_closed"), ("charge.dispute.created", "needs_response"),
     ("charge.dispute.closed", "lost"),
 ])
-def test_opening_updating_closing_and_inquiries_move_nothing_and_are_recorded(client, db, paid, event_type, status):
+
+
+@NO_FUNDS_MOVED
+def test_opening_updating_or_closing_a_dispute_or_an_inquiry_moves_nothing(client, db, paid, event_type, status):
+    send_stripe(client, dispute("du_w", paid, 1000, event_type=event_type, status=status))
+    assert balance(db, BOB) == 1000
+
+
+@NO_FUNDS_MOVED
+def test_opening_updating_or_closing_a_dispute_or_an_inquiry_is_recorded_completed(
+        client, db, paid, event_type, status):
     opened = dispute("du_w", paid, 1000, event_type=event_type, status=status)
     assert send_stripe(client, opened).json["status"] == "processed"
     assert stored_event_row(db, opened.id).status == "completed"
-    assert balance(db, BOB) == 1000
 
 
 def test_a_reinstatement_before_its_withdrawal_nets_zero(client, db, paid):
@@ -273,14 +330,24 @@ def test_a_partially_captured_charge_without_an_api_version_is_422(client, db):
 
 # -- what operators see -------------------------------------------------------------------
 
-def test_the_delivery_line_and_events_show_name_the_movement(app, client, db, paid, caplog):
-    caplog.set_level(logging.INFO, logger="app.webhooks")
+def _applied_then_reversed(client, paid):
+    """re_seen counted, then failed: the failure's event."""
     failed = refund("re_seen", paid, 100, status="failed")
     _send_all(client, refund("re_seen", paid, 100, event_type="refund.created"), failed)
+    return failed
+
+
+def test_the_delivery_line_names_the_movement(client, db, paid, caplog):
+    caplog.set_level(logging.INFO, logger="app.webhooks")
+    _applied_then_reversed(client, paid)
     lines = [r for r in caplog.records if r.getMessage() == "delivery"][-2:]
     assert [(r.payment_id, r.movement, r.change, r.outcome) for r in lines] == [
         (paid, "refund re_seen applied", "refund", Outcome.PROCESSED),
         (paid, "refund re_seen reversed", "refund_reversed", Outcome.PROCESSED)]
+
+
+def test_events_show_names_the_movement(app, client, db, paid):
+    failed = _applied_then_reversed(client, paid)
     shown = app.test_cli_runner().invoke(args=["events", "show", failed.id])
     assert shown.exit_code == 0, shown.output
     assert "movement:       refund re_seen reversed: refund of payment pi_m, 100 cents (recorded now: reversed)" \

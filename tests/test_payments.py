@@ -70,24 +70,49 @@ def test_two_stripe_events_for_one_payment_intent_credit_once(client, db):
     assert_ledger_consistent(db)
 
 
+def _named_otherwise(client, change):
+    """pi_clash credited (250 cents to Alice), then announced again with change: (that event, its answer)."""
+    assert send_stripe(client, intent_succeeded("pi_clash")).json["status"] == "processed"
+    other = intent_succeeded("pi_clash", **change)
+    return other, send_stripe(client, other)
+
+
+# The same payment with another amount or user: a payment_mismatch.
+MISMATCHES = pytest.mark.parametrize("change", [{"cents": 999}, {"user": BOB}], ids=["amount", "user"])
+
+
+@STRIPE
+@MISMATCHES
+def test_the_same_payment_named_otherwise_is_409_payment_mismatch(client, db, change):
+    other, response = _named_otherwise(client, change)
+    assert (response.status, response.json["error"], response.json["event_id"]) == (409, "payment_mismatch", other.id)
+    assert "pi_clash" in response.json["message"]
+    # The provider's retry of it is refused alike.
+    assert send_stripe(client, other).status == 409
+
+
+@STRIPE
+@MISMATCHES
+def test_a_payment_mismatch_is_recorded(client, db, change):
+    other, _ = _named_otherwise(client, change)
+    stored = stored_event_row(db, other.id)
+    assert stored.status == "failed" and "pi_clash" in stored.last_error
+    assert _metrics(client)[("webhook_ledger_payment_mismatches_total", (("source", "default"),))] == 1
+
+
+@STRIPE
+def test_the_same_payment_in_a_currency_not_the_ledgers_is_422(client, db):
+    # refused before any payment is looked at
+    _, response = _named_otherwise(client, {"currency": "eur"})
+    assert response.status == 422
+
+
 @STRIPE
 @pytest.mark.parametrize("change", [{"cents": 999}, {"user": BOB}, {"currency": "eur"}],
                          ids=["amount", "user", "currency"])
-def test_the_same_payment_named_otherwise_is_409_payment_mismatch_recorded_and_not_credited(client, db, change):
-    assert send_stripe(client, intent_succeeded("pi_clash")).json["status"] == "processed"
-    other = intent_succeeded("pi_clash", **change)
-    response = send_stripe(client, other)
-    if change == {"currency": "eur"}:  # not the ledger's currency: refused before any payment is looked at
-        assert response.status == 422
-    else:
-        assert (response.status, response.json["error"], response.json["event_id"]) == \
-            (409, "payment_mismatch", other.id)
-        assert "pi_clash" in response.json["message"]
-        stored = stored_event_row(db, other.id)
-        assert stored.status == "failed" and "pi_clash" in stored.last_error
-        assert _metrics(client)[("webhook_ledger_payment_mismatches_total", (("source", "default"),))] == 1
-        # The provider's retry of it is refused alike.
-        assert send_stripe(client, other).status == 409
+def test_the_same_payment_named_otherwise_is_not_credited(client, db, change):
+    other, _ = _named_otherwise(client, change)
+    send_stripe(client, other)  # the provider's retry
     assert (balance(db), balance(db, BOB)) == (1250, 0)
     assert _journal(db) == [{"kind": "credit", "payment_id": "pi_clash", "user_id": ALICE, "amount_cents": 250}]
     assert_ledger_consistent(db)
@@ -186,19 +211,30 @@ def test_a_stripe_charge_refunded_debits_the_payment_intents_user(client, db):
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("refund, reason", [
+REFUSED_REFUNDS = pytest.mark.parametrize("refund, reason", [
     (payment_refunded("pay_x", 251), "above payment pay_x's 250 cents"),
     (payment_refunded("pay_x", 100, currency="eur"), "refund in eur of payment pay_x, which was in usd"),
     (payment_refunded("pay_x", 0), "data.amountRefundedCents must be a positive integer"),
     (payment_refunded("pay_x", 1.5), "data.amountRefundedCents must be a positive integer"),
     (payment_refunded(None, 100), "data.paymentId must be a payment id"),
 ])
-def test_a_refund_above_its_payment_or_malformed_is_422_and_debits_nothing(client, db, refund, reason):
+def _refused_refund(client, refund):
+    """pay_x credited (250 cents to Alice), then refund sent: its answer."""
     send(client, payment("evt_x", cents=250, paymentId="pay_x"))
-    response = send(client, refund)
+    return send(client, refund)
+
+
+@REFUSED_REFUNDS
+def test_a_refund_above_its_payment_or_malformed_is_422_recorded_as_failed(client, db, refund, reason):
+    response = _refused_refund(client, refund)
     assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
     assert stored_event_row(db, refund["id"]).status == "failed"
+
+
+@REFUSED_REFUNDS
+def test_a_refund_above_its_payment_or_malformed_debits_nothing(client, db, refund, reason):
+    _refused_refund(client, refund)
     assert balance(db) == 1250
     assert_ledger_consistent(db)
 
@@ -254,18 +290,33 @@ def test_concurrent_refund_totals_debit_the_highest_once(gunicorn, db, order):
     assert_ledger_consistent(db)
 
 
-def test_a_refund_may_take_a_balance_below_zero_which_is_recorded_counted_and_reported(client, db, run_cli):
-    carol = uuid.UUID("44444444-4444-4444-8444-444444444444")
-    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [carol])
-    send(client, payment("evt_carol", user=carol, cents=300, paymentId="pay_carol"))
+CAROL = uuid.UUID("44444444-4444-4444-8444-444444444444")
+
+
+def _refunded_after_she_spent_it(client, db):
+    """Carol credited 300 cents, which she spent, then refunded them all: the refund's answer."""
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [CAROL])
+    send(client, payment("evt_carol", user=CAROL, cents=300, paymentId="pay_carol"))
     db.execute("UPDATE user_balances SET balance_cents = 0, opening_balance_cents = -300 WHERE user_id = %s",
-               [carol])  # she spent it (outside the ledger's journal, as an opening balance)
-    assert send(client, payment_refunded("pay_carol", 300)).json["status"] == "processed"
-    assert balance(db, carol) == -300
+               [CAROL])  # she spent it (outside the ledger's journal, as an opening balance)
+    return send(client, payment_refunded("pay_carol", 300))
+
+
+def test_a_refund_may_take_a_balance_below_zero(client, db):
+    assert _refunded_after_she_spent_it(client, db).json["status"] == "processed"
+    assert balance(db, CAROL) == -300
+
+
+def test_a_balance_taken_below_zero_is_counted(client, db):
+    _refunded_after_she_spent_it(client, db)
     assert _metrics(client)[("webhook_ledger_balances_below_zero_total", (("source", "default"),))] == 1
+
+
+def test_verify_reports_a_balance_below_zero_without_failing(client, db, run_cli):
+    _refunded_after_she_spent_it(client, db)
     result = run_cli("ledger", "verify")
     assert result.exit_code == 0, result.output
-    assert f"balance of user {carol} is below zero: -300 cents" in result.output
+    assert f"balance of user {CAROL} is below zero: -300 cents" in result.output
     assert "1 balances below zero" in result.output
 
 
