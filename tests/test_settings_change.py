@@ -121,7 +121,7 @@ def test_a_body_at_the_limit_is_applied(client, db):
     assert balance(db, ALICE) == 1005
 
 
-def test_events_replay_reads_a_body_at_the_limit_as_the_live_path_did(app, client, db):
+def test_events_replay_finds_a_body_at_the_limit_already_completed(app, client, db):
     _send_at_the_limit(client)
     assert app.test_cli_runner().invoke(args=["events", "replay", "evt_deep"]).output.strip() == \
         "evt_deep: already completed; nothing changed"
