@@ -71,7 +71,7 @@ def test_an_exponent_amount_still_fails_on_replay(client, db, run):
     assert balance(db) == 1000 and stored_event_row(db, "evt_exponent").status == "failed"
 
 
-def test_verify_agrees_an_exponent_amount_fails(client, db, run):
+def test_the_ledger_verifies_consistent_after_an_exponent_amount_fails_its_replay(client, db, run):
     _send_exponent(client)
     run("events", "replay", "evt_exponent")
     assert run("ledger", "verify").exit_code == 0
