@@ -61,12 +61,24 @@ def test_other_database_errors_answer_500_naming_only_their_class(make_app, conf
 
 # -- the same, from the real PostgreSQL ----------------------------------------
 
-def test_a_missing_table_is_a_500_with_its_class_and_sqlstate_logged(client, db, caplog):
+def _send_without_the_journal(client, db):
     db.execute("DROP TABLE ledger_journal")
-    response = send(client, payment("evt_no_table"))
+    return send(client, payment("evt_no_table"))
+
+
+def test_a_missing_table_is_a_500(client, db):
+    response = _send_without_the_journal(client, db)
     assert (response.status, response.json) == (500, {"error": "internal"})
+
+
+def test_a_missing_table_is_logged_with_its_class_and_sqlstate(client, db, caplog):
+    _send_without_the_journal(client, db)
     assert "internal error: UndefinedTable (SQLSTATE 42P01) at " in caplog.text
-    assert event_rows(db) == 0  # rolled back
+
+
+def test_a_missing_table_rolls_the_delivery_back(client, db):
+    _send_without_the_journal(client, db)
+    assert event_rows(db) == 0
 
 
 def test_a_statement_timeout_is_a_503_that_commits_nothing(make_app, config, db, caplog):
@@ -81,7 +93,9 @@ def test_a_statement_timeout_is_a_503_that_commits_nothing(make_app, config, db,
     assert send(client, payment("evt_statement_timeout")).json["status"] == "processed"
 
 
-def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(make_app, config, db, caplog):
+def _terminated_mid_transaction(make_app, config, db):
+    """A delivery whose backend is terminated while it waits on a row lock, inside its transaction: the client,
+    the event and the delivery's answer."""
     client = make_app({**config, "PG_LOCK_TIMEOUT_MS": 10000, "PG_STATEMENT_TIMEOUT_MS": 15000,
                        "PG_POOL_TIMEOUT_MS": 5000}).test_client()
     event, answer = payment("evt_terminated", cents=30), {}
@@ -99,10 +113,27 @@ def test_a_backend_terminated_mid_transaction_is_a_503_and_the_retry_processes(m
         assert len(waiting) == 1
         db.execute("SELECT pg_terminate_backend(%s)", waiting[0])
         thread.join(10)
-    assert (answer["r"].status, answer["r"].json["error"]) == (503, "unavailable")
+    return client, event, answer["r"]
+
+
+def test_a_backend_terminated_mid_transaction_is_a_503(make_app, config, db):
+    _, _, response = _terminated_mid_transaction(make_app, config, db)
+    assert (response.status, response.json["error"]) == (503, "unavailable")
+
+
+def test_a_backend_terminated_mid_transaction_is_logged_with_the_servers_reason(make_app, config, db, caplog):
+    _terminated_mid_transaction(make_app, config, db)
     # The delivery is one simple query: the server's own reason is what psycopg reports.
     assert "database unavailable: AdminShutdown (SQLSTATE 57P01)" in caplog.text
+
+
+def test_a_backend_terminated_mid_transaction_commits_nothing(make_app, config, db):
+    _terminated_mid_transaction(make_app, config, db)
     assert event_rows(db) == 0
+
+
+def test_the_retry_of_a_delivery_whose_backend_was_terminated_processes_it(make_app, config, db):
+    client, event, _ = _terminated_mid_transaction(make_app, config, db)
     assert send(client, event).json["status"] == "processed"
     assert balance(db) == 1030
 

@@ -233,23 +233,36 @@ def send_paypal(client, pki, cert_host):
 
 # -- the scheme, against PayPal's own SDK -------------------------------------------------------------
 
-@settings(max_examples=100, deadline=None)
-@given(body=st.text(max_size=300), transmission_id=st.uuids().map(str),
-       timestamp=st.integers(min_value=0, max_value=4_000_000_000))
-def test_paypal_sdk_builds_the_string_we_sign_and_our_signature_verifies_over_it(pki, body, transmission_id,
-                                                                                  timestamp):
-    """paypalrestsdk.WebhookEvent._get_expected_sig is PayPal's own Python builder of the signed string (its RSA
-    check calls OpenSSL.crypto.verify, which pyOpenSSL has since removed: the signature is checked here with
-    cryptography over the SDK's string)."""
-    raw = body.encode()
-    headers = sign("paypal", raw, [WEBHOOK_ID.encode()], timestamp=timestamp, msg_id=transmission_id,
+def _signed_by_us_and_the_sdk(pki, body, transmission_id, timestamp):
+    """body signed by our signer, and the string PayPal's SDK builds for the same transmission: paypalrestsdk's
+    WebhookEvent._get_expected_sig is PayPal's own Python builder of the signed string (its RSA check calls
+    OpenSSL.crypto.verify, which pyOpenSSL has since removed: the signature is checked with cryptography over
+    the SDK's string)."""
+    headers = sign("paypal", body.encode(), [WEBHOOK_ID.encode()], timestamp=timestamp, msg_id=transmission_id,
                    private_key=pki.key, cert_url="https://api.paypal.com/v1/notifications/certs/CERT-x")
     expected = paypalrestsdk.notifications.WebhookEvent._get_expected_sig(
         transmission_id, headers["PAYPAL-TRANSMISSION-TIME"], WEBHOOK_ID, body)
+    return headers, expected
+
+
+ANY_TRANSMISSION = given(body=st.text(max_size=300), transmission_id=st.uuids().map(str),
+                         timestamp=st.integers(min_value=0, max_value=4_000_000_000))
+
+
+@settings(max_examples=100, deadline=None)
+@ANY_TRANSMISSION
+def test_paypal_sdk_builds_the_string_we_sign(pki, body, transmission_id, timestamp):
+    headers, expected = _signed_by_us_and_the_sdk(pki, body, transmission_id, timestamp)
+    assert expected == f"{transmission_id}|{headers['PAYPAL-TRANSMISSION-TIME']}|{WEBHOOK_ID}|" \
+                       f"{binascii.crc32(body.encode()) & 0xFFFFFFFF}"
+
+
+@settings(max_examples=100, deadline=None)
+@ANY_TRANSMISSION
+def test_our_signature_verifies_over_the_string_paypal_sdk_builds(pki, body, transmission_id, timestamp):
+    headers, expected = _signed_by_us_and_the_sdk(pki, body, transmission_id, timestamp)
     pki.key.public_key().verify(binascii.a2b_base64(headers["PAYPAL-TRANSMISSION-SIG"]), expected.encode(),
                                 padding.PKCS1v15(), hashes.SHA256())
-    assert expected == f"{transmission_id}|{headers['PAYPAL-TRANSMISSION-TIME']}|{WEBHOOK_ID}|" \
-                       f"{binascii.crc32(raw) & 0xFFFFFFFF}"
 
 
 def _offline(pki):
@@ -257,11 +270,19 @@ def _offline(pki):
     return lambda url, now: pki.key.public_key()
 
 
-def test_a_signature_verifies_for_any_configured_webhook_id_and_reports_its_index(pki):
+def _signed_for_the_new_webhook_id(pki):
     body = b'{"id":"WH-1"}'
-    headers = sign("paypal", body, [b"NEWWEBHOOKID2"], private_key=pki.key, cert_url="https://x")
+    return body, sign("paypal", body, [b"NEWWEBHOOKID2"], private_key=pki.key, cert_url="https://x")
+
+
+def test_a_signature_verifies_for_any_configured_webhook_id_reporting_its_index(pki):
+    body, headers = _signed_for_the_new_webhook_id(pki)
     assert verify("paypal", body, headers, [b"OLDWEBHOOKID1", b"NEWWEBHOOKID2"], 300,
                   certificates=_offline(pki)) == 1
+
+
+def test_a_signature_for_a_webhook_id_not_configured_does_not_match(pki):
+    body, headers = _signed_for_the_new_webhook_id(pki)
     with pytest.raises(SignatureError, match="does not match"):
         verify("paypal", body, headers, [b"OLDWEBHOOKID1"], 300, certificates=_offline(pki))
 
@@ -309,15 +330,22 @@ def test_another_schemes_delivery_is_told_which_header_it_carries_both_ways(pki)
 
 # -- the certificate, through the endpoint ----------------------------------------------------------
 
-def test_a_paypal_payment_is_credited_and_its_certificate_fetched_once_for_many_deliveries(send_paypal, db, seen):
-    for cents in range(5):
-        capture_id = new_id()
-        response = send_paypal(capture_completed(capture_id, user=BOB, value=f"1.0{cents}"))
+def _send_five_payments(send_paypal):
+    """Five captures for BOB, of $1.00 to $1.04, all signed with the good certificate: their answers."""
+    return [send_paypal(capture_completed(new_id(), user=BOB, value=f"1.0{cents}")) for cents in range(5)]
+
+
+def test_paypal_payments_are_credited(send_paypal, db):
+    for response in _send_five_payments(send_paypal):
         assert response.status == 200, response.json
         assert response.json["status"] == "processed"
     assert balance(db, BOB) == 100 + 101 + 102 + 103 + 104
-    assert seen == [f"{CERTS}CERT-good"]
     assert_ledger_consistent(db, USD)
+
+
+def test_the_certificate_is_fetched_once_for_many_deliveries(send_paypal, db, seen):
+    _send_five_payments(send_paypal)
+    assert seen == [f"{CERTS}CERT-good"]
 
 
 def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
@@ -325,7 +353,7 @@ def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
     assert balance(db, BOB) == 200
 
 
-@pytest.mark.parametrize("name, message", [
+FAILED_CHECKS = pytest.mark.parametrize("name, message", [
     ("CERT-expired", "outside its validity dates"),
     ("CERT-not-yet", "outside its validity dates"),
     ("CERT-self-signed", "does not chain to a trusted root"),
@@ -337,15 +365,32 @@ def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
     ("CERT-missing", "names no certificate (HTTP 404)"),
     ("CERT-redirect", "names no certificate (HTTP 302)"),
 ])
-def test_a_certificate_that_fails_a_check_is_401_and_writes_nothing(client, db, pki, cert_host, seen, name,
-                                                                     message):
+
+
+def _send_naming_certificate(client, pki, cert_host, name):
+    """A capture signed with the key of the certificate served as name (PayPal's good key for one that has
+    none), its PAYPAL-CERT-URL naming it: the answer."""
     body = encode(capture_completed(new_id(), user=BOB))
     signer = name if name in pki.keys else "CERT-good"
-    response = send(client, body, paypal_headers(body, pki, cert_host, signer, url=cert_host.url(name)),
-                    source=SOURCE)
+    return send(client, body, paypal_headers(body, pki, cert_host, signer, url=cert_host.url(name)), source=SOURCE)
+
+
+@FAILED_CHECKS
+def test_a_certificate_that_fails_a_check_is_401_naming_the_check(client, db, pki, cert_host, seen, name, message):
+    response = _send_naming_certificate(client, pki, cert_host, name)
     assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
+
+
+@FAILED_CHECKS
+def test_a_certificate_that_fails_a_check_is_fetched_exactly_once(client, db, pki, cert_host, seen, name, message):
+    _send_naming_certificate(client, pki, cert_host, name)
     assert seen == [f"{CERTS}{name}"]  # fetched, once: a redirect is not followed
+
+
+@FAILED_CHECKS
+def test_a_certificate_that_fails_a_check_writes_nothing(client, db, pki, cert_host, seen, name, message):
+    _send_naming_certificate(client, pki, cert_host, name)
     assert event_rows(db) == 0 and balance(db, BOB) == 0
 
 
@@ -399,13 +444,26 @@ def test_a_signature_not_made_for_this_webhook_now_by_the_named_certificate_is_4
     assert event_rows(db) == 0
 
 
-def test_a_certificate_host_failing_is_503_with_retry_after_and_writes_nothing(client, db, pki, cert_host, seen):
+def _send_while_the_certificate_host_fails(client, pki, cert_host):
+    """A capture whose PAYPAL-CERT-URL names a certificate the host answers 500 for: its bytes and the answer."""
     body = encode(capture_completed(new_id(), user=BOB))
-    response = send(client, body, paypal_headers(body, pki, cert_host, url=cert_host.url("CERT-500")), source=SOURCE)
+    return body, send(client, body, paypal_headers(body, pki, cert_host, url=cert_host.url("CERT-500")),
+                      source=SOURCE)
+
+
+def test_a_certificate_host_failing_is_503_with_retry_after(client, db, pki, cert_host, seen):
+    _, response = _send_while_the_certificate_host_fails(client, pki, cert_host)
     assert (response.status, response.json["error"]) == (503, "unavailable")
     assert response.headers["Retry-After"] == "1"
+
+
+def test_a_certificate_host_failing_writes_nothing(client, db, pki, cert_host, seen):
+    _send_while_the_certificate_host_fails(client, pki, cert_host)
     assert event_rows(db) == 0
-    # Not cached: PayPal's retry, once its host is back, is verified.
+
+
+def test_paypals_retry_after_its_certificate_host_failed_is_verified(client, db, pki, cert_host, seen):
+    body, _ = _send_while_the_certificate_host_fails(client, pki, cert_host)
     response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
     assert response.status == 200
 
@@ -490,18 +548,36 @@ def test_a_capture_announced_by_two_events_is_credited_once(send_paypal, db):
     assert_ledger_consistent(db, USD)
 
 
-def test_a_refund_and_a_reversal_debit_once_each_and_a_failed_refund_moves_nothing(send_paypal, db, paid):
-    refund_id, reversal_id = new_id(), new_id()
-    refunded = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, paid, "30.00")
+def _refund(send_paypal, paid, cents="30.00"):
+    """A refund of paid, sent once and then again: its id."""
+    refund_id = new_id()
+    refunded = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, paid, cents)
     assert send_paypal(refunded).json["status"] == "processed"
     assert send_paypal(refunded).json["status"] == "duplicate"
+    return refund_id
+
+
+def test_a_refund_debits_once(send_paypal, db, paid):
+    refund_id = _refund(send_paypal, paid)
     assert balance(db, BOB) == 7000
+    assert _journal(db) == [("refund", refund_id, -3000)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_reversal_beside_a_refund_debits_once_more(send_paypal, db, paid):
+    refund_id, reversal_id = _refund(send_paypal, paid), new_id()
     assert send_paypal(refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, paid, "20.00")).status == 200
     assert balance(db, BOB) == 5000
-    failed = new_id()
-    assert send_paypal(refund_event("PAYMENT.CAPTURE.REFUNDED", failed, paid, "10.00", status="FAILED")).status == 200
-    assert balance(db, BOB) == 5000
     assert _journal(db) == [("refund", refund_id, -3000), ("refund", reversal_id, -2000)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_a_failed_refund_moves_nothing(send_paypal, db, paid):
+    refund_id = _refund(send_paypal, paid)
+    assert send_paypal(refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), paid, "10.00", status="FAILED")).status \
+        == 200
+    assert balance(db, BOB) == 7000
+    assert _journal(db) == [("refund", refund_id, -3000)]
     assert_ledger_consistent(db, USD)
 
 
@@ -520,17 +596,27 @@ def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send_p
     assert_ledger_consistent(db, USD)
 
 
-def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send_paypal, db):
-    capture_id, refund_id = new_id(), new_id()
-    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, capture_id, "1.00")
-    assert send_paypal(refund).status == 422
+def _refund_before_its_capture(send_paypal, refund_value="1.00"):
+    """A refund of a capture not credited yet: the capture's id, the refund event and its answer."""
+    capture_id = new_id()
+    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), capture_id, refund_value)
+    return capture_id, refund, send_paypal(refund)
+
+
+def test_a_refund_of_a_capture_never_credited_is_422(send_paypal, db):
+    _, _, response = _refund_before_its_capture(send_paypal)
+    assert response.status == 422
+
+
+def test_a_refund_refused_before_its_capture_applies_once_the_capture_is_credited(send_paypal, db):
+    capture_id, refund, _ = _refund_before_its_capture(send_paypal)
     assert send_paypal(capture_completed(capture_id, user=BOB, value="4.00")).status == 200
     assert send_paypal(refund).json["status"] == "processed"  # PayPal's retry
     assert balance(db, BOB) == 300
     assert_ledger_consistent(db, USD)
 
 
-@pytest.mark.parametrize("event, problem", [
+CANNOT_APPLY = pytest.mark.parametrize("event, problem", [
     (capture_completed("C1", user=BOB, value="10.001"),
      "resource.amount.value must be a decimal amount of USD exact in its minor units (2 decimals), got '10.001'"),
     (capture_completed("C2", user=BOB, value="10.5", currency="JPY"),
@@ -549,10 +635,18 @@ def test_a_refund_of_a_capture_never_credited_is_422_and_applies_once_it_is(send
     (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-1", "C8", "1.00", "RESOLVED", "NONE"),
      "resource.dispute_outcome.outcome_code must be one of"),
 ])
-def test_an_event_whose_effect_cannot_apply_is_422_and_moves_nothing(send_paypal, db, event, problem):
+
+
+@CANNOT_APPLY
+def test_an_event_whose_effect_cannot_apply_is_422_naming_its_problem(send_paypal, db, event, problem):
     response = send_paypal(event)
     assert (response.status, response.json["error"]) == (422, "unprocessable"), response.json
     assert problem in response.json["message"]
+
+
+@CANNOT_APPLY
+def test_an_event_whose_effect_cannot_apply_is_stored_failed_moving_no_money(send_paypal, db, event, problem):
+    send_paypal(event)
     assert balance(db, BOB) == 0
     assert stored_event_row(db, event["id"]).status == "failed"
 
@@ -569,16 +663,24 @@ def test_a_paypal_body_without_its_id_type_or_resource_is_400(send_paypal, db, c
     assert event_rows(db) == 0
 
 
-def test_events_replay_and_ledger_verify_read_stored_paypal_events_as_the_live_path_did(send_paypal, db, app):
-    capture_id = new_id()
-    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), capture_id, "25.00")
-    assert send_paypal(refund).status == 422  # its capture is not credited yet: stored failed
+def _replay_a_refund_stored_failed(send_paypal, app):
+    """A refund stored failed (its capture not credited yet), its capture credited, then the refund replayed
+    from its stored bytes: the command's result."""
+    capture_id, refund, response = _refund_before_its_capture(send_paypal, "25.00")
+    assert response.status == 422  # stored failed
     assert send_paypal(capture_completed(capture_id, user=BOB, value="100.00")).status == 200
-    runner = app.test_cli_runner()
-    result = runner.invoke(args=["events", "replay", "--source", SOURCE, refund["id"]])
+    return refund, app.test_cli_runner().invoke(args=["events", "replay", "--source", SOURCE, refund["id"]])
+
+
+def test_events_replay_applies_a_stored_paypal_event_as_the_live_path_would(send_paypal, db, app):
+    refund, result = _replay_a_refund_stored_failed(send_paypal, app)
     assert (result.exit_code, result.output) == (0, f"{SOURCE}/{refund['id']}: processed; now completed\n")
     assert balance(db, BOB) == 7500
-    result = runner.invoke(args=["ledger", "verify"])
+
+
+def test_ledger_verify_reads_stored_paypal_events_as_the_live_path_did(send_paypal, db, app):
+    _replay_a_refund_stored_failed(send_paypal, app)
+    result = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert result.exit_code == 0, result.output
     assert_ledger_consistent(db, USD)
 
@@ -601,17 +703,28 @@ def test_bad_paypal_settings_stop_with_one_line_naming_the_setting(settings_, me
     assert "\n" not in refused.value.format_message()
 
 
-def test_paypal_settings_defaults_and_rotation():
-    environ = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
-               "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
-    settings_ = app_config.from_env(environ)
-    assert settings_.sources["paypal"].scheme == "paypal"
-    assert settings_.sources["paypal"].secrets == (b"OLDWEBHOOKID1", WEBHOOK_ID.encode())
+PAYPAL_ENVIRON = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
+           "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
+
+
+def test_the_paypal_source_verifies_the_paypal_scheme():
+    assert app_config.from_env(PAYPAL_ENVIRON).sources["paypal"].scheme == "paypal"
+
+
+def test_webhook_paypal_secret_holds_each_webhook_id_of_a_rotation():
+    assert app_config.from_env(PAYPAL_ENVIRON).sources["paypal"].secrets == (b"OLDWEBHOOKID1", WEBHOOK_ID.encode())
+
+
+def test_paypal_certificate_settings_default_to_paypals_hosts_under_the_default_roots():
+    settings_ = app_config.from_env(PAYPAL_ENVIRON)
     assert settings_.paypal_cert_hosts == {"api.paypal.com:443", "api-m.paypal.com:443",
                                            "api.sandbox.paypal.com:443", "api-m.sandbox.paypal.com:443"}
     assert settings_.paypal_ca_file is None
+
+
+def test_paypals_simulator_webhook_id_is_a_valid_secret():
     # PayPal's simulator signs its mock events for the webhook id WEBHOOK_ID (PayPal's webhooks guide).
-    mock = app_config.from_env({**environ, "WEBHOOK_PAYPAL_SECRET": "WEBHOOK_ID"})
+    mock = app_config.from_env({**PAYPAL_ENVIRON, "WEBHOOK_PAYPAL_SECRET": "WEBHOOK_ID"})
     assert mock.sources["paypal"].secrets == (b"WEBHOOK_ID",)
 
 

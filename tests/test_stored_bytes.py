@@ -53,40 +53,68 @@ def test_the_exact_bytes_are_stored_with_their_hash(client, db):
 
 # -- replay and verify decide as the live path did --------------------------------
 
-def test_an_exponent_amount_fails_live_and_on_replay(client, db, run):
-    body = _payment_text("evt_exponent", "1e2")  # jsonb would give it back as 100
-    response = send(client, body)
+def _send_exponent(client):
+    """A payment whose amount is 1e2: jsonb would give it back as 100."""
+    return send(client, _payment_text("evt_exponent", "1e2"))
+
+
+def test_an_exponent_amount_fails_live(client, db):
+    response = _send_exponent(client)
     assert (response.status, response.json["error"]) == (422, "unprocessable")
+
+
+def test_an_exponent_amount_still_fails_on_replay(client, db, run):
+    _send_exponent(client)
     result = run("events", "replay", "evt_exponent")
     assert (result.exit_code, result.output) == \
         (1, "evt_exponent: still failed: data.amountCents must be a positive integer\n")
     assert balance(db) == 1000 and stored_event_row(db, "evt_exponent").status == "failed"
+
+
+def test_the_ledger_verifies_consistent_after_an_exponent_amount_fails_its_replay(client, db, run):
+    _send_exponent(client)
+    run("events", "replay", "evt_exponent")
     assert run("ledger", "verify").exit_code == 0
 
 
-def test_a_very_long_number_is_shown_replayed_and_verified_without_crashing(client, db, run):
-    # 1e4400 is a float (inf) to Python; jsonb keeps it as a 4401-digit
-    # integer, which Python's json refuses to read back.
+def _send_long_numbers(client):
+    """Two payments holding 1e4400: a float (inf) to Python; jsonb keeps it as a 4401-digit integer, which
+    Python's json refuses to read back. One is credited (the number is a note), one fails (it is the amount).
+    Returns the credited one's bytes."""
     credited = _payment_text("evt_long_ok", "250", ', "note": 1e4400')
-    failed = _payment_text("evt_long_bad", "1e4400")
     assert send(client, credited).json["status"] == "processed"
-    assert send(client, failed).status == 422
+    assert send(client, _payment_text("evt_long_bad", "1e4400")).status == 422
+    return credited
 
+
+def test_a_very_long_number_is_shown_as_received(client, db, run):
+    credited = _send_long_numbers(client)
     shown = run("events", "show", "evt_long_ok")
     assert shown.exit_code == 0 and "stored bytes:   match" in shown.output
     assert shown.output.rstrip("\n").endswith(credited.decode())  # the bytes as received
+
+
+def test_a_very_long_number_is_replayed_without_crashing(client, db, run):
+    _send_long_numbers(client)
     replayed = run("events", "replay", "--all-failed")
     assert replayed.output.splitlines() == [
         "evt_long_bad: still failed: data.amountCents must be a positive integer",
         "replayed 1 failed events: 0 completed, 1 still failed",
     ]
+
+
+def test_a_very_long_number_is_verified_without_crashing(client, db, run):
+    _send_long_numbers(client)
+    run("events", "replay", "--all-failed")
     verified = run("ledger", "verify")
     assert (verified.exit_code, verified.output) == \
         (0, "ledger consistent: 2 users, 2 stored events, 1 payments, 1 journal rows\n")
     assert balance(db) == 1250
 
 
-def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a_batch(client, db, run):
+def _replay_a_batch_with_unreadable_bytes(client, db, run):
+    """Three failed events, one with bytes altered and one with none kept, replayed in one batch once their
+    user exists: replay's lines."""
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     for event_id in ("evt_tampered", "evt_legacy", "evt_fine"):
         db.execute("DELETE FROM user_balances WHERE user_id = %s", [UNKNOWN_USER])
@@ -94,15 +122,26 @@ def test_stored_bytes_that_do_not_match_their_hash_are_reported_and_never_stop_a
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     db.execute("UPDATE webhook_events SET body = body || ' '::bytea WHERE event_id = 'evt_tampered'")
     db.execute("UPDATE webhook_events SET body = NULL WHERE event_id = 'evt_legacy'")  # as stored before sources
+    return run("events", "replay", "--all-failed").output.splitlines()
 
-    result = run("events", "replay", "--all-failed")
-    assert result.output.splitlines() == [
+
+def test_replay_reports_stored_bytes_that_do_not_match_their_hash_or_were_not_kept(client, db, run):
+    assert _replay_a_batch_with_unreadable_bytes(client, db, run)[:2] == [
         "evt_tampered: still failed: not replayed: its stored bytes do not match their SHA-256",
         "evt_legacy: still failed: not replayed: its bytes were not kept (stored by the release before sources)",
+    ]
+
+
+def test_stored_bytes_that_cannot_be_replayed_never_stop_a_batch(client, db, run):
+    assert _replay_a_batch_with_unreadable_bytes(client, db, run)[2:] == [
         "evt_fine: processed; now completed",
         "replayed 3 failed events: 1 completed, 2 still failed",
     ]
     assert balance(db, UNKNOWN_USER) == 5
+
+
+def test_events_show_reports_stored_bytes_that_do_not_match_their_hash(client, db, run):
+    _replay_a_batch_with_unreadable_bytes(client, db, run)
     assert "stored bytes:   DO NOT MATCH their SHA-256" in run("events", "show", "evt_tampered").output
 
 
@@ -137,22 +176,41 @@ def test_for_any_body_the_live_and_the_stored_reading_agree(amount, currency):
     assert effect_of(replayed, DEFAULT_POLICY) == effect_of(live, DEFAULT_POLICY)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(amount=NUMBERS)
-def test_for_any_stored_body_replay_and_verify_agree_with_the_live_answer(app, client, db, amount):
+def _send_any(client, db, amount):
+    """A payment of amount spelled as given, under a new id: its id and the live answer's status, or None when
+    nothing was stored (a 4xx other than 422)."""
     event_id = f"evt_{uuid.uuid4().hex}"
-    body = _payment_text(event_id, amount)
-    live = send(client, body).status
-    pool = get_pool(app)
+    live = send(client, _payment_text(event_id, amount)).status
     if live >= 400 and live != 422:
         assert stored_event_row(db, event_id) is None
+        return event_id, None
+    return event_id, live
+
+
+ANY_STORED_BODY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@ANY_STORED_BODY
+@given(amount=NUMBERS)
+def test_for_any_stored_body_replay_agrees_with_the_live_answer(app, client, db, amount):
+    event_id, live = _send_any(client, db, amount)
+    if live is None:
         return
-    replayed = ledger.replay(pool, "default", event_id)
+    replayed = ledger.replay(get_pool(app), "default", event_id)
     if live == 200:
         assert replayed.problem == "already completed"
     else:
         assert replayed.outcome == "failed" and replayed.problem == stored_event_row(db, event_id).last_error
-    with pool.connection() as conn:
+
+
+@ANY_STORED_BODY
+@given(amount=NUMBERS)
+def test_for_any_stored_body_verify_agrees_with_the_live_answer(app, client, db, amount):
+    event_id, live = _send_any(client, db, amount)
+    if live is None:
+        return
+    ledger.replay(get_pool(app), "default", event_id)
+    with get_pool(app).connection() as conn:
         assert verify.check(conn).problems == []
 
 
@@ -176,18 +234,33 @@ def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed
     assert (counted, balance(db, UNKNOWN_USER)) == (1, 40)
 
 
-def test_same_effect_in_other_bytes_is_answered_by_redis_and_logged_with_both_hashes(app, client, db, caplog):
+def _resend_in_other_bytes_to_redis_alone(app, client, caplog):
+    """A credited payment sent again in other bytes, PostgreSQL's pool closed: the bytes first sent, those resent,
+    the answer and its delivery log line."""
     event = payment("evt_fast_bytes", cents=5)
-    body = encode(event)
     assert send(client, event).json["status"] == "processed"
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails: Redis alone answers
     resent = json.dumps(event, separators=(",", ":")).encode()
     with caplog.at_level(logging.INFO, logger="app.webhooks"):
         again = send(client, resent)
-    assert again.json == {"status": "duplicate", "event_id": "evt_fast_bytes"}
     line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
-    assert (line.redis, line.body_sha256, line.stored_sha256) == \
-        ("done", hashlib.sha256(resent).hexdigest(), hashlib.sha256(body).hexdigest())
+    return encode(event), resent, again, line
+
+
+def test_same_effect_in_other_bytes_is_a_duplicate_answered_by_redis(app, client, db, caplog):
+    _, _, again, line = _resend_in_other_bytes_to_redis_alone(app, client, caplog)
+    assert again.json == {"status": "duplicate", "event_id": "evt_fast_bytes"}
+    assert line.redis == "done"
+
+
+def test_same_effect_in_other_bytes_is_logged_with_both_hashes(app, client, db, caplog):
+    body, resent, _, line = _resend_in_other_bytes_to_redis_alone(app, client, caplog)
+    assert (line.body_sha256, line.stored_sha256) == \
+        (hashlib.sha256(resent).hexdigest(), hashlib.sha256(body).hexdigest())
+
+
+def test_same_effect_in_other_bytes_answered_by_redis_is_counted_as_reserialised(app, client, db, caplog):
+    _resend_in_other_bytes_to_redis_alone(app, client, caplog)
     counted = app.extensions["metrics"].reserialised.labels(source="default", outcome="duplicate")._value.get()
     assert counted == 1
 
@@ -218,18 +291,36 @@ def test_a_different_effect_is_a_mismatch_whatever_the_stored_status(client, db,
 
 # -- purge keeps what the ledger needs -------------------------------------------------
 
-@pytest.mark.parametrize("resent", [
+PURGED_RESENT = pytest.mark.parametrize("resent", [
     payment("evt_purged", cents=10, note="re-serialised by the provider"),
     payment("evt_purged", cents=99),                          # another effect
     payment("evt_purged", user=UNKNOWN_USER, cents=10),       # would fail validation now
     {"id": "evt_purged", "type": "customer.created", "data": {}},
 ])
-def test_a_purged_credited_event_resent_in_any_bytes_is_a_duplicate_and_never_failed(client, db, run, resent):
+
+
+def _resend_purged(client, db, run, resent):
+    """A credited payment purged, then resent as resent: the answer."""
     send(client, payment("evt_purged", cents=10))
     db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
     assert run("events", "purge").exit_code == 0
-    assert send(client, resent).json == {"status": "duplicate", "event_id": "evt_purged"}
+    return send(client, resent)
+
+
+@PURGED_RESENT
+def test_a_purged_credited_event_resent_in_any_bytes_is_a_duplicate(client, db, run, resent):
+    assert _resend_purged(client, db, run, resent).json == {"status": "duplicate", "event_id": "evt_purged"}
+
+
+@PURGED_RESENT
+def test_a_purged_credited_event_resent_in_any_bytes_is_never_stored_failed(client, db, run, resent):
+    _resend_purged(client, db, run, resent)
     assert event_rows(db) == 0  # nothing re-inserted: no failed row beside a credit
+
+
+@PURGED_RESENT
+def test_a_purged_credited_event_resent_in_any_bytes_keeps_its_one_credit(client, db, run, resent):
+    _resend_purged(client, db, run, resent)
     assert balance(db) == 1010
     # The journal, not the purged rows, holds its credit: verify checks balances against it.
     assert run("ledger", "verify").exit_code == 0
@@ -249,15 +340,23 @@ def _post_chunked(base, body, headers):
         conn.close()
 
 
-def test_a_chunked_body_over_the_limit_is_413_and_one_within_it_is_processed(gunicorn, db):
+def _post_signed_chunked(server, body):
+    return _post_chunked(server.base, body, {**signed_headers(body), "Transfer-Encoding": "chunked"})
+
+
+def test_a_chunked_body_over_the_limit_is_413(gunicorn, db):
     server = gunicorn(workers=1, threads=2, MAX_BODY_BYTES=2000)
-    big = encode(payment("evt_chunked_big", note="x" * 2500))
-    status, answer = _post_chunked(server.base, big, {**signed_headers(big), "Transfer-Encoding": "chunked"})
+    status, answer = _post_signed_chunked(server, encode(payment("evt_chunked_big", note="x" * 2500)))
     assert (status, answer["error"]) == (413, "too_large")
+    assert event_rows(db) == 0
+
+
+def test_a_chunked_body_at_the_limit_is_processed(gunicorn, db):
+    server = gunicorn(workers=1, threads=2, MAX_BODY_BYTES=2000)
     exactly = encode(payment("evt_chunked_fits", note=""))
     exactly = encode(payment("evt_chunked_fits", note="y" * (2000 - len(exactly))))
     assert len(exactly) == 2000
-    status, answer = _post_chunked(server.base, exactly, {**signed_headers(exactly), "Transfer-Encoding": "chunked"})
+    status, answer = _post_signed_chunked(server, exactly)
     assert (status, answer["status"]) == (200, "processed")
     assert [r[0] for r in db.execute("SELECT event_id FROM webhook_events")] == ["evt_chunked_fits"]
 
