@@ -79,7 +79,7 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
     assert_ledger_consistent(db)
 
 
-UNAPPLICABLE_INTENTS = pytest.mark.parametrize("intent, reason", [
+INTENTS_THAT_CANNOT_APPLY = pytest.mark.parametrize("intent, reason", [
     ({"metadata": {}}, "data.object.metadata.user_id"),
     ({"metadata": {"user_id": str(UNKNOWN_USER)}}, "unknown user"),
     ({"amount_received": 0}, "data.object.amount_received"),
@@ -87,25 +87,25 @@ UNAPPLICABLE_INTENTS = pytest.mark.parametrize("intent, reason", [
 ])
 
 
-def _send_unapplicable(client, scheme, intent):
+def _send_an_intent_that_cannot_apply(client, scheme, intent):
     """evt_bad_intent, its payment intent changed by intent, signed by stripe-python."""
     body = encode(stripe_event("evt_bad_intent", **intent))
     return send(client, body, signed_by_the_provider(scheme, body))
 
 
 @STRIPE
-@UNAPPLICABLE_INTENTS
+@INTENTS_THAT_CANNOT_APPLY
 def test_a_stripe_payment_intent_that_cannot_apply_is_422_naming_its_reason(client, db, scheme, intent, reason):
-    response = _send_unapplicable(client, scheme, intent)
+    response = _send_an_intent_that_cannot_apply(client, scheme, intent)
     assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
 
 
 @STRIPE
-@UNAPPLICABLE_INTENTS
+@INTENTS_THAT_CANNOT_APPLY
 def test_a_stripe_payment_intent_that_cannot_apply_is_recorded_failed_without_a_credit(
         client, db, scheme, intent, reason):
-    _send_unapplicable(client, scheme, intent)
+    _send_an_intent_that_cannot_apply(client, scheme, intent)
     stored = stored_event_row(db, "evt_bad_intent")
     assert stored.status == "failed" and stored.attempts == 1
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
@@ -145,16 +145,16 @@ def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config
 
 
 @STRIPE
-@pytest.mark.parametrize("settings, intent", [
+@pytest.mark.parametrize("settings, fields", [
     pytest.param({"STRIPE_ACCEPT_TEST_EVENTS": "true"}, {"livemode": False}, id="test-mode"),
     pytest.param({"LEDGER_CURRENCY": "EUR"}, {"currency": "eur"}, id="another-ledger-currency"),
     pytest.param({"STRIPE_ACCEPT_TEST_EVENTS": "true", "LEDGER_CURRENCY": "EUR"},
                  {"livemode": False, "currency": "eur"}, id="both"),
 ])
 def test_a_stripe_payment_refused_by_default_credits_under_the_setting_that_allows_it(
-        make_app, config, db, scheme, settings, intent):
+        make_app, config, db, scheme, settings, fields):
     client = make_app({**config, **settings}).test_client()
-    body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, **intent))
+    body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, **fields))
     assert send(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"
     assert balance(db, BOB) == 300
 
