@@ -79,18 +79,33 @@ def test_stripe_payment_intent_signed_by_stripe_python_credits_once(client, db, 
     assert_ledger_consistent(db)
 
 
-@STRIPE
-@pytest.mark.parametrize("intent, reason", [
+INTENTS_THAT_CANNOT_APPLY = pytest.mark.parametrize("intent, reason", [
     ({"metadata": {}}, "data.object.metadata.user_id"),
     ({"metadata": {"user_id": str(UNKNOWN_USER)}}, "unknown user"),
     ({"amount_received": 0}, "data.object.amount_received"),
     ({"amount_received": "4200"}, "data.object.amount_received"),
 ])
-def test_stripe_payment_intent_that_cannot_apply_is_422_and_recorded(client, db, scheme, intent, reason):
+
+
+def _send_an_intent_that_cannot_apply(client, scheme, intent):
+    """evt_bad_intent, its payment intent changed by intent, signed by stripe-python."""
     body = encode(stripe_event("evt_bad_intent", **intent))
-    response = send(client, body, signed_by_the_provider(scheme, body))
+    return send(client, body, signed_by_the_provider(scheme, body))
+
+
+@STRIPE
+@INTENTS_THAT_CANNOT_APPLY
+def test_a_stripe_payment_intent_that_cannot_apply_is_422_naming_its_reason(client, db, scheme, intent, reason):
+    response = _send_an_intent_that_cannot_apply(client, scheme, intent)
     assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert reason in response.json["message"]
+
+
+@STRIPE
+@INTENTS_THAT_CANNOT_APPLY
+def test_a_stripe_payment_intent_that_cannot_apply_is_recorded_failed_without_a_credit(
+        client, db, scheme, intent, reason):
+    _send_an_intent_that_cannot_apply(client, scheme, intent)
     stored = stored_event_row(db, "evt_bad_intent")
     assert stored.status == "failed" and stored.attempts == 1
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
@@ -130,9 +145,16 @@ def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config
 
 
 @STRIPE
-def test_stripe_test_mode_and_another_ledger_currency_credit_when_configured(make_app, config, db, scheme):
-    client = make_app({**config, "STRIPE_ACCEPT_TEST_EVENTS": "true", "LEDGER_CURRENCY": "EUR"}).test_client()
-    body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, livemode=False, currency="eur"))
+@pytest.mark.parametrize("settings, fields", [
+    pytest.param({"STRIPE_ACCEPT_TEST_EVENTS": "true"}, {"livemode": False}, id="test-mode"),
+    pytest.param({"LEDGER_CURRENCY": "EUR"}, {"currency": "eur"}, id="another-ledger-currency"),
+    pytest.param({"STRIPE_ACCEPT_TEST_EVENTS": "true", "LEDGER_CURRENCY": "EUR"},
+                 {"livemode": False, "currency": "eur"}, id="both"),
+])
+def test_a_stripe_payment_refused_by_default_credits_under_the_setting_that_allows_it(
+        make_app, config, db, scheme, settings, fields):
+    client = make_app({**config, **settings}).test_client()
+    body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, **fields))
     assert send(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"
     assert balance(db, BOB) == 300
 
@@ -186,15 +208,26 @@ PING = {"zen": "Design for failure.", "hook_id": 109948940,
         "hook": {"type": "Repository", "id": 109948940, "events": ["*"], "active": True}}
 
 
-@GITHUB
-def test_github_event_takes_id_and_type_from_headers_and_has_no_effect(client, db, scheme):
+def _deliver_ping_twice(client, scheme):
+    """GitHub's ping, delivered and redelivered under one X-GitHub-Delivery: its id, and the two answers."""
     body, delivery = encode(PING), str(uuid.uuid4())
     headers = signed_headers(body, scheme=scheme, event_id=delivery, github_event="ping")
-    assert send(client, body, headers).json == {"status": "processed", "event_id": delivery}
-    assert send(client, body, headers).json == {"status": "duplicate", "event_id": delivery}  # a redelivery
+    return delivery, [send(client, body, headers) for _ in range(2)]
+
+
+@GITHUB
+def test_a_github_event_is_stored_under_the_id_and_type_its_headers_give(client, db, scheme):
+    delivery, (first, redelivery) = _deliver_ping_twice(client, scheme)
+    assert first.json == {"status": "processed", "event_id": delivery}
+    assert redelivery.json == {"status": "duplicate", "event_id": delivery}
     stored = stored_event_row(db, delivery)
     assert stored.event_type == "ping" and stored.status == "completed" and stored.attempts == 1
     assert db.execute("SELECT payload->>'zen' FROM webhook_events_json").fetchone()[0] == "Design for failure."
+
+
+@GITHUB
+def test_a_github_event_without_a_type_in_its_body_moves_no_money(client, db, scheme):
+    _deliver_ping_twice(client, scheme)
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
 
 
@@ -274,18 +307,34 @@ def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, ca
 
 # -- the replay window -------------------------------------------------------------
 
-@TIMESTAMPED
-@pytest.mark.parametrize("offset, message", [(-360, "too old"), (360, "too far in the future")])
-def test_delivery_signed_outside_the_window_is_401_and_writes_nothing(client, db, scheme, offset, message):
+OUTSIDE_THE_WINDOW = pytest.mark.parametrize("offset, message", [(-360, "too old"), (360, "too far in the future")])
+
+
+def _send_signed_at(client, scheme, offset):
+    """A payment signed by the provider offset seconds from now."""
     body = encode(payment("evt_captured"))
-    response = send(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
+    return send(client, body, signed_by_the_provider(scheme, body, int(time.time()) + offset))
+
+
+@TIMESTAMPED
+@OUTSIDE_THE_WINDOW
+def test_a_delivery_signed_outside_the_window_is_401_naming_which_side(client, db, scheme, offset, message):
+    response = _send_signed_at(client, scheme, offset)
     assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert message in response.json["message"]
+
+
+@TIMESTAMPED
+@OUTSIDE_THE_WINDOW
+def test_a_delivery_signed_outside_the_window_writes_nothing(client, db, scheme, offset, message):
+    _send_signed_at(client, scheme, offset)
     assert event_rows(db) == 0 and balance(db) == 1000
 
 
 @TIMESTAMPED
-def test_captured_delivery_replayed_after_the_window_is_401_and_writes_nothing(make_app, config, db, scheme):
+def test_a_captured_delivery_replayed_after_the_window_is_refused(make_app, config, db, scheme):
+    """Refused as every bad signature is: 401, and its stored row untouched. One test, not two: each waits out
+    the window."""
     tolerance = 3
     client = make_app({**config, "WEBHOOK_TOLERANCE_SECONDS": tolerance}).test_client()
     body = encode(payment("evt_replayed", user=UNKNOWN_USER))  # fails, so every accepted delivery writes

@@ -61,56 +61,100 @@ def send_razorpay(client, event, event_id=None):
 UTILITY = razorpay.Utility(None)
 
 
+# Any text body, and any secret of 16 to 40 characters without a comma.
+ANY_DELIVERY = given(body=st.text(max_size=300),
+                     secret=st.text(min_size=16, max_size=40).filter(lambda s: "," not in s))
+
+
 @pytest.mark.unit
 @settings(max_examples=200, deadline=None)
-@given(body=st.text(max_size=300), secret=st.text(min_size=16, max_size=40).filter(lambda s: "," not in s))
-def test_razorpay_library_verifies_every_signature_we_make_and_we_verify_its_digest(body, secret):
-    raw, key = body.encode(), secret.encode()
-    header = sign("razorpay", raw, [key])["X-Razorpay-Signature"]
+@ANY_DELIVERY
+def test_razorpay_library_verifies_every_signature_we_make(body, secret):
+    header = sign("razorpay", body.encode(), [secret.encode()])["X-Razorpay-Signature"]
     assert UTILITY.verify_webhook_signature(body, header, secret) is True
-    # The library's own digest (what it compares against) verifies with us; a changed body fails both.
-    assert verify("razorpay", raw, {"X-Razorpay-Signature": header}, [key], 300) == 0
-    changed = body + "x"
-    with pytest.raises(razorpay.errors.SignatureVerificationError):
-        UTILITY.verify_webhook_signature(changed, header, secret)
-    with pytest.raises(SignatureError):
-        verify("razorpay", changed.encode(), {"X-Razorpay-Signature": header}, [key], 300)
+    with pytest.raises(razorpay.errors.SignatureVerificationError):  # a changed body fails
+        UTILITY.verify_webhook_signature(body + "x", header, secret)
 
 
 @pytest.mark.unit
-def test_razorpay_documented_payload_verifies_with_the_library_and_with_us():
+@settings(max_examples=200, deadline=None)
+@ANY_DELIVERY
+def test_we_verify_every_digest_razorpays_library_accepts(body, secret):
+    raw, key = body.encode(), secret.encode()
+    header = sign("razorpay", raw, [key])["X-Razorpay-Signature"]
+    assert UTILITY.verify_webhook_signature(body, header, secret) is True  # the library's own digest
+    assert verify("razorpay", raw, {"X-Razorpay-Signature": header}, [key], 300) == 0
+    with pytest.raises(SignatureError):  # a changed body fails
+        verify("razorpay", (body + "x").encode(), {"X-Razorpay-Signature": header}, [key], 300)
+
+
+def _documented_delivery():
+    """Razorpay's documented payment.captured, as its bytes, and the header Razorpay sends with it."""
     body = json.dumps(payment_captured("pay_DESp9bgForNoUd"), separators=(",", ":"))
-    header = hmac.new(SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()
+    return body, hmac.new(SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()
+
+
+@pytest.mark.unit
+def test_razorpay_documented_payload_verifies_with_the_library():
+    body, header = _documented_delivery()
     assert UTILITY.verify_webhook_signature(body, header, SECRET)
+
+
+@pytest.mark.unit
+def test_razorpay_documented_payload_verifies_with_us():
+    body, header = _documented_delivery()
     assert verify("razorpay", body.encode(), {"x-razorpay-signature": header}, [b"old-secret-0123456789",
                                                                                 SECRET.encode()], 300) == 1
 
 
-@pytest.mark.parametrize("headers, message", [
+BAD_SIGNATURES = pytest.mark.parametrize("headers, message", [
     ({}, "missing X-Razorpay-Signature header"),
     ({"X-Razorpay-Signature": "sha256=" + "0" * 64}, "malformed X-Razorpay-Signature header"),
     ({"X-Razorpay-Signature": "0" * 64}, "signature does not match"),
 ])
-def test_bad_razorpay_signatures_are_401_and_write_nothing(client, db, headers, message):
+
+
+def _send_badly_signed(client, headers):
+    """A payment.captured to the Razorpay source, with headers as its only signature."""
     body = encode(payment_captured(new_id("pay")))
-    response = send(client, body, {"Content-Type": "application/json", "x-razorpay-event-id": "e1", **headers},
-                    source=SOURCE)
+    return send(client, body, {"Content-Type": "application/json", "x-razorpay-event-id": "e1", **headers},
+                source=SOURCE)
+
+
+@BAD_SIGNATURES
+def test_a_bad_razorpay_signature_is_401_naming_its_fault(client, db, headers, message):
+    response = _send_badly_signed(client, headers)
     assert response.status == 401 and message in response.json["message"]
+
+
+@BAD_SIGNATURES
+def test_a_bad_razorpay_signature_writes_nothing(client, db, headers, message):
+    _send_badly_signed(client, headers)
     assert event_rows(db) == 0
 
 
 # -- payments ----------------------------------------------------------------------------
 
-def test_payment_captured_credits_its_payment_once_and_order_paid_for_it_moves_nothing(client, db):
-    payment_id = new_id("pay")
-    captured = payment_captured(payment_id, user=BOB, paise=50000)
-    event_id = "Hdjxv1mE1e0gOk"
-    assert send_razorpay(client, captured, event_id).json == {"status": "processed", "event_id": event_id}
-    assert send_razorpay(client, captured, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
-    assert send_razorpay(client, order_paid(payment_id, user=BOB, paise=50000)).status == 200
+def _capture(client, payment_id, event_id):
+    """payment.captured of payment_id (500 rupees to Bob), delivered under event_id: the answer."""
+    return send_razorpay(client, payment_captured(payment_id, user=BOB, paise=50000), event_id)
+
+
+def test_payment_captured_credits_its_payment_once(client, db):
+    payment_id, event_id = new_id("pay"), "Hdjxv1mE1e0gOk"
+    assert _capture(client, payment_id, event_id).json == {"status": "processed", "event_id": event_id}
+    assert _capture(client, payment_id, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
     assert balance(db, BOB) == 50000
     row = stored_event_row(db, event_id)
     assert (row.source, row.event_type, row.status, row.attempts) == (SOURCE, "payment.captured", "completed", 1)
+    assert_ledger_consistent(db, INR)
+
+
+def test_order_paid_for_a_captured_payment_moves_nothing(client, db):
+    payment_id = new_id("pay")
+    assert _capture(client, payment_id, "Hdjxv1mE1e0gOk").json["status"] == "processed"
+    assert send_razorpay(client, order_paid(payment_id, user=BOB, paise=50000)).status == 200
+    assert balance(db, BOB) == 50000
     assert_ledger_consistent(db, INR)
 
 
@@ -190,32 +234,66 @@ def _journal(db):
                       " ORDER BY id").fetchall()
 
 
-def test_a_processed_refund_debits_once_and_a_failed_one_gives_it_back(client, db, paid):
+def _refund(client, event_type, refund_id, payment_id, paise, status):
+    """One of Razorpay's refund events, which must be answered 200."""
+    assert send_razorpay(client, refund_event(event_type, refund_id, payment_id, paise, status)).status == 200
+
+
+def test_a_processed_refund_debits_once(client, db, paid):
     refund_id = new_id("rfnd")
-    for event in (refund_event("refund.created", refund_id, paid, 3000, "pending"),
-                  refund_event("refund.processed", refund_id, paid, 3000, "processed")):
-        assert send_razorpay(client, event).status == 200
+    _refund(client, "refund.created", refund_id, paid, 3000, "pending")
+    _refund(client, "refund.processed", refund_id, paid, 3000, "processed")
     assert balance(db, BOB) == 7000
-    other = new_id("rfnd")
-    assert send_razorpay(client, refund_event("refund.failed", other, paid, 2000, "failed")).status == 200
-    assert balance(db, BOB) == 7000  # failed before it was counted: nothing taken, nothing given
-    failing = new_id("rfnd")
-    assert send_razorpay(client, refund_event("refund.created", failing, paid, 1000, "pending")).status == 200
-    assert send_razorpay(client, refund_event("refund.failed", failing, paid, 1000, "failed")).status == 200
-    assert balance(db, BOB) == 7000
-    assert _journal(db) == [("refund", refund_id, -3000), ("refund", failing, -1000),
-                            ("refund_reversed", failing, 1000)]
+    assert _journal(db) == [("refund", refund_id, -3000)]
     assert_ledger_consistent(db, INR)
 
 
-def test_a_lost_dispute_withdraws_once_and_a_won_one_reinstates(client, db, paid):
-    dispute_id = new_id("disp")
-    assert send_razorpay(client, dispute_event("payment.dispute.created", dispute_id, paid, 4000, "open")).status == 200
+def test_a_refund_failed_before_it_was_counted_moves_nothing(client, db, paid):
+    _refund(client, "refund.failed", new_id("rfnd"), paid, 2000, "failed")
+    assert balance(db, BOB) == 10000  # nothing taken, nothing given
+    assert _journal(db) == []
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_failed_refund_gives_back_what_it_took(client, db, paid):
+    failing = new_id("rfnd")
+    _refund(client, "refund.created", failing, paid, 1000, "pending")
+    _refund(client, "refund.failed", failing, paid, 1000, "failed")
+    assert balance(db, BOB) == 10000
+    assert _journal(db) == [("refund", failing, -1000), ("refund_reversed", failing, 1000)]
+    assert_ledger_consistent(db, INR)
+
+
+def _dispute(client, event_type, dispute_id, payment_id, status, deliveries=1, **deducted):
+    """One of Razorpay's dispute events for 40 rupees, delivered under as many event ids, each answered 200."""
+    event = dispute_event(event_type, dispute_id, payment_id, 4000, status, **deducted)
+    for _ in range(deliveries):
+        assert send_razorpay(client, event).status == 200
+
+
+def _lose(client, dispute_id, payment_id):
+    """The dispute opened, then lost: its loss announced under two event ids."""
+    _dispute(client, "payment.dispute.created", dispute_id, payment_id, "open")
+    _dispute(client, "payment.dispute.lost", dispute_id, payment_id, "lost", deliveries=2, deducted=4000)
+
+
+def test_an_open_dispute_withdraws_nothing(client, db, paid):
+    _dispute(client, "payment.dispute.created", new_id("disp"), paid, "open")
     assert balance(db, BOB) == 10000  # Razorpay deducts nothing until the dispute is lost
-    lost = dispute_event("payment.dispute.lost", dispute_id, paid, 4000, "lost", deducted=4000)
-    assert send_razorpay(client, lost).status == 200 and send_razorpay(client, lost).status == 200  # two event ids
+
+
+def test_a_lost_dispute_withdraws_once(client, db, paid):
+    dispute_id = new_id("disp")
+    _lose(client, dispute_id, paid)
     assert balance(db, BOB) == 6000
-    assert send_razorpay(client, dispute_event("payment.dispute.won", dispute_id, paid, 4000, "won")).status == 200
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_won_dispute_reinstates_what_its_loss_withdrew(client, db, paid):
+    dispute_id = new_id("disp")
+    _lose(client, dispute_id, paid)
+    _dispute(client, "payment.dispute.won", dispute_id, paid, "won")
     assert balance(db, BOB) == 10000
     assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
     assert_ledger_consistent(db, INR)

@@ -232,16 +232,29 @@ def test_a_stripe_delivery_to_an_hmac_sha256_source_is_told_the_sources_scheme(m
 
 # -- unknown sources ----------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["nope", "Billing", "billing-", "x" * 65, "default", "None", "%E2%82%AC"])
-def test_unknown_source_is_404_and_writes_nothing(make_app, config, db, redis_client, name):
+UNKNOWN_NAMES = pytest.mark.parametrize("name", ["nope", "Billing", "billing-", "x" * 65, "default", "None",
+                                                  "%E2%82%AC"])
+
+
+def _send_to_unknown(make_app, config, name):
+    """A payment sent to /api/webhooks/<name>, signed with the billing secret and with the default one (neither is
+    looked at): the two answers."""
     client = make_app(sources_config(config, {"billing": None})).test_client()
-    # Signed with the billing secret and the default one: neither is looked at.
-    for secret in (source_secret("billing", "hmac-sha256"), SECRETS["hmac-sha256"]):
-        body = encode(payment("evt_unknown"))
-        response = send(client, body, secret=secret, path=f"/api/webhooks/{name}")
+    return [send(client, encode(payment("evt_unknown")), secret=secret, path=f"/api/webhooks/{name}")
+            for secret in (source_secret("billing", "hmac-sha256"), SECRETS["hmac-sha256"])]
+
+
+@UNKNOWN_NAMES
+def test_an_unknown_source_is_404_unknown_source(make_app, config, db, name):
+    for response in _send_to_unknown(make_app, config, name):
         assert response.status == 404
         assert response.json == {"error": "unknown_source"}
         assert response.headers["X-Request-ID"]
+
+
+@UNKNOWN_NAMES
+def test_an_unknown_source_writes_nothing(make_app, config, db, redis_client, name):
+    _send_to_unknown(make_app, config, name)
     assert event_rows(db) == 0 and balance(db) == 1000
     assert redis_client.keys("*") == []
 
@@ -288,15 +301,22 @@ def test_scheme_is_the_sources_own_setting_when_given(make_app, config, db):
     assert send(client, body, headers, source="stripe").json["status"] == "processed"
 
 
-@pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
-def test_tolerance_is_per_source_and_defaults_to_the_deployments(make_app, config, db, scheme):
-    """Signed 200 s ago: outside a 60 s window, inside the deployment's 600 s."""
+WINDOWED = pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
+
+
+def _windowed(make_app, config, scheme):
+    """A client of two sources of scheme: strict, with a window of 60 s of its own, and lenient, with none (the
+    deployment's is 600 s)."""
     app_config = sources_config(config, {"strict": scheme, "lenient": scheme}, WEBHOOK_TOLERANCE_SECONDS=600,
                                 WEBHOOK_STRICT_TOLERANCE_SECONDS=60)
-    client = make_app(app_config).test_client()
-    sources = Settings.of(client.application).sources
-    assert (sources["strict"].tolerance, sources["lenient"].tolerance, sources[DEFAULT_SOURCE].tolerance) == \
-        (60, 600, 600)
+    return make_app(app_config).test_client()
+
+
+@WINDOWED
+def test_tolerance_is_per_source(make_app, config, db, scheme):
+    """Signed 200 s ago: outside strict's 60 s window, inside lenient's."""
+    client = _windowed(make_app, config, scheme)
+    assert Settings.of(client.application).sources["strict"].tolerance == 60
     body = encode(payment("evt_window"))
     signed_at = int(time.time()) - 200
     for name, status in (("strict", 401), ("lenient", 200)):
@@ -305,9 +325,16 @@ def test_tolerance_is_per_source_and_defaults_to_the_deployments(make_app, confi
     assert event_rows(db) == event_rows(db, "lenient") == 1
 
 
+@WINDOWED
+def test_a_sources_tolerance_defaults_to_the_deployments(make_app, config, db, scheme):
+    sources = Settings.of(_windowed(make_app, config, scheme).application).sources
+    assert (sources["lenient"].tolerance, sources[DEFAULT_SOURCE].tolerance) == (600, 600)
+
+
 # -- metrics, logs --------------------------------------------------------------------
 
-def test_metrics_label_configured_sources_and_count_unknown_ones_without_a_label(make_app, config, db):
+def _scraped_after_deliveries(make_app, config):
+    """/metrics' text and samples after deliveries to three sources (one refused) and to three unknown ones."""
     client = make_app(sources_config(config, FOUR)).test_client()
     send(client, payment("evt_m"))
     send(client, payment("evt_m"), source="billing")
@@ -317,7 +344,11 @@ def test_metrics_label_configured_sources_and_count_unknown_ones_without_a_label
         body = encode(payment())
         assert send(client, body, path=f"/api/webhooks/{unknown}").status == 404
     text = client.get("/metrics").text
-    scraped = samples(text)
+    return text, samples(text)
+
+
+def test_metrics_label_each_delivery_with_its_configured_source(make_app, config, db):
+    _, scraped = _scraped_after_deliveries(make_app, config)
     deliveries = {labels: value for (name, labels), value in scraped.items()
                   if name == "webhook_ledger_deliveries_total"}
     assert deliveries == {
@@ -326,6 +357,10 @@ def test_metrics_label_configured_sources_and_count_unknown_ones_without_a_label
         (("outcome", "duplicate"), ("reason", ""), ("source", "billing")): 1,
         (("outcome", "rejected"), ("reason", "invalid_signature"), ("source", "stripe")): 1,
     }
+
+
+def test_metrics_count_unknown_sources_without_a_label(make_app, config, db):
+    text, scraped = _scraped_after_deliveries(make_app, config)
     assert scraped[("webhook_ledger_unknown_source_requests_total", ())] == 3
     labelled = {dict(labels).get("source") for _, labels in scraped}
     assert labelled <= {None, *SCHEME_OF}

@@ -32,23 +32,39 @@ pytestmark = pytest.mark.core
 
 
 @EVERY_SCHEME
-def test_new_event_is_processed_and_credited(client, db, scheme):
+def test_a_new_event_is_answered_processed(client, db, scheme):
     event = payment(cents=250)
     response = send(client, event)
     assert response.status == 200
     assert response.json == {"status": "processed", "event_id": event["id"]}
+
+
+@EVERY_SCHEME
+def test_a_new_event_is_committed_with_its_credit(client, db, scheme):
+    event = payment(cents=250)
+    send(client, event)
     assert balance(db) == 1250
     stored = stored_event_row(db, event["id"])
     assert stored.status == "completed" and stored.attempts == 1 and stored.event_type == "payment.succeeded"
 
 
-@EVERY_SCHEME
-def test_sequential_duplicate_is_acknowledged_and_credited_once(client, db, scheme):
-    event = payment(cents=300)
+def _deliver_twice(client, event):
+    """The first delivery (processed) and the answer to the second, sent after it."""
     assert send(client, event).json["status"] == "processed"
-    second = send(client, event)
+    return send(client, event)
+
+
+@EVERY_SCHEME
+def test_a_sequential_duplicate_is_answered_duplicate(client, db, scheme):
+    event = payment(cents=300)
+    second = _deliver_twice(client, event)
     assert second.status == 200
     assert second.json == {"status": "duplicate", "event_id": event["id"]}
+
+
+@EVERY_SCHEME
+def test_a_sequential_duplicate_credits_once(client, db, scheme):
+    _deliver_twice(client, payment(cents=300))
     assert balance(db) == 1300
     assert event_rows(db) == 1
 
@@ -98,7 +114,7 @@ GOOD = encode(payment("evt_good"))
 SIG = signed_headers(GOOD)["X-Signature"]
 
 
-@pytest.mark.parametrize("signature, why", [
+BAD_SIGNATURES = [
     (None, "missing"),
     ("", "empty"),
     (SIG[:-2], "truncated"),
@@ -107,15 +123,22 @@ SIG = signed_headers(GOOD)["X-Signature"]
     (SIG + "00", "too long"),
     ("0" * 64, "wrong digest"),
     ("é" * 64, "non-ascii"),
-])
-def test_bad_signature_is_401_and_writes_nothing(client, db, signature, why):
+]
+
+
+def _bad_signature_headers(signature):
+    """GOOD's headers with signature as its X-Signature (None: no X-Signature at all)."""
     headers = {"Content-Type": "application/json"}
     if signature is not None:
         headers["X-Signature"] = signature
-    response = send(client, GOOD, headers)
+    return headers
+
+
+@pytest.mark.parametrize("signature, why", BAD_SIGNATURES)
+def test_a_bad_signature_is_401_invalid_signature(client, db, signature, why):
+    response = send(client, GOOD, _bad_signature_headers(signature))
     assert response.status == 401, why
     assert response.json["error"] == "invalid_signature"
-    assert event_rows(db) == 0
 
 
 def test_signature_over_reserialized_json_is_rejected(client, db):
@@ -135,7 +158,7 @@ def test_signature_with_wrong_secret_is_rejected(client, db):
     assert event_rows(db) == 0
 
 
-@pytest.mark.parametrize("body, error", [
+MALFORMED_BODIES = [
     (b"", "invalid_json"),
     (b"not json", "invalid_json"),
     (b"\xff\xfe{}", "invalid_json"),                       # invalid UTF-8
@@ -157,14 +180,15 @@ def test_signature_with_wrong_secret_is_rejected(client, db):
     (b'{"id": "e\\udc00", "type": "t", "data": {}}', "invalid_event"),
     (json.dumps({"id": "e" * 129, "type": "t", "data": {}}).encode(), "invalid_event"),
     (json.dumps({"id": "e", "type": "t" * 65, "data": {}}).encode(), "invalid_event"),
-])
-def test_malformed_body_is_400_and_writes_nothing(client, db, redis_client, body, error):
+]
+
+
+@pytest.mark.parametrize("body, error", MALFORMED_BODIES)
+def test_a_malformed_body_is_400_naming_its_error(client, db, body, error):
     response = send(client, body)
     assert response.status == 400
     assert response.json["error"] == error
     assert response.json["message"]
-    assert event_rows(db) == 0
-    assert balance(db) == 1000
 
 
 def test_id_of_128_characters_is_accepted(client, db):
@@ -191,16 +215,35 @@ def test_json_with_charset_is_accepted(client, db):
     assert response.status == 200
 
 
-def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
-    client = make_app({**config, "MAX_BODY_BYTES": 1024}).test_client()
-    body = encode(payment(padding="x" * 2000))
-    response = send(client, body)
+SMALL_LIMIT = {"MAX_BODY_BYTES": 1024}
+OVER_LIMIT = encode(payment(padding="x" * 2000))
+
+
+def test_a_body_over_the_limit_is_413(make_app, config, db):
+    client = make_app({**config, **SMALL_LIMIT}).test_client()
+    response = send(client, OVER_LIMIT)
     assert response.status == 413
     assert response.json["error"] == "too_large"
+
+
+# Each refusal above, as it is sent: the settings over the config fixture's, the body, and the headers (None:
+# signed by the source's scheme).
+REFUSED = [
+    *[pytest.param({}, GOOD, _bad_signature_headers(signature), id=f"401-{why}") for signature, why in BAD_SIGNATURES],
+    *[pytest.param({}, body, None, id=f"400-{n}-{error}") for n, (body, error) in enumerate(MALFORMED_BODIES)],
+    pytest.param(SMALL_LIMIT, OVER_LIMIT, None, id="413-too_large"),
+]
+
+
+@pytest.mark.parametrize("settings, body, headers", REFUSED)
+def test_a_refused_delivery_writes_nothing(make_app, config, db, settings, body, headers):
+    client = make_app({**config, **settings}).test_client()
+    send(client, body, headers)
     assert event_rows(db) == 0
+    assert balance(db) == 1000
 
 
-@pytest.mark.parametrize("data, reason", [
+UNPROCESSABLE = [
     ({"userId": str(UNKNOWN_USER), "amountCents": 100}, "unknown user"),
     ({"userId": "not-a-uuid", "amountCents": 100}, "userId"),
     ({"userId": 7, "amountCents": 100}, "userId"),
@@ -212,13 +255,25 @@ def test_body_over_limit_is_413_and_writes_nothing(make_app, config, db):
     ({"userId": str(BOB), "amountCents": True}, "amountCents"),
     ({"userId": str(BOB), "amountCents": 2**63}, "amountCents"),
     ({"userId": str(BOB)}, "amountCents"),
-])
-def test_unprocessable_payment_is_422_and_recorded(client, db, data, reason):
-    event = {"id": "evt_bad_payment", "type": "payment.succeeded", "data": data}
-    response = send(client, event)
+]
+
+
+def _send_unprocessable(client, data):
+    """A payment.succeeded carrying data, which cannot apply."""
+    return send(client, {"id": "evt_bad_payment", "type": "payment.succeeded", "data": data})
+
+
+@pytest.mark.parametrize("data, reason", UNPROCESSABLE)
+def test_an_unprocessable_payment_is_422_naming_its_reason(client, db, data, reason):
+    response = _send_unprocessable(client, data)
     assert response.status == 422
     assert response.json["error"] == "unprocessable"
     assert reason in response.json["message"]
+
+
+@pytest.mark.parametrize("data, reason", UNPROCESSABLE)
+def test_an_unprocessable_payment_is_recorded_failed_without_a_credit(client, db, data, reason):
+    _send_unprocessable(client, data)
     assert (balance(db, ALICE), balance(db, BOB)) == (1000, 0)
     stored = stored_event_row(db, "evt_bad_payment")
     assert stored.status == "failed" and stored.attempts == 1
@@ -291,28 +346,57 @@ def test_ready_reports_postgres_and_redis(client):
     assert (response.status_code, response.json) == (200, {"status": "ok", "postgres": "ok", "redis": "ok"})
 
 
-@pytest.mark.parametrize("value", [
+JSONB_REFUSES = pytest.mark.parametrize("value", [
     b'"\\u0000"',                  # jsonb refuses NUL
     b'"\\ud800"',                  # a lone surrogate escape
     b"1e1000000",                  # a number beyond numeric's range
 ], ids=["nul", "lone-surrogate", "beyond-numeric"])
-def test_an_authentic_payment_that_jsonb_cannot_hold_is_stored_and_credited_from_its_bytes(client, db, value):
-    body = (b'{"id": "evt_jsonb", "type": "payment.succeeded", "data": {"userId": "%s", "amountCents": 250, '
+
+
+def _payment_holding(value):
+    """An authentic payment's bytes with value in its data: valid JSON that jsonb cannot hold."""
+    return (b'{"id": "evt_jsonb", "type": "payment.succeeded", "data": {"userId": "%s", "amountCents": 250, '
             b'"note": %s}}' % (str(ALICE).encode(), value))
-    response = send(client, body)
-    assert response.json == {"status": "processed", "event_id": "evt_jsonb"}
+
+
+@JSONB_REFUSES
+def test_an_authentic_payment_that_jsonb_cannot_hold_is_credited_once(client, db, value):
+    body = _payment_holding(value)
+    assert send(client, body).json == {"status": "processed", "event_id": "evt_jsonb"}
     assert balance(db) == 1250
-    # The bytes are the event of record; the jsonb view, for querying only, has no value for them.
-    stored = stored_event_row(db, "evt_jsonb")
-    assert stored.status == "completed" and stored.body == body
-    assert db.execute("SELECT payload FROM webhook_events_json WHERE event_id = 'evt_jsonb'").fetchone()[0] is None
     assert send(client, body).json["status"] == "duplicate"
     assert balance(db) == 1250
 
 
+@JSONB_REFUSES
+def test_an_authentic_payment_that_jsonb_cannot_hold_is_stored_as_its_bytes(client, db, value):
+    body = _payment_holding(value)
+    send(client, body)
+    # The bytes are the event of record; the jsonb view, for querying only, has no value for them.
+    stored = stored_event_row(db, "evt_jsonb")
+    assert stored.status == "completed" and stored.body == body
+    assert db.execute("SELECT payload FROM webhook_events_json WHERE event_id = 'evt_jsonb'").fetchone()[0] is None
+
+
+def test_a_trailing_slash_names_the_same_source(make_app, config, db):
+    client = make_app(sources_config(config, {"billing": None})).test_client()
+    body = encode(payment("evt_slash"))
+    billing = signed_headers(body, source_secret("billing", "hmac-sha256"))
+
+    def post(path, headers=billing):
+        answer = send(client, body, headers, path=path)
+        return answer.status, answer.json["status"]
+
+    assert post("/api/webhooks/billing/") == (200, "processed")
+    assert post("/api/webhooks/billing") == (200, "duplicate")
+    assert post("/api/webhooks/", signed_headers(body)) == (200, "processed")
+    assert post("/api/webhooks", signed_headers(body)) == (200, "duplicate")
+    assert balance(db) == 1000 + 2 * 250
+
+
 # -- every answer under /api/webhooks is logged and counted, whatever its status --------------
 
-def test_a_trailing_slash_is_the_same_source_and_every_answer_is_logged_and_counted(config, gunicorn, db, tmp_path):
+def test_every_answer_under_the_webhooks_path_is_logged_and_counted(config, gunicorn, db, tmp_path):
     server = gunicorn(workers=1, threads=2, **sources_config(config, {"billing": None}))
     body = encode(payment("evt_slash"))
     billing = signed_headers(body, source_secret("billing", "hmac-sha256"))
@@ -321,11 +405,10 @@ def test_a_trailing_slash_is_the_same_source_and_every_answer_is_logged_and_coun
         status, answer, _ = send(server.base, body, headers, path=path)
         return status, answer.get("status") or answer["error"]
 
-    assert post("/api/webhooks/billing/") == (200, "processed")
-    assert post("/api/webhooks/billing") == (200, "duplicate")
-    assert post("/api/webhooks/", signed_headers(body)) == (200, "processed")
-    assert post("/api/webhooks", signed_headers(body)) == (200, "duplicate")
-    assert balance(db) == 1000 + 2 * 250
+    # Each source's answers, through either spelling of its path (what they are: the log lines below).
+    for path, headers in (("/api/webhooks/billing/", billing), ("/api/webhooks/billing", billing),
+                          ("/api/webhooks/", signed_headers(body)), ("/api/webhooks", signed_headers(body))):
+        post(path, headers)
     # Answers that no source gives: each is logged and counted all the same.
     assert post("/api/webhooks/billing/x") == (404, "not_found")
     assert post("/api/webhooks/nosuch/") == (404, "unknown_source")
