@@ -15,9 +15,12 @@ import socket
 import threading
 from datetime import UTC
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import pytest
+import stripe
+from flask import Flask
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
@@ -105,6 +108,9 @@ def test_the_unique_constraint_is_on_source_and_event_id(db):
     db.execute(INSERT_EVENT, ["billing"])
     with pytest.raises(psycopg.errors.UniqueViolation):
         db.execute(INSERT_EVENT, ["billing"])
+
+
+def test_a_source_named_in_capitals_is_refused(db):
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute(INSERT_EVENT, ["Billing"])
 
@@ -160,7 +166,9 @@ def _created_by(db, release):
     db.execute(release.read_text())
 
 
-def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(make_app, config, db):
+def _upgraded_from_before_sources(make_app, config, db):
+    """db as the release before sources made it, with one credited event, then init-db once.
+    Returns the app (with a named source), the fresh schema's catalog and what init-db printed."""
     fresh = _catalog(db)
     _created_by(db, BEFORE_SOURCES)
     body = encode(payment("evt_old", cents=5))
@@ -169,17 +177,22 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
                " VALUES ('evt_old', 'payment.succeeded', 'completed', %s, %s, now())",
                [body.decode(), hashlib.sha256(body).digest()])
     db.execute("INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES ('evt_old', %s, 5)", [ALICE])
-
     app = make_app(sources_config(config, {"billing": None}))
-    outputs = []
-    for _ in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        outputs.append(result.output)
-    assert outputs[0].splitlines()[:len(MIGRATIONS)] == [f"applied migration {name}" for name in MIGRATIONS]
-    assert "schema up to date" in outputs[1] and "applied" not in outputs[1], outputs[1]
-    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return app, fresh, result.output
 
+
+def _source_checks(db, table):
+    """How many CHECKs of table hold its source's spelling."""
+    return db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass"
+                      " AND pg_get_constraintdef(oid) LIKE '%%source ~%%'", [table]).fetchone()[0]
+
+
+def test_schema_upgrades_a_database_created_before_sources(make_app, config, db):
+    _, fresh, output = _upgraded_from_before_sources(make_app, config, db)
+    assert output.splitlines()[:len(MIGRATIONS)] == [f"applied migration {name}" for name in MIGRATIONS]
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
     assert db.execute("SELECT source, event_id, status FROM webhook_events").fetchall() == \
         [("default", "evt_old", "completed")]
     assert db.execute("SELECT source, event_id FROM ledger_journal").fetchall() == [("default", "evt_old")]
@@ -190,13 +203,24 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
         assert _unique_keys(db, table) == keys[table], table
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s",
                           [table, f"{table}_event_id_key"]).fetchone()[0] == 0, table
-        # Applied twice, the new column's CHECK is there once.
-        assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass"
-                          " AND pg_get_constraintdef(oid) LIKE '%%source ~%%'", [table]).fetchone()[0] == 1, table
+        assert _source_checks(db, table) == 1, table
     assert _differences(db, fresh) == []
 
-    # The app on the upgraded database: the old event is the default source's,
-    # its id is free on a named source.
+
+def test_schema_applies_twice_to_a_database_created_before_sources(make_app, config, db):
+    app, fresh, _ = _upgraded_from_before_sources(make_app, config, db)
+    result = app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert result.exit_code == 0, result.output
+    assert "schema up to date" in result.output and "applied" not in result.output, result.output
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
+    for table in ("webhook_events", "ledger_journal"):
+        assert _source_checks(db, table) == 1, table  # applied twice, the new column's CHECK is there once
+    assert _differences(db, fresh) == []
+
+
+def test_after_the_upgrade_from_before_sources_an_old_event_is_the_default_sources(make_app, config, db):
+    """The app on the upgraded database: the old event is the default source's, its id is free on a named source."""
+    app, _, _ = _upgraded_from_before_sources(make_app, config, db)
     client = app.test_client()
     assert send(client, payment("evt_old", cents=5)).json["status"] == "duplicate"
     assert send(client, payment("evt_old", cents=5), source="billing").json["status"] == "processed"
@@ -234,7 +258,9 @@ def _intent_event(event_id, intent_id, cents, currency="usd"):
                                 "metadata": {"user_id": str(BOB)}}}}
 
 
-def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(make_app, config, db):
+def _upgraded_from_before_payments(make_app, config, db):
+    """db as the release before payments made it, with four credited events (one payment credited twice), then
+    init-db once. Returns the app, the fresh schema's catalog and what init-db printed."""
     fresh = _catalog(db)
     _created_by(db, BEFORE_PAYMENTS)
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
@@ -243,13 +269,16 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     # The old release credited a PaymentIntent once per event: a second event, a second credit.
     _stored_before_payments(db, _intent_event("evt_pi_2", "pi_twice", 40), 40, user=BOB)
     _stored_before_payments(db, _intent_event("evt_pi_3", "pi_twice", 40), 40, user=BOB)
-
     app = make_app({**config, "LEDGER_CURRENCY": "usd"})
-    for run in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        assert ("recomputed the effects of 4 stored events" in result.output) == (run == 0), result.output
-        assert ("applied migration 002_payments.sql" in result.output) == (run == 0), result.output
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return app, fresh, result.output
+
+
+def test_schema_upgrades_a_database_created_before_payments(make_app, config, db):
+    app, fresh, output = _upgraded_from_before_payments(make_app, config, db)
+    assert "recomputed the effects of 4 stored events" in output, output
+    assert "applied migration 002_payments.sql" in output, output
     # The release before payments had 001's changes already: recorded, not run.
     assert _recorded(db) == [("001_sources.sql", False)] + [(name, True) for name in MIGRATIONS[1:]]
     assert _differences(db, fresh) == []
@@ -263,17 +292,37 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert "payment 'pi_twice': credited 2 times" in verified.output and verified.exit_code == 1
 
-    # The app on the upgraded database: a stored event in other bytes is still a duplicate (its effect
-    # was recomputed), another event for an old payment credits nothing, and a refund finds it.
-    client = app.test_client()
+
+def test_schema_applies_twice_to_a_database_created_before_payments(make_app, config, db):
+    app, fresh, _ = _upgraded_from_before_payments(make_app, config, db)
+    result = app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert result.exit_code == 0, result.output
+    assert "recomputed the effects" not in result.output, result.output
+    assert "applied migration 002_payments.sql" not in result.output, result.output
+    assert _recorded(db) == [("001_sources.sql", False)] + [(name, True) for name in MIGRATIONS[1:]]
+    assert _differences(db, fresh) == []
+
+
+def test_after_the_upgrade_from_before_payments_a_stored_event_in_other_bytes_is_a_duplicate(make_app, config, db):
+    """Its effect was recomputed by init-db."""
+    app, _, _ = _upgraded_from_before_payments(make_app, config, db)
     reserialised = json.dumps(payment("evt_own", cents=5, currency="USD", paymentId=None), indent=2).encode()
-    assert send(client, reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
-    stripe_client = make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
-                              "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
+    assert send(app.test_client(), reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
+
+
+def test_after_the_upgrade_from_before_payments_another_event_for_an_old_payment_credits_nothing(
+        make_app, config, db):
+    _upgraded_from_before_payments(make_app, config, db)
+    stripe_client = _stripe_client(make_app, config)
     assert send(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"
-    refund = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
-              "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
-    assert send(stripe_client, refund).json["status"] == "processed"
+    assert balance(db, BOB) == 300 + 80
+
+
+def test_after_the_upgrade_from_before_payments_a_refund_finds_an_old_payment(make_app, config, db):
+    _upgraded_from_before_payments(make_app, config, db)
+    refunded = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
+                "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
+    assert send(_stripe_client(make_app, config), refunded).json["status"] == "processed"
     assert balance(db, BOB) == 300 + 80 - 100
 
 
@@ -327,10 +376,19 @@ def _stripe_client(make_app, config):
     return make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
 
 
-def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_its_balances(make_app, config, db):
+class UpgradedFromBeforeMovements(NamedTuple):
+    app: Flask
+    fresh: dict  # the fresh schema's _catalog
+    balances: dict  # each user's, before the upgrade
+    output: str  # what init-db printed
+    paid_a: stripe.Event  # pi_a's credit, as that release applied it
+
+
+def _upgraded_from_before_movements(make_app, config, db):
+    """db as the release before movements made it, with its data made by its own apply_event (credits, a running
+    total, a payment announced by two events), then init-db once."""
     fresh = _catalog(db)
     _created_by_the_release_before_movements(db)
-    # Its data, made by its own apply_event: credits, a running total, a payment announced by two events.
     paid_a, paid_b = intent_succeeded("pi_a", user=ALICE, cents=300), intent_succeeded("pi_b", user=BOB, cents=500)
     twice = [intent_succeeded("pi_c", user=ALICE, cents=40) for _ in range(2)]
     old = [(paid_a, "credit", "pi_a", 300, ALICE), (paid_b, "credit", "pi_b", 500, BOB),
@@ -341,51 +399,85 @@ def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_it
         ("duplicate", "payment_duplicate")]
     balances = {user: balance(db, user) for user in OPENING}
     assert balances == {ALICE: 1000 + 300 + 40, BOB: 500 - 200}
-
     app = make_app(config)
-    outputs = []
-    for _ in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        outputs.append(result.output)
-    assert outputs == ["".join(f"{line}\n" for line in [*APPLIED_SINCE_MOVEMENTS,
-                                                        "recomputed the effects of 5 stored events"]),
-                       "schema up to date: no migration to apply\n"]
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return UpgradedFromBeforeMovements(app, fresh, balances, result.output, paid_a)
+
+
+def test_schema_upgrades_a_database_of_the_release_before_movements(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert upgraded.output == "".join(f"{line}\n" for line in [*APPLIED_SINCE_MOVEMENTS,
+                                                        "recomputed the effects of 5 stored events"])
     assert _recorded(db) == [(name, name in SINCE_MOVEMENTS) for name in MIGRATIONS]
-    assert {user: balance(db, user) for user in OPENING} == balances
+    assert _differences(db, upgraded.fresh) == []
+
+
+def test_the_upgrade_from_the_release_before_movements_keeps_its_balances(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert {user: balance(db, user) for user in OPENING} == upgraded.balances
     assert db.execute("SELECT payment_id, refunded_cents, debited_cents FROM payments ORDER BY payment_id"
                       ).fetchall() == [("pi_a", 0, 0), ("pi_b", 200, 200), ("pi_c", 0, 0)]
-    assert _differences(db, fresh) == []
-    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    verified = upgraded.app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
 
-    # The new release on the upgraded database: an old event again is a duplicate (its effect recomputed),
-    # and a refund object on an old payment is taken once, then given back once when it failed.
+
+def test_schema_applies_twice_to_a_database_of_the_release_before_movements(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    result = upgraded.app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert (result.exit_code, result.output) == (0, "schema up to date: no migration to apply\n")
+    assert _recorded(db) == [(name, name in SINCE_MOVEMENTS) for name in MIGRATIONS]
+
+
+def test_after_the_upgrade_from_before_movements_an_old_event_is_a_duplicate(make_app, config, db):
+    """Its effect was recomputed by init-db."""
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert send_stripe(_stripe_client(make_app, config), upgraded.paid_a).json["status"] == "duplicate"
+
+
+def test_after_the_upgrade_from_before_movements_a_refund_object_on_an_old_payment_moves_once_per_state(
+        make_app, config, db):
+    """Taken once, then given back once when it failed."""
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
     client = _stripe_client(make_app, config)
-    assert send_stripe(client, paid_a).json["status"] == "duplicate"
     for evt in (refund("re_a", "pi_a", 120), refund("re_a", "pi_a", 120, "failed")):
         assert send_stripe(client, evt).json["status"] == "processed"
         assert send_stripe(client, evt).json["status"] == "duplicate"
     assert db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE payment_id = 'pi_a'"
                       " ORDER BY id").fetchall() == [("credit", None, 300), ("refund", "re_a", -120),
                                                       ("refund_reversed", "re_a", 120)]
-    assert balance(db, ALICE) == balances[ALICE]
+    assert balance(db, ALICE) == upgraded.balances[ALICE]
 
-    # A host of the previous release, still serving during the rolling upgrade: its call credits once,
-    # and its row says which rule hashed its effect, so that the next init-db recomputes it.
+
+def _credited_by_an_old_host_during_the_upgrade(db):
+    """A credit applied twice by the previous release's call, as a host of it still serving during the rolling
+    upgrade applies it; the event and its two outcomes."""
     paid_d = intent_succeeded("pi_d", user=BOB, cents=70)
-    for outcome in ("processed", "duplicate"):
-        assert _applied_by_the_release_before_movements(db, paid_d, "credit", "pi_d", 70, BOB)[0] == outcome
-    assert balance(db, BOB) == balances[BOB] + 70
-    assert db.execute("SELECT effect_version FROM webhook_events WHERE event_id = %s", [paid_d.id]).fetchone() == (2,)
-    result = app.test_cli_runner().invoke(args=["init-db"])
-    assert "recomputed the effects of 1 stored events" in result.output, result.output
-    assert send_stripe(client, paid_d).json["status"] == "duplicate"
+    return paid_d, [_applied_by_the_release_before_movements(db, paid_d, "credit", "pi_d", 70, BOB)[0]
+                    for _ in range(2)]
+
+
+def test_an_old_hosts_credit_during_the_upgrade_from_before_movements_is_applied_once(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert _credited_by_an_old_host_during_the_upgrade(db)[1] == ["processed", "duplicate"]
+    assert balance(db, BOB) == upgraded.balances[BOB] + 70
     assert_ledger_consistent(db)
 
 
-def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movements_stored_as_moving_nothing(
-        make_app, config, db):
+def test_the_init_db_after_an_old_hosts_credit_recomputes_its_effect(make_app, config, db):
+    """The old host's row says which rule hashed its effect, so that the next init-db recomputes it."""
+    app = _upgraded_from_before_movements(make_app, config, db).app
+    paid_d, _ = _credited_by_an_old_host_during_the_upgrade(db)
+    assert db.execute("SELECT effect_version FROM webhook_events WHERE event_id = %s", [paid_d.id]).fetchone() == (2,)
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert "recomputed the effects of 1 stored events" in result.output, result.output
+    assert send_stripe(_stripe_client(make_app, config), paid_d).json["status"] == "duplicate"
+    assert_ledger_consistent(db)
+
+
+def _before_movements_with_types_it_did_not_know(db):
+    """db as the release before movements made it: pi_b paid and refunded by running total, then four events of
+    types it did not know, recorded as moving nothing. Returns those four."""
     _created_by_the_release_before_movements(db)
     paid = intent_succeeded("pi_b", user=BOB, cents=500)
     assert _applied_by_the_release_before_movements(db, paid, "credit", "pi_b", 500, BOB)[0] == "processed"
@@ -397,7 +489,20 @@ def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movement
                refund("re_c", "pi_b", 100, event_type="refund.created"), refund("re_c", "pi_b", 100, "failed")]
     assert [_applied_by_the_release_before_movements(db, evt)[::3] for evt in unknown] == [("processed", None)] * 4
     assert balance(db, BOB) == 500 - 200
+    return unknown
 
+
+def _stored_late_by_an_old_host_then_init_db(app, db):
+    """A refund that a host of the previous release, still serving during the rolling upgrade, stores as moving
+    nothing; then init-db. The refund and what init-db printed."""
+    late = refund("re_d", "pi_b", 50, event_type="refund.created")
+    assert _applied_by_the_release_before_movements(db, late)[::3] == ("processed", None)
+    return late, app.test_cli_runner().invoke(args=["init-db"]).output
+
+
+def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movements_stored_as_moving_nothing(
+        make_app, config, db):
+    unknown = _before_movements_with_types_it_did_not_know(db)
     app = make_app(config)
     first = app.test_cli_runner().invoke(args=["init-db"])
     assert first.exit_code == 0, first.output
@@ -414,15 +519,26 @@ def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movement
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
     assert balance(db, BOB) == 500 - 350
 
-    # A host of the previous release, still serving during the rolling upgrade, stores a refund as moving
-    # nothing; the init-db run after it moves the money.
-    late = refund("re_d", "pi_b", 50, event_type="refund.created")
-    assert _applied_by_the_release_before_movements(db, late)[::3] == ("processed", None)
-    third = app.test_cli_runner().invoke(args=["init-db"])
-    assert third.output.splitlines()[-2:] == [
+
+def test_the_init_db_after_an_old_host_stored_a_refund_as_moving_nothing_moves_it(make_app, config, db):
+    _before_movements_with_types_it_did_not_know(db)
+    app = make_app(config)
+    _init_db(app)
+    late, output = _stored_late_by_an_old_host_then_init_db(app, db)
+    assert output.splitlines()[-2:] == [
         "replayed 1 events an earlier release stored without moving their money:",
-        f"  {late.id}: processed; now completed"], third.output
+        f"  {late.id}: processed; now completed"], output
     assert balance(db, BOB) == 500 - 400
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+
+
+def test_redeliveries_of_the_events_init_db_moved_for_the_release_before_movements_are_duplicates(
+        make_app, config, db):
+    unknown = _before_movements_with_types_it_did_not_know(db)
+    app = make_app(config)
+    _init_db(app)
+    late, _ = _stored_late_by_an_old_host_then_init_db(app, db)
     client = _stripe_client(make_app, config)
     assert [send_stripe(client, evt).json["status"] for evt in [*unknown, late]] == ["duplicate"] * 5
     assert balance(db, BOB) == 500 - 400
