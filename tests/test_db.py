@@ -711,31 +711,50 @@ def test_each_value_an_earlier_release_accepted_is_upgraded_or_set_aside_with_on
     assert _init_db(app) == ["schema up to date: no migration to apply"]
 
 
-def test_a_set_aside_credit_whose_payment_id_is_taken_stays_under_its_event_id_and_says_so(make_app, config, db):
-    # The first release credited both: one payment announced twice, or two that its sender named alike.
+def _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db):
+    """The first release credited both: one payment announced twice, or two that its sender named alike; the second
+    event's currency is one today's rule refuses. What init-db printed."""
     _credited_by(db, "first", ({**_payment_event(paymentId="pay_same"), "id": "evt_1"}, 5, ALICE),
                  ({**_payment_event(paymentId="pay_same", currency="US$"), "id": "evt_2"}, 7, ALICE))
-    lines = _init_db(make_app(config))
-    assert lines[-2:] == [SET_ASIDE.format(1), (
-        f'  evt_2: data.currency "US$" {NOT_A_CODE}: 7 cents to {ALICE} on {lines[-1].split(" on ")[1][:10]} stay'
-        " credited, as payment 'evt_2', its event id, in usd, the ledger's currency; not filed as 'pay_same': payment"
-        " 'pay_same' of source 'default' exists already, credited by event 'evt_1'; if both events are that one"
-        " payment, its user was credited twice")]
+    return _init_db(make_app(config))
+
+
+def test_a_set_aside_credit_whose_payment_id_is_taken_stays_under_its_event_id(make_app, config, db):
+    _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db)
     assert db.execute("SELECT payment_id, event_id FROM payments ORDER BY event_id").fetchall() == [
         ("pay_same", "evt_1"), ("evt_2", "evt_2")]
     assert balance(db, ALICE) == 1000 + 5 + 7
 
 
-def test_init_db_files_a_set_aside_credit_and_replays_the_refund_that_waited_for_it_meanwhile(make_app, config, db):
+def test_init_db_says_why_a_set_aside_credit_is_not_filed_under_its_taken_payment_id(make_app, config, db):
+    lines = _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db)
+    assert lines[-2:] == [SET_ASIDE.format(1), (
+        f'  evt_2: data.currency "US$" {NOT_A_CODE}: 7 cents to {ALICE} on {lines[-1].split(" on ")[1][:10]} stay'
+        " credited, as payment 'evt_2', its event id, in usd, the ledger's currency; not filed as 'pay_same': payment"
+        " 'pay_same' of source 'default' exists already, credited by event 'evt_1'; if both events are that one"
+        " payment, its user was credited twice")]
+
+
+def _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db):
+    """The migrations committed, init-db stopped before it filed what they set aside, and a refund of that credit
+    came meanwhile; then init-db. What it printed."""
     _credited_by(db, "first", (_payment_event(paymentId="pay_odd", currency="US$"), 5, ALICE))
-    apply_schema(db)  # the migrations committed; init-db stopped before it filed what they set aside
+    apply_schema(db)
     app = make_app(config)
     waiting = send(app.test_client(), {"id": "evt_odd_refunded", "type": "payment.refunded",
                                        "data": {"paymentId": "pay_odd", "amountRefundedCents": 2}})
     assert (waiting.status, waiting.json["message"]) == (422, "unknown payment pay_odd")
-    lines = _init_db(app)
+    return _init_db(app)
+
+
+def test_init_db_files_a_credit_set_aside_by_migrations_that_committed_without_it(make_app, config, db):
+    lines = _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db)
     assert lines[0] == "schema up to date: no migration to apply"
     assert lines[1] == SET_ASIDE.format(1) and lines[2].startswith(f'  evt_odd: data.currency "US$" {NOT_A_CODE}')
+
+
+def test_init_db_replays_the_refund_that_waited_for_a_set_aside_credit(make_app, config, db):
+    lines = _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db)
     assert lines[3:] == ["replayed 1 failed events that waited for payment 'pay_odd':",
                          "  evt_odd_refunded: processed; now completed"]
     assert balance(db, ALICE) == 1003
@@ -827,22 +846,33 @@ def test_a_database_of_any_earlier_release_is_recorded_at_it_then_migrated_to_th
     assert apply_schema(db) == (False, [])
 
 
-def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_second_time(app, db):
+def _init_db_in_an_empty_database(app, db):
+    """init-db once in db emptied of every object; the fresh schema's catalog and what init-db answered."""
     fresh = _catalog(db)
     _drop_schema(db)
     db.execute("DROP FUNCTION user_balances_set_opening CASCADE")
-    first = app.test_cli_runner().invoke(args=["init-db"])
+    return fresh, app.test_cli_runner().invoke(args=["init-db"])
+
+
+def _migrations_recorded(db):
+    return db.cursor(row_factory=namedtuple_row).execute(
+        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
+
+
+def test_init_db_creates_the_schema_in_an_empty_database(app, db):
+    fresh, first = _init_db_in_an_empty_database(app, db)
     assert first.exit_code == 0, first.output
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
-    recorded = db.cursor(row_factory=namedtuple_row).execute(
-        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
-    assert [(row.name, row.ran) for row in recorded] == [(name, False) for name in MIGRATIONS]
+    assert [(row.name, row.ran) for row in _migrations_recorded(db)] == [(name, False) for name in MIGRATIONS]
 
+
+def test_init_db_a_second_time_changes_nothing(app, db):
+    fresh, _ = _init_db_in_an_empty_database(app, db)
+    recorded = _migrations_recorded(db)
     second = app.test_cli_runner().invoke(args=["init-db"])
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
-    assert db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall() \
-        == recorded
+    assert _migrations_recorded(db) == recorded
     assert _differences(db, fresh) == []
 
 
@@ -890,13 +920,23 @@ def _schema_copy(tmp_path):
     return tmp_path / "schema.sql"
 
 
-def test_a_migration_changed_since_it_was_applied_stops_init_db_and_changes_nothing(db, tmp_path):
+def _with_a_changed_migration(tmp_path):
+    """A copy of the schema whose last migration was edited after its release, and with a new one after it."""
     schema = _schema_copy(tmp_path)
     changed = tmp_path / "migrations" / MIGRATIONS[-1]
     changed.write_text(changed.read_text() + "-- edited after its release\n")
     (tmp_path / "migrations" / "999_later.sql").write_text("CREATE TABLE later (id int);\n")
+    return schema
+
+
+def test_a_migration_changed_since_it_was_applied_stops_init_db(db, tmp_path):
     with pytest.raises(SchemaError, match=f"migrations changed since they were applied: {MIGRATIONS[-1]}"):
-        apply_schema(db, schema)
+        apply_schema(db, _with_a_changed_migration(tmp_path))
+
+
+def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
+    with pytest.raises(SchemaError):
+        apply_schema(db, _with_a_changed_migration(tmp_path))
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
     assert _recorded(db) == [(name, False) for name in MIGRATIONS]
 
@@ -927,18 +967,24 @@ def _settings(conn):
         " current_setting('idle_in_transaction_session_timeout') AS idle").fetchone()
 
 
-def test_timeouts_hold_inside_each_transaction_and_end_with_it(app):
+def test_timeouts_hold_inside_each_transaction(app):
     pool = get_pool(app)
     with transaction(pool) as conn:
         # From PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS and LOCK_TTL_MS.
         assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "2s", "idle": "10s"}
         assert conn.info.transaction_status == TransactionStatus.INTRANS
-    with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
-        assert _settings(conn) == {"lock_timeout": "0", "statement_timeout": "0", "idle": "0"}
     with transaction(pool, read_only=True, statement_timeout=0) as conn:
         assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "0", "idle": "10s"}
         assert conn.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
         assert conn.execute("SHOW transaction_read_only").fetchone()[0] == "on"
+
+
+def test_timeouts_end_with_their_transaction(app):
+    pool = get_pool(app)
+    with transaction(pool):
+        pass
+    with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
+        assert _settings(conn) == {"lock_timeout": "0", "statement_timeout": "0", "idle": "0"}
 
 
 def test_the_ledger_transaction_runs_with_the_timeouts(make_app, config, db):
@@ -1074,7 +1120,9 @@ def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app
 AT_007 = Path(__file__).parent / "data" / "schema_at_007.sql"  # schema.sql as the release of 007 shipped it
 
 
-def test_a_database_at_007_gets_008_and_009_and_keeps_its_users_events_and_payments(db):
+def _migrated_from_007(db):
+    """db as the release of 007 made it, with a user, two events and a payment; then apply_schema.
+    The fresh schema's catalog and what apply_schema returned."""
     fresh = _catalog(db)
     _drop_schema(db)
     db.execute("DROP TABLE IF EXISTS customer_links, ignored_payments")
@@ -1089,11 +1137,20 @@ def test_a_database_at_007_gets_008_and_009_and_keeps_its_users_events_and_payme
                " ('evt_failed', 'payment.succeeded', 'failed', sha256(''), 4, 'unknown user')")
     db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
                " VALUES ('default', 'pay_1', %s, 250, 'usd', 'evt_done')", [ALICE])
-    assert apply_schema(db) == (False, ["008_users_links.sql", "009_writer_cost.sql"])
+    return fresh, apply_schema(db)
+
+
+def test_a_database_at_007_is_migrated_to_the_fresh_schema(db):
+    fresh, applied = _migrated_from_007(db)
+    assert applied == (False, ["008_users_links.sql", "009_writer_cost.sql"])
     assert _differences(db, fresh) == []
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")
+
+
+def test_a_database_migrated_from_007_keeps_its_rows(db):
+    _migrated_from_007(db)
     assert db.execute("SELECT event_id, status, last_error FROM webhook_events ORDER BY event_id").fetchall() == \
         [("evt_done", "completed", None), ("evt_failed", "failed", "unknown user")]
     assert db.execute("SELECT user_id, customer_id FROM payments").fetchall() == [(ALICE, None)]
     assert db.execute("SELECT balance_cents, opening_balance_cents FROM user_balances").fetchall() == [(1250, 1250)]
-    with pytest.raises(psycopg.errors.CheckViolation):
-        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")
