@@ -15,9 +15,12 @@ import socket
 import threading
 from datetime import UTC
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import pytest
+import stripe
+from flask import Flask
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
@@ -105,6 +108,9 @@ def test_the_unique_constraint_is_on_source_and_event_id(db):
     db.execute(INSERT_EVENT, ["billing"])
     with pytest.raises(psycopg.errors.UniqueViolation):
         db.execute(INSERT_EVENT, ["billing"])
+
+
+def test_a_source_named_in_capitals_is_refused(db):
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute(INSERT_EVENT, ["Billing"])
 
@@ -160,7 +166,9 @@ def _created_by(db, release):
     db.execute(release.read_text())
 
 
-def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(make_app, config, db):
+def _upgraded_from_before_sources(make_app, config, db):
+    """db as the release before sources made it, with one credited event, then init-db once.
+    Returns the app (with a named source), the fresh schema's catalog and what init-db printed."""
     fresh = _catalog(db)
     _created_by(db, BEFORE_SOURCES)
     body = encode(payment("evt_old", cents=5))
@@ -169,17 +177,22 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
                " VALUES ('evt_old', 'payment.succeeded', 'completed', %s, %s, now())",
                [body.decode(), hashlib.sha256(body).digest()])
     db.execute("INSERT INTO ledger_credits (event_id, user_id, amount_cents) VALUES ('evt_old', %s, 5)", [ALICE])
-
     app = make_app(sources_config(config, {"billing": None}))
-    outputs = []
-    for _ in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        outputs.append(result.output)
-    assert outputs[0].splitlines()[:len(MIGRATIONS)] == [f"applied migration {name}" for name in MIGRATIONS]
-    assert "schema up to date" in outputs[1] and "applied" not in outputs[1], outputs[1]
-    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return app, fresh, result.output
 
+
+def _source_checks(db, table):
+    """How many CHECKs of table hold its source's spelling."""
+    return db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass"
+                      " AND pg_get_constraintdef(oid) LIKE '%%source ~%%'", [table]).fetchone()[0]
+
+
+def test_schema_upgrades_a_database_created_before_sources(make_app, config, db):
+    _, fresh, output = _upgraded_from_before_sources(make_app, config, db)
+    assert output.splitlines()[:len(MIGRATIONS)] == [f"applied migration {name}" for name in MIGRATIONS]
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
     assert db.execute("SELECT source, event_id, status FROM webhook_events").fetchall() == \
         [("default", "evt_old", "completed")]
     assert db.execute("SELECT source, event_id FROM ledger_journal").fetchall() == [("default", "evt_old")]
@@ -190,13 +203,24 @@ def test_schema_upgrades_a_database_created_before_sources_and_applies_twice(mak
         assert _unique_keys(db, table) == keys[table], table
         assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s",
                           [table, f"{table}_event_id_key"]).fetchone()[0] == 0, table
-        # Applied twice, the new column's CHECK is there once.
-        assert db.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass"
-                          " AND pg_get_constraintdef(oid) LIKE '%%source ~%%'", [table]).fetchone()[0] == 1, table
+        assert _source_checks(db, table) == 1, table
     assert _differences(db, fresh) == []
 
-    # The app on the upgraded database: the old event is the default source's,
-    # its id is free on a named source.
+
+def test_schema_applies_twice_to_a_database_created_before_sources(make_app, config, db):
+    app, fresh, _ = _upgraded_from_before_sources(make_app, config, db)
+    result = app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert result.exit_code == 0, result.output
+    assert "schema up to date" in result.output and "applied" not in result.output, result.output
+    assert _recorded(db) == [(name, True) for name in MIGRATIONS]
+    for table in ("webhook_events", "ledger_journal"):
+        assert _source_checks(db, table) == 1, table  # applied twice, the new column's CHECK is there once
+    assert _differences(db, fresh) == []
+
+
+def test_after_the_upgrade_from_before_sources_an_old_event_is_the_default_sources(make_app, config, db):
+    """The app on the upgraded database: the old event is the default source's, its id is free on a named source."""
+    app, _, _ = _upgraded_from_before_sources(make_app, config, db)
     client = app.test_client()
     assert send(client, payment("evt_old", cents=5)).json["status"] == "duplicate"
     assert send(client, payment("evt_old", cents=5), source="billing").json["status"] == "processed"
@@ -234,7 +258,9 @@ def _intent_event(event_id, intent_id, cents, currency="usd"):
                                 "metadata": {"user_id": str(BOB)}}}}
 
 
-def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(make_app, config, db):
+def _upgraded_from_before_payments(make_app, config, db):
+    """db as the release before payments made it, with four credited events (one payment credited twice), then
+    init-db once. Returns the app, the fresh schema's catalog and what init-db printed."""
     fresh = _catalog(db)
     _created_by(db, BEFORE_PAYMENTS)
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 1000), (%s, 0)", list(OPENING))
@@ -243,13 +269,16 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     # The old release credited a PaymentIntent once per event: a second event, a second credit.
     _stored_before_payments(db, _intent_event("evt_pi_2", "pi_twice", 40), 40, user=BOB)
     _stored_before_payments(db, _intent_event("evt_pi_3", "pi_twice", 40), 40, user=BOB)
-
     app = make_app({**config, "LEDGER_CURRENCY": "usd"})
-    for run in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        assert ("recomputed the effects of 4 stored events" in result.output) == (run == 0), result.output
-        assert ("applied migration 002_payments.sql" in result.output) == (run == 0), result.output
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return app, fresh, result.output
+
+
+def test_schema_upgrades_a_database_created_before_payments(make_app, config, db):
+    app, fresh, output = _upgraded_from_before_payments(make_app, config, db)
+    assert "recomputed the effects of 4 stored events" in output, output
+    assert "applied migration 002_payments.sql" in output, output
     # The release before payments had 001's changes already: recorded, not run.
     assert _recorded(db) == [("001_sources.sql", False)] + [(name, True) for name in MIGRATIONS[1:]]
     assert _differences(db, fresh) == []
@@ -263,17 +292,37 @@ def test_schema_upgrades_a_database_created_before_payments_and_applies_twice(ma
     verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert "payment 'pi_twice': credited 2 times" in verified.output and verified.exit_code == 1
 
-    # The app on the upgraded database: a stored event in other bytes is still a duplicate (its effect
-    # was recomputed), another event for an old payment credits nothing, and a refund finds it.
-    client = app.test_client()
+
+def test_schema_applies_twice_to_a_database_created_before_payments(make_app, config, db):
+    app, fresh, _ = _upgraded_from_before_payments(make_app, config, db)
+    result = app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert result.exit_code == 0, result.output
+    assert "recomputed the effects" not in result.output, result.output
+    assert "applied migration 002_payments.sql" not in result.output, result.output
+    assert _recorded(db) == [("001_sources.sql", False)] + [(name, True) for name in MIGRATIONS[1:]]
+    assert _differences(db, fresh) == []
+
+
+def test_after_the_upgrade_from_before_payments_a_stored_event_in_other_bytes_is_a_duplicate(make_app, config, db):
+    """Its effect was recomputed by init-db."""
+    app, _, _ = _upgraded_from_before_payments(make_app, config, db)
     reserialised = json.dumps(payment("evt_own", cents=5, currency="USD", paymentId=None), indent=2).encode()
-    assert send(client, reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
-    stripe_client = make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
-                              "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
+    assert send(app.test_client(), reserialised).json == {"status": "duplicate", "event_id": "evt_own"}
+
+
+def test_after_the_upgrade_from_before_payments_another_event_for_an_old_payment_credits_nothing(
+        make_app, config, db):
+    _upgraded_from_before_payments(make_app, config, db)
+    stripe_client = _stripe_client(make_app, config)
     assert send(stripe_client, _intent_event("evt_pi_4", "pi_old", 300)).json["status"] == "duplicate"
-    refund = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
-              "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
-    assert send(stripe_client, refund).json["status"] == "processed"
+    assert balance(db, BOB) == 300 + 80
+
+
+def test_after_the_upgrade_from_before_payments_a_refund_finds_an_old_payment(make_app, config, db):
+    _upgraded_from_before_payments(make_app, config, db)
+    refunded = {"id": "evt_refund", "type": "charge.refunded", "livemode": True,
+                "data": {"object": {"payment_intent": "pi_old", "amount_refunded": 100, "currency": "usd"}}}
+    assert send(_stripe_client(make_app, config), refunded).json["status"] == "processed"
     assert balance(db, BOB) == 300 + 80 - 100
 
 
@@ -327,10 +376,19 @@ def _stripe_client(make_app, config):
     return make_app({**config, "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": SECRETS["stripe"]}).test_client()
 
 
-def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_its_balances(make_app, config, db):
+class UpgradedFromBeforeMovements(NamedTuple):
+    app: Flask
+    fresh: dict  # the fresh schema's _catalog
+    balances: dict  # each user's, before the upgrade
+    output: str  # what init-db printed
+    paid_a: stripe.Event  # pi_a's credit, as that release applied it
+
+
+def _upgraded_from_before_movements(make_app, config, db):
+    """db as the release before movements made it, with its data made by its own apply_event (credits, a running
+    total, a payment announced by two events), then init-db once."""
     fresh = _catalog(db)
     _created_by_the_release_before_movements(db)
-    # Its data, made by its own apply_event: credits, a running total, a payment announced by two events.
     paid_a, paid_b = intent_succeeded("pi_a", user=ALICE, cents=300), intent_succeeded("pi_b", user=BOB, cents=500)
     twice = [intent_succeeded("pi_c", user=ALICE, cents=40) for _ in range(2)]
     old = [(paid_a, "credit", "pi_a", 300, ALICE), (paid_b, "credit", "pi_b", 500, BOB),
@@ -341,51 +399,85 @@ def test_schema_upgrades_a_database_of_the_release_before_movements_and_keeps_it
         ("duplicate", "payment_duplicate")]
     balances = {user: balance(db, user) for user in OPENING}
     assert balances == {ALICE: 1000 + 300 + 40, BOB: 500 - 200}
-
     app = make_app(config)
-    outputs = []
-    for _ in range(2):  # the documented upgrade step, safe to run twice
-        result = app.test_cli_runner().invoke(args=["init-db"])
-        assert result.exit_code == 0, result.output
-        outputs.append(result.output)
-    assert outputs == ["".join(f"{line}\n" for line in [*APPLIED_SINCE_MOVEMENTS,
-                                                        "recomputed the effects of 5 stored events"]),
-                       "schema up to date: no migration to apply\n"]
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 0, result.output
+    return UpgradedFromBeforeMovements(app, fresh, balances, result.output, paid_a)
+
+
+def test_schema_upgrades_a_database_of_the_release_before_movements(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert upgraded.output == "".join(f"{line}\n" for line in [*APPLIED_SINCE_MOVEMENTS,
+                                                        "recomputed the effects of 5 stored events"])
     assert _recorded(db) == [(name, name in SINCE_MOVEMENTS) for name in MIGRATIONS]
-    assert {user: balance(db, user) for user in OPENING} == balances
+    assert _differences(db, upgraded.fresh) == []
+
+
+def test_the_upgrade_from_the_release_before_movements_keeps_its_balances(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert {user: balance(db, user) for user in OPENING} == upgraded.balances
     assert db.execute("SELECT payment_id, refunded_cents, debited_cents FROM payments ORDER BY payment_id"
                       ).fetchall() == [("pi_a", 0, 0), ("pi_b", 200, 200), ("pi_c", 0, 0)]
-    assert _differences(db, fresh) == []
-    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    verified = upgraded.app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
 
-    # The new release on the upgraded database: an old event again is a duplicate (its effect recomputed),
-    # and a refund object on an old payment is taken once, then given back once when it failed.
+
+def test_schema_applies_twice_to_a_database_of_the_release_before_movements(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    result = upgraded.app.test_cli_runner().invoke(args=["init-db"])  # the documented upgrade step, safe to run twice
+    assert (result.exit_code, result.output) == (0, "schema up to date: no migration to apply\n")
+    assert _recorded(db) == [(name, name in SINCE_MOVEMENTS) for name in MIGRATIONS]
+
+
+def test_after_the_upgrade_from_before_movements_an_old_event_is_a_duplicate(make_app, config, db):
+    """Its effect was recomputed by init-db."""
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert send_stripe(_stripe_client(make_app, config), upgraded.paid_a).json["status"] == "duplicate"
+
+
+def test_after_the_upgrade_from_before_movements_a_refund_object_on_an_old_payment_moves_once_per_state(
+        make_app, config, db):
+    """Taken once, then given back once when it failed."""
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
     client = _stripe_client(make_app, config)
-    assert send_stripe(client, paid_a).json["status"] == "duplicate"
     for evt in (refund("re_a", "pi_a", 120), refund("re_a", "pi_a", 120, "failed")):
         assert send_stripe(client, evt).json["status"] == "processed"
         assert send_stripe(client, evt).json["status"] == "duplicate"
     assert db.execute("SELECT kind, movement_id, amount_cents FROM ledger_journal WHERE payment_id = 'pi_a'"
                       " ORDER BY id").fetchall() == [("credit", None, 300), ("refund", "re_a", -120),
                                                       ("refund_reversed", "re_a", 120)]
-    assert balance(db, ALICE) == balances[ALICE]
+    assert balance(db, ALICE) == upgraded.balances[ALICE]
 
-    # A host of the previous release, still serving during the rolling upgrade: its call credits once,
-    # and its row says which rule hashed its effect, so that the next init-db recomputes it.
+
+def _credited_by_an_old_host_during_the_upgrade(db):
+    """A credit applied twice by the previous release's call, as a host of it still serving during the rolling
+    upgrade applies it; the event and its two outcomes."""
     paid_d = intent_succeeded("pi_d", user=BOB, cents=70)
-    for outcome in ("processed", "duplicate"):
-        assert _applied_by_the_release_before_movements(db, paid_d, "credit", "pi_d", 70, BOB)[0] == outcome
-    assert balance(db, BOB) == balances[BOB] + 70
-    assert db.execute("SELECT effect_version FROM webhook_events WHERE event_id = %s", [paid_d.id]).fetchone() == (2,)
-    result = app.test_cli_runner().invoke(args=["init-db"])
-    assert "recomputed the effects of 1 stored events" in result.output, result.output
-    assert send_stripe(client, paid_d).json["status"] == "duplicate"
+    return paid_d, [_applied_by_the_release_before_movements(db, paid_d, "credit", "pi_d", 70, BOB)[0]
+                    for _ in range(2)]
+
+
+def test_an_old_hosts_credit_during_the_upgrade_from_before_movements_is_applied_once(make_app, config, db):
+    upgraded = _upgraded_from_before_movements(make_app, config, db)
+    assert _credited_by_an_old_host_during_the_upgrade(db)[1] == ["processed", "duplicate"]
+    assert balance(db, BOB) == upgraded.balances[BOB] + 70
     assert_ledger_consistent(db)
 
 
-def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movements_stored_as_moving_nothing(
-        make_app, config, db):
+def test_the_init_db_after_an_old_hosts_credit_recomputes_its_effect(make_app, config, db):
+    """The old host's row says which rule hashed its effect, so that the next init-db recomputes it."""
+    app = _upgraded_from_before_movements(make_app, config, db).app
+    paid_d, _ = _credited_by_an_old_host_during_the_upgrade(db)
+    assert db.execute("SELECT effect_version FROM webhook_events WHERE event_id = %s", [paid_d.id]).fetchone() == (2,)
+    result = app.test_cli_runner().invoke(args=["init-db"])
+    assert "recomputed the effects of 1 stored events" in result.output, result.output
+    assert send_stripe(_stripe_client(make_app, config), paid_d).json["status"] == "duplicate"
+    assert_ledger_consistent(db)
+
+
+def _before_movements_with_types_it_did_not_know(db):
+    """db as the release before movements made it: pi_b paid and refunded by running total, then four events of
+    types it did not know, recorded as moving nothing. Returns those four."""
     _created_by_the_release_before_movements(db)
     paid = intent_succeeded("pi_b", user=BOB, cents=500)
     assert _applied_by_the_release_before_movements(db, paid, "credit", "pi_b", 500, BOB)[0] == "processed"
@@ -397,7 +489,20 @@ def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movement
                refund("re_c", "pi_b", 100, event_type="refund.created"), refund("re_c", "pi_b", 100, "failed")]
     assert [_applied_by_the_release_before_movements(db, evt)[::3] for evt in unknown] == [("processed", None)] * 4
     assert balance(db, BOB) == 500 - 200
+    return unknown
 
+
+def _stored_late_by_an_old_host_then_init_db(app, db):
+    """A refund that a host of the previous release, still serving during the rolling upgrade, stores as moving
+    nothing; then init-db. The refund and what init-db printed."""
+    late = refund("re_d", "pi_b", 50, event_type="refund.created")
+    assert _applied_by_the_release_before_movements(db, late)[::3] == ("processed", None)
+    return late, app.test_cli_runner().invoke(args=["init-db"]).output
+
+
+def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movements_stored_as_moving_nothing(
+        make_app, config, db):
+    unknown = _before_movements_with_types_it_did_not_know(db)
     app = make_app(config)
     first = app.test_cli_runner().invoke(args=["init-db"])
     assert first.exit_code == 0, first.output
@@ -414,15 +519,26 @@ def test_init_db_moves_once_the_refunds_and_disputes_the_release_before_movement
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
     assert balance(db, BOB) == 500 - 350
 
-    # A host of the previous release, still serving during the rolling upgrade, stores a refund as moving
-    # nothing; the init-db run after it moves the money.
-    late = refund("re_d", "pi_b", 50, event_type="refund.created")
-    assert _applied_by_the_release_before_movements(db, late)[::3] == ("processed", None)
-    third = app.test_cli_runner().invoke(args=["init-db"])
-    assert third.output.splitlines()[-2:] == [
+
+def test_the_init_db_after_an_old_host_stored_a_refund_as_moving_nothing_moves_it(make_app, config, db):
+    _before_movements_with_types_it_did_not_know(db)
+    app = make_app(config)
+    _init_db(app)
+    late, output = _stored_late_by_an_old_host_then_init_db(app, db)
+    assert output.splitlines()[-2:] == [
         "replayed 1 events an earlier release stored without moving their money:",
-        f"  {late.id}: processed; now completed"], third.output
+        f"  {late.id}: processed; now completed"], output
     assert balance(db, BOB) == 500 - 400
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+
+
+def test_redeliveries_of_the_events_init_db_moved_for_the_release_before_movements_are_duplicates(
+        make_app, config, db):
+    unknown = _before_movements_with_types_it_did_not_know(db)
+    app = make_app(config)
+    _init_db(app)
+    late, _ = _stored_late_by_an_old_host_then_init_db(app, db)
     client = _stripe_client(make_app, config)
     assert [send_stripe(client, evt).json["status"] for evt in [*unknown, late]] == ["duplicate"] * 5
     assert balance(db, BOB) == 500 - 400
@@ -595,31 +711,50 @@ def test_each_value_an_earlier_release_accepted_is_upgraded_or_set_aside_with_on
     assert _init_db(app) == ["schema up to date: no migration to apply"]
 
 
-def test_a_set_aside_credit_whose_payment_id_is_taken_stays_under_its_event_id_and_says_so(make_app, config, db):
-    # The first release credited both: one payment announced twice, or two that its sender named alike.
+def _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db):
+    """The first release credited both: one payment announced twice, or two that its sender named alike; the second
+    event's currency is one today's rule refuses. What init-db printed."""
     _credited_by(db, "first", ({**_payment_event(paymentId="pay_same"), "id": "evt_1"}, 5, ALICE),
                  ({**_payment_event(paymentId="pay_same", currency="US$"), "id": "evt_2"}, 7, ALICE))
-    lines = _init_db(make_app(config))
-    assert lines[-2:] == [SET_ASIDE.format(1), (
-        f'  evt_2: data.currency "US$" {NOT_A_CODE}: 7 cents to {ALICE} on {lines[-1].split(" on ")[1][:10]} stay'
-        " credited, as payment 'evt_2', its event id, in usd, the ledger's currency; not filed as 'pay_same': payment"
-        " 'pay_same' of source 'default' exists already, credited by event 'evt_1'; if both events are that one"
-        " payment, its user was credited twice")]
+    return _init_db(make_app(config))
+
+
+def test_a_set_aside_credit_whose_payment_id_is_taken_stays_under_its_event_id(make_app, config, db):
+    _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db)
     assert db.execute("SELECT payment_id, event_id FROM payments ORDER BY event_id").fetchall() == [
         ("pay_same", "evt_1"), ("evt_2", "evt_2")]
     assert balance(db, ALICE) == 1000 + 5 + 7
 
 
-def test_init_db_files_a_set_aside_credit_and_replays_the_refund_that_waited_for_it_meanwhile(make_app, config, db):
+def test_init_db_says_why_a_set_aside_credit_is_not_filed_under_its_taken_payment_id(make_app, config, db):
+    lines = _a_payment_credited_twice_by_the_first_release_then_init_db(make_app, config, db)
+    assert lines[-2:] == [SET_ASIDE.format(1), (
+        f'  evt_2: data.currency "US$" {NOT_A_CODE}: 7 cents to {ALICE} on {lines[-1].split(" on ")[1][:10]} stay'
+        " credited, as payment 'evt_2', its event id, in usd, the ledger's currency; not filed as 'pay_same': payment"
+        " 'pay_same' of source 'default' exists already, credited by event 'evt_1'; if both events are that one"
+        " payment, its user was credited twice")]
+
+
+def _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db):
+    """The migrations committed, init-db stopped before it filed what they set aside, and a refund of that credit
+    came meanwhile; then init-db. What it printed."""
     _credited_by(db, "first", (_payment_event(paymentId="pay_odd", currency="US$"), 5, ALICE))
-    apply_schema(db)  # the migrations committed; init-db stopped before it filed what they set aside
+    apply_schema(db)
     app = make_app(config)
     waiting = send(app.test_client(), {"id": "evt_odd_refunded", "type": "payment.refunded",
                                        "data": {"paymentId": "pay_odd", "amountRefundedCents": 2}})
     assert (waiting.status, waiting.json["message"]) == (422, "unknown payment pay_odd")
-    lines = _init_db(app)
+    return _init_db(app)
+
+
+def test_init_db_files_a_credit_set_aside_by_migrations_that_committed_without_it(make_app, config, db):
+    lines = _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db)
     assert lines[0] == "schema up to date: no migration to apply"
     assert lines[1] == SET_ASIDE.format(1) and lines[2].startswith(f'  evt_odd: data.currency "US$" {NOT_A_CODE}')
+
+
+def test_init_db_replays_the_refund_that_waited_for_a_set_aside_credit(make_app, config, db):
+    lines = _init_db_after_a_refund_waited_for_a_set_aside_credit(make_app, config, db)
     assert lines[3:] == ["replayed 1 failed events that waited for payment 'pay_odd':",
                          "  evt_odd_refunded: processed; now completed"]
     assert balance(db, ALICE) == 1003
@@ -711,22 +846,33 @@ def test_a_database_of_any_earlier_release_is_recorded_at_it_then_migrated_to_th
     assert apply_schema(db) == (False, [])
 
 
-def test_init_db_creates_the_schema_in_an_empty_database_and_does_nothing_the_second_time(app, db):
+def _init_db_in_an_empty_database(app, db):
+    """init-db once in db emptied of every object; the fresh schema's catalog and what init-db answered."""
     fresh = _catalog(db)
     _drop_schema(db)
     db.execute("DROP FUNCTION user_balances_set_opening CASCADE")
-    first = app.test_cli_runner().invoke(args=["init-db"])
+    return fresh, app.test_cli_runner().invoke(args=["init-db"])
+
+
+def _migrations_recorded(db):
+    return db.cursor(row_factory=namedtuple_row).execute(
+        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
+
+
+def test_init_db_creates_the_schema_in_an_empty_database(app, db):
+    fresh, first = _init_db_in_an_empty_database(app, db)
     assert first.exit_code == 0, first.output
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
-    recorded = db.cursor(row_factory=namedtuple_row).execute(
-        "SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall()
-    assert [(row.name, row.ran) for row in recorded] == [(name, False) for name in MIGRATIONS]
+    assert [(row.name, row.ran) for row in _migrations_recorded(db)] == [(name, False) for name in MIGRATIONS]
 
+
+def test_init_db_a_second_time_changes_nothing(app, db):
+    fresh, _ = _init_db_in_an_empty_database(app, db)
+    recorded = _migrations_recorded(db)
     second = app.test_cli_runner().invoke(args=["init-db"])
     assert (second.exit_code, second.output) == (0, "schema up to date: no migration to apply\n")
-    assert db.execute("SELECT name, sha256, ran, applied_at FROM schema_migrations ORDER BY name").fetchall() \
-        == recorded
+    assert _migrations_recorded(db) == recorded
     assert _differences(db, fresh) == []
 
 
@@ -774,13 +920,23 @@ def _schema_copy(tmp_path):
     return tmp_path / "schema.sql"
 
 
-def test_a_migration_changed_since_it_was_applied_stops_init_db_and_changes_nothing(db, tmp_path):
+def _with_a_changed_migration(tmp_path):
+    """A copy of the schema whose last migration was edited after its release, and with a new one after it."""
     schema = _schema_copy(tmp_path)
     changed = tmp_path / "migrations" / MIGRATIONS[-1]
     changed.write_text(changed.read_text() + "-- edited after its release\n")
     (tmp_path / "migrations" / "999_later.sql").write_text("CREATE TABLE later (id int);\n")
+    return schema
+
+
+def test_a_migration_changed_since_it_was_applied_stops_init_db(db, tmp_path):
     with pytest.raises(SchemaError, match=f"migrations changed since they were applied: {MIGRATIONS[-1]}"):
-        apply_schema(db, schema)
+        apply_schema(db, _with_a_changed_migration(tmp_path))
+
+
+def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
+    with pytest.raises(SchemaError):
+        apply_schema(db, _with_a_changed_migration(tmp_path))
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
     assert _recorded(db) == [(name, False) for name in MIGRATIONS]
 
@@ -811,18 +967,24 @@ def _settings(conn):
         " current_setting('idle_in_transaction_session_timeout') AS idle").fetchone()
 
 
-def test_timeouts_hold_inside_each_transaction_and_end_with_it(app):
+def test_timeouts_hold_inside_each_transaction(app):
     pool = get_pool(app)
     with transaction(pool) as conn:
         # From PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS and LOCK_TTL_MS.
         assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "2s", "idle": "10s"}
         assert conn.info.transaction_status == TransactionStatus.INTRANS
-    with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
-        assert _settings(conn) == {"lock_timeout": "0", "statement_timeout": "0", "idle": "0"}
     with transaction(pool, read_only=True, statement_timeout=0) as conn:
         assert _settings(conn) == {"lock_timeout": "1s", "statement_timeout": "0", "idle": "10s"}
         assert conn.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
         assert conn.execute("SHOW transaction_read_only").fetchone()[0] == "on"
+
+
+def test_timeouts_end_with_their_transaction(app):
+    pool = get_pool(app)
+    with transaction(pool):
+        pass
+    with pool.connection() as conn:  # the same session afterwards: nothing left behind for the next client
+        assert _settings(conn) == {"lock_timeout": "0", "statement_timeout": "0", "idle": "0"}
 
 
 def test_the_ledger_transaction_runs_with_the_timeouts(make_app, config, db):
@@ -958,7 +1120,9 @@ def test_the_client_deadline_is_a_backstop_behind_the_statement_timeout(make_app
 AT_007 = Path(__file__).parent / "data" / "schema_at_007.sql"  # schema.sql as the release of 007 shipped it
 
 
-def test_a_database_at_007_gets_008_and_009_and_keeps_its_users_events_and_payments(db):
+def _migrated_from_007(db):
+    """db as the release of 007 made it, with a user, two events and a payment; then apply_schema.
+    The fresh schema's catalog and what apply_schema returned."""
     fresh = _catalog(db)
     _drop_schema(db)
     db.execute("DROP TABLE IF EXISTS customer_links, ignored_payments")
@@ -973,11 +1137,20 @@ def test_a_database_at_007_gets_008_and_009_and_keeps_its_users_events_and_payme
                " ('evt_failed', 'payment.succeeded', 'failed', sha256(''), 4, 'unknown user')")
     db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
                " VALUES ('default', 'pay_1', %s, 250, 'usd', 'evt_done')", [ALICE])
-    assert apply_schema(db) == (False, ["008_users_links.sql", "009_writer_cost.sql"])
+    return fresh, apply_schema(db)
+
+
+def test_a_database_at_007_is_migrated_to_the_fresh_schema(db):
+    fresh, applied = _migrated_from_007(db)
+    assert applied == (False, ["008_users_links.sql", "009_writer_cost.sql"])
     assert _differences(db, fresh) == []
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")
+
+
+def test_a_database_migrated_from_007_keeps_its_rows(db):
+    _migrated_from_007(db)
     assert db.execute("SELECT event_id, status, last_error FROM webhook_events ORDER BY event_id").fetchall() == \
         [("evt_done", "completed", None), ("evt_failed", "failed", "unknown user")]
     assert db.execute("SELECT user_id, customer_id FROM payments").fetchall() == [(ALICE, None)]
     assert db.execute("SELECT balance_cents, opening_balance_cents FROM user_balances").fetchall() == [(1250, 1250)]
-    with pytest.raises(psycopg.errors.CheckViolation):
-        db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")

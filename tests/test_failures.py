@@ -1,6 +1,7 @@
 """Crashes and outages: worker killed mid-transaction, lock expiry, Redis and
 PostgreSQL down. Real servers throughout; each test owns what it breaks."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -116,7 +117,8 @@ def test_expired_lock_holder_does_not_release_the_new_owners_lock(gunicorn, db, 
 # -- a gunicorn worker killed mid-transaction ---------------------------------
 
 @EVERY_SCHEME_AND_A_NAMED_SOURCE
-def test_worker_killed_inside_transaction_commits_nothing_and_retry_processes_once(gunicorn, db, config, sign, source):
+def test_a_delivery_whose_worker_is_killed_inside_its_transaction_is_processed_once_on_retry(gunicorn, db, config,
+                                                                                           sign, source):
     server = gunicorn(workers=1, threads=2, LOCK_TTL_MS=1000)
     body = encode(payment("evt_crash", cents=333))
     with RowLock(config["DATABASE_URL"]):
@@ -272,16 +274,28 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
         assert_ledger_consistent(conn)
 
 
-def test_postgres_slow_is_503_after_the_lock_timeout_and_commits_nothing(client, db, config, redis_client):
-    """A row held elsewhere past PG_LOCK_TIMEOUT_MS: a clean 503, not a hung sender."""
-    event = payment("evt_pg_slow", cents=20)
+def _delivered_while_its_row_is_held(client, db, config, redis_client, event):
+    """event delivered while ALICE's balance row is held elsewhere, past PG_LOCK_TIMEOUT_MS. Its answer, how long
+    that took, and what it left while the row was still held: its event rows, and whether its Redis lock remained."""
     with RowLock(config["DATABASE_URL"]):
         response, seconds = _timed(send, client, event)
-        assert (response.status, response.json["error"]) == (503, "unavailable")
-        assert int(response.headers["Retry-After"]) >= 1
-        assert seconds < 10, seconds  # the lock timeout (1 s), well before a sender's timeout
-        assert event_rows(db) == 0
-        assert not redis_client.exists(lock_key("evt_pg_slow"))
+        left = (event_rows(db), redis_client.exists(lock_key(event["id"])))
+    return response, seconds, left
+
+
+def test_postgres_slow_is_503_after_the_lock_timeout(client, db, config, redis_client):
+    """A row held elsewhere past PG_LOCK_TIMEOUT_MS: a clean 503, not a hung sender."""
+    response, seconds, _ = _delivered_while_its_row_is_held(client, db, config, redis_client, payment("evt_pg_slow"))
+    assert (response.status, response.json["error"]) == (503, "unavailable")
+    assert int(response.headers["Retry-After"]) >= 1
+    assert seconds < 10, seconds  # the lock timeout (1 s), well before a sender's timeout
+
+
+def test_a_delivery_503d_by_the_lock_timeout_commits_nothing(client, db, config, redis_client):
+    """Nothing written, its lock released: the provider's retry, once the row is free, processes it once."""
+    event = payment("evt_pg_slow", cents=20)
+    _, _, left = _delivered_while_its_row_is_held(client, db, config, redis_client, event)
+    assert left == (0, 0)  # no event row, no lock left
     assert send(client, event).json["status"] == "processed"
     assert balance(db) == 1020
 
@@ -300,7 +314,9 @@ def freeze(own_postgres):
     def freeze_or_thaw(thaw=False):
         if thaw:
             for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
+                # The postmaster first: it reaps a child that was exiting as it froze, which is then gone.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
             frozen.clear()
             return
         postmaster = int((own_postgres.data / "postmaster.pid").read_text().split()[0])
@@ -322,37 +338,44 @@ FROZEN_TIMEOUTS = {"PG_LOCK_TIMEOUT_MS": 500, "PG_STATEMENT_TIMEOUT_MS": 1000, "
 FROZEN_BOUND_S = (1500 + 1500 + 1000 + MARGIN_MS) / 1000 + 1.5
 
 
-def test_frozen_postgres_is_503_within_a_bound_and_the_cli_says_so_in_one_line(make_app, config, own_postgres,
-                                                                               redis_client, freeze):
-    settings = {**config, **FROZEN_TIMEOUTS, "DATABASE_URL": own_postgres.url(), "PG_POOL_SIZE": 2}
-    client = make_app(settings).test_client()
-    assert send(client, payment("evt_before_the_freeze", cents=1)).json["status"] == "processed"
-    assert client.get("/ready").status_code == 200  # connections now pooled, their sockets idle
-    freeze()
+def _frozen_settings(config, own_postgres):
+    return {**config, **FROZEN_TIMEOUTS, "DATABASE_URL": own_postgres.url(), "PG_POOL_SIZE": 2}
 
+
+def _client_of_a_frozen_postgres(make_app, config, own_postgres, freeze):
+    """An app that credited 1 cent and pooled its connections (their sockets idle), then own_postgres frozen."""
+    client = make_app(_frozen_settings(config, own_postgres)).test_client()
+    assert send(client, payment("evt_before_the_freeze", cents=1)).json["status"] == "processed"
+    assert client.get("/ready").status_code == 200
+    freeze()
+    return client
+
+
+def _answered_within_the_bound(ask):
+    """ask()'s answer and how long it took, failing at once if it hangs past FROZEN_BOUND_S."""
+    thread, result = _in_thread(_timed, ask)
+    thread.join(FROZEN_BOUND_S + 5)
+    assert not thread.is_alive(), "no answer: the request hangs on the frozen server"
+    return result["value"]
+
+
+def test_frozen_postgres_is_503_within_a_bound(make_app, config, own_postgres, redis_client, freeze):
+    client = _client_of_a_frozen_postgres(make_app, config, own_postgres, freeze)
     frozen_event = payment("evt_while_frozen", cents=10)
     for ask in [lambda: send(client, frozen_event)] * 3 + [lambda: Answer.of(client.get("/ready"))] * 2:
-        thread, result = _in_thread(_timed, ask)
-        thread.join(FROZEN_BOUND_S + 5)
-        assert not thread.is_alive(), "no answer: the request hangs on the frozen server"
-        response, seconds = result["value"]
+        response, seconds = _answered_within_the_bound(ask)
         assert (response.status, response.json.get("error") or response.json["status"]) in [
             (503, "unavailable")], response.json
         assert "Retry-After" in response.headers
         assert seconds < FROZEN_BOUND_S, seconds
 
-    env = {"PATH": os.environ["PATH"], **{name: str(value) for name, value in settings.items()}}
-    for command in (["events", "list"], ["ledger", "verify"], ["init-db"]):
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *command], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=FROZEN_BOUND_S + 30)
-        assert time.monotonic() - started < FROZEN_BOUND_S + 5  # the interpreter's start on a shared host
-        assert done.returncode == 1 and done.stdout == "", done
-        assert done.stderr.startswith("Error: database unavailable: ") and done.stderr.count("\n") == 1, done
-        assert own_postgres.url().split("@")[0] not in done.stderr
 
-    # Thawed: the frozen delivery's statements may have been committed after
-    # its 503 (they were sent); the provider's retry finds it, credited once.
+def test_a_delivery_503d_by_a_frozen_postgres_is_credited_once_after_the_thaw(make_app, config, own_postgres,
+                                                                              redis_client, freeze):
+    """Its statements may have been committed after its 503 (they were sent); the provider's retry finds it."""
+    client = _client_of_a_frozen_postgres(make_app, config, own_postgres, freeze)
+    frozen_event = payment("evt_while_frozen", cents=10)
+    assert _answered_within_the_bound(lambda: send(client, frozen_event))[0].status == 503
     freeze(thaw=True)
     answers = []
     wait_until(lambda: answers.append(send(client, frozen_event)) or answers[-1].status == 200,
@@ -361,3 +384,17 @@ def test_frozen_postgres_is_503_within_a_bound_and_the_cli_says_so_in_one_line(m
     with psycopg.connect(own_postgres.url()) as conn:
         assert balance(conn) == 1011
         assert_ledger_consistent(conn)
+
+
+def test_the_cli_on_a_frozen_postgres_fails_within_a_bound_in_one_line(config, own_postgres, freeze):
+    env = {"PATH": os.environ["PATH"], **{name: str(value) for name, value in _frozen_settings(config,
+                                                                                             own_postgres).items()}}
+    freeze()
+    for command in (["events", "list"], ["ledger", "verify"], ["init-db"]):
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *command], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=FROZEN_BOUND_S + 30)
+        assert time.monotonic() - started < FROZEN_BOUND_S + 5  # the interpreter's start on a shared host
+        assert done.returncode == 1 and done.stdout == "", done
+        assert done.stderr.startswith("Error: database unavailable: ") and done.stderr.count("\n") == 1, done
+        assert own_postgres.url().split("@")[0] not in done.stderr

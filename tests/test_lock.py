@@ -126,18 +126,29 @@ def test_after_forget_done_a_redelivery_reaches_postgres(app, client, db, redis_
     assert send(client, event).json["status"] == "duplicate"  # marked done again
 
 
-def test_forget_done_deletes_every_marker_in_batches_and_nothing_else(app, redis_client):
-    markers = 2 * FORGET_BATCH + 345
+MARKERS = 2 * FORGET_BATCH + 345  # three batches, the last one partial
+
+
+def _forget_done_among_other_keys(app, redis_client):
+    """MARKERS markers, one of the earlier spelling, a lock and an unrelated key; then `redis forget-done`."""
     pipe = redis_client.pipeline(transaction=False)
-    for n in range(markers):
+    for n in range(MARKERS):
         pipe.set(done_key(f"evt_{n}"), "00" * 32)
     pipe.set("done:webhook:evt_before_hash_tags", "00" * 32)  # the earlier spelling, without braces
     pipe.set(lock_key("evt_in_flight"), "token", px=60000)
     pipe.set("unrelated", "kept")
     pipe.execute()
-    result = app.test_cli_runner().invoke(args=["redis", "forget-done"])
-    assert result.output.startswith(f"forgot {markers + 1} done markers")
+    return app.test_cli_runner().invoke(args=["redis", "forget-done"])
+
+
+def test_forget_done_deletes_every_marker_in_batches(app, redis_client):
+    result = _forget_done_among_other_keys(app, redis_client)
+    assert result.output.startswith(f"forgot {MARKERS + 1} done markers")
     assert list(redis_client.scan_iter(match="done:*")) == []
+
+
+def test_forget_done_keeps_every_key_that_is_not_a_marker(app, redis_client):
+    _forget_done_among_other_keys(app, redis_client)
     assert redis_client.exists(lock_key("evt_in_flight"), "unrelated") == 2
 
 

@@ -72,15 +72,24 @@ def test_an_acl_without_evalsha_is_a_noperm_fault_logged_once(make_app, config, 
         caplog, "NOPERM"))
 
 
-def test_out_of_memory_is_a_fault_and_deliveries_go_on(make_app, config, db, own_redis, caplog):
+def _delivered_twice_to_a_redis_out_of_memory(make_app, config, own_redis):
+    """One event delivered twice while every write to Redis is refused (OOM); the client and the two answers."""
     admin = redis.Redis.from_url(own_redis.url)
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     admin.config_set("maxmemory-policy", "noeviction")
     admin.config_set("maxmemory", 1)  # every write is refused: OOM
     event = payment("evt_oom", cents=7)
-    assert send(client, event).json["status"] == "processed"
-    assert send(client, event).json["status"] == "duplicate"
+    return client, [send(client, event) for _ in range(2)]
+
+
+def test_deliveries_go_on_while_redis_is_out_of_memory(make_app, config, db, own_redis):
+    _, answers = _delivered_twice_to_a_redis_out_of_memory(make_app, config, own_redis)
+    assert [answer.json["status"] for answer in answers] == ["processed", "duplicate"]
     assert balance(db) == 1007
+
+
+def test_out_of_memory_is_a_fault(make_app, config, db, own_redis, caplog):
+    client, _ = _delivered_twice_to_a_redis_out_of_memory(make_app, config, own_redis)
     assert len(_errors(caplog, "OOM")) == 1
     assert _faults(client, "OOM") == 2
     assert client.get("/ready").json["redis_reason"] == "OOM"  # the probe's 1 ms lock is a write too
@@ -114,15 +123,25 @@ def test_ready_is_ok_again_once_a_fault_is_older_than_the_interval(make_app, con
     assert client.get("/ready").json == {"status": "ok", "postgres": "ok", "redis": "ok"}
 
 
-def test_unreachable_redis_stays_a_warning_and_makes_ready_degraded(make_app, config, db, own_redis, caplog):
+def _delivered_with_redis_gone(make_app, config, own_redis):
+    """A delivery after the app's Redis stopped; the client."""
     client = make_app({**config, "REDIS_URL": own_redis.url}).test_client()
     own_redis.stop()
     assert send(client, payment("evt_redis_gone")).json["status"] == "processed"
+    return client
+
+
+def test_unreachable_redis_stays_a_warning(make_app, config, db, own_redis, caplog):
+    client = _delivered_with_redis_gone(make_app, config, own_redis)
     assert [r.levelname for r in caplog.records if "redis" in r.getMessage()] == ["WARNING"]
     assert "redis unavailable, event 'evt_redis_gone' proceeds unlocked" in caplog.text
+    assert "webhook_ledger_redis_faults_total{" not in client.get("/metrics").text
+
+
+def test_unreachable_redis_makes_ready_degraded(make_app, config, db, own_redis):
+    client = _delivered_with_redis_gone(make_app, config, own_redis)
     assert client.get("/ready").json == {"status": "ok", "postgres": "ok", "redis": "degraded",
                                          "redis_reason": "unavailable"}
-    assert "webhook_ledger_redis_faults_total{" not in client.get("/metrics").text
 
 
 def test_a_flushed_script_cache_is_reloaded_not_a_fault(client, db, redis_client, caplog):

@@ -40,29 +40,57 @@ def _counts(db):
         [list(TABLES)])}
 
 
-def test_a_new_credit_writes_each_row_once_and_its_balance_hot(db):
-    outcome, written = _apply(db, payment("evt_once", cents=300))
+def _updated(written):
+    """Of _apply's per-table counts, the tables it updated rows of."""
+    return {name: counts for name, counts in written.items() if counts[1]}
+
+
+def _inserted_only(written):
+    """Of _apply's per-table counts, the tables it inserted rows into and updated none of."""
+    return {name: counts for name, counts in written.items() if not counts[1]}
+
+
+def _new_credit(db):
+    return _apply(db, payment("evt_once", cents=300))
+
+
+def _refund(db):
+    """A payment of 300 cents, then the refund of 120 whose cost is returned."""
+    _apply(db, payment("evt_paid", cents=300))
+    return _apply(db, payment_refunded("pay_evt_paid", 120, event_id="evt_refunded"))
+
+
+def test_a_new_credit_writes_each_row_once(db):
+    outcome, written = _new_credit(db)
     assert outcome == "processed"
-    assert written == {"webhook_events": (1, 0, 0), "payments": (1, 0, 0), "ledger_journal": (1, 0, 0),
-                       "user_balances": (0, 1, 1)}
+    assert _inserted_only(written) == {"webhook_events": (1, 0, 0), "payments": (1, 0, 0), "ledger_journal": (1, 0, 0)}
     assert db.execute("SELECT status, completed_at IS NOT NULL FROM webhook_events").fetchone() == ("completed", True)
+
+
+def test_a_new_credits_balance_update_is_hot(db):
+    _, written = _new_credit(db)
+    assert _updated(written) == {"user_balances": (0, 1, 1)}
     assert balance(db) == 1300
 
 
-def test_a_refund_updates_its_payment_and_balance_hot_and_inserts_its_event_and_journal_row_once(db):
-    _apply(db, payment("evt_paid", cents=300))
-    outcome, written = _apply(db, payment_refunded("pay_evt_paid", 120, event_id="evt_refunded"))
+def test_a_refunds_updates_of_its_payment_and_balance_are_hot(db):
+    outcome, written = _refund(db)
     assert outcome == "processed"
-    assert written == {"webhook_events": (1, 0, 0), "ledger_journal": (1, 0, 0), "payments": (0, 2, 2),
-                       "user_balances": (0, 1, 1)}
+    assert _updated(written) == {"payments": (0, 2, 2), "user_balances": (0, 1, 1)}
     assert balance(db) == 1180
 
 
-def test_an_event_that_moves_no_money_and_a_refused_one_are_each_one_insert(db):
-    assert _apply(db, {"id": "evt_other", "type": "customer.created", "data": {}}) == (
-        "processed", {"webhook_events": (1, 0, 0)})
-    outcome, written = _apply(db, payment("evt_bad", cents=0))
-    assert outcome == "failed" and written == {"webhook_events": (1, 0, 0)}
+def test_a_refund_inserts_its_event_and_journal_row_once(db):
+    _, written = _refund(db)
+    assert _inserted_only(written) == {"webhook_events": (1, 0, 0), "ledger_journal": (1, 0, 0)}
+
+
+@pytest.mark.parametrize("document, outcome", [
+    ({"id": "evt_other", "type": "customer.created", "data": {}}, "processed"),
+    (payment("evt_bad", cents=0), "failed"),  # refused: a payment of nothing
+], ids=["a-type-that-moves-no-money", "a-refused-one"])
+def test_an_event_that_moves_no_money_is_one_insert(db, document, outcome):
+    assert _apply(db, document) == (outcome, {"webhook_events": (1, 0, 0)})
 
 
 def test_a_credit_that_fails_on_its_decision_is_recorded_failed_not_completed(db):
@@ -74,9 +102,13 @@ def test_a_credit_that_fails_on_its_decision_is_recorded_failed_not_completed(db
     assert row == ("failed", None, f"unknown user {stranger}")
 
 
-def test_the_table_keeps_the_bytes_alone_and_the_view_reads_them_as_json(db):
+def test_the_table_keeps_the_bytes_alone(db):
     _apply(db, payment("evt_json", cents=70))
     assert db.execute("SELECT payload FROM webhook_events").fetchone()[0] is None
+
+
+def test_the_view_reads_the_bytes_as_json(db):
+    _apply(db, payment("evt_json", cents=70))
     assert db.execute("SELECT payload->'data'->>'amountCents' FROM webhook_events_json"
                       " WHERE event_id = 'evt_json'").fetchone()[0] == "70"
 
@@ -106,10 +138,13 @@ def test_events_list_reads_the_newest_by_the_primary_key(many_events):
     assert [r[1] for r in rows[:2]] == ["evt_20000", "evt_19999"] and len(rows) == 50
 
 
-def test_purge_reads_oldest_first_by_the_primary_key_and_stops_at_the_cutoff(many_events, app):
+def test_purge_reads_oldest_first_by_the_primary_key(many_events):
     params = {"cutoff": None, "statuses": ["completed"], "source": None, "after": 0, "batch": 1000}
     plan = _plan(many_events, retention.NEXT_ROWS, params)
     assert "Index Scan using webhook_events_pkey" in plan, plan
+
+
+def test_purge_stops_at_the_cutoff(many_events, app):
     result = app.test_cli_runner().invoke(args=["events", "purge", "--older-than", "10", "--force",
                                                 "--batch-size", "1000"])
     assert result.output.startswith("purged 10000 completed events received before "), result.output
