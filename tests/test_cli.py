@@ -173,23 +173,34 @@ def test_replay_of_an_unknown_event_fails(run, db):
 
 # -- purge ------------------------------------------------------------------------
 
-def test_purge_deletes_old_completed_events_in_batches_and_keeps_the_ledger(client, db, run):
+def _purge_old_events(client, db, run):
+    """Five completed events and one failed, 40 days old, one completed now; purged two at a time."""
     for i in range(5):
         send(client, payment(f"evt_old_{i}", cents=10))
         _age(db, f"evt_old_{i}", 40)
     send(client, payment("evt_old_failed", user=UNKNOWN_USER))
     _age(db, "evt_old_failed", 40)
     send(client, payment("evt_recent", cents=10))
-
     result = run("events", "purge", "--batch-size", "2")
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_purge_deletes_old_completed_events_in_batches(client, db, run):
+    result = _purge_old_events(client, db, run)
     assert result.output.startswith("purged 5 completed events received before ")
     remaining = {r[0] for r in db.execute("SELECT event_id FROM webhook_events")}
     assert remaining == {"evt_old_failed", "evt_recent"}
+
+
+def test_purge_keeps_the_ledger(client, db, run):
+    _purge_old_events(client, db, run)
     assert db.execute("SELECT count(*) FROM ledger_journal").fetchone()[0] == 6
     assert run("ledger", "verify").exit_code == 0
 
-    # The provider resends a purged event by hand: its credit is not repeated.
+
+def test_a_purged_event_resent_by_hand_is_not_credited_again(client, db, run):
+    _purge_old_events(client, db, run)
     assert send(client, payment("evt_old_3", cents=10)).json["status"] == "duplicate"
     assert balance(db) == 1060
     assert run("ledger", "verify").exit_code == 0
@@ -227,7 +238,7 @@ def test_verify_passes_on_a_consistent_ledger(client, db, run):
     assert result.output == "ledger consistent: 2 users, 3 stored events, 2 payments, 2 journal rows\n"
 
 
-def test_verify_fails_on_a_corrupted_balance_and_names_the_user(client, db, run):
+def test_verify_names_the_user_whose_balance_is_corrupted(client, db, run):
     send(client, payment(cents=10))
     db.execute("UPDATE user_balances SET balance_cents = balance_cents + 1 WHERE user_id = %s", [BOB])
     result = run("ledger", "verify")
@@ -267,15 +278,25 @@ def _adjustments(db):
         " FROM ledger_journal WHERE kind = %s ORDER BY id", [Entry.ADJUSTMENT]).fetchall()
 
 
-def test_an_adjustment_is_journaled_with_its_reason_and_the_os_user_in_one_line(db, run):
+def _adjust_alice_by_250(run):
     result = run("ledger", "adjust", str(ALICE), "250", "--reason", REASON)
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_an_adjustment_is_journaled_with_its_reason_and_the_os_user(db, run):
+    _adjust_alice_by_250(run)
     (row,) = _adjustments(db)
-    assert result.output == f"adjusted the balance of user {ALICE} by +250 cents to 1250 cents " \
-                            f"(journal row {row.id}, by {getpass.getuser()})\n"
     assert (row.user_id, row.amount_cents, row.reason, row.actor) == (ALICE, 250, REASON, getpass.getuser())
     assert (row.source, row.event_id, row.payment_id, row.reference) == (None,) * 4
     assert balance(db, ALICE) == 1250
+
+
+def test_an_adjustment_is_reported_in_one_line_naming_its_journal_row(db, run):
+    result = _adjust_alice_by_250(run)
+    (row,) = _adjustments(db)
+    assert result.output == f"adjusted the balance of user {ALICE} by +250 cents to 1250 cents " \
+                            f"(journal row {row.id}, by {getpass.getuser()})\n"
 
 
 @pytest.mark.parametrize("args", [
@@ -298,41 +319,62 @@ def test_adjust_by_journals_who_made_it(db, run):
     assert [row.actor for row in _adjustments(db)] == ["ops:jane"]
 
 
-@pytest.mark.parametrize("args, message", [
-    ([ALICE, "0", "--reason", REASON], "an adjustment of 0 cents changes nothing"),
-    ([ALICE, "-5", "--reason", ""], "an adjustment needs a reason"),
-    ([ALICE, "-5", "--reason", " \t\n"], "an adjustment needs a reason"),
-    ([ALICE, "-5", "--reason", "r" * 501], "the reason is 501 characters long, over 500"),
-    ([ALICE, "-5", "--reason", REASON, "--by", ""], "who made the adjustment must be named in 1 to 128 characters"),
-    ([UNKNOWN_USER, "-5", "--reason", REASON], f"unknown user {UNKNOWN_USER}"),
-    ([ALICE, str(2**63 - 1), "--reason", REASON],
-     f"an adjustment of {2**63 - 1} cents would overflow the balance of user {ALICE} (1000 cents)"),
-    ([ALICE, "-5", "--reason", REASON, "--payment", "pay_nope"], "unknown payment pay_nope of source default"),
-    ([ALICE, "-5", "--reason", REASON, "--payment", "pay_evt_bob"],
-     f"payment pay_evt_bob was credited to user {BOB}, not to user {ALICE}"),
-], ids=["zero", "no-reason", "blank-reason", "long-reason", "nobody", "unknown-user", "overflow", "unknown-payment",
-        "another-users-payment"])
-def test_adjust_refuses_what_it_cannot_journal_in_one_line_and_changes_nothing(client, db, run, args, message):
+# What adjust refuses before it writes, and the message it says it in.
+REFUSED = [
+    pytest.param([ALICE, "0", "--reason", REASON], "an adjustment of 0 cents changes nothing", id="zero"),
+    pytest.param([ALICE, "-5", "--reason", ""], "an adjustment needs a reason", id="no-reason"),
+    pytest.param([ALICE, "-5", "--reason", " \t\n"], "an adjustment needs a reason", id="blank-reason"),
+    pytest.param([ALICE, "-5", "--reason", "r" * 501], "the reason is 501 characters long, over 500",
+                 id="long-reason"),
+    pytest.param([ALICE, "-5", "--reason", REASON, "--by", ""],
+                 "who made the adjustment must be named in 1 to 128 characters", id="nobody"),
+    pytest.param([UNKNOWN_USER, "-5", "--reason", REASON], f"unknown user {UNKNOWN_USER}", id="unknown-user"),
+    pytest.param([ALICE, str(2**63 - 1), "--reason", REASON],
+                 f"an adjustment of {2**63 - 1} cents would overflow the balance of user {ALICE} (1000 cents)",
+                 id="overflow"),
+    pytest.param([ALICE, "-5", "--reason", REASON, "--payment", "pay_nope"],
+                 "unknown payment pay_nope of source default", id="unknown-payment"),
+    pytest.param([ALICE, "-5", "--reason", REASON, "--payment", "pay_evt_bob"],
+                 f"payment pay_evt_bob was credited to user {BOB}, not to user {ALICE}", id="another-users-payment"),
+]
+# What click refuses as a usage error, before adjust runs.
+MALFORMED = [
+    pytest.param(["alice", "-5", "--reason", REASON], "Invalid value for 'USER_ID': 'alice' is not a valid UUID.",
+                 id="user-not-a-uuid"),
+    pytest.param([ALICE, "-5.00", "--reason", REASON], "Invalid value for 'CENTS': '-5.00' is not a valid integer",
+                 id="cents-not-an-integer"),
+    pytest.param([ALICE, str(2**63), "--reason", REASON],
+                 "Invalid value for 'CENTS': 9223372036854775808 is not in the range", id="cents-beyond-bigint"),
+    pytest.param([ALICE, "-5"], "Missing option '--reason'.", id="no-reason-option"),
+    pytest.param([ALICE, "--reason", REASON], "Missing argument 'CENTS'.", id="no-cents"),
+]
+
+
+def _bob_paid(client):
+    """Bob credited 40 cents by pay_evt_bob: a payment of another user than Alice's to adjust."""
     send(client, payment("evt_bob", user=BOB, cents=40))
+
+
+@pytest.mark.parametrize("args, message", REFUSED)
+def test_adjust_refuses_what_it_cannot_journal_in_one_line(client, db, run, args, message):
+    _bob_paid(client)
     result = run("ledger", "adjust", *map(str, args))
     assert (result.exit_code, result.output) == (1, f"Error: {message}\n")
-    assert {user: balance(db, user) for user in OPENING} == {ALICE: 1000, BOB: 40}
-    assert _adjustments(db) == []
 
 
-@pytest.mark.parametrize("args, message", [
-    (["alice", "-5", "--reason", REASON], "Invalid value for 'USER_ID': 'alice' is not a valid UUID."),
-    ([ALICE, "-5.00", "--reason", REASON], "Invalid value for 'CENTS': '-5.00' is not a valid integer"),
-    ([ALICE, str(2**63), "--reason", REASON], "Invalid value for 'CENTS': 9223372036854775808 is not in the range"),
-    ([ALICE, "-5"], "Missing option '--reason'."),
-    ([ALICE, "--reason", REASON], "Missing argument 'CENTS'."),
-], ids=["user-not-a-uuid", "cents-not-an-integer", "cents-beyond-bigint", "no-reason", "no-cents"])
-def test_adjust_refuses_malformed_arguments_as_usage_errors_and_changes_nothing(db, run, args, message):
+@pytest.mark.parametrize("args, message", MALFORMED)
+def test_adjust_refuses_malformed_arguments_as_usage_errors(db, run, args, message):
     result = run("ledger", "adjust", *map(str, args))
     assert result.exit_code == 2, result.output
     assert result.output.splitlines()[-1].startswith(f"Error: {message}"), result.output
     assert "Traceback" not in result.output
-    assert {user: balance(db, user) for user in OPENING} == OPENING
+
+
+@pytest.mark.parametrize("args", [pytest.param(refusal.values[0], id=refusal.id) for refusal in REFUSED + MALFORMED])
+def test_a_refused_adjustment_changes_nothing(client, db, run, args):
+    _bob_paid(client)
+    assert run("ledger", "adjust", *map(str, args)).exit_code != 0
+    assert {user: balance(db, user) for user in OPENING} == {ALICE: 1000, BOB: 40}
     assert _adjustments(db) == []
 
 

@@ -94,15 +94,20 @@ def test_nothing_runs_without_database_url():
                                                          "not set\n")
 
 
-@pytest.mark.parametrize("scheme", ["stripe"])
-def test_verify_and_show_judge_each_event_by_its_recorded_settings_not_the_shells(make_app, config, db):
-    """The service accepts Stripe's test-mode events; the operator's shell does not say so: still consistent."""
+def _test_mode_payments(make_app, config):
+    """Two Stripe test-mode payments the service accepts (STRIPE_ACCEPT_TEST_EVENTS); the operator's shell does not
+    say so. Return the last."""
     service = make_app({**config, "STRIPE_ACCEPT_TEST_EVENTS": "true"}).test_client()
     for number in range(2):
         test_mode = intent_succeeded(f"pi_test_{number}", user=BOB, cents=300)
         test_mode["livemode"] = False
         assert send_stripe(service, test_mode).json["status"] == "processed"
+    return test_mode
 
+
+@pytest.mark.parametrize("scheme", ["stripe"])
+def test_verify_judges_each_event_by_its_recorded_settings_not_the_shells(make_app, config, db):
+    _test_mode_payments(make_app, config)
     verified = flask({"DATABASE_URL": db_url(db)}, "ledger", "verify")
     assert verified.returncode == 0, verified
     assert "INCONSISTENT" not in verified.stdout
@@ -110,6 +115,10 @@ def test_verify_and_show_judge_each_event_by_its_recorded_settings_not_the_shell
         "ledger consistent: 2 users, 2 stored events, 2 payments, 2 journal rows; 2 events decided under other "
         "settings than this command's (LEDGER_CURRENCY=usd, STRIPE_ACCEPT_TEST_EVENTS=false), each judged by its own")
 
+
+@pytest.mark.parametrize("scheme", ["stripe"])
+def test_show_judges_an_event_by_its_recorded_settings_not_the_shells(make_app, config, db):
+    test_mode = _test_mode_payments(make_app, config)
     shown = flask({"DATABASE_URL": db_url(db)}, "events", "show", test_mode.id)
     assert shown.returncode == 0, shown
     assert "movement:       credit of payment pi_test_1, 300 cents" in shown.stdout

@@ -165,19 +165,38 @@ def test_a_block_that_changes_the_host_is_marked_not_run(page):
                 f"{example.where}: it would change the test machine; mark it `<!-- example: not run, because ... -->`"
 
 
+def _marker(example):
+    """The match of a block's marker, group 2 the test module that runs it; None if the marker says neither
+    `not run, because ...` nor `run by tests/...`."""
+    return re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:deploy/)?test_\w+\.py)\b.*", example.exempt,
+                        re.S)
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("page", readme.DOCS, ids=[str(page.relative_to(ROOT)) for page in readme.DOCS])
-def test_a_block_not_run_says_why_and_a_block_run_elsewhere_names_its_test(page):
+def test_a_block_not_run_says_why(page):
+    for example in readme.examples(page):
+        if example.exempt is not None:
+            assert _marker(example), \
+                f"{example.where}: the marker says neither `not run, because ...` nor `run by tests/...`"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", readme.DOCS, ids=[str(page.relative_to(ROOT)) for page in readme.DOCS])
+def test_a_block_run_elsewhere_names_a_test_that_reads_the_page(page):
+    for example in readme.examples(page):
+        marker = example.exempt is not None and _marker(example)
+        if marker and marker.group(2):
+            module = (ROOT / marker.group(2)).read_text()
+            assert str(page.relative_to(ROOT)) in module, f"{example.where}: {marker.group(2)} does not read the page"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", readme.DOCS, ids=[str(page.relative_to(ROOT)) for page in readme.DOCS])
+def test_a_block_that_starts_make_run_holds_nothing_else(page):
     for example in readme.examples(page):
         if example.exempt is None:
-            example.service_settings()  # a block that starts make run is only that
-            continue
-        reason = re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:deploy/)?test_\w+\.py)\b.*",
-                              example.exempt, re.S)
-        assert reason, f"{example.where}: the marker says neither `not run, because ...` nor `run by tests/...`"
-        if reason.group(2):
-            module = (ROOT / reason.group(2)).read_text()
-            assert str(page.relative_to(ROOT)) in module, f"{example.where}: {reason.group(2)} does not read the page"
+            example.service_settings()  # a block that starts make run is only that: ValueError if it holds more
 
 
 @pytest.mark.unit
@@ -213,11 +232,15 @@ def _stripe_types():
 
 
 @pytest.mark.unit
-def test_providers_lists_every_stripe_event_that_rules_reads_for_the_dashboard_and_stripe_listen():
+def test_providers_lists_every_stripe_event_that_rules_reads_for_the_dashboard():
     text = (ROOT / "docs" / "providers.md").read_text()
     section = text.split("### The Stripe events to subscribe to\n", 1)[1].split("\n#", 1)[0]
     dashboard = re.search(r"^In the Dashboard.*?\n\n", section, re.S | re.M).group(0)
     assert sorted(re.findall(r"`([a-z_.]+\.[a-z_.]+)`", dashboard)) == _stripe_types()
+
+
+@pytest.mark.unit
+def test_providers_stripe_listen_forwards_every_stripe_event_that_rules_reads():
     (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md") if "stripe listen" in e.script]
     events = shlex.split(listen.script.replace("\\\n", " "))
     assert sorted(events[events.index("--events") + 1].split(",")) == _stripe_types()

@@ -136,13 +136,18 @@ def test_totals_add_up_across_workers_whichever_answers_the_scrape(gunicorn, db,
         assert scraped[("webhook_ledger_db_pool_max_connections", ())] in (4, 8)  # per live worker, 2 at most
 
 
-def test_metrics_directory_is_wiped_at_start_and_dead_workers_gauges_dropped(gunicorn, db, tmp_path):
+def test_the_metrics_directory_is_wiped_at_start(gunicorn, db, tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     (metrics_dir / "counter_999999.db").write_bytes(b"left over from an earlier run")
-    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
+    gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
     assert not (metrics_dir / "counter_999999.db").exists()
 
+
+def test_a_dead_worker_leaves_its_counts_but_not_its_live_gauges(gunicorn, db, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    server = gunicorn(workers=2, threads=2, PROMETHEUS_MULTIPROC_DIR=metrics_dir)
     body = encode(payment())
     assert send(server.base, body).status == 200
     assert deliveries(_scrape(server.base), "processed") == 1

@@ -72,14 +72,17 @@ def flask_env(config):
     return {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **{name: str(v) for name, v in config.items()}}
 
 
-def test_a_gap_is_applied_once_and_the_delivered_events_are_duplicates(app, client, db, stand_in):
-    # Of 240 events over two days, the first 80 were delivered; then the endpoint was down.
+def _a_gap(client, db, stand_in):
+    """Of 240 events over two days, the first 80 were delivered; then the endpoint was down."""
     events = payments(240)
     stand_in.add(*events)
     for evt in events[:80]:
         assert send_stripe(client, evt).json["status"] == "processed"
     assert balance(db) == OPENING[ALICE] + 80 * 10
 
+
+def test_a_run_applies_only_the_events_whose_deliveries_were_lost(app, client, db, stand_in):
+    _a_gap(client, db, stand_in)
     result = run(app)
     assert result.exit_code == 0, result.output
     assert "240 listed: 160 applied (recovered: their deliveries were lost), 80 duplicates, 0 refused" \
@@ -91,6 +94,10 @@ def test_a_gap_is_applied_once_and_the_delivered_events_are_duplicates(app, clie
     verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
     assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
 
+
+def test_a_second_run_over_a_recovered_gap_applies_nothing(app, client, db, stand_in):
+    _a_gap(client, db, stand_in)
+    assert run(app).exit_code == 0
     again = run(app)
     assert again.exit_code == 0, again.output
     assert balance(db) == OPENING[ALICE] + 240 * 10
@@ -124,7 +131,8 @@ def test_a_second_event_object_for_one_payment_intent_credits_once(app, db, stan
     assert_ledger_consistent(db)
 
 
-def test_refunds_and_disputes_apply_after_their_payment_and_one_outside_the_window_is_refused(app, db, stand_in):
+def _movements_of_one_payment(app, stand_in):
+    """A payment's refunds and disputes, and a refund of a payment outside the window; one run over them."""
     stand_in.add(
         at(intent_succeeded("pi_r", user=BOB, cents=1000), 900),
         at(refund("re_1", "pi_r", 200, event_type="refund.created"), 800),
@@ -136,12 +144,23 @@ def test_refunds_and_disputes_apply_after_their_payment_and_one_outside_the_wind
     )
     result = run(app)
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_refunds_and_disputes_apply_after_their_payment(app, db, stand_in):
+    _movements_of_one_payment(app, stand_in)
     assert balance(db, BOB) == 1000 - 200
+    # status, pages, listed, applied, duplicates: the seventh event is the refused one
+    assert [row[:5] for row in runs(db)] == [("completed", 1, 7, 6, 0)]
+    assert_ledger_consistent(db)
+
+
+def test_a_refund_of_a_payment_outside_the_window_is_refused(app, db, stand_in):
+    result = _movements_of_one_payment(app, stand_in)
     assert "refused" in result.output and "unknown payment pi_outside" in result.output
     assert db.execute("SELECT status, last_error FROM webhook_events_json WHERE payload->'data'->'object'->>'id' ="
                       " 're_lost'").fetchone() == ("failed", "unknown payment pi_outside")
-    assert runs(db) == [("completed", 1, 7, 6, 0, 1)]
-    assert_ledger_consistent(db)
+    assert [row[5] for row in runs(db)] == [1]  # refused
 
 
 def test_a_refund_listed_before_its_payment_in_the_same_second_is_applied_at_the_end(app, db, stand_in):
@@ -200,14 +219,25 @@ def test_a_runs_memory_does_not_grow_with_its_window(app, db, stand_in):
     assert large < small * 1.5, (small, large)
 
 
-def test_a_run_names_at_most_refused_kept_refusals_and_counts_the_rest(app, db, stand_in, monkeypatch):
+def _five_refusals(app, stand_in, monkeypatch):
+    """A run that refuses five refunds (of payments it does not know) and keeps three of them to name."""
     monkeypatch.setattr(reconcile_module, "REFUSED_KEPT", 3)
     stand_in.add(*(at(refund(f"re_{n}", f"pi_elsewhere_{n}", 10, event_type="refund.created"), 600 - n)
                    for n in range(5)))
     result = run(app)
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_a_run_names_at_most_refused_kept_refusals(app, db, stand_in, monkeypatch):
+    result = _five_refusals(app, stand_in, monkeypatch)
+    assert result.output.count("  refused evt_") == 3
+
+
+def test_the_refusals_a_run_does_not_name_are_still_counted(app, db, stand_in, monkeypatch):
+    result = _five_refusals(app, stand_in, monkeypatch)
+    assert "and 2 more refused, not named here" in result.output
     assert "5 listed: 0 applied (recovered: their deliveries were lost), 0 duplicates, 5 refused" in result.output
-    assert result.output.count("  refused evt_") == 3 and "and 2 more refused, not named here" in result.output
     assert runs(db) == [("completed", 1, 5, 0, 0, 5)]
     assert db.execute("SELECT count(*) FROM webhook_events WHERE status = 'failed'").fetchone()[0] == 5
 
@@ -262,8 +292,8 @@ def test_two_runs_at_once_apply_each_event_once(config, db, stand_in):
     assert_ledger_consistent(db)
 
 
-def test_a_run_killed_midway_leaves_nothing_half_applied_and_the_next_run_completes_the_window(app, config, db,
-                                                                                                stand_in):
+def _a_run_killed_midway(config, db, stand_in):
+    """A `flask reconcile` of 600 events SIGKILLed after its first pages, once PostgreSQL has seen it gone."""
     stand_in.add(*payments(600, cents=2))
     stand_in.delay = 0.1
     command = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default"], cwd=ROOT,
@@ -279,13 +309,20 @@ def test_a_run_killed_midway_leaves_nothing_half_applied_and_the_next_run_comple
     wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                                   [f"webhook-ledger:{command.pid}"]).fetchone()[0] == 0,
                timeout=30, what="the killed run's backends to end")
+    stand_in.delay = 0
+
+
+def test_a_run_killed_midway_leaves_nothing_half_applied(config, db, stand_in):
+    _a_run_killed_midway(config, db, stand_in)
     applied_before = balance(db) - OPENING[ALICE]
     assert 0 < applied_before < 1200 and applied_before % 2 == 0  # whole events, some of them
     # The watermark's row, made by the killed run's transaction, went with it.
     assert db.execute("SELECT reconciled_until FROM reconcile_watermarks").fetchone() is None
     assert_ledger_consistent(db)
 
-    stand_in.delay = 0
+
+def test_the_run_after_a_killed_one_completes_its_window(app, config, db, stand_in):
+    _a_run_killed_midway(config, db, stand_in)
     result = run(app)
     assert result.exit_code == 0, result.output
     assert [row[0] for row in runs(db)] == ["interrupted", "completed"]
@@ -307,26 +344,40 @@ def test_a_purged_event_listed_again_moves_no_money(app, client, db, stand_in):
     assert db.execute("SELECT count(*) FROM webhook_events").fetchone() == (0,)  # not stored again
 
 
-def test_a_window_older_than_thirty_days_is_not_provable_and_not_reported_done(app, db, stand_in):
+def _a_window_older_than_thirty_days(app, stand_in):
+    """A run from 40 days ago: one payment 45 days old, beyond Stripe's list, and one of yesterday."""
     stand_in.add(at(intent_succeeded("pi_old", cents=5), 45 * DAY), at(intent_succeeded("pi_new", cents=7), DAY))
     since = (datetime.now(UTC) - timedelta(days=40)).strftime("%Y-%m-%dT%H:%M:%S")
-    result = run(app, "--since", since)
+    return run(app, "--since", since)
+
+
+def test_a_window_older_than_thirty_days_is_reported_not_provable(app, db, stand_in):
+    result = _a_window_older_than_thirty_days(app, stand_in)
     assert result.exit_code == 1, result.output
     (line,) = [line for line in result.output.splitlines() if "NOT PROVABLE" in line]
     assert "30-day limit" in line
+
+
+def test_a_window_older_than_thirty_days_is_never_recorded_completed(app, db, stand_in):
+    result = _a_window_older_than_thirty_days(app, stand_in)
     assert "completed" not in result.output
     assert runs(db) == [("incomplete", 1, 1, 1, 0, 0)]
     assert balance(db) == OPENING[ALICE] + 7
 
 
-def test_a_wrong_key_is_one_line_and_a_failed_run(make_app, config, db, stand_in):
-    wrong = "rk_test_notTheKeyStripeKnows0123456789"
-    app = make_app({**config, "WEBHOOK_API_KEY": wrong})
-    result = run(app)
+WRONG_KEY = "rk_test_notTheKeyStripeKnows0123456789"
+
+
+def test_a_wrong_key_is_refused_in_one_line_without_the_key(make_app, config, db, stand_in):
+    result = run(make_app({**config, "WEBHOOK_API_KEY": WRONG_KEY}))
     assert result.exit_code == 1
     assert result.output == ("Error: Stripe refused the key in WEBHOOK_API_KEY (401): it must be a restricted key "
                              "with read access to Events\n")
-    assert wrong[8:] not in result.output
+    assert WRONG_KEY[8:] not in result.output
+
+
+def test_a_run_with_a_wrong_key_is_recorded_failed(make_app, config, db, stand_in):
+    run(make_app({**config, "WEBHOOK_API_KEY": WRONG_KEY}))
     assert [row[0] for row in runs(db)] == ["failed"]
 
 
@@ -411,24 +462,39 @@ def test_no_api_key_reaches_the_settings_repr():
     assert API_KEY not in repr(settings)
 
 
-def test_the_metrics_say_when_a_source_last_reconciled_and_how_many_events_it_recovered(app, client, db, stand_in):
-    def samples():
-        return {(sample.name, sample.labels.get("status")): sample.value
-                for family in text_string_to_metric_families(client.get("/metrics").text)
-                if family.name.startswith("webhook_ledger_reconcile") for sample in family.samples
-                if sample.labels.get("source") == "default"}
+def _reconcile_samples(client):
+    """The default source's reconcile samples of GET /metrics, by (name, status label)."""
+    return {(sample.name, sample.labels.get("status")): sample.value
+            for family in text_string_to_metric_families(client.get("/metrics").text)
+            if family.name.startswith("webhook_ledger_reconcile") for sample in family.samples
+            if sample.labels.get("source") == "default"}
 
-    before = samples()
-    assert before[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] == 0  # never: the alert fires
-    assert before[("webhook_ledger_reconcile_recovered_events_total", None)] == 0
-    assert before[("webhook_ledger_reconcile_max_age_seconds", None)] == 10800
+
+def _samples_around_a_run(app, client, stand_in):
+    """The reconcile samples before and after a run that recovers 12 events."""
+    before = _reconcile_samples(client)
     stand_in.add(*payments(12))
     assert run(app).exit_code == 0
-    after = samples()
+    return before, _reconcile_samples(client)
+
+
+def test_the_metrics_say_when_a_source_last_reconciled(app, client, db, stand_in):
+    before, after = _samples_around_a_run(app, client, stand_in)
+    assert before[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] == 0  # never: the alert fires
+    assert before[("webhook_ledger_reconcile_max_age_seconds", None)] == 10800
+    assert time.time() - after[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] < 60
+
+
+def test_the_metrics_count_the_events_a_source_recovered(app, client, db, stand_in):
+    before, after = _samples_around_a_run(app, client, stand_in)
+    assert before[("webhook_ledger_reconcile_recovered_events_total", None)] == 0
     assert after[("webhook_ledger_reconcile_recovered_events_total", None)] == 12
+
+
+def test_the_metrics_count_a_sources_runs_by_how_they_ended(app, client, db, stand_in):
+    _, after = _samples_around_a_run(app, client, stand_in)
     assert after[("webhook_ledger_reconcile_runs_total", "completed")] == 1
     assert after[("webhook_ledger_reconcile_runs_total", "failed")] == 0
-    assert time.time() - after[("webhook_ledger_reconcile_last_success_timestamp_seconds", None)] < 60
 
 
 def test_what_a_run_applies_reaches_the_services_metrics(gunicorn, config, db, stand_in, tmp_path):

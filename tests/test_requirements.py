@@ -50,13 +50,17 @@ def test_both_locks_pin_the_same_versions():
 
 
 @pytest.mark.parametrize("lock", LOCKS)
-def test_every_pin_is_hashed_and_nothing_is_local(lock):
+def test_every_pin_is_hashed(lock):
     text = LOCKS[lock].read_text()
     entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1])
     pinned = [entry for entry in entries if PIN.match(entry)]
     assert len(pinned) == len(pins(LOCKS[lock])) > 10
     for entry in pinned:
         assert "--hash=sha256:" in entry, entry.splitlines()[0]
-    commands = [line for line in text.splitlines() if not line.startswith("#")]
+
+
+@pytest.mark.parametrize("lock", LOCKS)
+def test_nothing_in_a_lock_points_at_this_machine(lock):
+    commands = [line for line in LOCKS[lock].read_text().splitlines() if not line.startswith("#")]
     for line in commands:
         assert not re.search(r"file:|/opt/|--find-links|--index-url|--extra-index-url|^-e ", line), line
