@@ -62,6 +62,7 @@ class StripeStandIn:
         self._lock = threading.Lock()
         self._faults: deque[int] = deque()
         self.requests: list[dict[str, Any]] = []  # each list request's parameters, as parsed
+        self.arrivals: list[float] = []  # when each request arrived (time.monotonic()), in the same order
         self.delay = 0.0  # seconds before each answer
         self.on_request: Callable[[int], None] | None = None  # called with the request's number, before answering
         self._server: ThreadingHTTPServer | None = None
@@ -150,6 +151,7 @@ class StripeStandIn:
         params = _decode(parse_qsl(query, keep_blank_values=True))
         with self._lock:
             self.requests.append(params)
+            self.arrivals.append(time.monotonic())
             number = len(self.requests)
             fault = self._faults.popleft() if self._faults else None
         if self.on_request is not None:

@@ -3,6 +3,7 @@ applied exactly once beside live deliveries, retries and other runs. The real st
 devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
 
 import gc
+import itertools
 import os
 import signal
 import subprocess
@@ -389,13 +390,34 @@ def test_a_missing_key_is_one_line_naming_the_setting(make_app, config, db):
     assert result.output.count("\n") == 1
 
 
-def test_429_and_500_are_retried_with_backoff(app, db, stand_in):
+def _gaps(stand_in):
+    """Seconds between one request to the stand-in and the next."""
+    return [later - earlier for earlier, later in itertools.pairwise(stand_in.arrivals)]
+
+
+def test_a_run_through_a_429_and_two_500s_applies_every_event(app, db, stand_in):
     stand_in.add(*payments(150, cents=1))
     stand_in.fail_next(429)
     stand_in.fail_next(500, times=2)
     result = run(app)
     assert result.exit_code == 0, result.output
     assert balance(db) == OPENING[ALICE] + 150
+
+
+def test_a_429_is_tried_again_after_a_second(app, stand_in):
+    stand_in.add(*payments(3))
+    stand_in.fail_next(429)
+    assert run(app).exit_code == 0
+    # stripe-python does not retry a 429: app/stripe_list.py waits 1 s, then 2 s, 4 s, ...
+    assert _gaps(stand_in)[0] >= 1.0
+
+
+def test_a_500_is_tried_again_after_stripe_pythons_backoff(app, stand_in):
+    stand_in.add(*payments(3))
+    stand_in.fail_next(500, times=2)
+    assert run(app).exit_code == 0
+    # stripe-python sleeps at least its INITIAL_DELAY (0.5 s) before each retry.
+    assert min(_gaps(stand_in)[:2]) >= 0.5
 
 
 def test_dry_run_changes_nothing(app, client, db, stand_in):
