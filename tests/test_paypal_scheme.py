@@ -687,6 +687,7 @@ def test_ledger_verify_reads_stored_paypal_events_as_the_live_path_did(send_payp
 
 # -- settings ---------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("settings_, message", [
     ({"WEBHOOK_PAYPAL_SECRET": "webhook-id-with-dashes"}, "WEBHOOK_PAYPAL_SECRET entry 0 (counted from 0) is not a "
                                                           "PayPal webhook id"),
@@ -704,17 +705,20 @@ def test_bad_paypal_settings_stop_with_one_line_naming_the_setting(settings_, me
 
 
 PAYPAL_ENVIRON = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
-           "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
+                  "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
 
 
+@pytest.mark.unit
 def test_the_paypal_source_verifies_the_paypal_scheme():
     assert app_config.from_env(PAYPAL_ENVIRON).sources["paypal"].scheme == "paypal"
 
 
+@pytest.mark.unit
 def test_webhook_paypal_secret_holds_each_webhook_id_of_a_rotation():
     assert app_config.from_env(PAYPAL_ENVIRON).sources["paypal"].secrets == (b"OLDWEBHOOKID1", WEBHOOK_ID.encode())
 
 
+@pytest.mark.unit
 def test_paypal_certificate_settings_default_to_paypals_hosts_under_the_default_roots():
     settings_ = app_config.from_env(PAYPAL_ENVIRON)
     assert settings_.paypal_cert_hosts == {"api.paypal.com:443", "api-m.paypal.com:443",
@@ -722,6 +726,7 @@ def test_paypal_certificate_settings_default_to_paypals_hosts_under_the_default_
     assert settings_.paypal_ca_file is None
 
 
+@pytest.mark.unit
 def test_paypals_simulator_webhook_id_is_a_valid_secret():
     # PayPal's simulator signs its mock events for the webhook id WEBHOOK_ID (PayPal's webhooks guide).
     mock = app_config.from_env({**PAYPAL_ENVIRON, "WEBHOOK_PAYPAL_SECRET": "WEBHOOK_ID"})
