@@ -36,8 +36,9 @@ test: $(VENV)/.installed
 
 # The tiers, by what they need (docs/testing.md). A test of a core or deploy
 # module that is marked unit is in the unit tier alone.
+# The unit tier runs on every core (pytest-xdist): its tests share nothing.
 test-unit: $(VENV)/.installed
-	$(BIN)/pytest -m unit $(PYTEST_ARGS)
+	$(BIN)/pytest -m unit -n auto $(PYTEST_ARGS)
 
 # A throwaway PostgreSQL and Redis, the README's prerequisites: no root, no apt.
 test-core: $(VENV)/.installed
