@@ -93,6 +93,14 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- or 'reconcile' (`flask reconcile` found it in the provider's event list
     -- and stored the Event object's JSON: a delivery that was lost).
     origin           TEXT NOT NULL DEFAULT 'delivery' CHECK (origin IN ('delivery', 'reconcile')),
+    -- The event as its provider's API returned it, under a source that
+    -- fetches each event (app/providers/: always under paypal, whose
+    -- signature covers only a CRC32 of the body): what its money was read
+    -- from, and what replay and verify read. body stays the notification of
+    -- record. NULL for every other source, and when the provider had no
+    -- record of the event (failed, effect_sha256 all zeros: any later effect
+    -- of the id replaces it, money.sql).
+    fetched          BYTEA,
     CONSTRAINT webhook_events_source_event_id_key UNIQUE (source, event_id)
 );
 

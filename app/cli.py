@@ -12,10 +12,10 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, legacy, lock, metrics, reconcile, retention, verify
+from . import ledger, legacy, lock, metrics, providers, reconcile, retention, verify
 from .commands import CENTS, Commands, needs, os_user, table, utc
 from .config import Needs, Settings
-from .db import NamedRow, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
+from .db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .outcome import Outcome
 from .parsers import ConfigError
@@ -41,7 +41,7 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           e.origin, e.ledger_currency, e.test_events_accepted,
+           e.origin, e.ledger_currency, e.test_events_accepted, e.fetched,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
@@ -182,6 +182,19 @@ def show_event(event_id: str, source: str) -> None:
         received = "as received" if row.origin == ledger.Origin.DELIVERY else "the Event object as listed"
         click.echo(f"body ({len(row.body)} bytes, {received}):")
         click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
+    if row.fetched is not None:
+        # What its money was read from: the provider's own record (app/providers/).
+        click.echo(f"fetched ({len(row.fetched)} bytes, as the provider's API returned them; the money is read "
+                   f"from these):")
+        click.echo(bytes(row.fetched).decode("utf-8", errors="backslashreplace"))
+
+
+def _replay(pool: Pool, source: str, event_id: str, policy: Policy) -> ledger.Result | None:
+    """ledger.replay, asking the provider again for an event it had no record of (a fetching source)."""
+    try:
+        return ledger.replay(pool, source, event_id, policy, providers.refetch(current_app, source, policy))
+    except (providers.ProviderUnavailableError, providers.ProviderRefusedError) as exc:
+        return ledger.Result(Outcome.FAILED, f"not replayed: {exc}")
 
 
 def _decided_under(row: NamedRow, policy: Policy) -> Policy:
@@ -194,7 +207,8 @@ def _decided_under(row: NamedRow, policy: Policy) -> Policy:
 def _stored_effect(row: NamedRow, policy: Policy) -> Effect | None:
     """What the stored bytes of a row of SHOW_EVENT say it moves, read by the live path's code; None if unreadable."""
     try:
-        return effect_of(stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256), policy)
+        return effect_of(stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256,
+                                      row.fetched), policy)
     except StoredBodyError:
         return None
 
@@ -268,7 +282,7 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
         keys = [(source or DEFAULT_SOURCE, event_id)]
     policy = Settings.of(current_app).policy
     with metrics.command_counts(_warn) as counts:
-        results = [_replayed(source, event_id, _counted(counts, source, ledger.replay(pool, source, event_id, policy)))
+        results = [_replayed(source, event_id, _counted(counts, source, _replay(pool, source, event_id, policy)))
                    for source, event_id in keys]
     for _, message in results:
         click.echo(message)

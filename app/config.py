@@ -140,6 +140,19 @@ class Settings:
     # refuse (422, as before: nothing is silently dropped) or ignore (2xx,
     # recorded). A named source's: WEBHOOK_<NAME>_NO_USER, default this one.
     webhook_no_user: NoUser = field(metadata=setting(parsers.no_user, "refuse", "what a payment naming no user gets"))
+    # Under a fetching source (sources.py), the default source's provider API address ("": the provider's own).
+    webhook_api_base: str | None = field(metadata=setting(
+        parsers.optional_api_base, "", "the default source's provider API address"))
+    # Under paypal always (its signature covers a CRC32 of the body); under stripe, a choice.
+    webhook_fetch: bool | None = field(metadata=setting(
+        parsers.optional_boolean, "", "fetch each event from the default source's provider API"))
+    # Total, connection to last byte: a provider host that drips is cut here.
+    # Well under gunicorn's timeout and the senders' (PayPal waits about 10 s).
+    provider_deadline_ms: int = field(metadata=setting(
+        parsers.integer(1), "3000", "longest call to a provider's API, connection to last byte"))
+    # Fewer than a worker's threads (GUNICORN_THREADS, 4): a slow provider never holds them all.
+    provider_slots: int = field(metadata=setting(
+        parsers.integer(1), "2", "calls to providers' APIs at once per worker process; more are 503"))
     # The tests point it at a loopback stand-in.
     stripe_api_base: str = field(metadata=setting(parsers.api_base, "https://api.stripe.com", "Stripe's API address"))
     # An hourly timer runs reconcile: three hours without a success is two

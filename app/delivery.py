@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .events import Effect, Event
     from .ledger import Change, Result
     from .lock import EventLock, LockState
+    from .providers import Fetched
 
 # Named for the endpoint whose deliveries it logs (operators filter on it).
 log = logging.getLogger("app.webhooks")
@@ -32,7 +33,8 @@ class Delivery:
     source: str | None  # a configured source's name; None until the view finds one
     started: float = field(default_factory=time.perf_counter)
     secret_index: int | None = None  # which of the rotated secrets verified it
-    event: Event | None = None
+    event: Event | None = None  # as delivered
+    fetched: Fetched | None = None  # the event as its provider's API has it (a fetching source), or as delivered
     effect: Effect | None = None
     body_sha256: bytes | None = None  # of the bytes received
     lock: EventLock | None = None
@@ -80,6 +82,11 @@ class Delivery:
     def balance_after(self) -> int | None:
         """The user's balance after that change."""
         return None if self.result is None else self.result.balance_after
+
+    @property
+    def contradicted(self) -> bool:
+        """The provider's record moved other money than the notification said (the record decided)."""
+        return self.fetched is not None and self.fetched.contradicts
 
     @property
     def reserialised(self) -> bool:

@@ -21,7 +21,7 @@ from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
 from .outcome import Outcome
-from .paypal import CertificateUnavailableError
+from .providers import ProviderRefusedError, ProviderUnavailableError
 from .signature import SignatureError
 from .webhooks import UnknownSourceError
 
@@ -70,9 +70,15 @@ ANSWERS: dict[type[Exception], Answer] = {
     # limit (the worker stalled): both end in a rollback, and a retry succeeds.
     psycopg.errors.ReadOnlySqlTransaction: _UNAVAILABLE,
     psycopg.errors.IdleInTransactionSessionTimeout: _UNAVAILABLE,
-    # PayPal's certificate host timed out, refused, failed TLS or answered 5xx
-    # (app/paypal.py): the signature may be good, and PayPal retries.
-    CertificateUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE, retry_after=True),
+    # A provider's API (or PayPal's certificate host) had no free slot, timed
+    # out, was unreachable, or answered 429 or 5xx (app/providers/): nothing
+    # was written, and the provider retries.
+    ProviderUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
+                                     "the provider's API is unavailable; retry later", retry_after=True),
+    # The provider refused our credentials: a misconfiguration, not the
+    # sender's fault. Logged and counted (the alert ProviderRefusesCredentials).
+    ProviderRefusedError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
+                                 "the provider's API is unavailable; retry later", retry_after=True),
     # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
     # or a misconfiguration: 500, its class and SQLSTATE logged (_internal_error).
 }

@@ -12,11 +12,13 @@ event id is taken from what the scheme signs:
   payment.
 - razorpay: a body with a `type` is in this service's own shape, as under
   github. A body without one is Razorpay's own: type from its `event`, data
-  its `payload`, id from the x-razorpay-event-id header. That header is not
-  signed: it can only decide whether a delivery is a retry of one already
-  stored, never whether money moves. Each movement is keyed by what the
-  signed body names (the payment's, the refund's, the dispute's id), so a
-  captured delivery replayed under another id is stored and moves nothing.
+  its `payload`, id the x-razorpay-event-id header, a dot, and the first 32
+  hex digits of the body's SHA-256. That header is not signed, so it is only
+  a hint: alone it would let an old signed body, sent first under the id of
+  an event yet to come, take that id and refuse the real event (409). Each
+  movement is keyed by what the signed body names (the payment's, the
+  refund's, the dispute's id), so a captured delivery replayed under another
+  header is stored and moves nothing.
 - paypal: a body with a `type` is in this service's own shape. A body without
   one is PayPal's own: id its `id` (WH-...), type its `event_type`, data its
   `resource`. The whole body is signed (its CRC32 is in the signed string,
@@ -38,6 +40,11 @@ from typing import Any, NamedTuple, NoReturn, Protocol, TypeGuard, cast
 # The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
 DEFAULT_SOURCE = "default"
 MAX_ID_CHARS = 128
+# A Razorpay event id ends in this many hex digits of its body's SHA-256: 128
+# bits, so no one can make a body that takes the id of one they have not seen.
+RAZORPAY_DIGEST_HEX = 32
+# The longest x-razorpay-event-id whose event id (header, dot, digest) fits MAX_ID_CHARS.
+MAX_RAZORPAY_HEADER_CHARS = MAX_ID_CHARS - 1 - RAZORPAY_DIGEST_HEX
 MAX_TYPE_CHARS = 64
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_REFUNDED = "payment.refunded"
@@ -233,21 +240,23 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
 
 
 def stored_event(source: str, event_id: str, event_type: str, body: bytes | None,
-                 body_sha256: bytes | None) -> Event:
+                 body_sha256: bytes | None, fetched: bytes | None = None) -> Event:
     """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
     The bytes are checked against their SHA-256 and decoded by the live
     path's own function, so that both decide alike; StoredBodyError says why
     they cannot be. The id and type are the row's, as first parsed: a
     signature scheme may take them from headers rather than the body (and a
-    GitHub event's data is its whole body).
+    GitHub event's data is its whole body). fetched, the provider's bytes of
+    the event (a fetching source, app/providers/), is what it is read from
+    when kept; body stays its bytes of record.
     """
     if body is None:
         raise StoredBodyError("its bytes were not kept (stored by the release before sources)")
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
-        document = load(body)
+        document = load(body if fetched is None else bytes(fetched))
     except InvalidJSONError as exc:
         raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
     data = document["data"] if isinstance(document.get("data"), dict) else document
@@ -267,7 +276,9 @@ def _razorpay_event(document: dict[str, Any], body: bytes, headers: Headers, sou
     payload = document.get("payload")
     if not isinstance(payload, dict):
         raise InvalidEventError("'payload' must be an object")
-    event_id = _text(headers.get("x-razorpay-event-id"), "the x-razorpay-event-id header", MAX_ID_CHARS)
+    header_id = _text(headers.get("x-razorpay-event-id"), "the x-razorpay-event-id header", MAX_RAZORPAY_HEADER_CHARS)
+    # The header is not signed: the body's digest binds the id to the signed bytes.
+    event_id = f"{header_id}.{hashlib.sha256(body).hexdigest()[:RAZORPAY_DIGEST_HEX]}"
     return Event(event_id, event_type, payload, document, body, source)
 
 

@@ -16,7 +16,7 @@ operator's correction, called here for `flask ledger adjust`) and `spend`
 
 import uuid
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import psycopg
 
@@ -133,16 +133,28 @@ APPLY_EVENT = """
 """
 
 
+# The provider's bytes of a fetched event, kept beside the delivered ones on the row this transaction wrote
+# (inserted, or a failed event tried again: updated_at is the transaction's now()); in the same message.
+KEEP_FETCHED = """;
+    UPDATE webhook_events SET fetched = %(fetched)s
+    WHERE source = %(source)s AND event_id = %(event_id)s AND updated_at = now()
+"""
+
+
 def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
-                origin: Origin | None = Origin.DELIVERY) -> Result:
+                origin: Origin | None = Origin.DELIVERY, fetched: bytes | None = None) -> Result:
     """Record event (whose effect is effect_of(event, policy)) and apply its effect atomically; return a Result.
 
     body_sha256 is the SHA-256 of the bytes received; policy is recorded with
     the event, and origin with its bytes (None: a replay of the stored bytes
-    keeps the row's). A failure is committed (attempts, last_error) with no
-    balance change, a payload mismatch as a count and nothing else.
+    keeps the row's); fetched, the provider's bytes that event was read from
+    (app/providers/), with them. A failure is committed (attempts, last_error)
+    with no balance change, a payload mismatch as a count and nothing else.
     """
-    row = one_query(pool, APPLY_EVENT, apply_event_params(event, effect, body_sha256, policy, origin))
+    params = apply_event_params(event, effect, body_sha256, policy, origin)
+    if fetched is not None:
+        params["fetched"] = fetched
+    row = one_query(pool, APPLY_EVENT + (KEEP_FETCHED if fetched is not None else ""), params)
     assert row is not None  # a SELECT of a function returning one row
     outcome, problem, stored_sha256, change, balance_after = row
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
@@ -163,29 +175,43 @@ def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy:
 
 
 STORED_EVENT = """
-    SELECT event_type, status, body, payload_sha256 AS body_sha256 FROM webhook_events
+    SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched FROM webhook_events
     WHERE source = %s AND event_id = %s
 """
 
 
-def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLICY) -> Result | None:
+class Refetch(Protocol):
+    """How replay asks the provider again for an event it had no record of (providers.Providers.fetch)."""
+
+    def __call__(self, event: Event) -> tuple[Event, Effect, bytes | None]: ...
+
+
+def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLICY,
+           refetch: Refetch | None = None) -> Result | None:
     """Re-apply a stored event from its stored bytes, as a new delivery of them would; None if none is stored.
 
     A completed event is left as it is: Result(DUPLICATE, "already completed").
-    Stored bytes that cannot be replayed are a FAILED result saying why.
+    Stored bytes that cannot be replayed are a FAILED result saying why. An
+    event of a fetching source is read from the provider's bytes kept with
+    it; when there are none (the provider had no record of it), refetch asks
+    the provider again.
     """
     with transaction(pool) as conn:
         row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None
-    event_type, status, body, body_sha256 = row
+    event_type, status, body, body_sha256, fetched = row
     if status == Status.COMPLETED:
         return Result(Outcome.DUPLICATE, "already completed")
     try:
-        event = stored_event(source, event_id, event_type, body, body_sha256)
+        event = stored_event(source, event_id, event_type, body, body_sha256, fetched)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
-    result = apply_event(pool, event, effect_of(event, policy), bytes(body_sha256), policy, origin=None)
+    effect = effect_of(event, policy)
+    if fetched is None and refetch is not None:
+        event, effect, fetched = refetch(event)
+    result = apply_event(pool, event, effect, bytes(body_sha256), policy, origin=None,
+                         fetched=None if fetched is None else bytes(fetched))
     if result.outcome == Outcome.DUPLICATE and result.change is None:
         return result._replace(problem="completed meanwhile by another delivery")
     return result
@@ -194,7 +220,7 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256
+    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256, fetched
     FROM webhook_events
     WHERE effect_version IS DISTINCT FROM %(version)s AND body IS NOT NULL
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
@@ -228,9 +254,10 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, status, version, body, body_sha256 in rows:
+            for row_id, source, event_id, event_type, status, version, body, body_sha256, fetched in rows:
                 try:
-                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256), policy)
+                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256, fetched),
+                                       policy)
                 except StoredBodyError:
                     effect = None  # unreadable bytes: verify reports them; compared by bytes meanwhile
                 conn.execute(SET_EFFECT, [effect and effect.sha256, EFFECT_VERSION, row_id])

@@ -128,6 +128,17 @@ class Metrics:
         self.by_name: dict[str, Counter] = {
             **{name: self.changes[change] for change, (name, _) in CHANGES.items()},
             PAYMENT_MISMATCHES: self.payment_mismatches, BELOW_ZERO: self.below_zero}
+        # provider: a scheme's provider; result: the HTTP status, or timeout, unreachable, no_slot.
+        self.provider_calls = Counter(
+            "webhook_ledger_provider_calls", "Calls to providers' APIs, by provider and result (status, timeout, "
+            "unreachable, no_slot)", ["provider", "result"], registry=registry)
+        self.provider_latency = Histogram(
+            "webhook_ledger_provider_call_duration_seconds", "Time a call to a provider's API took",
+            ["provider"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.contradictions = Counter(
+            "webhook_ledger_provider_contradictions",
+            "Events whose provider's record moved other money than the notification said: the record decided",
+            ["source"], registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
@@ -147,6 +158,13 @@ class Metrics:
             self.redis_degraded.inc()
         if delivery.redis_fault:
             self.redis_faults.labels(reason=delivery.redis_fault).inc()
+        if delivery.contradicted:
+            self.contradictions.labels(source=delivery.source).inc()
+
+    def observe_call(self, provider: str, result: str, seconds: float) -> None:
+        """Count one call to a provider's API (app/providers/outbound.py), and its time."""
+        self.provider_calls.labels(provider=provider, result=result).inc()
+        self.provider_latency.labels(provider=provider).observe(seconds)
 
     def observe_pool(self, pool: Pool, at_most_every: float = 0.0) -> None:
         now = time.monotonic()

@@ -156,6 +156,16 @@ def api_base(name: str, raw: str) -> str:
     return raw.strip().rstrip("/")
 
 
+def optional_api_base(name: str, raw: str) -> str | None:
+    """An API address, or None (unset: the provider's own)."""
+    return api_base(name, raw) if raw.strip() else None
+
+
+def optional_boolean(name: str, raw: str) -> bool | None:
+    """true or false, or None (unset: the scheme decides)."""
+    return boolean(name, raw) if raw.strip() else None
+
+
 # Stripe's: a metadata key is up to 40 characters, and has no square brackets.
 METADATA_KEY = re.compile(r"[^\s\[\]]{1,40}")
 

@@ -31,7 +31,11 @@ MIN_SECRET_BYTES = 16
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key>; each defaults to the default source's.
-SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER")
+SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER",
+                   "API_BASE", "FETCH")
+# The schemes whose provider's API can be asked for an event (app/providers/), and whether it must be:
+# PayPal's signature covers only a CRC32 of the body, which anyone can match (docs/providers.md).
+FETCHING_SCHEMES = {"paypal": True, "stripe": False}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class Source:
     api_key: str | None = field(default=None, repr=False)
     # How its payments name their user (WEBHOOK_<NAME>_USER_METADATA_KEY, WEBHOOK_<NAME>_NO_USER).
     users: Users = Users()
+    # Whether each event is fetched from the provider's API (WEBHOOK_<NAME>_FETCH), and where (_API_BASE).
+    fetch: bool = False
+    api_base: str | None = None
 
     @property
     def event_source(self) -> str:
@@ -111,10 +118,13 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
     sources = {}
     if values["WEBHOOK_SECRET"] is not None:
         secrets = keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], values["WEBHOOK_SIGNATURE_SCHEME"])
-        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, values["WEBHOOK_SIGNATURE_SCHEME"],
-                                         secrets, values["WEBHOOK_TOLERANCE_SECONDS"],
+        scheme = values["WEBHOOK_SIGNATURE_SCHEME"]
+        sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, scheme, secrets, values["WEBHOOK_TOLERANCE_SECONDS"],
                                          api_key=values["WEBHOOK_API_KEY"],
-                                         users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]))
+                                         users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]),
+                                         fetch=_fetch("WEBHOOK_", scheme, values["WEBHOOK_FETCH"],
+                                                      values["WEBHOOK_API_KEY"]),
+                                         api_base=values["WEBHOOK_API_BASE"])
     for name in named:
         own = prefix(name)
         raw_secret = environ.get(own + "SECRET")
@@ -133,9 +143,14 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
                       else parsers.metadata_key(own + "USER_METADATA_KEY", key),
                       values["WEBHOOK_NO_USER"] if no_user is None else parsers.no_user(own + "NO_USER", no_user),
                       own + "USER_METADATA_KEY" if key is not None else "WEBHOOK_USER_METADATA_KEY")
+        api_key = parsers.api_key(own + "API_KEY", environ.get(own + "API_KEY", ""))
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(own + "MOVED_FROM", moved_from, name),
-                               parsers.api_key(own + "API_KEY", environ.get(own + "API_KEY", "")), users)
+                               api_key, users,
+                               _fetch(own, scheme, parsers.optional_boolean(own + "FETCH", environ.get(own + "FETCH",
+                                                                                                           "")),
+                                      api_key),
+                               parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")))
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
         if earlier is not None and earlier.moved_from is not None:
@@ -143,6 +158,25 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
             raise ConfigError(f"{prefix(source.name)}MOVED_FROM names {earlier.name!r}, itself moved from "
                               f"{earlier.moved_from!r}: write {earlier.moved_from}")
     return sources
+
+
+def _fetch(own: str, scheme: str, fetch: bool | None, api_key: str | None) -> bool:
+    """Whether a source of scheme fetches each event (own: its settings' prefix), refusing what cannot be."""
+    required = FETCHING_SCHEMES.get(scheme)
+    if fetch is None:
+        fetch = bool(required)
+    if fetch and required is None:
+        raise ConfigError(f"{own}FETCH: the {scheme} scheme has no provider API to fetch events from")
+    if required and not fetch:
+        raise ConfigError(f"{own}FETCH cannot be false under {scheme}: its signature covers only a CRC32 of the "
+                          f"body, so each event is fetched from PayPal's API")
+    if fetch and api_key is None:
+        what = ("PayPal's REST app credentials, <client id>:<secret>" if scheme == "paypal"
+                else "a key that may read Events")
+        raise ConfigError(f"{own}API_KEY is required to fetch events under {scheme}: {what}")
+    if fetch and scheme == "paypal" and api_key is not None and ":" not in api_key:
+        raise ConfigError(f"{own}API_KEY must be PayPal's REST app credentials written <client id>:<secret>")
+    return fetch
 
 
 def _moved_from(name: str, raw: str, source: str) -> str:

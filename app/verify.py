@@ -114,7 +114,7 @@ JOURNAL_WITHOUT_MOVEMENT = """
 COMPLETED_EFFECTS = """
     SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
            CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
-           e.ledger_currency, e.test_events_accepted, e.user_metadata_key,
+           e.ledger_currency, e.test_events_accepted, e.user_metadata_key, e.fetched,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
     LEFT JOIN ledger_journal j USING (source, event_id)
@@ -225,7 +225,8 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
     # Stored before the bytes were kept: its jsonb copy, unchecked.
     body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
     try:
-        effect = effect_of(stored_event(row.source, row.event_id, row.event_type, body, body_sha256), policy)
+        effect = effect_of(stored_event(row.source, row.event_id, row.event_type, body, body_sha256, row.fetched),
+                           policy)
     except StoredBodyError as exc:
         return f"completed event {name}: {exc}"
     if effect.setting:

@@ -7,11 +7,11 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import ledger, lock, paypal, signature
+from . import ledger, lock, providers, signature
 from .config import Settings
 from .db import get_pool
 from .delivery import current_delivery
-from .events import DEFAULT_SOURCE, effect_of, parse
+from .events import DEFAULT_SOURCE, parse
 from .lock import Locks
 from .sources import Source
 
@@ -31,20 +31,23 @@ class UnknownSourceError(LookupError):
 @bp.post("/api/webhooks", defaults={"name": None}, strict_slashes=False, provide_automatic_options=False)
 @bp.post("/api/webhooks/<name>", strict_slashes=False, provide_automatic_options=False)
 def receive(name: str | None) -> dict[str, str]:
-    """Verify, parse, lock, apply in one statement, answer (docs/design.md, the shape). Errors raise (errors.py)."""
+    """Verify, parse, fetch (a fetching source), lock, apply in one statement, answer (docs/design.md). Errors raise."""
     settings, delivery = Settings.of(current_app), current_delivery()
     assert delivery is not None  # every request under delivery.PREFIX is one
     source = _source(settings, name)  # before anything is read: an unknown source costs a dict lookup
     delivery.source = source.name
     body = _raw_json_body(settings.max_body_bytes)
+    calls = providers.of(current_app)
     delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
-                                             certificates=paypal.certificates(current_app))
-    event = delivery.event = parse(body, source.scheme, request.headers, source.event_source)
-    effect = delivery.effect = effect_of(event, settings.policy)
+                                             certificates=calls.certificates)
+    delivery.event = parse(body, source.scheme, request.headers, source.event_source)
+    fetched = delivery.fetched = calls.fetch(source, delivery.event, settings.policy)
+    event, effect = fetched.event, fetched.effect(settings.policy)
+    delivery.effect = effect
     body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
     delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
-    delivery.result = delivery.lock.apply_once(
-        lambda: ledger.apply_event(get_pool(current_app), event, effect, body_sha256, settings.policy))
+    delivery.result = delivery.lock.apply_once(lambda: ledger.apply_event(
+        get_pool(current_app), event, effect, body_sha256, settings.policy, fetched=fetched.body))
     delivery.outcome = delivery.result.raise_for_outcome().outcome
     return {"status": delivery.outcome, "event_id": event.id}
 

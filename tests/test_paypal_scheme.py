@@ -2,10 +2,13 @@
 them (RSA-SHA256 over transmission id|time|webhook id|CRC32), checked with a certificate that the service
 fetches from PAYPAL-CERT-URL over HTTPS from a loopback stand-in of PayPal's certificate host, under a CA made
 here; PayPal's own SDK's signed string agrees with ours; each certificate check refuses as it should; payments,
-refunds, reversals and disputes move the ledger once. Real PostgreSQL and Redis."""
+refunds, reversals and disputes move the ledger once, read from the event as a loopback stand-in of PayPal's
+REST API has it (devservers/paypal_stand_in.py: each test publishes there what PayPal would hold). Real
+PostgreSQL and Redis."""
 
 import binascii
 import datetime
+import json
 import re
 import ssl
 import threading
@@ -25,8 +28,10 @@ from hypothesis import strategies as st
 
 from app import config as app_config
 from app.events import Policy
-from app.paypal import Certificates, CertificateUnavailableError
+from app.providers.outbound import Outbound
+from app.providers.paypal import Certificates, CertificateUnavailableError
 from app.signature import SignatureError, sign, verify
+from devservers.paypal_stand_in import PayPalStandIn
 
 from .helpers import (
     ALICE,
@@ -207,13 +212,30 @@ def seen(cert_host):
     return cert_host.requests
 
 
+@pytest.fixture(scope="module")
+def paypal_api_server():
+    stand_in = PayPalStandIn().start()
+    yield stand_in
+    stand_in.close()
+
+
 @pytest.fixture
-def config(db, redis_server, redis_client, pki, cert_host):
-    """PayPal on its own route, its webhook id the source's secret; the stand-in the one certificate host."""
+def paypal_api(paypal_api_server):
+    """PayPal's REST API (token, events) on loopback, holding no event and failing nothing, this test's alone."""
+    paypal_api_server.reset()
+    return paypal_api_server
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, pki, cert_host, paypal_api):
+    """PayPal on its own route, its webhook id the source's secret; the stand-ins the one certificate host and
+    PayPal's REST API."""
     base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
     return sources_config(base, {SOURCE: None}, **{"WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID, "LEDGER_CURRENCY": "usd",
                                                    "PAYPAL_CERT_HOSTS": f"localhost:{cert_host.port}",
-                                                   "PAYPAL_CA_FILE": str(pki.ca_file)})
+                                                   "PAYPAL_CA_FILE": str(pki.ca_file),
+                                                   "WEBHOOK_PAYPAL_API_KEY": paypal_api.api_key,
+                                                   "WEBHOOK_PAYPAL_API_BASE": paypal_api.url})
 
 
 def paypal_headers(body, pki, cert_host, name="CERT-good", webhook_id=WEBHOOK_ID, timestamp=None, url=None):
@@ -224,8 +246,12 @@ def paypal_headers(body, pki, cert_host, name="CERT-good", webhook_id=WEBHOOK_ID
 
 
 @pytest.fixture
-def send_paypal(client, pki, cert_host):
+def send_paypal(client, pki, cert_host, paypal_api):
+    """POST event to the PayPal source, signed as PayPal signs it, once PayPal's API holds it (as PayPal's does
+    before it sends the event)."""
     def signed(event, **signing):
+        if isinstance(event.get("id"), str):
+            paypal_api.add(event)
         body = encode(event)
         return send(client, body, paypal_headers(body, pki, cert_host, **signing), source=SOURCE)
     return signed
@@ -462,8 +488,9 @@ def test_a_certificate_host_failing_writes_nothing(client, db, pki, cert_host, s
     assert event_rows(db) == 0
 
 
-def test_paypals_retry_after_its_certificate_host_failed_is_verified(client, db, pki, cert_host, seen):
+def test_paypals_retry_after_its_certificate_host_failed_is_verified(client, db, pki, cert_host, seen, paypal_api):
     body, _ = _send_while_the_certificate_host_fails(client, pki, cert_host)
+    paypal_api.add(json.loads(body))
     response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
     assert response.status == 200
 
@@ -472,7 +499,7 @@ def test_paypals_retry_after_its_certificate_host_failed_is_verified(client, db,
 
 @pytest.fixture
 def cache(pki, cert_host):
-    return Certificates(frozenset({f"localhost:{cert_host.port}"}), pki.ca_file, timeout=0.5)
+    return Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 0.5), pki.ca_file)
 
 
 def test_a_slow_certificate_host_is_unavailable_not_an_error(cache, cert_host, seen):
@@ -484,7 +511,8 @@ def test_a_slow_certificate_host_is_unavailable_not_an_error(cache, cert_host, s
 def test_a_tls_failure_is_unavailable(cert_host, seen):
     """The host's TLS certificate does not chain to the roots configured (certifi's here): a 503, not a 500."""
     with pytest.raises(CertificateUnavailableError, match="could not be fetched"):
-        Certificates(frozenset({f"localhost:{cert_host.port}"}), None)(cert_host.url("CERT-good"), time.time())
+        Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0))(cert_host.url("CERT-good"),
+                                                                                   time.time())
 
 
 def test_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(cache, cert_host, seen):
@@ -523,10 +551,11 @@ def _journal(db):
                       " ORDER BY id").fetchall()
 
 
-def test_a_replayed_delivery_moves_nothing(client, db, pki, cert_host):
+def test_a_replayed_delivery_moves_nothing(client, db, pki, cert_host, paypal_api):
     """The same bytes and headers sent again, and the same event signed in a new transmission (as PayPal's
-    retry is): the event's id, signed with its body, decides."""
+    retry is): the event's id, as PayPal's API has it, decides."""
     event = capture_completed(new_id(), user=BOB, value="7.50")
+    paypal_api.add(event)
     body = encode(event)
     headers = paypal_headers(body, pki, cert_host)
     assert send(client, body, headers, source=SOURCE).json == {"status": "processed", "event_id": event["id"]}
@@ -695,17 +724,36 @@ def test_ledger_verify_reads_stored_paypal_events_as_the_live_path_did(send_payp
     ({"PAYPAL_CERT_HOSTS": "api.paypal.com:port"}, "PAYPAL_CERT_HOSTS must be comma-separated host names"),
     ({"PAYPAL_CERT_HOSTS": "https://api.paypal.com"}, "PAYPAL_CERT_HOSTS must be"),
     ({"PAYPAL_CA_FILE": "/nonexistent/ca.pem"}, "PAYPAL_CA_FILE names no file"),
+    ({"WEBHOOK_PAYPAL_API_KEY": None}, "WEBHOOK_PAYPAL_API_KEY is required to fetch events under paypal: PayPal's "
+                                       "REST app credentials, <client id>:<secret>"),
+    ({"WEBHOOK_PAYPAL_API_KEY": "only-a-client-id"}, "WEBHOOK_PAYPAL_API_KEY must be PayPal's REST app credentials "
+                                                     "written <client id>:<secret>"),
+    ({"WEBHOOK_PAYPAL_FETCH": "false"}, "WEBHOOK_PAYPAL_FETCH cannot be false under paypal: its signature covers "
+                                        "only a CRC32 of the body"),
+    ({"WEBHOOK_PAYPAL_API_BASE": "api-m.paypal.com"}, "WEBHOOK_PAYPAL_API_BASE must be an http:// or https:// "
+                                                      "address"),
 ])
 def test_bad_paypal_settings_stop_with_one_line_naming_the_setting(settings_, message):
     environ = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
-               "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID, **settings_}
+               "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID,
+               "WEBHOOK_PAYPAL_API_KEY": "AZclient:EKsecret", **settings_}
+    environ = {name: value for name, value in environ.items() if value is not None}
     with pytest.raises(app_config.ConfigError, match=re.escape(message)) as refused:
         app_config.from_env(environ)
     assert "\n" not in refused.value.format_message()
 
 
 PAYPAL_ENVIRON = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "redis://localhost",
-                  "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}"}
+                  "WEBHOOK_SOURCES": "paypal", "WEBHOOK_PAYPAL_SECRET": f"OLDWEBHOOKID1, {WEBHOOK_ID}",
+                  "WEBHOOK_PAYPAL_API_KEY": "AZclient:EKsecret"}
+
+
+@pytest.mark.unit
+def test_a_paypal_source_fetches_from_paypals_live_api_unless_told_another():
+    source = app_config.from_env(PAYPAL_ENVIRON).sources["paypal"]
+    assert (source.fetch, source.api_base) == (True, None)  # None: app.providers.paypal.API_BASE
+    sandbox = app_config.from_env({**PAYPAL_ENVIRON, "WEBHOOK_PAYPAL_API_BASE": "https://api-m.sandbox.paypal.com"})
+    assert sandbox.sources["paypal"].api_base == "https://api-m.sandbox.paypal.com"
 
 
 @pytest.mark.unit
@@ -748,19 +796,31 @@ _FIELDS = ["id", "amount", "custom_id", "status", "links", "dispute_id", "disput
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(event_type=st.sampled_from(_PAYPAL_TYPES),
        resource=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=len(_FIELDS)))
-def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_host, event_type, resource):
-    body = encode({"id": new_event_id(), "event_type": event_type, "resource": resource})
+def test_signed_paypal_bodies_of_any_resource_never_5xx(client, db, pki, cert_host, paypal_api, event_type,
+                                                         resource):
+    event = {"id": new_event_id(), "event_type": event_type, "resource": resource}
+    paypal_api.add(event)
+    body = encode(event)
     response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
     assert response.status in (200, 409, 422), response.json
 
 
 def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concurrent_deliveries(gunicorn, db, pki,
-                                                                                                cert_host, seen):
+                                                                                                cert_host, seen,
+                                                                                                paypal_api):
     server = gunicorn(workers=2, threads=4)
-    bodies = [encode(capture_completed(new_id(), user=BOB, value="1.00")) for _ in range(24)]
+    events = [capture_completed(new_id(), user=BOB, value="1.00") for _ in range(24)]
+    paypal_api.add(*events)
+    bodies = [encode(event) for event in events]
 
     def post(body):
-        return send(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE).status
+        """Sent until it is not 503, as PayPal retries: 8 at once are more than a worker's PROVIDER_SLOTS (2)."""
+        for _ in range(100):
+            status = send(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE).status
+            if status != 503:
+                return status
+            time.sleep(0.02)
+        return status
 
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(post, bodies)) == {200}

@@ -44,16 +44,21 @@ def config(db, redis_server, redis_client):
     return sources_config(base, {SOURCE: None}, LEDGER_CURRENCY="inr")
 
 
-def razorpay_headers(body, event_id=None, secret=SECRET):
+def razorpay_headers(body, header_id=None, secret=SECRET):
     """What Razorpay sends: the hex HMAC of the raw body, and the event's id in its own (unsigned) header."""
     return {"Content-Type": "application/json", "X-Razorpay-Signature": sign("razorpay", body, [secret.encode()])[
-        "X-Razorpay-Signature"], "x-razorpay-event-id": event_id or new_id("evt")[4:]}
+        "X-Razorpay-Signature"], "x-razorpay-event-id": header_id or new_id("evt")[4:]}
 
 
-def send_razorpay(client, event, event_id=None):
-    """POST event to the Razorpay source, signed as Razorpay signs it."""
+def send_razorpay(client, event, header_id=None):
+    """POST event to the Razorpay source, signed as Razorpay signs it, header_id in its x-razorpay-event-id."""
     body = encode(event)
-    return send(client, body, razorpay_headers(body, event_id), source=SOURCE)
+    return send(client, body, razorpay_headers(body, header_id), source=SOURCE)
+
+
+def razorpay_event_id(header_id, body):
+    """The id an event of Razorpay's gets: its x-razorpay-event-id, a dot, 32 hex digits of its body's SHA-256."""
+    return f"{header_id}.{hashlib.sha256(body).hexdigest()[:32]}"
 
 
 # -- the scheme, checked against Razorpay's library -------------------------------------
@@ -135,15 +140,16 @@ def test_a_bad_razorpay_signature_writes_nothing(client, db, headers, message):
 
 # -- payments ----------------------------------------------------------------------------
 
-def _capture(client, payment_id, event_id):
-    """payment.captured of payment_id (500 rupees to Bob), delivered under event_id: the answer."""
-    return send_razorpay(client, payment_captured(payment_id, user=BOB, paise=50000), event_id)
+def _capture(client, payment_id, header_id):
+    """payment.captured of payment_id (500 rupees to Bob), delivered under header_id: the answer."""
+    return send_razorpay(client, payment_captured(payment_id, user=BOB, paise=50000), header_id)
 
 
 def test_payment_captured_credits_its_payment_once(client, db):
-    payment_id, event_id = new_id("pay"), "Hdjxv1mE1e0gOk"
-    assert _capture(client, payment_id, event_id).json == {"status": "processed", "event_id": event_id}
-    assert _capture(client, payment_id, event_id).json["status"] == "duplicate"  # Razorpay's retry: same id
+    body, header_id = encode(payment_captured(new_id("pay"), user=BOB, paise=50000)), "Hdjxv1mE1e0gOk"
+    event_id = razorpay_event_id(header_id, body)
+    assert send_razorpay(client, body, header_id).json == {"status": "processed", "event_id": event_id}
+    assert send_razorpay(client, body, header_id).json["status"] == "duplicate"  # Razorpay's retry: same id
     assert balance(db, BOB) == 50000
     row = stored_event_row(db, event_id)
     assert (row.source, row.event_type, row.status, row.attempts) == (SOURCE, "payment.captured", "completed", 1)
@@ -160,13 +166,13 @@ def test_order_paid_for_a_captured_payment_moves_nothing(client, db):
 
 def test_a_captured_delivery_replayed_under_another_event_id_moves_no_money(client, db):
     """x-razorpay-event-id is not signed: an attacker holding one captured delivery can send its exact bytes and
-    signature under ids of their choosing. Each is stored as an event; the payment's id, signed, decides."""
+    signature under headers of their choosing. Each is stored as an event; the payment's id, signed, decides."""
     payment_id = new_id("pay")
     body = encode(payment_captured(payment_id, user=BOB, paise=12300))
     signature = razorpay_headers(body)["X-Razorpay-Signature"]
-    for event_id in ("first-id", "replayed-id-1", "replayed-id-2"):
+    for header_id in ("first-id", "replayed-id-1", "replayed-id-2"):
         headers = {"Content-Type": "application/json", "X-Razorpay-Signature": signature,
-                   "x-razorpay-event-id": event_id}
+                   "x-razorpay-event-id": header_id}
         assert send(client, body, headers, source=SOURCE).status == 200
     assert balance(db, BOB) == 12300
     assert event_rows(db, SOURCE) == 3
@@ -208,16 +214,42 @@ def test_a_payment_that_cannot_apply_is_422(client, db, change, problem):
     assert balance(db, BOB) == 0
 
 
+# -- the event id: the unsigned header and the signed body's digest ----------------------
+
 @pytest.mark.parametrize("change, message", [
     ({"x-razorpay-event-id": None}, "the x-razorpay-event-id header is missing"),
-    ({"x-razorpay-event-id": "x" * 129}, "the x-razorpay-event-id header must be 1 to 128 characters"),
+    # 95: the header, a dot and 32 hex digits make an id of 128 characters, the most a stored id has.
+    ({"x-razorpay-event-id": "x" * 96}, "the x-razorpay-event-id header must be 1 to 95 characters"),
 ])
 def test_a_delivery_without_a_usable_event_id_is_400(client, db, change, message):
     body = encode(payment_captured(new_id("pay")))
     headers = {k: v for k, v in {**razorpay_headers(body), **change}.items() if v is not None}
     response = send(client, body, headers, source=SOURCE)
-    assert response.status == 400 and message in response.json["message"]
+    assert (response.status, response.json["error"]) == (400, "invalid_event")
+    assert message in response.json["message"]
     assert event_rows(db) == 0
+
+
+def test_the_event_id_is_the_header_and_the_bodys_digest(client, db):
+    body = encode(payment_captured(new_id("pay"), user=BOB))
+    event_id = f"HQ9tqtn9mNxM5C.{hashlib.sha256(body).hexdigest()[:32]}"
+    assert send_razorpay(client, body, "HQ9tqtn9mNxM5C").json == {"status": "processed", "event_id": event_id}
+    assert stored_event_row(db, event_id).source == SOURCE
+
+
+def test_the_longest_header_makes_an_id_of_128_characters(client, db):
+    body = encode(payment_captured(new_id("pay"), user=BOB))
+    answer = send_razorpay(client, body, "x" * 95)
+    assert answer.json == {"status": "processed", "event_id": razorpay_event_id("x" * 95, body)}
+    assert len(answer.json["event_id"]) == 128
+
+
+def test_razorpays_retry_of_an_event_is_a_duplicate(client, db):
+    """Razorpay retries an event with its bytes and its header: one id, one row."""
+    body = encode(payment_captured(new_id("pay"), user=BOB))
+    assert send_razorpay(client, body, "HQ9tqtn9mNxM5C").json["status"] == "processed"
+    assert send_razorpay(client, body, "HQ9tqtn9mNxM5C").json["status"] == "duplicate"
+    assert event_rows(db, SOURCE) == 1
 
 
 # -- refunds and disputes -------------------------------------------------------------------
@@ -237,6 +269,31 @@ def _journal(db):
 def _refund(client, event_type, refund_id, payment_id, paise, status):
     """One of Razorpay's refund events, which must be answered 200."""
     assert send_razorpay(client, refund_event(event_type, refund_id, payment_id, paise, status)).status == 200
+
+
+# Old signed bodies an attacker may have captured: another event of the payment, and another refund's.
+OLD_EVENTS = pytest.mark.parametrize("old_event", [
+    lambda payment_id: payment_captured(payment_id, user=BOB, paise=10000),
+    lambda payment_id: refund_event("refund.created", new_id("rfnd"), payment_id, 1000, "pending"),
+], ids=["payment.captured", "another refund"])
+
+
+@OLD_EVENTS
+def test_an_old_body_sent_under_a_coming_events_header_cannot_block_it(client, db, paid, old_event):
+    """Issue 35: the header is not signed. An old signed body sent first under the header of an event that has
+    not arrived yet takes no id from it: the event, when it comes, is processed and debits once."""
+    refund_id, header_id = new_id("rfnd"), "HQ9tqtn9mNxM5C"
+    genuine = encode(refund_event("refund.processed", refund_id, paid, 4000, "processed"))
+    old = encode(old_event(paid))
+    assert send_razorpay(client, old).status == 200  # its own delivery, earlier
+    before = balance(db, BOB)
+    assert send_razorpay(client, old, header_id).status == 200  # the squatter's, under the coming event's header
+    answer = send_razorpay(client, genuine, header_id)
+    assert answer.json == {"status": "processed", "event_id": razorpay_event_id(header_id, genuine)}
+    assert send_razorpay(client, genuine, header_id).json["status"] == "duplicate"  # Razorpay's retry
+    assert balance(db, BOB) == before - 4000
+    assert [row for row in _journal(db) if row[1] == refund_id] == [("refund", refund_id, -4000)]
+    assert_ledger_consistent(db, INR)
 
 
 def test_a_processed_refund_debits_once(client, db, paid):
@@ -340,16 +397,16 @@ def test_for_any_set_of_razorpay_events_in_any_order_the_balance_moves_by_what_t
         disputes[dispute_id] = (dispute_paise, outcomes)
     taken = min(amount, sum(cents for cents, statuses in refunds.values() if "failed" not in statuses)
                 + sum(cents for cents, outcomes in disputes.values() if outcomes == {"lost"}))
-    events = [(event, new_id("evt")[4:]) for event in sent]  # each event keeps its id on every delivery
+    events = [(event, new_id("evt")[4:]) for event in sent]  # each event keeps its header on every delivery
     # Each event delivered at least once, duplicates and reorders included.
     deliveries = data.draw(st.permutations(events + data.draw(st.lists(st.sampled_from(events), max_size=6))))
     before = balance(db, BOB)
-    for event, event_id in deliveries:
-        response = send_razorpay(client, event, event_id)
+    for event, header_id in deliveries:
+        response = send_razorpay(client, event, header_id)
         # 422: a movement before its payment's credit (unknown payment), which Razorpay retries.
         assert response.status in (200, 422), response.json
-    for event, event_id in events:  # Razorpay retries what was refused before its payment
-        response = send_razorpay(client, event, event_id)
+    for event, header_id in events:  # Razorpay retries what was refused before its payment
+        response = send_razorpay(client, event, header_id)
         assert response.status == 200, response.json
     assert balance(db, BOB) - before == amount - taken
     assert_ledger_consistent(db, INR)

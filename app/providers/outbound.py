@@ -1,0 +1,151 @@
+"""Calls to a provider's API: a total deadline per call, and a bounded number of calls at once per process.
+
+A socket timeout bounds each read, not the call: a host that sends a byte a
+second keeps it going for ever. Here a timer shuts the connection's socket
+down when the call's deadline passes, whatever it is waiting for (the
+connection, TLS, the headers or the body), so a call never outlives it.
+And a call needs a slot: when every slot is taken, the caller is told at
+once (503, Retry-After) instead of waiting, so that a slow provider holds
+at most `slots` threads of a process and never /health, /ready or a
+delivery that fetches nothing. (A host name is resolved before the timer
+can cut anything: the system's resolver bounds that wait.)
+"""
+
+import http.client
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+# An answer past this is refused, whatever the provider: an event or an object is a few kilobytes.
+MAX_ANSWER_BYTES = 1024 * 1024
+
+# What is told of each call (app/metrics.py counts it): the provider, its result (the status, "timeout",
+# "unreachable", "no_slot"), and the seconds it took.
+Observer = Callable[[str, str, float], None]
+
+
+class ProviderUnavailableError(Exception):
+    """The provider could not answer in time (no slot, unreachable, past the deadline, 429, 5xx): 503, retry."""
+
+
+class DeadlinePassedError(ProviderUnavailableError):
+    """The call's deadline passed before its answer ended."""
+
+
+class ProviderRefusedError(Exception):
+    """The provider refused our credentials (401, 403): 503, and an alert: a misconfiguration, not the sender's."""
+
+
+class Reply(NamedTuple):
+    status: int
+    body: bytes
+
+
+class Deadline:
+    """One monotonic instant that several calls share (a token, then the event, within one delivery)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassedError(f"no answer within {self.seconds:g} s")
+        return left
+
+
+class Outbound:
+    """The calls of one process: its slots, and each call's deadline. Thread-safe."""
+
+    def __init__(self, slots: int, deadline_seconds: float, observe: Observer | None = None) -> None:
+        self.slots = slots
+        self.deadline_seconds = deadline_seconds
+        self.observe = observe or (lambda provider, result, seconds: None)
+        self._free = threading.BoundedSemaphore(slots)
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.deadline_seconds)
+
+    @contextmanager
+    def slot(self, provider: str) -> Iterator[None]:
+        """Hold one of the process's slots, or ProviderUnavailableError at once when none is free."""
+        if not self._free.acquire(blocking=False):
+            self.observe(provider, "no_slot", 0.0)
+            raise ProviderUnavailableError(f"all {self.slots} calls to providers are in flight")
+        try:
+            yield
+        finally:
+            self._free.release()
+
+    def request(self, provider: str, method: str, url: str, deadline: Deadline, *,
+                headers: Mapping[str, str] | None = None, body: bytes | None = None,
+                context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES) -> Reply:
+        """The status and body of one HTTP call made within deadline; no redirect is followed.
+
+        The caller holds a slot. ProviderUnavailableError when the call
+        cannot end in an answer by the deadline, or the answer is larger
+        than max_bytes; any status is returned as it came.
+        """
+        started = time.perf_counter()
+        result = "unreachable"
+        try:
+            reply = self._call(method, url, deadline, headers or {}, body, context, max_bytes)
+            result = str(reply.status)
+            return reply
+        except ProviderUnavailableError as exc:
+            result = "timeout" if isinstance(exc, DeadlinePassedError) else result
+            raise
+        finally:
+            self.observe(provider, result, time.perf_counter() - started)
+
+    def _call(self, method: str, url: str, deadline: Deadline, headers: Mapping[str, str], body: bytes | None,
+              context: ssl.SSLContext | None, max_bytes: int) -> Reply:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+        connection: http.client.HTTPConnection
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(host, port, timeout=deadline.left(),
+                                                     context=context or ssl.create_default_context())
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=deadline.left())
+        cut = threading.Event()
+        timer = threading.Timer(deadline.left(), _cut, (connection, cut))
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.connect()
+            if cut.is_set():  # the deadline passed while the socket was not yet there to cut
+                raise TimeoutError
+            connection.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body,
+                               headers=dict(headers))
+            answer = connection.getresponse()
+            data = answer.read(max_bytes + 1)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if cut.is_set() or isinstance(exc, TimeoutError):
+                raise DeadlinePassedError(f"no answer within {deadline.seconds:g} s") from None
+            raise ProviderUnavailableError(f"unreachable: {type(exc).__name__}") from None
+        finally:
+            timer.cancel()
+            connection.close()
+        if cut.is_set():  # the body ended as the deadline passed: it may be cut short
+            raise DeadlinePassedError(f"no answer within {deadline.seconds:g} s")
+        if len(data) > max_bytes:
+            raise ProviderUnavailableError(f"an answer larger than {max_bytes} bytes")
+        return Reply(answer.status, data)
+
+
+def _cut(connection: http.client.HTTPConnection, cut: threading.Event) -> None:
+    """The deadline passed: end every wait on the connection's socket now (a read returns, a write fails)."""
+    cut.set()
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
