@@ -167,9 +167,10 @@ BEGIN
             problem := 'the event is ' || v_status;
             RETURN;
         END IF;
-        -- A failed event, tried again from this delivery's bytes.
+        -- A failed event, tried again from this delivery's bytes (and type:
+        -- another only when the provider had no record of it before).
         UPDATE webhook_events
-        SET attempts = attempts + 1, updated_at = now(), body = p_body, payload_sha256 = p_sha256,
+        SET attempts = attempts + 1, updated_at = now(), event_type = p_type, body = p_body, payload_sha256 = p_sha256,
             payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
             effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events,
             origin = coalesce(p_origin, origin), user_metadata_key = p_user_key, no_user = p_no_user

@@ -1,8 +1,13 @@
-"""A loopback stand-in for Stripe's List Events (`GET /v1/events`), for the reconcile tests and `make bench`.
+"""A loopback stand-in for Stripe's List Events (`GET /v1/events`) and Retrieve an event (`GET /v1/events/{id}`),
+for the reconcile and fetch tests and `make bench`.
 
 It implements the documented contract and nothing more, so that the real
 stripe-python talks to it over HTTP, unmocked:
-https://docs.stripe.com/api/events/list and https://docs.stripe.com/api/pagination.
+https://docs.stripe.com/api/events/list, https://docs.stripe.com/api/events/retrieve and
+https://docs.stripe.com/api/pagination.
+
+- retrieve: the Event object by id, whatever its age; an unknown id is 404
+  `resource_missing` ("No such event: 'evt_...'");
 
 - newest first ("sorted by creation date, with the most recent appearing
   first"); events created in the same second keep the order they were added
@@ -115,6 +120,15 @@ class StripeStandIn:
             page.reverse()  # the events just newer than the cursor, newest first
         return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
 
+    def retrieve_event(self, event_id: str) -> tuple[int, dict[str, Any]]:
+        """The answer to GET /v1/events/{id}: the Event, or 404 resource_missing."""
+        with self._lock:
+            key = self._keys.get(event_id)
+            found = self._events[bisect.bisect_left(self._sorted, key)] if key is not None else None
+        if found is None:
+            return 404, _error("invalid_request_error", "resource_missing", f"No such event: '{event_id}'", "id")
+        return 200, found
+
     # -- the server ---------------------------------------------------------------
 
     @property
@@ -146,9 +160,12 @@ class StripeStandIn:
         if authorization != f"Bearer {self.api_key}":
             shown = (authorization or "").removeprefix("Bearer ")[:8]
             return 401, _error("invalid_request_error", None, f"Invalid API Key provided: {shown}***")
-        if path.rstrip("/") != "/v1/events":
+        retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
+        if path.rstrip("/") != "/v1/events" and not retrieve:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
         params = _decode(parse_qsl(query, keep_blank_values=True))
+        if retrieve:
+            params = {"id": path.rsplit("/", 1)[1]}
         with self._lock:
             self.requests.append(params)
             self.arrivals.append(time.monotonic())
@@ -160,6 +177,8 @@ class StripeStandIn:
             time.sleep(self.delay)
         if fault is not None:
             return fault, _error(*ERRORS[fault])
+        if retrieve:
+            return self.retrieve_event(params["id"])
         try:
             return 200, self.list_events(params)
         except BadRequestError as exc:

@@ -286,14 +286,17 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     completed event announced credited once; balance = opening + those credits - what the money rule's Python
     model (expected_debits) says each payment's completed events take + the adjustments and spends (which no
     event makes: their journal rows are their record); and `flask ledger verify`'s own checks clean. The
-    events are read from their bytes by the live path's reader (events.effect_of, under policy)."""
+    events are read from their bytes (a fetched event's from its provider's) by the live path's reader
+    (events.effect_of, under policy)."""
     assert conn.execute(
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
-    completed = conn.execute("SELECT source, event_id, event_type, body FROM webhook_events"
+    completed = conn.execute("SELECT source, event_id, event_type, body, fetched FROM webhook_events"
                              " WHERE status = 'completed' AND body IS NOT NULL ORDER BY id").fetchall()
     credits, moves = {}, {}
-    for source, event_id, event_type, body in completed:
-        effect = events.effect_of(events.stored_event(source, event_id, event_type, bytes(body), None), policy)
+    for source, event_id, event_type, body, fetched in completed:
+        # A fetched event's money is read from the provider's bytes (app/providers/).
+        effect = events.effect_of(events.stored_event(source, event_id, event_type, bytes(body), None, fetched),
+                                  policy)
         if effect.kind is None:
             continue
         key = (source, effect.payment_id)

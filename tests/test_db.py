@@ -1142,7 +1142,7 @@ def _migrated_from_007(db):
 
 def test_a_database_at_007_is_migrated_to_the_fresh_schema(db):
     fresh, applied = _migrated_from_007(db)
-    assert applied == (False, ["008_users_links.sql", "009_writer_cost.sql"])
+    assert applied == (False, ["008_users_links.sql", "009_writer_cost.sql", "010_fetched.sql"])
     assert _differences(db, fresh) == []
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute("UPDATE webhook_events SET status = 'lost' WHERE event_id = 'evt_failed'")

@@ -9,6 +9,7 @@ PostgreSQL and Redis."""
 import binascii
 import datetime
 import json
+import random
 import re
 import ssl
 import threading
@@ -36,12 +37,16 @@ from devservers.paypal_stand_in import PayPalStandIn
 from .helpers import (
     ALICE,
     BOB,
+    OPENING,
     assert_ledger_consistent,
     balance,
     db_url,
     encode,
     event_rows,
+    http_request,
+    samples,
     send,
+    source_secret,
     sources_config,
     stored_event_row,
 )
@@ -891,4 +896,275 @@ def test_for_any_set_of_paypal_events_in_any_order_the_balance_moves_by_what_the
         response = send_paypal(event)
         assert response.status == 200, response.json
     assert balance(db, BOB) - before == amount - taken
+    assert_ledger_consistent(db, USD)
+
+
+# -- PayPal's API decides: a forged body, a squatted id, a provider that fails ---------------------------
+
+def _crc32_forgery(body, target):
+    """body with a "pad" member of 48 characters chosen so that its CRC32 is target, as an attacker makes it.
+
+    CRC32 is affine over GF(2): flipping bit 1 of a pad character ('a' <-> 'c') moves the CRC32 by that flip's
+    own delta, whatever else is flipped, so the flips whose deltas XOR to (CRC32 ^ target) are found by
+    Gaussian elimination over their 32-bit deltas."""
+    assert body.endswith(b"}")
+    base = body[:-1] + b', "pad": "' + b"a" * 48 + b'"}'
+    start, crc = len(base) - 2 - 48, binascii.crc32(base)
+    basis = {}  # pivot bit -> (delta, the flips that make it)
+    for i in range(48):
+        flipped = bytearray(base)
+        flipped[start + i] ^= 0x02
+        delta, flips = binascii.crc32(bytes(flipped)) ^ crc, 1 << i
+        for bit in range(31, -1, -1):
+            if delta >> bit & 1:
+                if bit not in basis:
+                    basis[bit] = (delta, flips)
+                    break
+                delta, flips = delta ^ basis[bit][0], flips ^ basis[bit][1]
+    want, chosen = crc ^ target, 0
+    for bit in range(31, -1, -1):
+        if want >> bit & 1:
+            want, chosen = want ^ basis[bit][0], chosen ^ basis[bit][1]
+    forged = bytearray(base)
+    for i in range(48):
+        if chosen >> i & 1:
+            forged[start + i] ^= 0x02
+    return bytes(forged)
+
+
+@pytest.fixture
+def captured(send_paypal, paid, pki, cert_host):
+    """A harmless delivery an attacker captured (a dispute opened on the paid capture): its bytes and headers."""
+    event = dispute_event("CUSTOMER.DISPUTE.CREATED", new_dispute_id(), paid, "1.00")
+    body = encode(event)
+    headers = paypal_headers(body, pki, cert_host)
+    assert send_paypal(event).json["status"] == "processed"  # PayPal's own delivery of it, which moves nothing
+    return event, body, headers
+
+
+def _forged_capture(captured, event_id):
+    """A capture of 9,999,999.00 USD for ALICE under event_id, padded to the captured body's CRC32."""
+    _, body, _ = captured
+    forged = _crc32_forgery(encode(capture_completed(new_id(), user=ALICE, value="9999999.00", event_id=event_id)),
+                            binascii.crc32(body))
+    assert binascii.crc32(forged) == binascii.crc32(body) and b"9999999.00" in forged
+    return forged
+
+
+@pytest.mark.parametrize("same_id", [True, False], ids=["the captured event's id", "a new id"])
+def test_a_body_forged_to_a_captured_crc32_passes_the_signature(captured, pki, cert_host, same_id):
+    """The attack as PayPal's scheme allows it: the signature alone accepts the forged body."""
+    event, _, headers = captured
+    forged = _forged_capture(captured, event["id"] if same_id else new_event_id())
+    certificates = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file)
+    assert verify("paypal", forged, headers, [WEBHOOK_ID.encode()], 300, certificates=certificates) == 0
+
+
+@pytest.mark.parametrize("same_id, answer", [(True, (200, "duplicate")), (False, (422, "unprocessable"))],
+                         ids=["the captured event's id", "a new id"])
+def test_a_body_forged_to_a_captured_crc32_moves_nothing(client, db, app, captured, same_id, answer):
+    """PayPal's API is asked for the event: under the captured id it is the dispute's opening (nothing moves),
+    under a new id PayPal has no event (422, recorded, nothing moves)."""
+    event, _, headers = captured
+    response = send(client, _forged_capture(captured, event["id"] if same_id else new_event_id()), headers,
+                    source=SOURCE)
+    assert (response.status, response.json.get("status") or response.json["error"]) == answer, response.json
+    assert balance(db, ALICE) == OPENING[ALICE] and balance(db, BOB) == 10000
+    assert_ledger_consistent(db, USD)
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+
+
+@pytest.mark.parametrize("paypal_has_it_first", [False, True], ids=["PayPal has it later", "PayPal has it"])
+def test_a_body_forged_under_a_coming_events_id_cannot_keep_it_from_applying(client, db, captured, paid,
+                                                                              send_paypal, paypal_api,
+                                                                              paypal_has_it_first):
+    """A forged body under the id of a genuine refund not delivered yet: PayPal's record of that id decides,
+    now or once PayPal has it; the genuine delivery then applies the refund once."""
+    _, _, headers = captured
+    refund = refund_event("PAYMENT.CAPTURE.REFUNDED", new_id(), paid, "30.00")
+    if paypal_has_it_first:
+        paypal_api.add(refund)
+    squatted = send(client, _forged_capture(captured, refund["id"]), headers, source=SOURCE)
+    assert squatted.status == (200 if paypal_has_it_first else 422), squatted.json
+    assert send_paypal(refund).json["status"] == ("duplicate" if paypal_has_it_first else "processed")
+    assert send_paypal(refund).json["status"] == "duplicate"
+    assert balance(db, BOB) == 7000 and balance(db, ALICE) == OPENING[ALICE]
+    assert _journal(db) == [("refund", refund["resource"]["id"], -3000)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_the_money_is_read_from_paypals_record_and_both_bytes_are_kept(client, db, pki, cert_host, paypal_api):
+    """A notification whose resource says other than PayPal's record (PayPal's own bug, or a forgery): the record
+    decides, the contradiction is counted, and the row keeps the delivered bytes and PayPal's beside them."""
+    capture_id, event_id = new_id(), new_event_id()
+    paypal_api.add(capture_completed(capture_id, user=BOB, value="12.00", event_id=event_id))
+    delivered = encode(capture_completed(capture_id, user=BOB, value="99.00", event_id=event_id))
+    assert send(client, delivered, paypal_headers(delivered, pki, cert_host), source=SOURCE).status == 200
+    assert balance(db, BOB) == 1200
+    row = db.execute("SELECT body, fetched FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()
+    assert bytes(row[0]) == delivered and b'"12.00"' in bytes(row[1])
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_contradictions_total", (("source", SOURCE),))] == 1
+
+
+def test_events_show_prints_the_delivered_and_the_fetched_bytes(db, app, paid):
+    event_id, = db.execute("SELECT event_id FROM webhook_events WHERE event_type = 'PAYMENT.CAPTURE.COMPLETED'"
+                           ).fetchone()
+    shown = app.test_cli_runner().invoke(args=["events", "show", "--source", SOURCE, event_id]).output
+    delivered, fetched = shown.split("\nbody (")[1].split("\nfetched (")
+    assert "as received" in delivered and "as the provider's API returned them" in fetched
+    assert paid in delivered and paid in fetched
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_paypals_api_failing_is_503_with_nothing_written_and_its_retry_applies(send_paypal, db, paypal_api, status):
+    event = capture_completed(new_id(), user=BOB, value="5.00")
+    paypal_api.fail_next(status)
+    response = send_paypal(event)
+    assert (response.status, response.json["error"], response.headers["Retry-After"]) == (503, "unavailable", "1")
+    assert event_rows(db) == 0
+    assert send_paypal(event).json["status"] == "processed"
+    assert balance(db, BOB) == 500
+
+
+def test_our_credentials_refused_is_503_nothing_written_one_line_and_a_count(client, db, send_paypal, paypal_api,
+                                                                              caplog):
+    paypal_api.credentials = "AZrevoked:EKrotated"  # the app's key no longer PayPal's
+    response = send_paypal(capture_completed(new_id(), user=BOB, value="5.00"))
+    assert (response.status, response.json["error"]) == (503, "unavailable")
+    assert "credentials" not in response.json["message"]  # the sender is not told of our configuration
+    assert event_rows(db) == 0
+    lines = [r.getMessage() for r in caplog.records if "refused our credentials" in r.getMessage()]
+    assert len(lines) == 1 and "AZ" not in lines[0] and "EK" not in lines[0]
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "401")))] == 1
+
+
+def test_an_event_paypal_does_not_have_is_422_recorded_and_applied_once_it_has(client, db, app, pki, cert_host,
+                                                                                paypal_api):
+    event = capture_completed(new_id(), user=BOB, value="8.00")
+    body = encode(event)
+    response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
+    assert (response.status, response.json["error"]) == (422, "unprocessable")
+    assert f"PayPal's API has no event {event['id']}" in response.json["message"]
+    assert stored_event_row(db, event["id"]).status == "failed"
+    paypal_api.add(event)  # PayPal has it now
+    replayed = app.test_cli_runner().invoke(args=["events", "replay", "--source", SOURCE, event["id"]])
+    assert replayed.output == f"{SOURCE}/{event['id']}: processed; now completed\n"
+    assert send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE).json["status"] == "duplicate"
+    assert balance(db, BOB) == 800
+    assert_ledger_consistent(db, USD)
+
+
+@pytest.mark.parametrize("fault", ["drip", "hang"])
+def test_a_paypal_api_that_drips_or_hangs_is_503_within_the_deadline(make_app, config, db, pki, cert_host,
+                                                                     paypal_api, fault):
+    client = make_app({**config, "PROVIDER_DEADLINE_MS": "500"}).test_client()
+    event = capture_completed(new_id(), user=BOB, value="5.00")
+    paypal_api.add(event)
+    if fault == "drip":
+        paypal_api.drip = 0.1  # a byte every tenth of a second: each read is quick, the answer never ends
+    else:
+        paypal_api.hang = True
+    body = encode(event)
+    started = time.monotonic()
+    response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
+    took = time.monotonic() - started
+    assert (response.status, response.json["error"]) == (503, "unavailable")
+    assert took < 1.5, took  # the deadline (0.5 s) and the rest of the delivery, not the provider's pace
+    assert event_rows(db) == 0
+
+
+def test_under_gunicorn_a_hanging_paypal_holds_only_its_slots(gunicorn, db, pki, cert_host, paypal_api):
+    """Two PayPal deliveries hang in the worker's two slots until the deadline; a third is 503 at once; /health
+    and a delivery to another source are answered meanwhile."""
+    server = gunicorn(workers=1, threads=4, PROVIDER_DEADLINE_MS=2000, PROVIDER_SLOTS=2,
+                      WEBHOOK_SOURCES="paypal,shop", WEBHOOK_SHOP_SCHEME="hmac-sha256",
+                      WEBHOOK_SHOP_SECRET=source_secret("shop", "hmac-sha256"))
+    paypal_api.hang = True
+    events = [capture_completed(new_id(), user=BOB, value="1.00") for _ in range(3)]
+    paypal_api.add(*events)
+
+    def post(event):
+        body = encode(event)
+        started = time.monotonic()
+        status = send(server.base, body, paypal_headers(body, pki, cert_host), source=SOURCE).status
+        return status, time.monotonic() - started
+
+    with ThreadPoolExecutor(3) as pool:
+        hanging = [pool.submit(post, event) for event in events[:2]]
+        while paypal_api.count("/v1/oauth2/token") < 2:
+            time.sleep(0.01)
+        third = post(events[2])
+        started = time.monotonic()
+        health = http_request(server.base, "GET", "/health", timeout=5)
+        health_took = time.monotonic() - started
+        shop = send(server.base, {"id": "evt_shop_1", "type": "payment.succeeded",
+                                  "data": {"userId": str(BOB), "amountCents": 100}}, source="shop")
+        answers = [future.result() for future in hanging]
+    assert third[0] == 503 and third[1] < 1.0, third  # no slot: at once
+    assert health.status == 200 and health_took < 1.0, health_took
+    assert shop.status == 200 and shop.json["status"] == "processed"
+    assert all(status == 503 and 1.9 < took < 3.5 for status, took in answers), answers
+    assert balance(db, BOB) == 100  # the shop's payment alone
+
+
+def test_paypals_own_sdk_reads_an_event_from_the_stand_in(paypal_api):
+    """The stand-in answers PayPal's SDK as PayPal does: a token, then the event, or 404 for one it has not."""
+    import paypalrestsdk
+
+    event = capture_completed(new_id(), user=BOB, value="3.00")
+    paypal_api.add(event)
+    client_id, secret = paypal_api.api_key.split(":")
+    api = paypalrestsdk.Api(mode="sandbox", client_id=client_id, client_secret=secret, endpoint=paypal_api.url)
+    # Api.get: the SDK's own token request and authenticated GET. (Its WebhookEvent.find joins the id to the
+    # path twice, /webhooks-events/<id>/<id>, in paypalrestsdk 1.13: the path is given here whole.)
+    found = api.get(f"v1/notifications/webhooks-events/{event['id']}")
+    assert found["resource"]["amount"] == {"currency_code": "USD", "value": "3.00"}
+    assert paypal_api.requests[0] == ("POST", "/v1/oauth2/token")
+    with pytest.raises(paypalrestsdk.exceptions.ResourceNotFound):
+        api.get(f"v1/notifications/webhooks-events/{new_event_id()}")
+
+
+def test_each_paypal_movement_fetched_applies_once_from_two_hosts_at_once(gunicorn, db, pki, cert_host, paypal_api):
+    """A capture, two refunds (one of them failed later), a reversal and a dispute lost then won, each event
+    delivered twice to each of two hosts at once, shuffled; each host fetches from PayPal's API. Retried on 503
+    and 409 in_progress, as PayPal retries: every movement applies once."""
+    hosts = [gunicorn(workers=1, threads=4, PROVIDER_SLOTS=4) for _ in range(2)]
+    capture_id, refund_id, failed_id, reversal_id, dispute_id = new_id(), new_id(), new_id(), new_id(), \
+        new_dispute_id()
+    events = [capture_completed(capture_id, user=BOB, value="100.00"),
+              refund_event("PAYMENT.CAPTURE.REFUNDED", refund_id, capture_id, "10.00"),
+              refund_event("PAYMENT.CAPTURE.REFUNDED", failed_id, capture_id, "5.00", status="PENDING"),
+              refund_event("PAYMENT.CAPTURE.REFUNDED", failed_id, capture_id, "5.00", status="FAILED"),
+              refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, capture_id, "20.00"),
+              dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, capture_id, "30.00", "RESOLVED",
+                            "RESOLVED_BUYER_FAVOUR"),
+              dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, capture_id, "30.00", "RESOLVED",
+                            "RESOLVED_SELLER_FAVOUR")]
+    paypal_api.add(*events)
+    deliveries = [(host, event) for event in events for host in hosts for _ in range(2)]
+    random.Random(35).shuffle(deliveries)
+
+    def deliver(delivery):
+        host, event = delivery
+        body = encode(event)
+        for _ in range(300):
+            answer = send(host.base, body, paypal_headers(body, pki, cert_host), source=SOURCE)
+            if answer.status not in (409, 422, 503) or answer.json.get("error") == "payment_mismatch":
+                return answer.status
+            time.sleep(0.02)  # 422: a movement before its capture's credit, which PayPal retries
+        return answer.status
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(deliver, deliveries)) == {200}
+    # 100.00 - 10.00 (refund) - 20.00 (reversal); the failed refund and the dispute won back move nothing.
+    assert balance(db, BOB) == 7000
+    net = {}
+    for _, movement, cents in _journal(db):  # each movement's rows: taken once, given back at most once
+        net.setdefault(movement, []).append(cents)
+    assert {movement: sum(rows) for movement, rows in net.items()} == {
+        refund_id: -1000, reversal_id: -2000, **{m: 0 for m in (failed_id, dispute_id) if m in net}}
+    assert all(len(rows) <= 2 for rows in net.values())
     assert_ledger_consistent(db, USD)
