@@ -164,7 +164,7 @@ class Settings:
     # PayPal's hosts (host:port); the tests name their loopback stand-in. Any other is 401, nothing fetched.
     paypal_cert_hosts: frozenset[str] = field(metadata=setting(
         parsers.cert_hosts, "api.paypal.com,api-m.paypal.com,api.sandbox.paypal.com,api-m.sandbox.paypal.com",
-        "the hosts a PAYPAL-CERT-URL may name (app/paypal.py)"))
+        "the hosts a PAYPAL-CERT-URL may name (app/providers/paypal.py)"))
     # None: certifi's bundle.
     paypal_ca_file: Path | None = field(metadata=setting(
         parsers.ca_file, "", "the roots PayPal's certificates and their host's TLS must chain to"))

@@ -21,8 +21,9 @@ event id is taken from what the scheme signs:
   header is stored and moves nothing.
 - paypal: a body with a `type` is in this service's own shape. A body without
   one is PayPal's own: id its `id` (WH-...), type its `event_type`, data its
-  `resource`. The whole body is signed (its CRC32 is in the signed string,
-  app/signature.py), so its id is as signed as its payment.
+  `resource`. Only its CRC32 is signed (app/signature.py), which anyone can
+  match: the event is fetched from PayPal by its id (app/providers/) and its
+  money read from PayPal's answer, parsed here the same way.
 
 What each type does to the ledger is read by effect_of, from the fields
 that RULES names per type (docs/providers.md has the table).

@@ -175,9 +175,12 @@ def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy:
 
 
 STORED_EVENT = """
-    SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched FROM webhook_events
+    SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched, effect_sha256 FROM webhook_events
     WHERE source = %s AND event_id = %s
 """
+# The effect stored for an event whose provider had no record of it (providers.UNKNOWN_EFFECT): its bytes
+# are a notification nobody vouches for, so only a new fetch may decide it.
+UNKNOWN_EFFECT = bytes(32)
 
 
 class Refetch(Protocol):
@@ -200,9 +203,12 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
         row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None
-    event_type, status, body, body_sha256, fetched = row
+    event_type, status, body, body_sha256, fetched, effect_sha256 = row
     if status == Status.COMPLETED:
         return Result(Outcome.DUPLICATE, "already completed")
+    if fetched is None and refetch is None and effect_sha256 is not None and bytes(effect_sha256) == UNKNOWN_EFFECT:
+        return Result(Outcome.FAILED, "not replayed: its provider had no record of it, and this command cannot ask "
+                                      "again (the source is not served here with its API key)")
     try:
         event = stored_event(source, event_id, event_type, body, body_sha256, fetched)
     except StoredBodyError as exc:
@@ -220,7 +226,8 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256, fetched
+    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256, fetched,
+           effect_sha256
     FROM webhook_events
     WHERE effect_version IS DISTINCT FROM %(version)s AND body IS NOT NULL
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
@@ -254,7 +261,10 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, status, version, body, body_sha256, fetched in rows:
+            for row_id, source, event_id, event_type, status, version, body, body_sha256, fetched, stored in rows:
+                if fetched is None and stored is not None and bytes(stored) == UNKNOWN_EFFECT:
+                    conn.execute(SET_EFFECT, [stored, EFFECT_VERSION, row_id])  # still only a fetch decides it
+                    continue
                 try:
                     effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256, fetched),
                                        policy)

@@ -184,7 +184,7 @@ def no_user(name: str, raw: str) -> NoUser:
 
 
 def cert_hosts(name: str, raw: str) -> frozenset[str]:
-    """host or host:port entries (443 when none), lower case: where a PAYPAL-CERT-URL may point (app/paypal.py)."""
+    """host or host:port entries (443 when none), lower case: where a PAYPAL-CERT-URL may point."""
     hosts = set()
     for entry in (e.strip().lower() for e in raw.split(",")):
         host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "443")

@@ -19,8 +19,9 @@ And one that is not an HMAC:
   body, unsigned decimal>` ("Self verification method",
   https://developer.paypal.com/api/rest/webhooks/rest/; PayPal's Python SDK, paypalrestsdk's
   WebhookEvent._get_expected_sig, builds the same string). The secrets are the webhook ids; the public key
-  is that of the certificate PAYPAL-CERT-URL names, which verify asks of `certificates` (app/paypal.py
-  fetches, checks and caches it: this module does no I/O).
+  is that of the certificate PAYPAL-CERT-URL names, which verify asks of `certificates`
+  (app/providers/paypal.py fetches, checks and caches it: this module does no I/O). A CRC32 can be matched
+  by any body, so this proves only that PayPal sent a delivery: the event is fetched (app/providers/).
 
 A missing or malformed header raises SignatureError, as a wrong signature
 does; no input raises anything else. A missing header's message names the
@@ -65,7 +66,7 @@ class Headers(Protocol):
 
 
 class Certificates(Protocol):
-    """Where the paypal scheme gets the public key of the certificate a PAYPAL-CERT-URL names (app/paypal.py).
+    """Where the paypal scheme gets the public key of the certificate a PAYPAL-CERT-URL names (app/providers/paypal.py).
 
     It raises SignatureError for a URL or a certificate it refuses, and may
     raise another error (answered 503) when the certificate cannot be had now.

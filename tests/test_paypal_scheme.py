@@ -1168,3 +1168,23 @@ def test_each_paypal_movement_fetched_applies_once_from_two_hosts_at_once(gunico
         refund_id: -1000, reversal_id: -2000, **{m: 0 for m in (failed_id, dispute_id) if m in net}}
     assert all(len(rows) <= 2 for rows in net.values())
     assert_ledger_consistent(db, USD)
+
+
+def test_an_event_paypal_had_no_record_of_is_not_replayed_from_its_body_where_paypal_cannot_be_asked(
+        client, db, make_app, config, pki, cert_host, paypal_api):
+    """A forged body under a made-up id is stored failed (PayPal has no such event); a replay from a shell whose
+    settings do not serve the PayPal source cannot ask PayPal, and does not read the money from the body
+    instead. (A shell that names the source without its API key stops at start, naming the setting.)"""
+    event = capture_completed(new_id(), user=ALICE, value="9999.00")
+    body = encode(event)
+    assert send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE).status == 422
+    paypal_api.add(event)  # even once PayPal has it, this shell cannot ask
+    keyless = make_app({k: v for k, v in config.items() if k != "WEBHOOK_PAYPAL_API_KEY"})
+    refused = keyless.test_cli_runner().invoke(args=["events", "replay", "--source", SOURCE, event["id"]])
+    assert refused.exit_code == 78 and "WEBHOOK_PAYPAL_API_KEY" in refused.output
+    other = make_app({"DATABASE_URL": config["DATABASE_URL"], "REDIS_URL": config["REDIS_URL"],
+                      "WEBHOOK_SECRET": "another-source-secret-0123"})
+    replayed = other.test_cli_runner().invoke(args=["events", "replay", "--source", SOURCE, event["id"]])
+    assert replayed.exit_code == 1 and "its provider had no record of it" in replayed.output, replayed.output
+    assert balance(db, ALICE) == OPENING[ALICE]
+    assert stored_event_row(db, event["id"]).status == "failed"

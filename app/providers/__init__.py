@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from .. import ledger
 from ..config import Settings
 from ..events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..ledger import Refetch
@@ -32,7 +33,7 @@ EXTENSION = "providers"
 # The effect of an event whose provider has no record of it (yet): 32 zero bytes, no effect's SHA-256.
 # money.sql lets any later effect of the id replace it, so that a body forged under a genuine event's id
 # before the genuine one exists cannot keep it from applying.
-UNKNOWN_EFFECT = bytes(32)
+UNKNOWN_EFFECT = ledger.UNKNOWN_EFFECT
 # Each scheme whose provider's API can be asked for an event, by name in messages.
 NAMES = {"paypal": "PayPal", "stripe": "Stripe"}
 
