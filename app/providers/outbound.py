@@ -68,6 +68,7 @@ class Outbound:
         self.deadline_seconds = deadline_seconds
         self.observe = observe or (lambda provider, result, seconds: None)
         self._free = threading.BoundedSemaphore(slots)
+        self._context: ssl.SSLContext | None = None  # the system's roots, loaded once (a few ms each time)
 
     def deadline(self) -> Deadline:
         return Deadline(self.deadline_seconds)
@@ -110,8 +111,9 @@ class Outbound:
         host, port = parts.hostname or "", parts.port
         connection: http.client.HTTPConnection
         if parts.scheme == "https":
-            connection = http.client.HTTPSConnection(host, port, timeout=deadline.left(),
-                                                     context=context or ssl.create_default_context())
+            if context is None:
+                context = self._context = self._context or ssl.create_default_context()
+            connection = http.client.HTTPSConnection(host, port, timeout=deadline.left(), context=context)
         else:
             connection = http.client.HTTPConnection(host, port, timeout=deadline.left())
         cut = threading.Event()
