@@ -25,10 +25,13 @@ function init(args)
   end
   requests = {}
   local step = tonumber(os.getenv("BENCH_THREADS") or "2")
+  -- The stripe scheme's header (the fetch scenario): Stripe-Signature, t=<unix>,v1= before the hex.
+  local header = os.getenv("BENCH_SIGNATURE_HEADER") or "X-Signature"
+  local prefix = os.getenv("BENCH_SIGNATURE_PREFIX") or ""
   for i = tid + 1, #lines, step do
     local sig, body = lines[i]:match("^(%x+)\t(.*)$")
     requests[#requests + 1] = wrk.format("POST", nil,
-      {["Content-Type"] = "application/json", ["X-Signature"] = sig}, body)
+      {["Content-Type"] = "application/json", [header] = prefix .. sig}, body)
   end
   index = 0
 end

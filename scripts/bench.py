@@ -13,12 +13,17 @@ For the new-event scenarios, with small bodies and with Stripe-sized ones, it
 also prints what each new event cost the one PostgreSQL writer: WAL bytes
 (pg_current_wal_lsn), table and index bytes stored, PostgreSQL CPU.
 
+Then, project only, the fetch scenario: new Stripe deliveries to a gunicorn of its own that fetches
+each event (WEBHOOK_FETCH=true) from devservers/stripe_stand_in.py's Retrieve an event, answering after
+50 ms: deliveries per second beside their ceiling, workers x PROVIDER_SLOTS / 0.05 s, and the 503s of a
+full slot, at the bench's connections and at one connection per slot.
+
 Then `flask reconcile` against devservers/stripe_stand_in.py (Stripe's List
 Events on loopback) for windows of RECONCILE_EVENTS events: events applied
 per second and the command's peak RSS, its listing alone (--dry-run) beside it.
 
 BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health);
-BENCH_ONLY=reconcile: the reconcile scenario alone. BENCH_RECONCILE_EVENTS (default 10000,50000: the windows).
+BENCH_ONLY=fetch, BENCH_ONLY=reconcile: that scenario alone. BENCH_RECONCILE_EVENTS (default 10000,50000: the windows).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
 BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
@@ -249,16 +254,18 @@ def peak_rss_mb(pids):
     return peaks
 
 
-def run_wrk(url, requests_file=None, delay_ms=None):
-    env = {**os.environ, "BENCH_THREADS": str(WRK_THREADS),
-           "BENCH_CONNECTIONS_PER_THREAD": str(CONNECTIONS // WRK_THREADS)}
+def run_wrk(url, requests_file=None, delay_ms=None, connections=CONNECTIONS, extra_env=None):
+    """One wrk run of DURATION; extra_env: the fetch scenario's (its Stripe-Signature header)."""
+    threads = min(WRK_THREADS, connections)
+    env = {**os.environ, "BENCH_THREADS": str(threads),
+           "BENCH_CONNECTIONS_PER_THREAD": str(connections // threads), **(extra_env or {})}
     env.pop("BENCH_REQUESTS", None)
     env.pop("BENCH_DELAY_MS", None)
     if requests_file:
         env["BENCH_REQUESTS"] = str(requests_file)
     if delay_ms:
         env["BENCH_DELAY_MS"] = str(round(delay_ms))
-    out = sh(program("wrk"), "-t", str(WRK_THREADS), "-c", str(CONNECTIONS), "-d", f"{DURATION}s", "--timeout", "10s",
+    out = sh(program("wrk"), "-t", str(threads), "-c", str(connections), "-d", f"{DURATION}s", "--timeout", "10s",
              "-s", str(WRK_LUA), url, env=env)
     return json.loads(out[out.index("BENCH_JSON ") + len("BENCH_JSON "):].splitlines()[0])
 
@@ -379,6 +386,128 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, pg_data, del
         and result["requests"] > len(scenario.events)
     receiver.rows[scenario.name] = result
     print(f"  done: {scenario.name}, {receiver.name}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
+
+
+# -- fetching each event from Stripe's API (issue 35) ---------------------------------
+
+FETCH = "fetch"  # its name in BENCH_ONLY
+# Seconds the stand-in of Stripe's Retrieve an event waits before each answer.
+FETCH_ANSWER_SECONDS = 0.05
+FETCH_SECRET = "whsec_benchFetch0123456789abcdef"
+# New events of each run, per worker: 2,000 a second, more than a run sends. Most of its requests are quick
+# 503s (no free slot), about 450 a second per worker on 2 cores; a run that sends more says "requests wrapped".
+FETCH_EVENTS_PER_WORKER = 2_000 * DURATION
+# bench.lua sends each line's hex as X-Signature; here as the stripe scheme's Stripe-Signature,
+# t=<unix>,v1=<hex> of "<t>.<body>", every request of a run signed with one t just before the run.
+
+
+def fetch_events(tag, count, created):
+    """count new Stripe payment_intent.succeeded Events, each its own PaymentIntent and user's payment."""
+    documents = []
+    for n in range(count):
+        cents = 1 + n % 997
+        intent = {"id": f"pi_{tag}_{n}", "object": "payment_intent", "amount": cents, "amount_received": cents,
+                  "currency": "usd", "status": "succeeded", "metadata": {"user_id": str(USERS[n % len(USERS)])}}
+        documents.append({"id": f"evt_{tag}_{n:06d}", "object": "event", "api_version": "2025-03-31.basil",
+                          "created": created, "livemode": True, "pending_webhooks": 1,
+                          "request": {"id": None, "idempotency_key": None}, "type": "payment_intent.succeeded",
+                          "data": {"object": intent}})
+    return documents
+
+
+def write_stripe_requests(path, events, stamp):
+    """write_requests' lines, each signature the v1 of the stripe scheme at time stamp (bench.lua adds t=)."""
+    with open(path, "w") as f:
+        for e in events:
+            body = json.dumps(e, separators=(",", ":"))
+            header = sign("stripe", body.encode(), [FETCH_SECRET.encode()], timestamp=stamp)["Stripe-Signature"]
+            f.write(f"{header.split(',v1=', 1)[1]}\t{body}\n")
+    return path
+
+
+def check_fetched(conn):
+    """`flask ledger verify`'s checks; every event completed, with Stripe's bytes kept; the balances' sum that
+    of the events' amount_received."""
+    problems = verify.check(conn).problems
+    if problems:
+        raise SystemExit("fetch bench: INVARIANT BROKEN:\n" + "\n".join(problems[:20]))
+    stuck, unfetched, paid, balances = conn.execute("""
+        SELECT count(*) FILTER (WHERE status <> 'completed'), count(*) FILTER (WHERE fetched IS NULL),
+               coalesce(sum((event_json(body)->'data'->'object'->>'amount_received')::bigint), 0),
+               (SELECT coalesce(sum(balance_cents), 0) FROM user_balances)
+        FROM webhook_events""").fetchone()
+    if stuck or unfetched or paid != balances:
+        raise SystemExit(f"fetch bench: INVARIANT BROKEN: {stuck} not completed, {unfetched} without Stripe's "
+                         f"bytes, balances {balances} cents for payments of {paid}")
+    return "ok"
+
+
+def bench_fetch(pg, redis, work):
+    """New Stripe deliveries to a service that fetches each event (WEBHOOK_FETCH=true) from the stand-in of
+    Stripe's Retrieve an event, answering after FETCH_ANSWER_SECONDS: at the bench's connections, then at one
+    connection per slot. Project only: the peer fetches nothing."""
+    from app.config import from_env
+    from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+    conn = psycopg.connect(pg.createdb("bench_fetch"), autocommit=True)
+    apply_schema(conn)
+    for user in USERS:
+        conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
+    with StripeStandIn() as stand_in:
+        stand_in.delay = FETCH_ANSWER_SECONDS
+        env = {"DATABASE_URL": pg.url("bench_fetch"), "REDIS_URL": redis.url, "WEBHOOK_SECRET": FETCH_SECRET,
+               "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_FETCH": "true", "WEBHOOK_API_KEY": API_KEY,
+               "STRIPE_API_BASE": stand_in.url}
+        server = Gunicorn(env, workers=None, threads=None, log_path=work / "gunicorn-fetch.log")
+        shape = server.settings()
+        service = from_env(server.env)  # PROVIDER_SLOTS and PROVIDER_DEADLINE_MS as the service reads them
+        workers, slots = int(shape["workers"]), service.provider_slots
+        ceiling = workers * slots / FETCH_ANSWER_SECONDS
+        rows = []
+        try:
+            server.start()
+            for number, connections in enumerate(dict.fromkeys([CONNECTIONS, workers * slots])):
+                events = fetch_events(f"fetch{number}", FETCH_EVENTS_PER_WORKER * workers, int(time.time()))
+                stand_in.add(*events)
+                stamp = int(time.time())  # the run starts within seconds, well inside WEBHOOK_TOLERANCE_SECONDS
+                requests = write_stripe_requests(work / "fetch.tsv", events, stamp)
+                stored_before = conn.execute("SELECT count(*) FROM webhook_events").fetchone()[0]
+                retrieves_before = len(stand_in.requests)
+                result = run_wrk(server.base + "/api/webhooks", requests, connections=connections,
+                                 extra_env={"BENCH_SIGNATURE_HEADER": "Stripe-Signature",
+                                            "BENCH_SIGNATURE_PREFIX": f"t={stamp},v1="})
+                time.sleep(2 * FETCH_ANSWER_SECONDS + 0.5)  # the deliveries in flight as wrk stopped end
+                result["stored"] = conn.execute("SELECT count(*) FROM webhook_events").fetchone()[0] - stored_before
+                result["retrieves"] = len(stand_in.requests) - retrieves_before
+                result["ok_rps"] = result["rps"] * (result["requests"] - result["non2xx"]) / max(result["requests"], 1)
+                result["wrapped"] = result["requests"] > len(events)
+                result["invariants"] = check_fetched(conn)
+                rows.append((connections, result))
+                print(f"  done: {FETCH}, {connections} connections: {result['ok_rps']:.0f} deliveries/s",
+                      file=sys.stderr, flush=True)
+        finally:
+            if server.proc:
+                server.stop()
+    conn.close()
+    print(f"\nfetch: new Stripe payment_intent.succeeded deliveries (stripe scheme, WEBHOOK_FETCH=true), each "
+          f"fetched from the loopback stand-in of Stripe's Retrieve an event, which answers after "
+          f"{FETCH_ANSWER_SECONDS * 1000:.0f} ms; project only (the peer fetches nothing). gunicorn {workers} workers "
+          f"x {shape.get('threads')} threads, PROVIDER_SLOTS={slots}, "
+          f"PROVIDER_DEADLINE_MS={service.provider_deadline_ms}; {DURATION}s per run"
+          + (" (BENCH_QUICK)" if QUICK else ""))
+    print(f"\nbound: each fetch holds one of a worker's {slots} slots for the {FETCH_ANSWER_SECONDS * 1000:.0f} ms "
+          f"answer, so the ceiling is {workers} workers x {slots} slots / {FETCH_ANSWER_SECONDS} s = {ceiling:.0f} "
+          f"deliveries/s; a delivery that finds no free slot is answered 503 at once (non-2xx). Latencies are of "
+          f"every answer, 503s included. Runs: the bench's {CONNECTIONS} connections, then one per slot "
+          f"({workers * slots}).\n")
+    print("| connections | deliveries/s (2xx) | ceiling | of ceiling | req/s (all) | p50 ms | p90 ms | p99 ms "
+          "| non-2xx | errors | stored | retrieves | invariants |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for connections, r in rows:
+        wrapped = " (requests wrapped)" if r["wrapped"] else ""
+        print(f"| {connections}{wrapped} | {r['ok_rps']:.1f} | {ceiling:.0f} | {r['ok_rps'] / ceiling:.0%} "
+              f"| {r['rps']:.0f} | {r['p50']:.1f} | {r['p90']:.1f} | {r['p99']:.1f} | {r['non2xx']} | {r['errors']} "
+              f"| {r['stored']} | {r['retrieves']} | {r['invariants']} |")
 
 
 # -- flask reconcile against the loopback stand-in of Stripe's List Events ---------
@@ -504,8 +633,11 @@ def main():
     redis = Redis().start()
     server = peer_server = None
     try:
-        if ONLY == ["reconcile"]:
-            bench_reconcile(pg, redis)
+        if ONLY and set(ONLY) <= {FETCH, "reconcile"}:  # each with its own server: the scenarios' is not started
+            if FETCH in ONLY:
+                bench_fetch(pg, redis, work)
+            if "reconcile" in ONLY:
+                bench_reconcile(pg, redis)
             return
         conn = psycopg.connect(pg.createdb("bench"), autocommit=True)
         apply_schema(conn)
@@ -563,6 +695,8 @@ def main():
                   + f"; {CONNECTIONS} connections, {os.cpu_count()} cores, {DURATION}s per run"
                   + (" (BENCH_QUICK)" if QUICK else ""))
         report(header, receivers, rss, rate, no_peer)
+        if not ONLY or FETCH in ONLY:  # after every scenario, with its own server: none runs beside it
+            bench_fetch(pg, redis, work)
         if not ONLY or "reconcile" in ONLY:
             bench_reconcile(pg, redis)
     finally:
