@@ -30,7 +30,7 @@ MIN_SECRET_BYTES = 16
 
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
-# Each named source's settings: WEBHOOK_<NAME>_<key>; each defaults to the default source's.
+# Each named source's settings: WEBHOOK_<NAME>_<key> (read says which default to the default source's).
 SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER",
                    "API_BASE", "FETCH")
 # The schemes whose provider's API can be asked for an event (app/providers/), and whether it must be:
@@ -144,12 +144,10 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
                       values["WEBHOOK_NO_USER"] if no_user is None else parsers.no_user(own + "NO_USER", no_user),
                       own + "USER_METADATA_KEY" if key is not None else "WEBHOOK_USER_METADATA_KEY")
         api_key = parsers.api_key(own + "API_KEY", environ.get(own + "API_KEY", ""))
+        fetch = parsers.optional_boolean(own + "FETCH", environ.get(own + "FETCH", ""))
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(own + "MOVED_FROM", moved_from, name),
-                               api_key, users,
-                               _fetch(own, scheme, parsers.optional_boolean(own + "FETCH", environ.get(own + "FETCH",
-                                                                                                           "")),
-                                      api_key),
+                               api_key, users, _fetch(own, scheme, fetch, api_key),
                                parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")))
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
