@@ -534,6 +534,21 @@ def test_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(cache, cer
     assert seen == [f"{CERTS}CERT-good"] and cache.fetches == 1
 
 
+@pytest.mark.parametrize("name, error", [("CERT-missing", SignatureError), ("CERT-500", CertificateUnavailableError)])
+def test_a_url_whose_fetch_failed_is_fetched_again_only_after_the_deadline(cache, cert_host, seen, name, error):
+    """Unsigned senders naming one made-up or failing certificate URL over and over cost one fetch per
+    deadline (the cache's is 0.5 s), each answered by the failure remembered."""
+    url = cert_host.url(name)
+    for _ in range(5):
+        with pytest.raises(error):
+            cache(url, time.time())
+    assert seen == [f"{CERTS}{name}"]
+    time.sleep(0.6)
+    with pytest.raises(error):
+        cache(url, time.time())
+    assert seen == [f"{CERTS}{name}"] * 2
+
+
 def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, cert_host, seen):
     now = time.time()
     cache(cert_host.url("CERT-good"), now)
