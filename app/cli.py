@@ -41,7 +41,7 @@ LIST_EVENTS = """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
            e.last_mismatch_at, e.payload_sha256 AS body_sha256, e.created_at, e.updated_at, e.completed_at, e.body,
-           e.origin, e.ledger_currency, e.test_events_accepted, e.fetched,
+           e.origin, e.ledger_currency, e.test_events_accepted, e.fetched, e.effect_sha256,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents, j.created_at AS changed_at
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
@@ -206,6 +206,9 @@ def _decided_under(row: NamedRow, policy: Policy) -> Policy:
 
 def _stored_effect(row: NamedRow, policy: Policy) -> Effect | None:
     """What the stored bytes of a row of SHOW_EVENT say it moves, read by the live path's code; None if unreadable."""
+    if row.fetched is None and row.effect_sha256 is not None and bytes(row.effect_sha256) == ledger.UNKNOWN_EFFECT:
+        # Its body is a notification nobody vouches for: what it says is not what it moves.
+        return Effect(None, problem="unknown: its provider had no record of it when it was asked")
     try:
         return effect_of(stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256,
                                       row.fetched), policy)

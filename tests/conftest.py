@@ -17,6 +17,7 @@ from app import create_app
 from app.config import DEFAULT_SOURCE
 from app.db import apply_schema
 from devservers import Gunicorn, Postgres, Redis
+from devservers.paypal_stand_in import PayPalStandIn
 
 from . import tiers
 from .helpers import (
@@ -176,3 +177,17 @@ def sign(scheme, source):
     """signed_headers for the test's scheme and source, for deliveries sent to gunicorn."""
     secret = None if source == DEFAULT_SOURCE else source_secret(source, scheme)
     return functools.partial(signed_headers, scheme=scheme, secret=secret)
+
+
+@pytest.fixture(scope="session")
+def paypal_api_server():
+    stand_in = PayPalStandIn().start()
+    yield stand_in
+    stand_in.close()
+
+
+@pytest.fixture
+def paypal_api(paypal_api_server):
+    """PayPal's REST API (token, events) on loopback, holding no event and failing nothing: this test's alone."""
+    paypal_api_server.reset()
+    return paypal_api_server

@@ -8,22 +8,14 @@ import time
 import pytest
 
 from app.providers.outbound import DeadlinePassedError, Outbound, ProviderUnavailableError
-from devservers.paypal_stand_in import TOKEN_PATH, PayPalStandIn
+from devservers.paypal_stand_in import TOKEN_PATH
 
 pytestmark = pytest.mark.core
 
 
-@pytest.fixture(scope="module")
-def stand_in_server():
-    stand_in = PayPalStandIn().start()
-    yield stand_in
-    stand_in.close()
-
-
 @pytest.fixture
-def stand_in(stand_in_server):
-    stand_in_server.reset()
-    return stand_in_server
+def stand_in(paypal_api):
+    return paypal_api
 
 
 def _token(outbound, stand_in):

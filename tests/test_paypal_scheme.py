@@ -32,7 +32,6 @@ from app.events import Policy
 from app.providers.outbound import Outbound
 from app.providers.paypal import Certificates, CertificateUnavailableError
 from app.signature import SignatureError, sign, verify
-from devservers.paypal_stand_in import PayPalStandIn
 
 from .helpers import (
     ALICE,
@@ -215,20 +214,6 @@ def seen(cert_host):
     cert_host.requests.clear()
     cert_host.slow = 0.0
     return cert_host.requests
-
-
-@pytest.fixture(scope="module")
-def paypal_api_server():
-    stand_in = PayPalStandIn().start()
-    yield stand_in
-    stand_in.close()
-
-
-@pytest.fixture
-def paypal_api(paypal_api_server):
-    """PayPal's REST API (token, events) on loopback, holding no event and failing nothing, this test's alone."""
-    paypal_api_server.reset()
-    return paypal_api_server
 
 
 @pytest.fixture
@@ -1064,6 +1049,8 @@ def test_an_event_paypal_does_not_have_is_422_recorded_and_applied_once_it_has(c
     assert (response.status, response.json["error"]) == (422, "unprocessable")
     assert f"PayPal's API has no event {event['id']}" in response.json["message"]
     assert stored_event_row(db, event["id"]).status == "failed"
+    shown = app.test_cli_runner().invoke(args=["events", "show", "--source", SOURCE, event["id"]]).output
+    assert "none: unknown: its provider had no record of it" in shown and "9999" not in shown.split("body (")[0]
     paypal_api.add(event)  # PayPal has it now
     replayed = app.test_cli_runner().invoke(args=["events", "replay", "--source", SOURCE, event["id"]])
     assert replayed.output == f"{SOURCE}/{event['id']}: processed; now completed\n"

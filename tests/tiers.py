@@ -7,7 +7,7 @@ import os
 TIERS = ("unit", "core", "deploy")
 
 # The fixtures that start a server. A unit test asks for none of them.
-SERVER_FIXTURES = {"pg_server", "postgresql", "redis_server", "gunicorn", "installed_venv"}
+SERVER_FIXTURES = {"pg_server", "postgresql", "redis_server", "gunicorn", "installed_venv", "paypal_api_server"}
 # The fixtures of the deploy tier: a wheel, built and pip-installed on a host. A core test asks for none of them.
 DEPLOY_FIXTURES = {"wheel", "installed_venv", "installed_host"}
 
