@@ -42,8 +42,8 @@ def receive(name: str | None) -> dict[str, str]:
                                              certificates=calls.certificates)
     delivery.event = parse(body, source.scheme, request.headers, source.event_source)
     fetched = delivery.fetched = calls.fetch(source, delivery.event, settings.policy)
-    event, effect = fetched.event, fetched.effect(settings.policy)
-    delivery.effect = effect
+    event, effect = fetched.event, fetched.effect
+    delivery.effect = effect  # what the money is decided by: the provider's record, for a fetching source
     body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
     delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
     delivery.result = delivery.lock.apply_once(lambda: ledger.apply_event(

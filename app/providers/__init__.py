@@ -11,8 +11,7 @@ are outbound.py's.
 """
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .. import ledger
 from ..config import Settings
@@ -42,19 +41,13 @@ class API(Protocol):
     def event(self, event_id: str) -> bytes | None: ...
 
 
-@dataclass(frozen=True)
-class Fetched:
-    """The event the money is decided from, and the provider's bytes of it (None: nothing was fetched)."""
+class Fetched(NamedTuple):
+    """The event the money is decided from, its effect, and the provider's bytes of it (None: none fetched)."""
 
     event: Event
+    effect: Effect
     body: bytes | None = None
-    missing: str | None = None  # the provider has no such event: why it cannot apply (a 422's message)
     contradicts: bool = False  # the provider's record moves other money than the notification said
-
-    def effect(self, policy: Policy) -> Effect:
-        if self.missing is not None:
-            return Effect(None, problem=self.missing, sha256=UNKNOWN_EFFECT)
-        return effect_of(self.event, policy)
 
 
 class Providers:
@@ -66,25 +59,29 @@ class Providers:
         self.apis = apis  # by source name: the sources that fetch
 
     def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
-        """event as its provider's API has it, when source fetches; event itself otherwise.
+        """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
 
         ProviderUnavailableError (503) when the provider cannot answer now,
         ProviderRefusedError (503, alert) when it refuses our credentials.
+        An event the provider has no record of has the unknown effect, its
+        problem saying so (422, recorded).
         """
         api = self.apis.get(source.name)
+        said = effect_of(event, policy)
         if api is None:
-            return Fetched(event)
+            return Fetched(event, said)
         name = NAMES[source.scheme]
         body = api.event(event.id)
         if body is None:
-            return Fetched(event, missing=f"{name}'s API has no event {event.id}: nothing applied; a retry, or "
-                                          f"`flask events replay`, applies it once {name} has it")
-        fetched = as_fetched(event, body, source.scheme)
-        contradicts = effect_of(event, policy).sha256 != effect_of(fetched, policy).sha256
-        if contradicts:
+            return Fetched(event, Effect(None, sha256=UNKNOWN_EFFECT, problem=(
+                f"{name}'s API has no event {event.id}: nothing applied; a retry, or `flask events replay`, "
+                f"applies it once {name} has it")))
+        record = as_fetched(event, body, source.scheme)
+        effect = effect_of(record, policy)
+        if effect.sha256 != said.sha256:
             log.warning("%s's record of event %s (source %s) moves other money than its notification: %s's decides",
                         name, event.id, source.name, name)
-        return Fetched(fetched, body, contradicts=contradicts)
+        return Fetched(record, effect, body, effect.sha256 != said.sha256)
 
 
 def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None":
@@ -96,8 +93,8 @@ def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None"
         return None
 
     def ask(event: Event) -> tuple[Event, Effect, bytes | None]:
-        fetched = calls.fetch(served[0], event, policy)
-        return fetched.event, fetched.effect(policy), fetched.body
+        event, effect, body, _ = calls.fetch(served[0], event, policy)
+        return event, effect, body
     return ask
 
 
