@@ -34,6 +34,9 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
     assert {name.split("/")[0] for name in names} == {
         "app", "wsgi.py", f"{release}.dist-info", f"{release}.data"}, names
     assert not [n for n in names if n.startswith(("devservers/", "tests/", "scripts/", "deploy/"))]
+    # Every module of the package, its sub-packages' too (setup.cfg's packages names each).
+    modules = {str(path.relative_to(ROOT)) for path in (ROOT / "app").rglob("*.py") if "__pycache__" not in path.parts}
+    assert modules <= set(names), modules - set(names)
     # Copies of the checkout's files, byte for byte (app/schema.sql and app/migrations are symlinks to the
     # top-level ones).
     assert schema == (ROOT / "schema.sql").read_bytes()
