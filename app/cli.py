@@ -46,6 +46,7 @@ SHOW_EVENT = """
     FROM webhook_events e LEFT JOIN ledger_journal j USING (source, event_id)
     WHERE e.source = %s AND e.event_id = %s
 """
+SOURCES_OF_EVENT = "SELECT source FROM webhook_events WHERE event_id = %s ORDER BY source"
 SHOW_MOVEMENT = "SELECT state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 SHOW_ACCOUNT = "SELECT * FROM payment_accounts WHERE source = %s AND payment_id = %s"
 FAILED_EVENTS = """
@@ -146,18 +147,21 @@ def _one_line(text: str) -> str:
 @SOURCE
 def show_event(event_id: str, source: str) -> None:
     """Show one stored event: the bytes received, status, attempts, last error, times."""
-    effect, movement, account = None, None, None
+    effect, movement, account, elsewhere = None, None, None, []
     with transaction(get_pool(current_app)) as conn:
         cursor = conn.cursor(row_factory=namedtuple_row)
         row: NamedRow | None = cursor.execute(SHOW_EVENT, [source, event_id]).fetchone()
-        if row is not None:
+        if row is None:
+            elsewhere = [name for (name,) in conn.execute(SOURCES_OF_EVENT, [event_id]).fetchall()]
+        else:
             effect = _stored_effect(row, _decided_under(row, Settings.of(current_app).policy))
         if effect is not None and effect.payment_id is not None:
             if effect.movement_id is not None:
                 movement = cursor.execute(SHOW_MOVEMENT, [source, effect.kind, effect.movement_id]).fetchone()
             account = cursor.execute(SHOW_ACCOUNT, [source, effect.payment_id]).fetchone()
     if row is None:
-        raise click.ClickException(f"no stored event {event_id!r} of source {source!r}")
+        hint = f"; it is stored under {', '.join(f'--source {name}' for name in elsewhere)}" if elsewhere else ""
+        raise click.ClickException(f"no stored event {event_id!r} of source {source!r}{hint}")
     if row.body is None:
         kept = "not kept (stored by the release before sources)"
     else:

@@ -673,6 +673,8 @@ def _problem(rule: Rule, fields: Fields) -> str | None:
     if fields.customer is not None and not _is_id(fields.customer):
         return f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not _is_cents(fields.amount):
+        if isinstance(fields.amount, int) and not isinstance(fields.amount, bool) and fields.amount > MAX_CENTS:
+            return f"{labels.amount} must be at most {MAX_CENTS} (a balance's BIGINT)"
         return f"{labels.amount} must be a positive integer"
     if rule.kind in (Kind.REFUND, Kind.DISPUTE):
         if not _is_id(fields.movement_id):

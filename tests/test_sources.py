@@ -424,6 +424,15 @@ def test_cli_show_reads_the_named_sources_event(make_app, config, db):
     assert missing.exit_code == 1 and "no stored event 'evt_only' of source 'default'" in missing.output
 
 
+def test_cli_show_of_an_event_stored_under_another_source_names_that_source(make_app, config, db):
+    run = _two_sources(make_app, config)
+    missing = run("events", "show", "evt_only")
+    assert missing.exit_code == 1
+    assert "no stored event 'evt_only' of source 'default'; it is stored under --source billing" in missing.output
+    nowhere = run("events", "show", "evt_nowhere")
+    assert nowhere.exit_code == 1 and "stored under" not in nowhere.output
+
+
 def test_cli_replay_applies_the_named_sources_event_only(make_app, config, db):
     run = _two_sources(make_app, config)
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])

@@ -253,7 +253,7 @@ UNPROCESSABLE = [
     ({"userId": str(BOB), "amountCents": 1.5}, "amountCents"),
     ({"userId": str(BOB), "amountCents": "100"}, "amountCents"),
     ({"userId": str(BOB), "amountCents": True}, "amountCents"),
-    ({"userId": str(BOB), "amountCents": 2**63}, "amountCents"),
+    ({"userId": str(BOB), "amountCents": 2**63}, "amountCents must be at most 9223372036854775807"),
     ({"userId": str(BOB)}, "amountCents"),
 ]
 
