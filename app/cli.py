@@ -539,8 +539,9 @@ def summary_lines(summary: reconcile.Summary) -> list[str]:
     if tally.refused_unnamed:
         lines.append(f"  and {tally.refused_unnamed} more refused, not named here")
     if tally.refused:
-        lines.append("  each refused event is recorded failed (`flask events list --status failed`); "
-                     "`flask events replay` applies it once what it needs is in (a payment outside the window)")
+        lines.append("  each refused event is recorded failed unless its line says otherwise (`flask events list "
+                     "--status failed`); `flask events replay` applies it once what it needs is in (a payment "
+                     "outside the window)")
     if summary.unprovable:
         lines.append(f"  NOT PROVABLE: {summary.message}")
     if summary.status == reconcile.RunStatus.COMPLETED:

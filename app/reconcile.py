@@ -363,6 +363,9 @@ def _count(tally: Tally, event: Event, result: Result) -> None:
         tally.applied += 1
     elif result.outcome in (Outcome.DUPLICATE, Outcome.IGNORED):  # ignored: not ours, by the source's NO_USER
         tally.duplicates += 1
+    elif result.outcome == Outcome.PAYLOAD_MISMATCH:  # the stored event is left as it is: not recorded failed
+        tally.refuse(Refused(event.id, event.type, "payload_mismatch: stored before with another effect, which "
+                                                   "it keeps (not recorded failed; `flask events show` it)"))
     else:
         tally.refuse(Refused(event.id, event.type, result.problem or str(result.outcome)))
 

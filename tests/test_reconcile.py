@@ -164,6 +164,21 @@ def test_a_refund_of_a_payment_outside_the_window_is_refused(app, db, stand_in):
     assert [row[5] for row in runs(db)] == [1]  # refused
 
 
+def test_a_listed_event_stored_before_with_another_effect_is_refused_and_kept_as_stored(app, client, db, stand_in):
+    """A payload mismatch leaves the stored event completed: the summary says so, not 'recorded failed'."""
+    delivered = intent_succeeded("pi_kept", cents=300)
+    assert send_stripe(client, delivered).json["status"] == "processed"
+    listed = at(intent_succeeded("pi_kept", cents=500, event_id=delivered["id"]), 60)
+    stand_in.add(listed)
+    result = run(app)
+    assert f"refused {delivered['id']} (payment_intent.succeeded): payload_mismatch: stored before with another " \
+           "effect, which it keeps (not recorded failed" in result.output, result.output
+    assert "recorded failed unless its line says otherwise" in result.output
+    assert db.execute("SELECT status FROM webhook_events WHERE event_id = %s", [delivered["id"]]).fetchone() == \
+        ("completed",)
+    assert balance(db) == OPENING[ALICE] + 300
+
+
 def test_a_refund_listed_before_its_payment_in_the_same_second_is_applied_at_the_end(app, db, stand_in):
     now = int(time.time()) - 60
     refund_first = refund("re_early", "pi_same", 40, event_type="refund.created")
