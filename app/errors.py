@@ -13,7 +13,7 @@ from typing import NamedTuple
 import psycopg
 from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
-from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .config import Settings
 from .delivery import current_delivery
@@ -23,7 +23,7 @@ from .lock import InProgressError
 from .outcome import Outcome
 from .providers import ProviderRefusedError, ProviderUnavailableError
 from .signature import SignatureError
-from .webhooks import UnknownSourceError
+from .webhooks import UnknownSourceError, too_large
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,8 @@ def _http_error(exc: HTTPException) -> Response:
         # Werkzeug's word for a body read that failed: here, because the body did not arrive
         # within the server's deadline (app/gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
+    if isinstance(exc, RequestEntityTooLarge):  # Flask's (a Content-Length) says it as webhooks.py's (chunked)
+        exc = RequestEntityTooLarge(too_large(Settings.of(current_app).max_body_bytes))
     assert exc.code is not None  # Flask answers a code-less HTTPException itself, without a handler
     error = _CODES.get(exc.code, "http_error")
     delivery = current_delivery()

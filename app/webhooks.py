@@ -67,8 +67,13 @@ def _raw_json_body(limit: int) -> bytes:
     # silently at MAX_CONTENT_LENGTH, one byte past the limit (create_app).
     body = request.get_data(cache=False)
     if len(body) > limit:
-        raise RequestEntityTooLarge(f"the body is larger than {limit} bytes")
+        raise RequestEntityTooLarge(too_large(limit))
     return body
+
+
+def too_large(limit: int) -> str:
+    """The 413's message, one for a body with a Content-Length and a chunked one."""
+    return f"the body is larger than {limit} bytes (MAX_BODY_BYTES)"
 
 
 def _is_json(mimetype: str) -> bool:

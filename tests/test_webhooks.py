@@ -223,7 +223,7 @@ def test_a_body_over_the_limit_is_413(make_app, config, db):
     client = make_app({**config, **SMALL_LIMIT}).test_client()
     response = send(client, OVER_LIMIT)
     assert response.status == 413
-    assert response.json["error"] == "too_large"
+    assert response.json == {"error": "too_large", "message": "the body is larger than 1024 bytes (MAX_BODY_BYTES)"}
 
 
 # Each refusal above, as it is sent: the settings over the config fixture's, the body, and the headers (None:
