@@ -20,7 +20,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
-    from . import cli, db, delivery, errors, lock, logs, metrics, openapi, providers, users, webhooks
+    from . import cli, db, delivery, errors, fetch, lock, logs, metrics, openapi, users, webhooks
 
     app = Flask(__name__)
     environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}
@@ -41,7 +41,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     delivery.init_app(app)
     db.init_app(app)
     lock.init_app(app)
-    providers.init_app(app)
+    fetch.init_app(app)
     metrics.init_app(app)
     openapi.init_app(app)
     cli.init_app(app)

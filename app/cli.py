@@ -12,13 +12,14 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import ledger, legacy, lock, metrics, providers, reconcile, retention, verify
+from . import fetch, ledger, legacy, lock, metrics, reconcile, retention, verify
 from .commands import CENTS, Commands, needs, os_user, table, utc
 from .config import Needs, Settings
 from .db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .outcome import Outcome
 from .parsers import ConfigError
+from .providers.outbound import ProviderRefusedError, ProviderUnavailableError
 from .redis_client import reason_of
 from .schema import SchemaError
 from .sources import api_key_setting
@@ -196,8 +197,8 @@ def show_event(event_id: str, source: str) -> None:
 def _replay(pool: Pool, source: str, event_id: str, policy: Policy) -> ledger.Result | None:
     """ledger.replay, asking the provider again for an event it had no record of (a fetching source)."""
     try:
-        return ledger.replay(pool, source, event_id, policy, providers.refetch(current_app, source, policy))
-    except (providers.ProviderUnavailableError, providers.ProviderRefusedError) as exc:
+        return ledger.replay(pool, source, event_id, policy, fetch.refetch(current_app, source, policy))
+    except (ProviderUnavailableError, ProviderRefusedError) as exc:
         return ledger.Result(Outcome.FAILED, f"not replayed: {exc}")
 
 

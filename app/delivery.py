@@ -20,9 +20,9 @@ from .outcome import Outcome
 
 if TYPE_CHECKING:
     from .events import Effect, Event
+    from .fetch import Fetched
     from .ledger import Change, Result
     from .lock import EventLock, LockState
-    from .providers import Fetched
 
 # Named for the endpoint whose deliveries it logs (operators filter on it).
 log = logging.getLogger("app.webhooks")

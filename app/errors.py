@@ -21,7 +21,7 @@ from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
 from .outcome import Outcome
-from .providers import ProviderRefusedError, ProviderUnavailableError
+from .providers.outbound import ProviderRefusedError, ProviderUnavailableError
 from .signature import SignatureError
 from .webhooks import UnknownSourceError, too_large
 

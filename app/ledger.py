@@ -184,7 +184,7 @@ UNKNOWN_EFFECT = bytes(32)
 
 
 class Refetch(Protocol):
-    """How replay asks the provider again for an event it had no record of (providers.Providers.fetch)."""
+    """How replay asks the provider again for an event it had no record of (fetch.Providers.fetch)."""
 
     def __call__(self, event: Event) -> tuple[Event, Effect, bytes | None]: ...
 

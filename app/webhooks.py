@@ -7,7 +7,7 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import ledger, lock, providers, signature
+from . import fetch, ledger, lock, signature
 from .config import Settings
 from .db import get_pool
 from .delivery import current_delivery
@@ -37,7 +37,7 @@ def receive(name: str | None) -> dict[str, str]:
     source = _source(settings, name)  # before anything is read: an unknown source costs a dict lookup
     delivery.source = source.name
     body = _raw_json_body(settings.max_body_bytes)
-    calls = providers.of(current_app)
+    calls = fetch.of(current_app)
     delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
                                              certificates=calls.certificates)
     delivery.event = parse(body, source.scheme, request.headers, source.event_source)

@@ -20,6 +20,7 @@ from app import events
 from app.events import Kind, State
 from app.ledger import Change, Entry, SpendOutcome, Status
 from app.outcome import Outcome
+from app.providers import stripe
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
@@ -182,7 +183,7 @@ def due(credited, totals, refunds, disputes):
     known = sum(amount for amount, _ in refunds.values())
     applied = sum(amount for amount, statuses in refunds.values() if not statuses & {"failed", "canceled"})
     withdrawn = sum(amount for amount, types in disputes.values()
-                    if events.DISPUTE_FUNDS_WITHDRAWN in types and events.DISPUTE_FUNDS_REINSTATED not in types)
+                    if stripe.DISPUTE_FUNDS_WITHDRAWN in types and stripe.DISPUTE_FUNDS_REINSTATED not in types)
     return min(credited, applied + max(0, max(totals, default=0) - known) + withdrawn)
 
 
@@ -197,13 +198,13 @@ def _stripe_events_of_one_payment(data, intent_id):
     refunds, disputes = {}, {}
     for n in range(data.draw(st.integers(0, 3), label="refund objects")):
         refund_id, refund_cents = f"re_{n}_{intent_id}", data.draw(cents, label=f"refund {n}")
-        announcement = st.tuples(st.sampled_from(REFUND_STATUSES), st.sampled_from(events.REFUND_EVENTS))
+        announcement = st.tuples(st.sampled_from(REFUND_STATUSES), st.sampled_from(stripe.REFUND_EVENTS))
         statuses = data.draw(st.lists(announcement, min_size=1, max_size=3), label=f"refund {n}'s events")
         sent += [refund(refund_id, intent_id, refund_cents, status, event_type) for status, event_type in statuses]
         refunds[refund_id] = (refund_cents, {status for status, _ in statuses})
     for n in range(data.draw(st.integers(0, 2), label="disputes")):
         dispute_id, dispute_cents = f"du_{n}_{intent_id}", data.draw(cents, label=f"dispute {n}")
-        moves = data.draw(st.sets(st.sampled_from([events.DISPUTE_FUNDS_WITHDRAWN, events.DISPUTE_FUNDS_REINSTATED]),
+        moves = data.draw(st.sets(st.sampled_from([stripe.DISPUTE_FUNDS_WITHDRAWN, stripe.DISPUTE_FUNDS_REINSTATED]),
                                   min_size=1), label=f"dispute {n}'s funds")
         news = data.draw(st.lists(st.sampled_from(DISPUTE_NEWS), max_size=2), label=f"dispute {n}'s news")
         sent += [dispute(dispute_id, intent_id, dispute_cents, event_type) for event_type in [*moves, *news]]

@@ -1,17 +1,32 @@
-"""PayPal: its signing certificates (fetched, checked, cached) and its REST API, which decides the money.
+"""PayPal: its signature scheme, its events' shape and money rules, its certificates and its REST API.
 
-PayPal's signature covers `transmission_id|time|webhook_id|CRC32(body)`
-(app/signature.py), and CRC32 is linear: any body can be padded to the CRC32
-of a captured delivery and sent under its headers. So the signature proves
-only that PayPal sent *some* delivery; the event itself is fetched from
-PayPal's Webhooks Management API ("Show event notification details",
+PayPal's signature covers `transmission_id|time|webhook_id|CRC32(body)`,
+and CRC32 is linear: any body can be padded to the CRC32 of a captured
+delivery and sent under its headers. So the signature proves only that
+PayPal sent *some* delivery; the event itself is fetched from PayPal's
+Webhooks Management API ("Show event notification details",
 `GET /v1/notifications/webhooks-events/{event_id}`,
 https://developer.paypal.com/api/webhooks/v1/) with the merchant's REST
 credentials (OAuth 2.0 client credentials, `POST /v1/oauth2/token`,
 https://developer.paypal.com/api/rest/authentication/), and the money is
-read from what PayPal returns, never from the body (fetch).
+read from what PayPal returns, never from the body (app/fetch.py).
 
-The certificates:
+- The scheme, `paypal`: `PAYPAL-TRANSMISSION-SIG: <base64>`, PayPal's
+  RSA-SHA256 (SHA256withRSA) signature of `<PAYPAL-TRANSMISSION-ID>|
+  <PAYPAL-TRANSMISSION-TIME>|<webhook id>|<CRC32 of the body, unsigned
+  decimal>` ("Self verification method",
+  https://developer.paypal.com/api/rest/webhooks/rest/; PayPal's Python SDK,
+  paypalrestsdk's WebhookEvent._get_expected_sig, builds the same string).
+  The secrets are the webhook ids; the public key is that of the certificate
+  PAYPAL-CERT-URL names (Certificates, below).
+- The shape: a body without `type` is PayPal's own: id its `id` (WH-...),
+  type its `event_type`, data its `resource`; PayPal's API returns the same
+  envelope, read the same way.
+- The rules: the resource of each event (a Capture, a Refund, a Dispute),
+  amounts in PayPal's Money object; no test mode in the body (sandbox and
+  live are separate webhooks, with their ids).
+
+The certificates:The certificates:
 
 PayPal names the certificate of each delivery's signature in its
 PAYPAL-CERT-URL header ("Self verification method",
@@ -35,19 +50,25 @@ that was not answered 2xx (25 times over 3 days, the page above).
 """
 
 import base64
+import binascii
 import re
 import ssl
 import threading
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import certifi
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey, RSAPublicKey
 from cryptography.utils import CryptographyDeprecationWarning
 from cryptography.x509.oid import NameOID
 from cryptography.x509.verification import (
@@ -58,8 +79,27 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from ..events import InvalidJSONError, load
-from ..signature import SignatureError
+from ..signing import Certificates as CertificateSource
+from ..signing import SignatureError, check_age, required
+from ..vocabulary import (
+    CURRENCY,
+    CURRENCY_EXPONENTS,
+    MAX_ID_CHARS,
+    MAX_TYPE_CHARS,
+    Event,
+    Fields,
+    InvalidEventError,
+    InvalidJSONError,
+    Kind,
+    Rule,
+    State,
+    an_object,
+    load,
+    lower,
+    minor_units,
+    text,
+    uuid_text,
+)
 from .outbound import Deadline, Outbound, ProviderRefusedError, ProviderUnavailableError, Reply
 
 # PayPal's certificates are served under this path (PAYPAL-CERT-URL, e.g.
@@ -79,6 +119,184 @@ API_BASE = "https://api-m.paypal.com"
 # The name calls are counted under (app/metrics.py).
 PROVIDER = "paypal"
 
+
+SCHEME = "paypal"
+SIGNATURE_HEADER = "PAYPAL-TRANSMISSION-SIG"
+CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
+REFUND_EVENTS = ("PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED")
+DISPUTE_RESOLVED = "CUSTOMER.DISPUTE.RESOLVED"  # CUSTOMER.DISPUTE.CREATED and .UPDATED move nothing
+
+
+# -- the scheme ---------------------------------------------------------------------------------
+
+# PayPal's (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's request): a
+# transmission id matches ^(?!\d+$)\w+\S+ in at most 50 characters (a UUID in practice); narrowed to
+# ASCII word characters and '-', so that no '|' can move a field of the signed string.
+_TRANSMISSION_ID = re.compile(r"[0-9A-Za-z_-]{1,50}")
+# "Internet date and time format" (RFC 3339), as PayPal sends it: 2016-02-18T20:01:35Z.
+_TRANSMISSION_TIME = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})")
+# The only algorithm accepted, whatever PAYPAL-AUTH-ALGO says otherwise: it is not signed, and PayPal's
+# SDK would also take SHA1withRSA.
+PAYPAL_AUTH_ALGO = "SHA256withRSA"
+# A 4096-bit RSA signature is 684 base64 characters; PayPal's limit for the field is 500.
+_MAX_SIGNATURE_CHARS = 1024
+
+
+def verify(body: bytes, headers: Mapping[str, str], secrets: Sequence[bytes], tolerance: int, now: float,
+           certificates: CertificateSource | None) -> int:
+    """PayPal's own check ("Self verification method"): the headers' fields, the time, then the certificate."""
+    transmission_id = required(headers, "PAYPAL-TRANSMISSION-ID")
+    if not _TRANSMISSION_ID.fullmatch(transmission_id):
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-ID header: expected 1 to 50 letters, digits, _ or -")
+    stamp = required(headers, "PAYPAL-TRANSMISSION-TIME")
+    try:
+        if not _TRANSMISSION_TIME.fullmatch(stamp):
+            raise ValueError
+        sent = datetime.fromisoformat(stamp).timestamp()  # ValueError for a 13th month, a 25th hour
+    except ValueError:
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-TIME header: expected an RFC 3339 date and time") from None
+    algorithm = required(headers, "PAYPAL-AUTH-ALGO")
+    if algorithm != PAYPAL_AUTH_ALGO:
+        raise SignatureError(f"PAYPAL-AUTH-ALGO must be {PAYPAL_AUTH_ALGO}")
+    raw_signature = required(headers, "PAYPAL-TRANSMISSION-SIG").strip()
+    try:
+        if len(raw_signature) > _MAX_SIGNATURE_CHARS:
+            raise ValueError
+        received = base64.b64decode(raw_signature, validate=True)
+    except (ValueError, binascii.Error):
+        raise SignatureError("malformed PAYPAL-TRANSMISSION-SIG header: expected base64") from None
+    url = required(headers, "PAYPAL-CERT-URL").strip()
+    check_age(now - sent, tolerance)
+    if certificates is None:
+        raise TypeError("the paypal scheme verifies with a certificate source: pass certificates")
+    key = certificates(url, now)  # after every cheap refusal: nothing is fetched for a malformed delivery
+    crc = str(binascii.crc32(body) & 0xFFFFFFFF).encode()  # the SDK's: unsigned, base 10
+    matched = -1
+    for index, webhook_id in enumerate(secrets):
+        try:
+            key.verify(received, b"|".join([transmission_id.encode(), stamp.encode(), webhook_id, crc]),
+                       padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            continue
+        matched = index
+        break  # the webhook id is no secret: which one matched may show in the time taken
+    if matched < 0:
+        raise SignatureError("signature does not match")
+    return matched
+
+
+def sign(body: bytes, webhook_id: bytes, timestamp: int, transmission_id: str, private_key: RSAPrivateKey,
+         cert_url: str) -> dict[str, str]:
+    """The five headers PayPal sends with body, signed with private_key, the key of the certificate at cert_url."""
+    stamp = datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crc = str(binascii.crc32(body) & 0xFFFFFFFF).encode()
+    signed = private_key.sign(b"|".join([transmission_id.encode(), stamp.encode(), webhook_id, crc]),
+                              padding.PKCS1v15(), hashes.SHA256())
+    return {"PAYPAL-TRANSMISSION-ID": transmission_id, "PAYPAL-TRANSMISSION-TIME": stamp,
+            "PAYPAL-TRANSMISSION-SIG": base64.b64encode(signed).decode(), "PAYPAL-CERT-URL": cert_url,
+            "PAYPAL-AUTH-ALGO": PAYPAL_AUTH_ALGO}
+
+
+# -- the shape ----------------------------------------------------------------------------------
+
+def parse(document: dict[str, Any], body: bytes, source: str) -> Event:
+    """The event in PayPal's own shape: id its `id` (WH-...), type its `event_type`, data its `resource`."""
+    event_id = text(document.get("id"), "'id'", MAX_ID_CHARS)
+    event_type = text(document.get("event_type"), "'event_type'", MAX_TYPE_CHARS)
+    resource = document.get("resource")
+    if not isinstance(resource, dict):
+        raise InvalidEventError("'resource' must be an object")
+    return Event(event_id, event_type, resource, document, body, source)
+
+
+# -- the rules ----------------------------------------------------------------------------------
+
+def _resource(event: Event) -> dict[str, Any]:
+    # From the document, not event.data: a stored event's data is its whole body.
+    return an_object(event.document.get("resource"))
+
+
+def _money(money: object, label: str) -> tuple[object, object, str | None]:
+    """A Money object's amount in minor units and its currency (lower case), or why the amount is not exact.
+
+    A value that is not a string, or a currency that is no code, is left as
+    sent: app/events.py names it. A value that does not convert exactly is the 422.
+    """
+    value, code = an_object(money).get("value"), an_object(money).get("currency_code")
+    units = minor_units(value, code)
+    if units is None and isinstance(value, str) and isinstance(code, str) and CURRENCY.fullmatch(code.lower()):
+        exponent = CURRENCY_EXPONENTS.get(code.upper(), 2)
+        return value, code.lower(), (f"{label}.value must be a decimal amount of {code.upper()} exact in its minor "
+                                     f"units ({exponent} decimals), got {value[:40]!r}")
+    return (value if units is None else units), lower(code), None
+
+
+def _read_capture(event: Event) -> Fields | str:
+    """PAYMENT.CAPTURE.COMPLETED: the Capture, credited once by its id, to the user its custom_id names."""
+    capture = _resource(event)
+    amount, currency, problem = _money(capture.get("amount"), "resource.amount")
+    return problem or Fields(capture.get("id"), uuid_text(capture.get("custom_id")), amount, currency, None)
+
+
+# A PayPal Refund's status -> what it says of the refund (Payments v2, the refund's `status`).
+REFUND_STATES = {"PENDING": State.APPLIED, "COMPLETED": State.APPLIED, "FAILED": State.REVERSED,
+                        "CANCELLED": State.REVERSED}
+# A Refund's capture: its `up` link, https://api.paypal.com/v2/payments/captures/<capture id>.
+_CAPTURE_LINK = re.compile(r"https://[^/]+/v2/payments/captures/([^/?#]+)")
+
+
+def _read_refund(event: Event) -> Fields | str:
+    """PAYMENT.CAPTURE.REFUNDED and .REVERSED: a Refund of a capture, keyed by its own id, its amount debited."""
+    refund = _resource(event)
+    amount, currency, problem = _money(refund.get("amount"), "resource.amount")
+    if problem:
+        return problem
+    links = refund.get("links")
+    ups = [link.get("href") for link in links if isinstance(link, dict) and link.get("rel") == "up"] \
+        if isinstance(links, list) else []
+    capture = _CAPTURE_LINK.fullmatch(ups[0]) if len(ups) == 1 and isinstance(ups[0], str) else None
+    status = refund.get("status")
+    state = REFUND_STATES.get(status, status) if isinstance(status, str) else status
+    return Fields(capture[1] if capture else None, None, amount, currency, None, refund.get("id"), state)
+
+
+# A resolved Dispute's outcome -> what it does to its funds (Disputes v1, dispute_outcome.outcome_code): the
+# buyer's win takes the disputed amount, the seller's (or none taken from the seller) gives back what was taken.
+DISPUTE_OUTCOMES = {"RESOLVED_BUYER_FAVOUR": State.APPLIED, "ACCEPTED": State.APPLIED,
+                           "RESOLVED_SELLER_FAVOUR": State.REVERSED, "DENIED": State.REVERSED,
+                           "CANCELED_BY_BUYER": State.REVERSED, "RESOLVED_WITH_PAYOUT": State.REVERSED}
+
+
+def _read_dispute(event: Event) -> Fields | str:
+    """CUSTOMER.DISPUTE.RESOLVED: lost, it takes dispute_amount from its transaction's payment once; won, nothing,
+    or back what a loss took. Created and updated move nothing, as Razorpay's disputes before they are lost."""
+    dispute = _resource(event)
+    outcome = an_object(dispute.get("dispute_outcome")).get("outcome_code")
+    state = DISPUTE_OUTCOMES.get(outcome) if isinstance(outcome, str) else None
+    if state is None:
+        return f"resource.dispute_outcome.outcome_code must be one of {', '.join(DISPUTE_OUTCOMES)}"
+    transactions = dispute.get("disputed_transactions")
+    if not isinstance(transactions, list) or len(transactions) != 1:
+        return "resource.disputed_transactions must name exactly one transaction"
+    amount, currency, problem = _money(dispute.get("dispute_amount"), "resource.dispute_amount")
+    return problem or Fields(an_object(transactions[0]).get("seller_transaction_id"), None, amount, currency, None,
+                             dispute.get("dispute_id"), state)
+
+
+RULES = {
+    CAPTURE_COMPLETED: Rule(Kind.CREDIT, _read_capture, Fields(
+        "resource.id", "resource.custom_id", "resource.amount.value", "resource.amount.currency_code", None)),
+    **{refund: Rule(Kind.REFUND, _read_refund, Fields(
+        "resource.links[rel=up] (the capture's URL)", None, "resource.amount.value", "resource.amount.currency_code",
+        None, "resource.id", "resource.status")) for refund in REFUND_EVENTS},
+    DISPUTE_RESOLVED: Rule(Kind.DISPUTE, _read_dispute, Fields(
+        "resource.disputed_transactions[0].seller_transaction_id", None, "resource.dispute_amount.value",
+        "resource.dispute_amount.currency_code", None, "resource.dispute_id", "resource.dispute_outcome")),
+}
+
+
+# -- the certificates ---------------------------------------------------------------------------
 
 class CertificateUnavailableError(ProviderUnavailableError):
     """PayPal's certificate could not be fetched now (timeout, TLS, 5xx): 503, and PayPal retries."""

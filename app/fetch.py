@@ -1,0 +1,137 @@
+"""The fetch step: a provider's API asked on receipt for what a notification cannot prove (docs/providers.md).
+
+A source that fetches (always under paypal, whose signature covers only a
+CRC32 of the body; under stripe when WEBHOOK_<NAME>_FETCH=true) asks its
+provider's API for the event by the delivered id, after the signature check
+and before any write, and the money is decided from what the API returns.
+The delivered bytes stay the notification of record; the fetched bytes are
+kept beside them (webhook_events.fetched), and replay and verify read those.
+Each provider's API client is in its module (app/providers/paypal.py,
+stripe.py); the calls' deadline and slots are app/providers/outbound.py's.
+"""
+
+import logging
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from . import ledger
+from .config import Settings
+from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from .ledger import Refetch
+from .providers import paypal, stripe
+from .providers.outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from .sources import Source
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+__all__ = ["Fetched", "Providers", "ProviderRefusedError", "ProviderUnavailableError", "init_app", "of"]
+
+log = logging.getLogger(__name__)
+
+EXTENSION = "fetch"
+# The effect of an event whose provider has no record of it (yet): 32 zero bytes, no effect's SHA-256.
+# money.sql lets any later effect of the id replace it, so that a body forged under a genuine event's id
+# before the genuine one exists cannot keep it from applying.
+UNKNOWN_EFFECT = ledger.UNKNOWN_EFFECT
+# Each scheme whose provider's API can be asked for an event, by name in messages.
+NAMES = {"paypal": "PayPal", "stripe": "Stripe"}
+
+
+class API(Protocol):
+    def event(self, event_id: str) -> bytes | None: ...
+
+
+class Fetched(NamedTuple):
+    """The event the money is decided from, its effect, and the provider's bytes of it (None: none fetched)."""
+
+    event: Event
+    effect: Effect
+    body: bytes | None = None
+    contradicts: bool = False  # the provider's record moves other money than the notification said
+
+
+class Providers:
+    """The process's calls to providers: the PayPal certificates and each fetching source's API."""
+
+    def __init__(self, outbound: Outbound, certificates: paypal.Certificates, apis: dict[str, API]) -> None:
+        self.outbound = outbound
+        self.certificates = certificates
+        self.apis = apis  # by source name: the sources that fetch
+
+    def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
+        """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
+
+        ProviderUnavailableError (503) when the provider cannot answer now,
+        ProviderRefusedError (503, alert) when it refuses our credentials.
+        An event the provider has no record of has the unknown effect, its
+        problem saying so (422, recorded).
+        """
+        api = self.apis.get(source.name)
+        said = effect_of(event, policy)
+        if api is None:
+            return Fetched(event, said)
+        name = NAMES[source.scheme]
+        body = api.event(event.id)
+        if body is None:
+            return Fetched(event, Effect(None, sha256=UNKNOWN_EFFECT, problem=(
+                f"{name}'s API has no event {event.id}: nothing applied; a retry, or `flask events replay`, "
+                f"applies it once {name} has it")))
+        record = as_fetched(event, body, source.scheme)
+        effect = effect_of(record, policy)
+        if effect.sha256 != said.sha256:
+            log.warning("%s's record of event %s (source %s) moves other money than its notification: %s's decides",
+                        name, event.id, source.name, name)
+        return Fetched(record, effect, body, effect.sha256 != said.sha256)
+
+
+def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None":
+    """How `flask events replay` asks again for an event of event_source that its provider had no record of;
+    None unless a served source of those events fetches (its settings are the service's)."""
+    calls = of(app)
+    served = [s for s in Settings.of(app).sources.values() if s.event_source == event_source and s.name in calls.apis]
+    if not served:
+        return None
+
+    def ask(event: Event) -> tuple[Event, Effect, bytes | None]:
+        event, effect, body, _ = calls.fetch(served[0], event, policy)
+        return event, effect, body
+    return ask
+
+
+def as_fetched(event: Event, body: bytes, scheme: str) -> Event:
+    """event with the document its provider's API returned (body): its id, source and delivered bytes kept."""
+    try:
+        record = parse(body, scheme, None, event.source)
+    except (InvalidJSONError, InvalidEventError) as exc:
+        raise ProviderUnavailableError(f"{NAMES[scheme]}'s API answered with an event that does not parse: "
+                                       f"{exc}") from None
+    if record.id != event.id:
+        raise ProviderUnavailableError(f"{NAMES[scheme]}'s API answered with another event than the one asked for")
+    return Event(event.id, record.type, record.data, record.document, event.body, event.source)
+
+
+def init_app(app: "Flask") -> None:
+    """The process's outbound calls (no connection is opened until a delivery needs one)."""
+    settings = Settings.of(app)
+
+    def observe(provider: str, result: str, seconds: float) -> None:
+        metrics = app.extensions.get("metrics")  # made by the first request: a `flask` command counts nothing
+        if metrics is not None:
+            metrics.observe_call(provider, result, seconds)
+
+    outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
+    apis: dict[str, API] = {}
+    for source in settings.sources.values():
+        if source.fetch and source.api_key is not None:
+            if source.scheme == "paypal":
+                apis[source.name] = paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound)
+            else:
+                apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)
+    app.extensions[EXTENSION] = Providers(
+        outbound, paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file), apis)
+
+
+def of(app: "Flask") -> Providers:
+    """The providers init_app made for the app."""
+    providers: Providers = app.extensions[EXTENSION]
+    return providers
