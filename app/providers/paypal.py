@@ -118,8 +118,6 @@ PAYPAL_SUFFIX = ".paypal.com"
 API_BASE = "https://api-m.paypal.com"
 # The name calls are counted under (app/metrics.py).
 PROVIDER = "paypal"
-
-
 SCHEME = "paypal"
 SIGNATURE_HEADER = "PAYPAL-TRANSMISSION-SIG"
 CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
@@ -469,6 +467,8 @@ _PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE---
 # that it be a TLS server's (extended key usage): the certificate signs messages here.
 _LEAF_POLICY = ExtensionPolicy.webpki_defaults_ee().may_be_present(x509.ExtendedKeyUsage, Criticality.AGNOSTIC, None)
 
+
+# -- the API ------------------------------------------------------------------------------------
 
 class API:
     """PayPal's REST API for one source: its credentials, its OAuth 2.0 token (kept until it expires), its events.
