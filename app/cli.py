@@ -19,7 +19,7 @@ from .db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, trans
 from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from .outcome import Outcome
 from .parsers import ConfigError
-from .providers.outbound import ProviderRefusedError, ProviderUnavailableError
+from .providers.outbound import ProviderUnavailableError
 from .redis_client import reason_of
 from .schema import SchemaError
 from .sources import api_key_setting
@@ -198,7 +198,7 @@ def _replay(pool: Pool, source: str, event_id: str, policy: Policy) -> ledger.Re
     """ledger.replay, asking the provider again for an event it had no record of (a fetching source)."""
     try:
         return ledger.replay(pool, source, event_id, policy, fetch.refetch(current_app, source, policy))
-    except (ProviderUnavailableError, ProviderRefusedError) as exc:
+    except ProviderUnavailableError as exc:  # ProviderRefusedError too
         return ledger.Result(Outcome.FAILED, f"not replayed: {exc}")
 
 
@@ -211,7 +211,7 @@ def _decided_under(row: NamedRow, policy: Policy) -> Policy:
 
 def _stored_effect(row: NamedRow, policy: Policy) -> Effect | None:
     """What the stored bytes of a row of SHOW_EVENT say it moves, read by the live path's code; None if unreadable."""
-    if row.fetched is None and row.effect_sha256 is not None and bytes(row.effect_sha256) == ledger.UNKNOWN_EFFECT:
+    if ledger.unvouched(row.fetched, row.effect_sha256):
         # Its body is a notification nobody vouches for: what it says is not what it moves.
         return Effect(None, problem="unknown: its provider had no record of it when it was asked")
     try:

@@ -21,7 +21,7 @@ from .events import InvalidEventError, InvalidJSONError, UnprocessableError
 from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from .lock import InProgressError
 from .outcome import Outcome
-from .providers.outbound import ProviderRefusedError, ProviderUnavailableError
+from .providers.outbound import ProviderUnavailableError
 from .signature import SignatureError
 from .webhooks import UnknownSourceError, too_large
 
@@ -71,14 +71,12 @@ ANSWERS: dict[type[Exception], Answer] = {
     psycopg.errors.ReadOnlySqlTransaction: _UNAVAILABLE,
     psycopg.errors.IdleInTransactionSessionTimeout: _UNAVAILABLE,
     # A provider's API (or PayPal's certificate host) had no free slot, timed
-    # out, was unreachable, or answered 429 or 5xx (app/providers/): nothing
+    # out, was unreachable, answered 429 or 5xx, or refused our credentials
+    # (ProviderRefusedError, counted: the alert WebhookLedgerProviderRefusesCredentials;
+    # the sender is not told of our configuration) (app/providers/): nothing
     # was written, and the provider retries.
     ProviderUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
                                      "the provider's API is unavailable; retry later", retry_after=True),
-    # The provider refused our credentials: a misconfiguration, not the
-    # sender's fault. Logged and counted (the alert ProviderRefusesCredentials).
-    ProviderRefusedError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
-                                 "the provider's API is unavailable; retry later", retry_after=True),
     # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
     # or a misconfiguration: 500, its class and SQLSTATE logged (_internal_error).
 }

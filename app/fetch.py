@@ -18,26 +18,20 @@ from .config import Settings
 from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from .ledger import Refetch
 from .providers import paypal, stripe
-from .providers.outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from .providers.outbound import Outbound, ProviderUnavailableError
 from .sources import Source
 
 if TYPE_CHECKING:
     from flask import Flask
 
-__all__ = ["Fetched", "Providers", "ProviderRefusedError", "ProviderUnavailableError", "init_app", "of"]
-
 log = logging.getLogger(__name__)
 
 EXTENSION = "fetch"
-# The effect of an event whose provider has no record of it (yet): 32 zero bytes, no effect's SHA-256.
-# money.sql lets any later effect of the id replace it, so that a body forged under a genuine event's id
-# before the genuine one exists cannot keep it from applying.
-UNKNOWN_EFFECT = ledger.UNKNOWN_EFFECT
-# Each scheme whose provider's API can be asked for an event, by name in messages.
-NAMES = {"paypal": "PayPal", "stripe": "Stripe"}
 
 
 class API(Protocol):
+    name: str  # the provider's, in messages
+
     def event(self, event_id: str) -> bytes | None: ...
 
 
@@ -61,8 +55,8 @@ class Providers:
     def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
         """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
 
-        ProviderUnavailableError (503) when the provider cannot answer now,
-        ProviderRefusedError (503, alert) when it refuses our credentials.
+        ProviderUnavailableError (503) when the provider cannot answer now, or
+        refuses our credentials (its subclass ProviderRefusedError: an alert).
         An event the provider has no record of has the unknown effect, its
         problem saying so (422, recorded).
         """
@@ -70,18 +64,20 @@ class Providers:
         said = effect_of(event, policy)
         if api is None:
             return Fetched(event, said)
-        name = NAMES[source.scheme]
         body = api.event(event.id)
         if body is None:
-            return Fetched(event, Effect(None, sha256=UNKNOWN_EFFECT, problem=(
-                f"{name}'s API has no event {event.id}: nothing applied; a retry, or `flask events replay`, "
-                f"applies it once {name} has it")))
-        record = as_fetched(event, body, source.scheme)
+            # Any later effect of the id replaces this one (money.sql): a body forged under a genuine event's id
+            # before the genuine one exists cannot keep it from applying.
+            return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(
+                f"{api.name}'s API has no event {event.id}: nothing applied; a retry, or `flask events replay`, "
+                f"applies it once {api.name} has it")))
+        record = as_fetched(event, body, source.scheme, api.name)
         effect = effect_of(record, policy)
-        if effect.sha256 != said.sha256:
-            log.warning("%s's record of event %s (source %s) moves other money than its notification: %s's decides",
-                        name, event.id, source.name, name)
-        return Fetched(record, effect, body, effect.sha256 != said.sha256)
+        contradicts = effect.sha256 != said.sha256
+        if contradicts:
+            log.warning("%s's record of event %s (source %s) moves other money than its notification: it decides",
+                        api.name, event.id, source.name)
+        return Fetched(record, effect, body, contradicts)
 
 
 def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None":
@@ -93,20 +89,18 @@ def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None"
         return None
 
     def ask(event: Event) -> tuple[Event, Effect, bytes | None]:
-        event, effect, body, _ = calls.fetch(served[0], event, policy)
-        return event, effect, body
+        return calls.fetch(served[0], event, policy)[:3]
     return ask
 
 
-def as_fetched(event: Event, body: bytes, scheme: str) -> Event:
+def as_fetched(event: Event, body: bytes, scheme: str, provider: str) -> Event:
     """event with the document its provider's API returned (body): its id, source and delivered bytes kept."""
     try:
         record = parse(body, scheme, None, event.source)
     except (InvalidJSONError, InvalidEventError) as exc:
-        raise ProviderUnavailableError(f"{NAMES[scheme]}'s API answered with an event that does not parse: "
-                                       f"{exc}") from None
+        raise ProviderUnavailableError(f"{provider}'s API answered with an event that does not parse: {exc}") from None
     if record.id != event.id:
-        raise ProviderUnavailableError(f"{NAMES[scheme]}'s API answered with another event than the one asked for")
+        raise ProviderUnavailableError(f"{provider}'s API answered with another event than the one asked for")
     return Event(event.id, record.type, record.data, record.document, event.body, event.source)
 
 
@@ -123,7 +117,7 @@ def init_app(app: "Flask") -> None:
     apis: dict[str, API] = {}
     for source in settings.sources.values():
         if source.fetch and source.api_key is not None:
-            if source.scheme == "paypal":
+            if source.scheme == paypal.SCHEME:
                 apis[source.name] = paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound)
             else:
                 apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)

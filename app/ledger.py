@@ -178,9 +178,15 @@ STORED_EVENT = """
     SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched, effect_sha256 FROM webhook_events
     WHERE source = %s AND event_id = %s
 """
-# The effect stored for an event whose provider had no record of it (providers.UNKNOWN_EFFECT): its bytes
-# are a notification nobody vouches for, so only a new fetch may decide it.
+# The effect stored for an event whose provider had no record of it (app/fetch.py): 32 zero bytes, no
+# effect's SHA-256, which any later effect of the id replaces (money.sql).
 UNKNOWN_EFFECT = bytes(32)
+
+
+def unvouched(fetched: bytes | None, effect_sha256: bytes | None) -> bool:
+    """Whether a stored row is a notification nobody vouches for: its provider had no record of it when asked, so
+    what its body says is not what it moves, and only a new fetch may decide it."""
+    return fetched is None and effect_sha256 is not None and bytes(effect_sha256) == UNKNOWN_EFFECT
 
 
 class Refetch(Protocol):
@@ -206,7 +212,7 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
     event_type, status, body, body_sha256, fetched, effect_sha256 = row
     if status == Status.COMPLETED:
         return Result(Outcome.DUPLICATE, "already completed")
-    if fetched is None and refetch is None and effect_sha256 is not None and bytes(effect_sha256) == UNKNOWN_EFFECT:
+    if refetch is None and unvouched(fetched, effect_sha256):
         return Result(Outcome.FAILED, "not replayed: its provider had no record of it, and this command cannot ask "
                                       "again (the source is not served here with its API key)")
     try:
@@ -262,7 +268,7 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
             for row_id, source, event_id, event_type, status, version, body, body_sha256, fetched, stored in rows:
-                if fetched is None and stored is not None and bytes(stored) == UNKNOWN_EFFECT:
+                if unvouched(fetched, stored):
                     conn.execute(SET_EFFECT, [stored, EFFECT_VERSION, row_id])  # still only a fetch decides it
                     continue
                 try:

@@ -1190,3 +1190,16 @@ def test_an_event_paypal_had_no_record_of_is_not_replayed_from_its_body_where_pa
     assert replayed.exit_code == 1 and "its provider had no record of it" in replayed.output, replayed.output
     assert balance(db, ALICE) == OPENING[ALICE]
     assert stored_event_row(db, event["id"]).status == "failed"
+
+
+def test_a_token_paypal_revoked_before_its_time_is_taken_again_once(send_paypal, db, paypal_api):
+    """The token is kept between deliveries; one PayPal revoked (a rotated secret) is answered 401, and the
+    delivery takes a new one and asks again, once."""
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="1.00")).json["status"] == "processed"
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="2.00")).json["status"] == "processed"
+    assert paypal_api.count("/v1/oauth2/token") == 1  # kept
+    paypal_api.revoke_tokens()
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="3.00")).json["status"] == "processed"
+    assert paypal_api.count("/v1/oauth2/token") == 2
+    assert paypal_api.count("/v1/notifications/webhooks-events/") == 4  # the third event asked twice
+    assert balance(db, BOB) == 600

@@ -37,8 +37,13 @@ class DeadlinePassedError(ProviderUnavailableError):
     """The call's deadline passed before its answer ended."""
 
 
-class ProviderRefusedError(Exception):
-    """The provider refused our credentials (401, 403): 503, and an alert: a misconfiguration, not the sender's."""
+class AnswerTooLargeError(ProviderUnavailableError):
+    """The answer was larger than the call allows."""
+
+
+class ProviderRefusedError(ProviderUnavailableError):
+    """The provider refused our credentials (401, 403): 503 as any unavailable provider, and an alert: a
+    misconfiguration, not the sender's fault."""
 
 
 class Reply(NamedTuple):
@@ -138,8 +143,21 @@ class Outbound:
         if cut.is_set():  # the body ended as the deadline passed: it may be cut short
             raise DeadlinePassedError(f"no answer within {deadline.seconds:g} s")
         if len(data) > max_bytes:
-            raise ProviderUnavailableError(f"an answer larger than {max_bytes} bytes")
+            raise AnswerTooLargeError(f"an answer larger than {max_bytes} bytes")
         return Reply(answer.status, data)
+
+
+def record(reply: Reply, provider: str, what: str) -> bytes | None:
+    """The body of a provider's answer for one record, or None when it has none (404); 401 and 403 raise
+    ProviderRefusedError, any other status but 200 ProviderUnavailableError."""
+    if reply.status == 404:
+        return None
+    if reply.status in (401, 403):
+        raise ProviderRefusedError(f"{provider} refused our credentials for {what} (HTTP {reply.status}): "
+                                   f"check the source's API key")
+    if reply.status != 200:
+        raise ProviderUnavailableError(f"{provider} answered {reply.status} for {what}")
+    return reply.body
 
 
 def _cut(connection: http.client.HTTPConnection, cut: threading.Event) -> None:

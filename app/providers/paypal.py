@@ -100,7 +100,7 @@ from ..vocabulary import (
     text,
     uuid_text,
 )
-from .outbound import Deadline, Outbound, ProviderRefusedError, ProviderUnavailableError, Reply
+from .outbound import AnswerTooLargeError, Deadline, Outbound, ProviderUnavailableError, Reply, record
 
 # PayPal's certificates are served under this path (PAYPAL-CERT-URL, e.g.
 # https://api.sandbox.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77 in PayPal's
@@ -116,9 +116,8 @@ MAX_CACHED = 32
 PAYPAL_SUFFIX = ".paypal.com"
 # PayPal's live REST API; a sandbox source sets WEBHOOK_<NAME>_API_BASE=https://api-m.sandbox.paypal.com.
 API_BASE = "https://api-m.paypal.com"
-# The name calls are counted under (app/metrics.py).
-PROVIDER = "paypal"
-SCHEME = "paypal"
+SCHEME = "paypal"  # also the name its calls are counted under (app/metrics.py)
+NAME = "PayPal"
 SIGNATURE_HEADER = "PAYPAL-TRANSMISSION-SIG"
 CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
 REFUND_EVENTS = ("PAYMENT.CAPTURE.REFUNDED", "PAYMENT.CAPTURE.REVERSED")
@@ -406,13 +405,13 @@ class Certificates:
         """The URL's body, over TLS verified against the same roots, within the deadline; no redirect is followed."""
         self.fetches += 1
         try:
-            with self.outbound.slot(PROVIDER):
-                reply = self.outbound.request(PROVIDER, "GET", url, self.outbound.deadline(),
+            with self.outbound.slot(SCHEME):
+                reply = self.outbound.request(SCHEME, "GET", url, self.outbound.deadline(),
                                               headers={"Accept": "*/*"}, context=self._trusted()[1],
                                               max_bytes=MAX_CERT_BYTES)
+        except AnswerTooLargeError:
+            raise SignatureError(f"PAYPAL-CERT-URL's answer is larger than {MAX_CERT_BYTES} bytes") from None
         except ProviderUnavailableError as exc:
-            if "larger than" in str(exc):
-                raise SignatureError(f"PAYPAL-CERT-URL's answer is larger than {MAX_CERT_BYTES} bytes") from None
             raise CertificateUnavailableError(f"PayPal's certificate could not be fetched: {exc}") from None
         if reply.status >= 500 or reply.status == 429:
             raise CertificateUnavailableError(f"PayPal's certificate host answered {reply.status}")
@@ -477,6 +476,8 @@ class API:
     (WEBHOOK_<NAME>_API_KEY); never in a repr, a log line or an answer.
     """
 
+    name = NAME
+
     def __init__(self, base: str, credentials: str, outbound: Outbound) -> None:
         self.base = base
         self._basic = "Basic " + base64.b64encode(credentials.encode()).decode()
@@ -493,31 +494,27 @@ class API:
         ProviderUnavailableError when PayPal cannot answer now, ProviderRefusedError when it refuses our
         credentials; both within the process's deadline and one slot.
         """
-        deadline = self.outbound.deadline()
-        with self.outbound.slot(PROVIDER):
-            reply = self._get(f"/v1/notifications/webhooks-events/{quote(event_id, safe='')}", deadline)
+        deadline, path = self.outbound.deadline(), f"/v1/notifications/webhooks-events/{quote(event_id, safe='')}"
+        with self.outbound.slot(SCHEME):
+            reply = self._get(path, deadline)
             if reply.status == 401:  # a token PayPal revoked before its time: one more, once
                 self._token = None
-                reply = self._get(f"/v1/notifications/webhooks-events/{quote(event_id, safe='')}", deadline)
-        if reply.status == 404:
-            return None
-        _raise_for(reply.status, "its event")
-        return reply.body
+                reply = self._get(path, deadline)
+        return record(reply, NAME, "its event")
 
     def _get(self, path: str, deadline: Deadline) -> Reply:
-        return self.outbound.request(PROVIDER, "GET", self.base + path, deadline, headers={
+        return self.outbound.request(SCHEME, "GET", self.base + path, deadline, headers={
             "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"})
 
     def _access_token(self, deadline: Deadline) -> str:
         with self._lock:
             if self._token is not None and self._token[1] > time.monotonic():
                 return self._token[0]
-        reply = self.outbound.request(PROVIDER, "POST", self.base + "/v1/oauth2/token", deadline, headers={
+        reply = self.outbound.request(SCHEME, "POST", self.base + "/v1/oauth2/token", deadline, headers={
             "Authorization": self._basic, "Accept": "application/json",
             "Content-Type": "application/x-www-form-urlencoded"}, body=b"grant_type=client_credentials")
-        _raise_for(reply.status, "an access token")
         try:
-            answer = load(reply.body)
+            answer = load(record(reply, NAME, "an access token") or b"")
             token, lifetime = answer["access_token"], answer["expires_in"]
             if not isinstance(token, str) or not isinstance(lifetime, int):
                 raise TypeError
@@ -528,11 +525,4 @@ class API:
             self._token = (token, time.monotonic() + max(lifetime - 60, 0))
         return token
 
-
-def _raise_for(status: int, what: str) -> None:
-    if status in (401, 403):
-        raise ProviderRefusedError(f"PayPal refused our credentials for {what} (HTTP {status}): "
-                                   f"check the source's API key")
-    if status != 200:
-        raise ProviderUnavailableError(f"PayPal answered {status} for {what}")
 

@@ -18,9 +18,10 @@ from urllib.parse import quote
 
 from ..signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
 from ..vocabulary import Event, Fields, Kind, Metadata, Rule, State, an_object, is_cents, lower
-from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from .outbound import Outbound, record
 
-SCHEME = "stripe"
+SCHEME = "stripe"  # also the name its calls are counted under (app/metrics.py)
+NAME = "Stripe"
 # The header that tells its deliveries apart, named to a delivery sent to a source of another scheme.
 SIGNATURE_HEADER = "Stripe-Signature"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
@@ -155,11 +156,10 @@ RULES = {
 
 # -- the API ------------------------------------------------------------------------------------
 
-PROVIDER = "stripe"
-
-
 class API:
     """Stripe's API for one source: its base address and key (never in a repr, a log line or an answer)."""
+
+    name = NAME
 
     def __init__(self, base: str, key: str, outbound: Outbound) -> None:
         self.base = base
@@ -172,14 +172,7 @@ class API:
     def event(self, event_id: str) -> bytes | None:
         """The event's bytes as Stripe's API returns them, or None when Stripe has no such event (404)."""
         deadline = self.outbound.deadline()
-        with self.outbound.slot(PROVIDER):
-            reply = self.outbound.request(PROVIDER, "GET", f"{self.base}/v1/events/{quote(event_id, safe='')}",
+        with self.outbound.slot(SCHEME):
+            reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event_id, safe='')}",
                                           deadline, headers={"Authorization": self._authorization})
-        if reply.status == 404:
-            return None
-        if reply.status in (401, 403):
-            raise ProviderRefusedError(f"Stripe refused our key for its event (HTTP {reply.status}): "
-                                       f"check the source's API key")
-        if reply.status != 200:
-            raise ProviderUnavailableError(f"Stripe answered {reply.status} for its event")
-        return reply.body
+        return record(reply, NAME, "its event")
