@@ -8,6 +8,7 @@
 # Any image with Python 3.11+, pip and useradd, pip and python on PATH.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title="webhook-ledger" org.opencontainers.image.version="1.0.0"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

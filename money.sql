@@ -98,7 +98,7 @@ CROSS JOIN LATERAL (
 -- the statement with nothing committed (503, retried).
 CREATE OR REPLACE FUNCTION apply_event(
     p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
-    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
+    p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
     p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
     p_origin text, p_customer text, p_user_key text, p_no_user text,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
@@ -119,13 +119,11 @@ BEGIN
     -- Record: a new event is inserted as it will most likely end, completed
     -- unless its problem is known, so that its row is written once; the rare
     -- decision that fails it below writes it again. A purged event that
-    -- changed a balance is never inserted again. (p_keep_json: true only from
-    -- the previous release's hosts, which still keep a jsonb copy.)
-    INSERT INTO webhook_events (source, event_id, event_type, body, payload, payload_sha256, effect_sha256,
+    -- changed a balance is never inserted again.
+    INSERT INTO webhook_events (source, event_id, event_type, body, payload_sha256, effect_sha256,
                                 status, completed_at, last_error, ledger_currency, test_events_accepted, origin,
                                 user_metadata_key, no_user)
-    SELECT p_source, p_event_id, p_type, p_body,
-           CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, p_sha256, p_effect,
+    SELECT p_source, p_event_id, p_type, p_body, p_sha256, p_effect,
            CASE WHEN p_problem IS NOT NULL THEN 'failed' ELSE 'completed' END,
            CASE WHEN p_problem IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
            coalesce(p_origin, 'delivery'), p_user_key, p_no_user
@@ -149,8 +147,8 @@ BEGIN
             RAISE EXCEPTION 'the event''s row was purged while this delivery ran'
                 USING ERRCODE = 'serialization_failure';
         END IF;
-        -- Rows stored before effects were kept are compared by their bytes. A
-        -- failed event whose provider had no record of it (its effect all
+        -- A row whose stored bytes do not parse (no effect) is compared by
+        -- its bytes. A failed event whose provider had no record of it (its effect all
         -- zeros, app/providers/) takes whatever effect the provider has now:
         -- a body forged under a genuine event's id cannot hold the id.
         IF coalesce(v_effect <> p_effect, stored_sha256 <> p_sha256)
@@ -171,8 +169,8 @@ BEGIN
         -- another only when the provider had no record of it before).
         UPDATE webhook_events
         SET attempts = attempts + 1, updated_at = now(), event_type = p_type, body = p_body, payload_sha256 = p_sha256,
-            payload = CASE WHEN p_keep_json THEN convert_from(p_body, 'UTF8')::jsonb END, effect_sha256 = p_effect,
-            effect_version = DEFAULT, ledger_currency = p_ledger_currency, test_events_accepted = p_test_events,
+            effect_sha256 = p_effect, effect_version = DEFAULT, ledger_currency = p_ledger_currency,
+            test_events_accepted = p_test_events,
             origin = coalesce(p_origin, origin), user_metadata_key = p_user_key, no_user = p_no_user
         WHERE id = v_row_id;
     ELSIF p_problem IS NOT NULL THEN
@@ -317,51 +315,6 @@ BEGIN
 END
 $$;
 
--- The previous release's signature (before 008), for its hosts that still
--- serve during a rolling upgrade: the same rule, with the metadata key it
--- always read and its refusal of a payment with no user.
-CREATE OR REPLACE FUNCTION apply_event(
-    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
-    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
-    p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
-    p_origin text,
-    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
-LANGUAGE plpgsql AS $$
-BEGIN
-    SELECT * INTO outcome, problem, stored_sha256, change, balance_after FROM apply_event(
-        p_source => p_source, p_event_id => p_event_id, p_type => p_type, p_body => p_body, p_sha256 => p_sha256,
-        p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem, p_kind => p_kind,
-        p_payment => p_payment, p_user => p_user, p_amount => p_amount, p_currency => p_currency,
-        p_movement => p_movement, p_state => p_state, p_ledger_currency => p_ledger_currency,
-        p_test_events => p_test_events, p_origin => p_origin, p_customer => NULL, p_user_key => 'user_id',
-        p_no_user => 'refuse');
-    UPDATE webhook_events SET effect_version = 4
-    WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 4;
-END
-$$;
-
--- The signature of the release before that, for its hosts that still serve
--- during a rolling upgrade: the same rule (its 'refund' is a running total). Its
--- effects are hashed by rule 2, so the row it stored says so, and the
--- `flask init-db` run after the upgrade recomputes them.
-CREATE OR REPLACE FUNCTION apply_event(
-    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
-    p_keep_json boolean, p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
-    p_currency text,
-    OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
-LANGUAGE plpgsql AS $$
-BEGIN
-    SELECT * INTO outcome, problem, stored_sha256, change, balance_after FROM apply_event(
-        p_source => p_source, p_event_id => p_event_id, p_type => p_type, p_body => p_body, p_sha256 => p_sha256,
-        p_effect => p_effect, p_keep_json => p_keep_json, p_problem => p_problem,
-        p_kind => CASE p_kind WHEN 'refund' THEN 'refunded_total' ELSE p_kind END, p_payment => p_payment,
-        p_user => p_user, p_amount => p_amount, p_currency => p_currency, p_movement => NULL, p_state => NULL,
-        p_ledger_currency => NULL, p_test_events => NULL, p_origin => 'delivery');
-    UPDATE webhook_events SET effect_version = 2
-    WHERE source = p_source AND event_id = p_event_id AND effect_sha256 = p_effect AND effect_version <> 2;
-END
-$$;
-
 -- The journal rows that no event writes: an operator's adjustment and the
 -- application's spend. Each is one statement that locks the user's row
 -- (which serialises every change of that balance), changes the balance and
@@ -383,8 +336,8 @@ $$;
 -- An operator's correction (`flask ledger adjust`): p_cents, either sign,
 -- added to p_user's balance and journaled as an 'adjustment' with p_reason
 -- and p_actor (who made it). Not idempotent: each call is one more
--- correction. An adjustment that corrects a payment's credit (one that the
--- release before payments credited twice) names it, p_source and p_payment:
+-- correction. An adjustment that corrects a payment's credit names it,
+-- p_source and p_payment:
 -- `flask ledger verify` then counts it with the payment's credits, which
 -- must add up to its amount. Locks the payment's row (when named), then the
 -- user's: the order apply_event takes them in. Returns the journal row's id

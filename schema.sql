@@ -3,14 +3,14 @@
 -- functions and the view that apply and account for every movement) is in
 -- money.sql, beside this file.
 --
--- `flask init-db` (app/schema.py) runs it on an empty database and records
--- every file of migrations/ as included. A database created earlier gets the
--- migrations it lacks instead, in order. Either way money.sql is then applied
--- again, whole. So a change to a table is made twice: here, and in a new
--- migrations/NNN_what.sql that takes a database at the previous version to it
--- (a migration, once released, never changes); a change to the rule is made
--- once, in money.sql. tests/test_db.py checks that both ways end in the same
--- tables, constraints, indexes and functions.
+-- `flask init-db` (app/schema.py) runs it on an empty database, as release
+-- 1.0.0 plus every file of migrations/. A database created by an earlier
+-- release gets the migrations it lacks instead, in order. Either way
+-- money.sql is then applied again, whole. So a change to a table is made
+-- twice: here, and in a new migrations/NNN_what.sql that takes a database at
+-- the previous version to it (a migration, once released, never changes); a
+-- change to the rule is made once, in money.sql. tests/test_db.py checks that
+-- both ways end in the same tables, constraints, indexes and functions.
 
 -- The ledger: one row per user, credited by payments, debited by their
 -- refunds and disputes and by what the user spends, and corrected by
@@ -31,9 +31,8 @@ CREATE TABLE IF NOT EXISTS user_balances (
 -- Redis says; two sources may use the same id. A row is committed either
 -- 'completed' (its effect committed in the same transaction) or 'failed' (no
 -- effect; a later delivery of the same event, or `flask events replay`,
--- tries again). 'processing' is what earlier releases inserted, inside the
--- transaction that then completed or failed it; this one inserts a row in
--- the state it most likely ends in (money.sql's apply_event).
+-- tries again). A row is inserted in the state it most likely ends in
+-- (money.sql's apply_event).
 CREATE TABLE IF NOT EXISTS webhook_events (
     id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- 'default' for POST /api/webhooks, else a name from WEBHOOK_SOURCES.
@@ -45,43 +44,37 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- or dispute of one: answered 2xx, nothing applied, `flask events replay`
     -- applies it once a link names its user. 'dismissed': a failed event that
     -- an operator closed (`flask events dismiss`), with why, who and when.
-    status           TEXT NOT NULL DEFAULT 'processing'
-                     CHECK (status IN ('processing', 'completed', 'failed', 'ignored', 'dismissed')),
+    status           TEXT NOT NULL CHECK (status IN ('completed', 'failed', 'ignored', 'dismissed')),
     -- The exact bytes received: the event of record, which replay and
-    -- verify parse. NULL only on rows stored before the bytes were kept (by
-    -- the release before sources; migrations/001 cannot make them up).
-    body             BYTEA,
-    -- The body as jsonb, kept by earlier releases for querying; NULL on rows
-    -- this one stores, which keeps one copy, the bytes: the view
-    -- webhook_events_json computes it when read.
-    payload          JSONB,
+    -- verify parse (the view webhook_events_json shows them as jsonb).
+    body             BYTEA NOT NULL,
     attempts         INTEGER NOT NULL DEFAULT 1 CHECK (attempts >= 1),
     last_error       TEXT,                    -- why the last attempt failed, while it is failed
     created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     completed_at     TIMESTAMPTZ,
-    -- SHA-256 of body (of the bytes received, on rows stored before body).
+    -- SHA-256 of body.
     payload_sha256   BYTEA NOT NULL CHECK (octet_length(payload_sha256) = 32),
     -- SHA-256 of the event's effect (events.Event.effect_sha256): a later
     -- delivery of the id with another effect is refused (409
     -- payload_mismatch) and only counted; the same effect in other bytes is
-    -- the same event. NULL only on rows stored before effects were kept
-    -- (their bytes are compared), or whose stored bytes do not parse.
+    -- the same event. NULL only on a row whose stored bytes do not parse
+    -- (its bytes are compared).
     effect_sha256    BYTEA CHECK (octet_length(effect_sha256) = 32),
-    -- The rule that effect_sha256 was computed by: `flask init-db`
-    -- recomputes, from the stored bytes, the effects of rows stored under an
-    -- older rule (NULL: the first), so that re-deliveries compare alike.
+    -- The rule that effect_sha256 was computed by (events.EFFECT_VERSION):
+    -- `flask init-db` recomputes, from the stored bytes, the effects of rows
+    -- stored under another, so that re-deliveries compare alike.
     effect_version   SMALLINT DEFAULT 5,
     -- The settings its outcome was decided under (LEDGER_CURRENCY,
     -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
-    -- not by today's. NULL on rows stored before they were kept. No CHECK:
+    -- not by today's. No CHECK:
     -- the value is a parsed setting, and PostgreSQL reads each CHECK anew on
     -- every insert and update of this, the hottest table.
     ledger_currency  TEXT,
     test_events_accepted BOOLEAN,
     -- Per source, as decided under: the metadata key read for the user
     -- (WEBHOOK_<NAME>_USER_METADATA_KEY) and what a payment with no user got
-    -- (WEBHOOK_<NAME>_NO_USER: 'refuse' or 'ignore'). NULL before 008.
+    -- (WEBHOOK_<NAME>_NO_USER: 'refuse' or 'ignore').
     user_metadata_key TEXT,
     no_user          TEXT,
     dismissed_reason TEXT CHECK (dismissed_reason ~ '\S' AND char_length(dismissed_reason) <= 500),
@@ -128,7 +121,7 @@ END
 $$;
 CREATE OR REPLACE VIEW webhook_events_json AS
     SELECT id, source, event_id, event_type, status, created_at, completed_at, last_error,
-           coalesce(payload, event_json(body)) AS payload
+           event_json(body) AS payload
     FROM webhook_events;
 
 -- One row per payment credited, per source. Its primary key is what
@@ -206,8 +199,7 @@ CREATE TABLE IF NOT EXISTS movements (
 -- A payment's account sums its movements (money.sql's payment_accounts).
 CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_id);
 
--- The ledger's journal, append-only (`flask ledger name-payment` alone
--- re-files a legacy credit's row under its payment's id): one row per
+-- The ledger's journal, append-only: one row per
 -- balance change, written in the transaction that changes user_balances. A
 -- row an event wrote names its event and its payment and, for a refund
 -- object or a dispute, its movement (NULL for a credit and for a running
@@ -257,32 +249,6 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
     WHERE reference IS NOT NULL;
-
--- Credits of an earlier release that an upgrade could not file as their
--- events say (migrations/001a_legacy_values.sql): their event was purged
--- before the upgrade, or named a payment id or a currency that the ledger
--- refuses (its row then moved here as it was, so that no rule reads it again;
--- a re-delivery is a duplicate by its journal row). The money stays credited,
--- the payment filed under the event's id; `flask init-db` files it under the
--- valid payment id or currency its event named, if any, and prints one line
--- per row (app/legacy.py). Empty on a database created by this file.
-CREATE TABLE IF NOT EXISTS legacy_set_aside (
-    source             TEXT NOT NULL,
-    event_id           TEXT NOT NULL,
-    refused_payment_id JSONB,        -- the payment id the event named, which the ledger refuses (JSON: null, 42, "")
-    refused_currency   JSONB,        -- the currency the event named, which the ledger refuses
-    payment_id         TEXT,         -- the valid payment id the event named, to file the credit under
-    currency           TEXT,         -- the valid currency the event named, to file the credit in
-    -- The event's row as it was stored; NULL for an event purged before the upgrade.
-    event_type         TEXT,
-    body               BYTEA,
-    payload            JSONB,
-    payload_sha256     BYTEA,
-    received_at        TIMESTAMPTZ,
-    set_aside_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
-    settled_at         TIMESTAMPTZ,  -- when `flask init-db` filed it and printed its line
-    PRIMARY KEY (source, event_id)
-);
 
 -- One row per `flask reconcile` run: the window it listed ([since, until),
 -- by the events' own creation time at the provider), what it found, and how

@@ -1,5 +1,7 @@
 """webhook-ledger: applies each provider webhook to the ledger exactly once."""
 
+__version__ = "1.0.0"  # the release: setup.cfg, the image's label, openapi.json, CHANGELOG.md and /health say it too
+
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING

@@ -1,5 +1,5 @@
 """Operator commands: `flask init-db`, `flask events list|show|replay|purge`, `flask ledger
-verify|adjust|legacy-payments|name-payment`, `flask redis forget-done` and `flask reconcile`."""
+verify|adjust`, `flask redis forget-done` and `flask reconcile`."""
 
 import hashlib
 import uuid
@@ -12,7 +12,7 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import fetch, ledger, legacy, lock, metrics, reconcile, retention, verify
+from . import fetch, ledger, lock, metrics, reconcile, retention, verify
 from .commands import CENTS, Commands, needs, os_user, table, utc
 from .config import Needs, Settings
 from .db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
@@ -25,7 +25,7 @@ from .schema import SchemaError
 from .sources import api_key_setting
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
-ledger_group = Commands("ledger", help="Check the ledger, correct a balance, name the payments of an earlier release.")
+ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
 LIST_EVENTS = """
@@ -73,7 +73,7 @@ def init_app(app: Flask) -> None:
 
 @click.command("init-db")
 @with_appcontext
-@needs(Needs.SERVICE)  # it recomputes stored effects and replays events under the service's policy
+@needs(Needs.SERVICE)  # it recomputes stored effects under the service's policy
 def init_db_command() -> None:
     """Create or upgrade the tables (migrations, in order), then the stored events' effects (idempotent)."""
     settings = Settings.of(current_app)
@@ -92,26 +92,8 @@ def init_db_command() -> None:
         if not applied.created and not applied.ran:
             click.echo("schema up to date: no migration to apply")
         recomputed = ledger.recompute_effects(pool, policy)
-        if recomputed.effects:
-            click.echo(f"recomputed the effects of {recomputed.effects} stored events")
-        if recomputed.reopened:
-            # Money an earlier release never moved (refunds, disputes it did not know): moved now, once.
-            with metrics.command_counts(_warn) as counts:
-                results = [_replayed(source, event_id,
-                                     _counted(counts, source, ledger.replay(pool, source, event_id, policy)))
-                           for source, event_id in recomputed.reopened]
-            click.echo(f"replayed {len(results)} events an earlier release stored without moving their money:")
-            for _, line in results:
-                click.echo(f"  {line}")
-        settled = legacy.settle(pool)
-        if settled:
-            click.echo(f"set aside {len(settled)} credits of an earlier release that cannot be filed as their events "
-                       "say; each stays credited:")
-            for row in settled:
-                click.echo(f"  {row.line}")
-            for row in settled:
-                if row.payment_id is not None:
-                    _echo_replayed(row.payment_id, legacy.replay_waiting(pool, row.source, row.payment_id, policy))
+        if recomputed:
+            click.echo(f"recomputed the effects of {recomputed} stored events")
 
 
 @events.command("list", needs=Needs.DATABASE)
@@ -163,10 +145,7 @@ def show_event(event_id: str, source: str) -> None:
     if row is None:
         hint = f"; it is stored under {', '.join(f'--source {name}' for name in elsewhere)}" if elsewhere else ""
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}{hint}")
-    if row.body is None:
-        kept = "not kept (stored by the release before sources)"
-    else:
-        kept = "match" if hashlib.sha256(row.body).digest() == row.body_sha256 else "DO NOT MATCH their SHA-256"
+    kept = "match" if hashlib.sha256(row.body).digest() == row.body_sha256 else "DO NOT MATCH their SHA-256"
     change = (f"{row.kind} of payment {row.payment_id}: {row.amount_cents:+} cents to {row.user_id} "
               f"at {utc(row.changed_at)}" if row.kind else "-")
     fields = [
@@ -398,50 +377,6 @@ def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | Non
     corrects = "" if payment_id is None else f", correcting payment {named}"
     click.echo(f"adjusted the balance of user {user_id} by {cents:+} cents to {adjusted.balance_after} cents "
                f"(journal row {adjusted.journal_id}, by {actor}{corrects})")
-
-
-@ledger_group.command("legacy-payments", needs=Needs.DATABASE)
-@click.option("--source", help="Only this source's payments [default: every source's].")
-def legacy_payments(source: str | None) -> None:
-    """List the payments of an earlier release filed under their event's id, and the events that wait for one."""
-    payments, waiting = legacy.legacy_payments(get_pool(current_app), source)
-    if not payments:
-        click.echo("no payment of an earlier release is filed under its event id")
-    else:
-        table(("SOURCE", "EVENT ID", "USER", "CENTS", "CURRENCY", "CREDITED (UTC)", "WHY"),
-               [(r.source, r.event_id, r.user_id, r.amount_cents, r.currency, utc(r.credited_at), legacy.why(r))
-                for r in payments])
-        click.echo(f"{len(payments)} payments of an earlier release are filed under their event id: name each that "
-                   "its provider refunds by another id: flask ledger name-payment EVENT_ID PAYMENT_ID [--source NAME]")
-    if waiting:
-        click.echo("failed events waiting for a payment the ledger does not know:")
-        table(("SOURCE", "EVENT ID", "TYPE", "RECEIVED (UTC)", "LAST ERROR"),
-               [(r.source, r.event_id, r.event_type, utc(r.created_at), r.last_error) for r in waiting])
-
-
-@ledger_group.command("name-payment", needs=Needs.SERVICE)
-@click.argument("event_id")
-@click.argument("payment_id")
-@SOURCE
-def name_payment(event_id: str, payment_id: str, source: str) -> None:
-    """File the payment that EVENT_ID credited, filed under that event's id, under PAYMENT_ID; replay what waited."""
-    try:
-        named = legacy.name_payment(get_pool(current_app), source, event_id, payment_id,
-                                    Settings.of(current_app).policy)
-    except legacy.NamingError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"payment {event_id!r} ({named.amount_cents} cents to {named.user_id}, credited by event {event_id!r}) "
-               f"is now payment {payment_id!r}")
-    _echo_replayed(payment_id, named.replayed)
-
-
-def _echo_replayed(payment_id: str, replayed: list[tuple[str, str, ledger.Result | None]]) -> None:
-    """The failed events that waited for payment_id, replayed now: one line each."""
-    if replayed:
-        click.echo(f"replayed {len(replayed)} failed events that waited for payment {payment_id!r}:")
-        with metrics.command_counts(_warn) as counts:
-            for source, event_id, result in replayed:
-                click.echo(f"  {_replayed(source, event_id, _counted(counts, source, result))[1]}")
 
 
 @redis_group.command("forget-done", needs=Needs.REDIS)

@@ -92,8 +92,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
     return Event(event_id, event_type, _data_field(document), document, body, source)
 
 
-def stored_event(source: str, event_id: str, event_type: str, body: bytes | None,
-                 body_sha256: bytes | None, fetched: bytes | None = None) -> Event:
+def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_sha256: bytes | None,
+                 fetched: bytes | None = None) -> Event:
     """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
     The bytes are checked against their SHA-256 and decoded by the live
@@ -104,8 +104,6 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes | None
     the event (a fetching source, app/providers/), is what it is read from
     when kept; body stays its bytes of record.
     """
-    if body is None:
-        raise StoredBodyError("its bytes were not kept (stored by the release before sources)")
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:

@@ -26,7 +26,6 @@ from .events import (
     EFFECT_VERSION,
     Effect,
     Event,
-    Kind,
     Policy,
     StoredBodyError,
     UnprocessableError,
@@ -51,7 +50,6 @@ class PaymentMismatchError(ValueError):
 class Status(StrEnum):
     """An event's webhook_events.status."""
 
-    PROCESSING = "processing"  # an earlier release's, never outliving its transaction; this one writes none
     COMPLETED = "completed"  # its effect is committed
     FAILED = "failed"  # its effect cannot apply (last_error says why): a retry or a replay may apply it
     IGNORED = "ignored"  # not ours (a payment naming no user under NO_USER=ignore): `events replay` may apply it
@@ -125,7 +123,7 @@ class Result(NamedTuple):
 
 APPLY_EVENT = """
     SELECT * FROM apply_event(p_source => %(source)s, p_event_id => %(event_id)s, p_type => %(type)s,
-    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s, p_keep_json => false,
+    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s,
     p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
     p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
     p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s,
@@ -232,42 +230,26 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, status, effect_version, body, payload_sha256 AS body_sha256, fetched,
+    SELECT id, source, event_id, event_type, body, payload_sha256 AS body_sha256, fetched,
            effect_sha256
     FROM webhook_events
-    WHERE effect_version IS DISTINCT FROM %(version)s AND body IS NOT NULL
+    WHERE effect_version IS DISTINCT FROM %(version)s
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 """
 SET_EFFECT = "UPDATE webhook_events SET effect_sha256 = %s, effect_version = %s WHERE id = %s"
-# A completed event that its rule's version moved no money for, but this one does.
-REOPEN = "UPDATE webhook_events SET status = 'failed', last_error = %s, updated_at = now() WHERE id = %s"
 EFFECTS_BATCH = 1000
-# The kinds each effect version was the first to move money for: an event of
-# such a kind stored completed by an earlier version moved nothing.
-FIRST_MOVED_IN = {Kind.REFUND: 3, Kind.DISPUTE: 3}
-UNAPPLIED = "stored by an earlier release, whose rule moved no money for it: `flask events replay` applies it"
-
-
-class Recomputed(NamedTuple):
-    effects: int  # stored effects recomputed
-    reopened: list[tuple[str, str]]  # (source, event id) of the events an earlier rule left unapplied, now failed
-
-
-def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed:
-    """Recompute, from their stored bytes, the effects that an older rule hashed; return what was done.
+def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> int:
+    """Recompute, from their stored bytes, the effects that another rule hashed; return how many.
 
     Run by `flask init-db` after the schema: until then a re-delivery of such
-    an event would not compare equal to its own stored effect. A completed
-    event whose rule moved no money for it (a refund object, a dispute,
-    before version 3) is marked failed, for init-db to replay: nothing an
-    earlier release stored is left unapplied. Safe to run twice, and from
-    two hosts at once.
+    an event would not compare equal to its own stored effect. Safe to run
+    twice, and from two hosts at once.
     """
-    done, reopened = 0, []
+    done = 0
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, status, version, body, body_sha256, fetched, stored in rows:
+            for row_id, source, event_id, event_type, body, body_sha256, fetched, stored in rows:
                 if unvouched(fetched, stored):
                     conn.execute(SET_EFFECT, [stored, EFFECT_VERSION, row_id])  # still only a fetch decides it
                     continue
@@ -277,13 +259,9 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> Recomputed
                 except StoredBodyError:
                     effect = None  # unreadable bytes: verify reports them; compared by bytes meanwhile
                 conn.execute(SET_EFFECT, [effect and effect.sha256, EFFECT_VERSION, row_id])
-                if (status == Status.COMPLETED and effect is not None and effect.kind in FIRST_MOVED_IN
-                        and (version or 1) < FIRST_MOVED_IN[effect.kind]):
-                    conn.execute(REOPEN, [UNAPPLIED, row_id])
-                    reopened.append((source, event_id))
         done += len(rows)
         if len(rows) < EFFECTS_BATCH:
-            return Recomputed(done, reopened)
+            return done
 
 
 ADJUST = """

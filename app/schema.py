@@ -1,22 +1,11 @@
 """The schema, versioned: what `flask init-db` runs before it recomputes the stored effects.
 
-schema.sql is the current schema's tables, whole. An empty database gets it,
-and every file of migrations/ is recorded as included. A database created by
-an earlier release gets the migrations it lacks, in the order of their names
-(`NNN_what.sql`; `001a_...` sorts between 001 and 002, and a database that
-has 002 gets it last). Then, either way and on every run, money.sql (the money
-rule: functions and a view, all replaced) is applied whole, so that a rule
-change is one file's diff and no migration. `schema_migrations` records each: its name, its file's
-SHA-256, whether it ran here or the schema had it already, and when. A
-database made before that table existed is told by its tables (RELEASES) and
-recorded at its release first.
-
-All of it is ONE transaction that first takes an advisory lock: two hosts
-running init-db at once apply each migration once (the second waits, then
-finds them recorded), and a migration that fails leaves the database as it
-was, at a version the running release knows. The lock is transaction-level,
-so it holds behind PgBouncer in transaction mode too and ends with the
-transaction whatever happens to the client.
+An empty database gets schema.sql, whole, recorded as release 1.0.0 plus
+every file of migrations/; a database of a later release gets the
+migrations it lacks, in the order of their names. Then, either way, money.sql
+(the money rule) is applied whole. All of it is one transaction under an
+advisory lock, so two hosts at once apply each migration once, and a failure
+changes nothing (docs/deploying.md, "Upgrading").
 """
 
 import hashlib
@@ -32,28 +21,21 @@ RECORDS = """
     CREATE TABLE IF NOT EXISTS schema_migrations (
         name       TEXT PRIMARY KEY,
         sha256     BYTEA NOT NULL,
-        ran        BOOLEAN NOT NULL,  -- false: the database had it already (schema.sql, or an earlier release)
+        ran        BOOLEAN NOT NULL,  -- false: schema.sql had it already
         applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
     )
 """
-# The releases from before schema_migrations, newest first: a query that
-# tells a database made (or upgraded in place) by it, and the migrations
-# its schema had already (not 001a: it creates a table none of them had).
-RELEASES = [
-    ("SELECT to_regclass('ledger_journal') IS NOT NULL",  # payments
-     ["001_sources.sql", "002_payments.sql"]),
-    ("SELECT to_regclass('ledger_credits') IS NOT NULL AND EXISTS (SELECT FROM pg_attribute"  # sources
-     " WHERE attrelid = 'webhook_events'::regclass AND attname = 'source' AND NOT attisdropped)",
-     ["001_sources.sql"]),
-    ("SELECT to_regclass('ledger_credits') IS NOT NULL", []),  # the first
-]
+# The first release: the row that says schema.sql made the database (its sha256: the schema.sql that did).
+BASELINE = "1.0.0"
 # The money rule, beside schema.sql: applied after the tables, every time.
 MONEY = "money.sql"
 RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
+BEFORE_1_0 = (f"this database was made by a build before release {BASELINE}, which {BASELINE} does not upgrade: "
+              "nothing was changed (docs/deploying.md, \"From a build before 1.0.0\")")
 
 
 class SchemaError(RuntimeError):
-    """The database's recorded migrations do not fit this release's files: nothing was changed."""
+    """The database does not fit this release's schema and migrations: nothing was changed."""
 
 
 class Applied(NamedTuple):
@@ -64,12 +46,9 @@ class Applied(NamedTuple):
 def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> Applied:
     """Bring conn's database to schema_path's schema, under the lock, in one transaction; return what was done.
 
-    The migrations are the folder `migrations` beside schema_path, the rule
-    its `money.sql`. currency
-    is the ledger's (LEDGER_CURRENCY), which a migration may read as
-    `webhook_ledger.currency`. Raises SchemaError, changing nothing, when the
-    database records a migration that is not in the folder (it is newer than
-    this release) or whose file has changed since.
+    The migrations are the folder `migrations` beside schema_path, the rule its `money.sql`; currency is
+    LEDGER_CURRENCY, which a migration may read as `webhook_ledger.currency`. Raises SchemaError, changing
+    nothing, on a database this release does not know how to bring to its schema.
     """
     files = {path.name: path.read_bytes() for path in sorted((schema_path.parent / "migrations").glob("*.sql"))}
     sha256 = {name: hashlib.sha256(text).digest() for name, text in files.items()}
@@ -77,16 +56,20 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])  # first: a second host waits here
         conn.execute(sql.SQL("SELECT set_config('webhook_ledger.currency', {}, true)").format(sql.Literal(currency)))
+        tables = _value(conn, "SELECT to_regclass('webhook_events') IS NOT NULL")
         conn.execute(RECORDS)
         recorded = dict(conn.execute("SELECT name, sha256 FROM schema_migrations").fetchall())
-        if not recorded:
-            had = _release(conn)
-            if had is None:  # an empty database
-                conn.execute(schema_path.read_text())
-                had, created = list(files), True
-            for name in had:
+        if not recorded and tables or recorded and BASELINE not in recorded:
+            raise SchemaError(BEFORE_1_0)
+        if not recorded:  # an empty database
+            schema = schema_path.read_bytes()
+            conn.execute(schema.decode())
+            conn.execute(RECORD, [BASELINE, hashlib.sha256(schema).digest(), False])
+            for name in files:
                 conn.execute(RECORD, [name, sha256[name], False])
-                recorded[name] = sha256[name]
+            recorded = {BASELINE: b"", **sha256}
+            created = True
+        recorded.pop(BASELINE)
         unknown = sorted(set(recorded) - set(files))
         if unknown:
             raise SchemaError(f"the database has migrations that this release has not: {', '.join(unknown)}")
@@ -99,16 +82,6 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
             conn.execute(RECORD, [name, sha256[name], True])
         conn.execute((schema_path.parent / MONEY).read_text())
     return Applied(created, ran)
-
-
-def _release(conn: psycopg.Connection[Any]) -> list[str] | None:
-    """The migrations the schema of a database made before schema_migrations had; None if it is empty."""
-    if _value(conn, "SELECT to_regclass('webhook_events')") is None:
-        return None
-    for query, had in RELEASES:
-        if _value(conn, query):
-            return had
-    raise SchemaError("webhook_events exists, but no release's schema is recognised: nothing was changed")
 
 
 def _value(conn: psycopg.Connection[Any], query: str) -> Any:

@@ -54,7 +54,7 @@ LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source =
 # The events that may have failed or been ignored for want of a customer's user (waiting_for reads their bytes).
 UNAPPLIED = """
     SELECT event_id, event_type, status, body, coalesce(user_metadata_key, 'user_id') FROM webhook_events
-    WHERE source = %s AND status IN ('failed', 'ignored') AND body IS NOT NULL ORDER BY created_at, id
+    WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
 """
 
 

@@ -1,16 +1,13 @@
 """The ledger's invariants (docs/design.md), checked on one snapshot: `flask ledger verify`.
 
 - no (source, event id) is stored twice (invariant 5);
-- no event is left 'processing': that status never outlives its
-  transaction (invariant 2);
 - each user's balance = opening balance + the sum of their journal
   (invariant 5), and each journal row says what made it: an event, or, for
   an adjustment, its reason and who made it, for a spend, its reference;
 - a journal row whose event is still stored belongs to a completed event,
   and a completed payment or refund that is still stored did what its
   stored bytes say (checked against their SHA-256 and read by the same code
-  as the receiver's; rows stored before the bytes were kept are read from
-  their jsonb copy) (invariants 1 and 6);
+  as the receiver's) (invariants 1 and 6);
 - each payment is credited once, by a credit of its own user and amount
   (net of the adjustments that correct it); what its refunds and disputes
   debited, in all, in the journal is what the rule says is due from its
@@ -49,7 +46,6 @@ DUPLICATED_IDS = """
     SELECT source, event_id, count(*) AS times FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1
     ORDER BY source, event_id
 """
-STUCK = "SELECT source, event_id, created_at FROM webhook_events WHERE status = 'processing' ORDER BY created_at"
 WRONG_BALANCES = """
     SELECT u.user_id, u.balance_cents, u.opening_balance_cents, coalesce(j.changed, 0) AS changed
     FROM user_balances u
@@ -113,7 +109,6 @@ JOURNAL_WITHOUT_MOVEMENT = """
 # did, to compare with what its bytes say.
 COMPLETED_EFFECTS = """
     SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
-           CASE WHEN e.body IS NULL THEN convert_to(e.payload::text, 'UTF8') END AS legacy_text,
            e.ledger_currency, e.test_events_accepted, e.user_metadata_key, e.fetched,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
@@ -157,8 +152,6 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Rep
         cur: psycopg.Cursor[NamedRow] = conn.cursor(row_factory=namedtuple_row)
         problems = [f"duplicated event id {r.event_id!r} of source {r.source!r}: stored {r.times} times"
                     for r in cur.execute(DUPLICATED_IDS)]
-        problems += [f"stuck event {_name(r.source, r.event_id)}: 'processing' since {r.created_at:%Y-%m-%d %H:%M:%S%z}"
-                     for r in cur.execute(STUCK)]
         problems += [f"balance of user {r.user_id}: {r.balance_cents} cents, expected "
                      f"{r.opening_balance_cents + r.changed} (opening {r.opening_balance_cents} + journal {r.changed})"
                      for r in cur.execute(WRONG_BALANCES)]
@@ -215,27 +208,23 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
 
     An event that today's settings refuse is judged by the settings it was
     decided under (recorded with it): one line in settings_changed if those
-    differ or are unknown (stored before they were kept), a problem if they
-    are today's.
+    differ, a problem if they are today's.
     """
     name = _name(row.source, row.event_id)
     if row.user_metadata_key is not None:  # the metadata key it was decided under, not today's
         users = replace(policy.users_of(row.source), metadata_key=row.user_metadata_key)
         policy = replace(policy, users={**policy.users, row.source: users})
-    # Stored before the bytes were kept: its jsonb copy, unchecked.
-    body, body_sha256 = (row.body, row.body_sha256) if row.body is not None else (row.legacy_text, None)
     try:
-        effect = effect_of(stored_event(row.source, row.event_id, row.event_type, body, body_sha256, row.fetched),
-                           policy)
+        event = stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256, row.fetched)
+        effect = effect_of(event, policy)
     except StoredBodyError as exc:
         return f"completed event {name}: {exc}"
     if effect.setting:
         then = (row.ledger_currency, row.test_events_accepted)
         if then == (policy.currency, policy.accept_test_events):
             return f"completed event {name}: {effect.problem}"
-        decided = "before settings were recorded" if row.ledger_currency is None else (
-            f"under LEDGER_CURRENCY={row.ledger_currency}, "
-            f"STRIPE_ACCEPT_TEST_EVENTS={str(row.test_events_accepted).lower()}")
+        decided = (f"under LEDGER_CURRENCY={row.ledger_currency}, "
+                   f"STRIPE_ACCEPT_TEST_EVENTS={str(row.test_events_accepted).lower()}")
         settings_changed.append(f"completed event {name}: today's {effect.setting} refuses it; "
                                 f"it was decided {decided}")
     elif effect.problem:

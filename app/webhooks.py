@@ -7,7 +7,7 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import fetch, ledger, lock, signature
+from . import __version__, fetch, ledger, lock, signature
 from .config import Settings
 from .db import get_pool
 from .delivery import current_delivery
@@ -82,8 +82,8 @@ def _is_json(mimetype: str) -> bool:
 
 @bp.get("/health")
 def health() -> dict[str, str]:
-    """Liveness: touches no dependency."""
-    return {"status": "ok"}
+    """Liveness, and the release answering: touches no dependency."""
+    return {"status": "ok", "version": __version__}
 
 
 @bp.get("/ready")

@@ -316,7 +316,6 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
         expected[user] = expected.get(user, 0) + cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
-    assert conn.execute("SELECT count(*) FROM webhook_events WHERE status = 'processing'").fetchone()[0] == 0
     if not conn.autocommit:
         conn.commit()  # verify's snapshot is a transaction of its own; only reads came before
     assert verify.check(conn, policy).problems == []

@@ -68,7 +68,7 @@ def test_list_filters_by_each_option(client, db, run):
     assert _ids(run("events", "list", "--type", "payment.succeeded")) == ["evt_b", "evt_a"]
     yesterday = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d %H:%M:%S")
     assert _ids(run("events", "list", "--since", yesterday)) == ["evt_c", "evt_b"]
-    assert run("events", "list", "--status", "processing").output == "no events\n"
+    assert run("events", "list", "--status", "dismissed").output == "no events\n"
 
 
 def _ids(result):
@@ -251,13 +251,12 @@ def test_verify_names_the_user_whose_balance_is_corrupted(client, db, run):
 
 
 @pytest.mark.parametrize("corruption, expected", [
-    ("UPDATE webhook_events SET status = 'processing'", "stuck event 'evt_v': 'processing' since"),
     ("UPDATE webhook_events SET status = 'failed'", "journal row of event 'evt_v': the event is 'failed'"),
     ("DELETE FROM ledger_journal", "payment 'pay_evt_v': credited 0 times"),
     ("UPDATE ledger_journal SET amount_cents = 11", "completed event 'evt_v': credit of 11 cents"),
     ("ALTER TABLE webhook_events DROP CONSTRAINT webhook_events_source_event_id_key;"
-     " INSERT INTO webhook_events (event_id, event_type, status, body, payload, payload_sha256, completed_at)"
-     " SELECT event_id, event_type, status, body, payload, payload_sha256, now() FROM webhook_events",
+     " INSERT INTO webhook_events (event_id, event_type, status, body, payload_sha256, completed_at)"
+     " SELECT event_id, event_type, status, body, payload_sha256, now() FROM webhook_events",
      "duplicated event id 'evt_v' of source 'default': stored 2 times"),
 ])
 def test_verify_names_the_offending_event(client, db, run, corruption, expected):
@@ -270,7 +269,7 @@ def test_verify_names_the_offending_event(client, db, run, corruption, expected)
 
 # -- adjust -----------------------------------------------------------------------
 
-REASON = "pay_x credited twice by the release before payments"
+REASON = "pay_x credited twice: corrected by hand"
 
 
 def _adjustments(db):
@@ -403,7 +402,7 @@ def test_verify_is_clean_after_adjustments_of_either_sign_and_spends(client, db,
 
 
 def _credited_twice(client, db):
-    """The journal as migration 002 leaves a payment that the release before payments credited twice."""
+    """A payment credited twice (a second credit journaled by hand): what an adjustment of it corrects."""
     send(client, payment("evt_v1", user=BOB, cents=50, paymentId="pay_v"))
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"
                " VALUES ('default', 'evt_v2', 'credit', 'pay_v', %s, 50)", [BOB])

@@ -28,7 +28,7 @@ def flask(env, *args):
 
 
 READ_ONLY = [["events", "list"], ["events", "list", "--status", "failed"], ["events", "show", "evt_failed"],
-             ["ledger", "verify"], ["ledger", "legacy-payments"], ["events", "purge"]]
+             ["ledger", "verify"], ["events", "purge"]]
 
 
 @pytest.mark.parametrize("command", READ_ONLY)
@@ -63,7 +63,6 @@ def test_read_only_commands_do_not_read_the_secrets(db):
     (["events", "replay", "--all-failed"], "events replay", "the service's settings"),
     (["init-db"], "init-db", "the service's settings"),
     (["reconcile", "default"], "reconcile", "the service's settings"),
-    (["ledger", "name-payment", "evt_x", "pi_x"], "ledger name-payment", "the service's settings"),
     (["redis", "forget-done"], "redis forget-done", "DATABASE_URL and REDIS_URL"),
 ])
 def test_a_command_that_needs_more_names_what_is_missing_in_one_line(db, command, name, reads):

@@ -14,6 +14,7 @@ import time
 import psycopg
 import pytest
 
+from app import __version__
 from app.db import apply_schema
 from app.deadline import MARGIN_MS
 from app.lock import lock_key
@@ -257,7 +258,7 @@ def test_postgres_down_is_503_quickly_then_processes_once_when_back(gunicorn, ow
     assert int(headers["Retry-After"]) >= 1
     assert seconds < 10, seconds  # within the pool timeout, before a sender's timeout
     assert http_get(server.base, "/ready")[0] == 503
-    assert http_get(server.base, "/health") == (200, {"status": "ok"})
+    assert http_get(server.base, "/health") == (200, {"status": "ok", "version": __version__})
     # Every answer while down was a 503 and released its lock.
     assert not redis_client.exists(lock_key("evt_pg_outage", source))
 

@@ -129,9 +129,10 @@ LITERALS = {
                              {Kind.REFUND, Kind.DISPUTE}),
     "states": ("money.sql's states (p_state, state)", _compared(RULE, "p_state", "state"), set(State)),
     "states-check": ("schema.sql's movements state CHECK", _column_check(SCHEMA, "movements", "state"), set(State)),
-    # 'processing': what earlier releases inserted, inside their transaction; this one writes none.
     "statuses": ("money.sql's webhook_events statuses", _webhook_event_statuses(MONEY),
-                 set(Status) - {Status.PROCESSING}),
+                 set(Status)),
+    "statuses-check": ("schema.sql's webhook_events status CHECK", _column_check(SCHEMA, "webhook_events", "status"),
+                       set(Status)),
     "journal-kinds": ("schema.sql's ledger_journal_kind_check",
                       _in_lists(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"))
                       | _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"), "kind"),

@@ -5,6 +5,7 @@ import logging
 
 import pytest
 
+from app import __version__
 from app.lock import lock_key
 
 from .helpers import (
@@ -338,7 +339,7 @@ def test_health_touches_no_dependency(make_app):
     app = make_app({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
                     "REDIS_URL": "redis://127.0.0.1:1/0", "WEBHOOK_SECRET": SECRET})
     response = app.test_client().get("/health")
-    assert (response.status_code, response.json) == (200, {"status": "ok"})
+    assert (response.status_code, response.json) == (200, {"status": "ok", "version": __version__})
 
 
 def test_ready_reports_postgres_and_redis(client):

@@ -104,7 +104,8 @@ def test_a_credit_that_fails_on_its_decision_is_recorded_failed_not_completed(db
 
 def test_the_table_keeps_the_bytes_alone(db):
     _apply(db, payment("evt_json", cents=70))
-    assert db.execute("SELECT payload FROM webhook_events").fetchone()[0] is None
+    assert db.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'webhook_events'"
+                      " AND data_type IN ('json', 'jsonb')").fetchall() == []
 
 
 def test_the_view_reads_the_bytes_as_json(db):

@@ -16,6 +16,7 @@ import uuid
 import psycopg
 import pytest
 
+from app import __version__
 from devservers import free_port, readme, wait_until
 from devservers import image as images
 from devservers.packages import IMAGE, find, image_test_skipped
@@ -145,7 +146,7 @@ def test_the_readme_curl_is_processed_then_a_duplicate(container, schema):
 
 def test_probes_and_metrics_answer(container):
     _, base = container
-    assert http_get(base, "/health") == (200, {"status": "ok"})
+    assert http_get(base, "/health") == (200, {"status": "ok", "version": __version__})
     assert http_get(base, "/ready") == (200, {"status": "ok", "postgres": "ok", "redis": "ok"})
     assert "webhook_ledger_deliveries_total" in metrics(base)
 
