@@ -51,10 +51,12 @@ test-deploy: $(VENV)/.installed
 # The fast tier, under 30 s: lint, then the unit tier.
 check: lint test-unit
 
-# ruff, then mypy over app/ (their settings are in pyproject.toml).
+# ruff, then mypy over app/ (their settings are in pyproject.toml), then
+# sqlfluff over the schema and the money rule (.sqlfluff).
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/sqlfluff lint schema.sql money.sql
 
 # The image's (requirements.lock, the runtime alone) and CI's
 # (requirements-test.lock, with the test extra), the first constrained by the

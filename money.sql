@@ -34,61 +34,79 @@ DROP VIEW IF EXISTS payment_accounts;
 -- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
 -- verify` checks that `debited_cents` equals it and the journal.
 CREATE VIEW payment_accounts AS
-SELECT p.source, p.payment_id, p.user_id, p.currency,
-       p.amount_cents AS credited_cents,
-       p.refunded_cents AS refunded_total_cents,
-       m.refunds_known_cents, m.refunds_applied_cents, m.refunds_reversed_cents,
-       m.disputes_withdrawn_cents, m.disputes_reinstated_cents,
-       least(p.amount_cents, m.refunds_applied_cents + greatest(0, p.refunded_cents - m.refunds_known_cents)
-                             + m.disputes_withdrawn_cents) AS debit_due_cents,
-       p.debited_cents
-FROM payments p
+SELECT
+    p.source,
+    p.payment_id,
+    p.user_id,
+    p.currency,
+    p.amount_cents AS credited_cents,
+    p.refunded_cents AS refunded_total_cents,
+    m.refunds_known_cents,
+    m.refunds_applied_cents,
+    m.refunds_reversed_cents,
+    m.disputes_withdrawn_cents,
+    m.disputes_reinstated_cents,
+    p.debited_cents,
+    least(p.amount_cents, m.refunds_applied_cents + greatest(0, p.refunded_cents - m.refunds_known_cents)
+                          + m.disputes_withdrawn_cents) AS debit_due_cents
+FROM payments AS p
 CROSS JOIN LATERAL (
-    SELECT coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0) AS refunds_known_cents,
-           coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund' AND state = 'applied'), 0)
-               AS refunds_applied_cents,
-           coalesce(sum(amount_cents) FILTER (WHERE kind = 'refund' AND state = 'reversed'), 0)
-               AS refunds_reversed_cents,
-           coalesce(sum(amount_cents) FILTER (WHERE kind = 'dispute' AND state = 'applied'), 0)
-               AS disputes_withdrawn_cents,
-           coalesce(sum(amount_cents) FILTER (WHERE kind = 'dispute' AND state = 'reversed'), 0)
-               AS disputes_reinstated_cents
-    FROM movements m WHERE m.source = p.source AND m.payment_id = p.payment_id
-) m;
+    SELECT
+        coalesce(sum(mv.amount_cents) FILTER (WHERE mv.kind = 'refund'), 0) AS refunds_known_cents,
+        coalesce(sum(mv.amount_cents) FILTER (WHERE mv.kind = 'refund' AND mv.state = 'applied'), 0)
+            AS refunds_applied_cents,
+        coalesce(sum(mv.amount_cents) FILTER (WHERE mv.kind = 'refund' AND mv.state = 'reversed'), 0)
+            AS refunds_reversed_cents,
+        coalesce(sum(mv.amount_cents) FILTER (WHERE mv.kind = 'dispute' AND mv.state = 'applied'), 0)
+            AS disputes_withdrawn_cents,
+        coalesce(sum(mv.amount_cents) FILTER (WHERE mv.kind = 'dispute' AND mv.state = 'reversed'), 0)
+            AS disputes_reinstated_cents
+    FROM movements AS mv
+    WHERE mv.source = p.source AND mv.payment_id = p.payment_id
+) AS m;
+
+-- What a caller decided of one delivery, without the database: apply_event's
+-- input (app/ledger.py builds it; docs/design.md, "The money rule").
+--   source, event_id, type, body, sha256 (of body), effect (the effect's
+--       SHA-256, app/vocabulary.py): the event and its bytes of record;
+--   problem: why it cannot apply (NULL: it can);
+--   kind: what it moves, 'credit', 'refunded_total', 'refund', 'dispute',
+--       or NULL (nothing); payment: its payment; amount: a credit's amount,
+--       a running total, or a movement's amount; currency;
+--   user_id: a credit's user (every other movement's is its payment's);
+--       customer: the provider's customer, whose link names the user when
+--       user_id is NULL;
+--   movement: a refund's or a dispute's id; state: what the event says of
+--       it, 'applied' or 'reversed';
+--   ledger_currency, test_events, user_key, no_user: the settings decided
+--       under (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS, the source's
+--       WEBHOOK_<NAME>_USER_METADATA_KEY and _NO_USER, 'refuse' or
+--       'ignore'), recorded with the event for `flask ledger verify`;
+--   origin: 'delivery' or 'reconcile'; NULL, a replay of the stored bytes,
+--       keeps the row's.
+-- A type is not replaced like a function: a change to its attributes is a
+-- DROP TYPE ... CASCADE in a migration, then this file creates it again.
+DO $$
+BEGIN
+    IF to_regtype('ledger_delivery') IS NULL THEN
+        CREATE TYPE ledger_delivery AS (
+            source text, event_id text, type text, body bytea, sha256 bytea, effect bytea, problem text,
+            kind text, payment text, user_id uuid, amount bigint, currency text, movement text, state text,
+            ledger_currency text, test_events boolean, origin text, customer text, user_key text, no_user text);
+    END IF;
+END
+$$;
 
 -- Every delivery (new, retried, replayed, reconciled) of every event is
--- recorded and applied by this one function, in one statement
--- (app/ledger.py, called with named arguments). The caller has parsed the
--- bytes and checked what it can without the database: p_problem is why the
--- event cannot apply (NULL: it can); p_kind what it moves: 'credit',
--- 'refunded_total', 'refund', 'dispute', or NULL (nothing); p_amount a
--- credit's amount, a running total, or a movement's amount; p_user a
--- credit's user (every other movement's is its payment's); p_movement a
--- refund's or a dispute's id, and p_state what the event says of it,
--- 'applied' or 'reversed'; p_ledger_currency and p_test_events the settings
--- the caller decided under (LEDGER_CURRENCY, STRIPE_ACCEPT_TEST_EVENTS),
--- recorded with the event, so that `flask ledger verify` judges it by them. It returns the outcome ('processed', 'duplicate',
--- 'failed', 'payload_mismatch' or 'payment_mismatch'), why it failed, the
--- SHA-256 of the bytes stored before this delivery (when the event was
--- stored already), the balance change made ('credit', 'refund',
--- 'refund_reversed', 'dispute_withdrawn', 'dispute_reinstated',
--- 'payment_duplicate': a credited payment announced again, or NULL) and the
--- balance it left.
---
--- p_origin says where the bytes came from ('delivery', 'reconcile': the
--- provider's event list), recorded with them; NULL (a replay of the stored
--- bytes) keeps what the row says.
---
--- A credit whose p_user is NULL (its metadata names none under p_user_key,
--- the source's WEBHOOK_<NAME>_USER_METADATA_KEY) is credited to the user
--- that customer_links maps p_customer to (payments.customer_id says so).
--- With neither, p_no_user decides: 'refuse' fails it (422, a retry or a
--- replay applies it once a link is made), 'ignore' records it 'ignored'
--- (outcome 'ignored', a 2xx) and its payment in ignored_payments, whose
--- refunds and disputes are then ignored too. p_user_key and p_no_user are
--- recorded with the event. A delivery of an ignored or a dismissed event is
--- 'ignored' again, nothing changed; only a replay (p_origin NULL) tries it
--- again. The link is read, not locked: links are never changed nor deleted.
+-- recorded and applied by apply_event, in one statement: record the event,
+-- then credit its payment or move its payment's balance (each journaling
+-- what it changed), then complete it. It returns the outcome ('processed',
+-- 'duplicate', 'failed', 'ignored', 'payload_mismatch' or
+-- 'payment_mismatch'), why it failed, the SHA-256 of the bytes stored
+-- before this delivery (when the event was stored already), the balance
+-- change made ('credit', 'refund', 'refund_reversed', 'dispute_withdrawn',
+-- 'dispute_reinstated', 'payment_duplicate': a credited payment announced
+-- again, or NULL) and the balance it left.
 --
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then the
@@ -96,221 +114,277 @@ CROSS JOIN LATERAL (
 -- UPDATE, which serialises every movement of one payment), then the
 -- movement's row, then the user's row. A wait longer than lock_timeout ends
 -- the statement with nothing committed (503, retried).
-CREATE OR REPLACE FUNCTION apply_event(
-    p_source text, p_event_id text, p_type text, p_body bytea, p_sha256 bytea, p_effect bytea,
-    p_problem text, p_kind text, p_payment text, p_user uuid, p_amount bigint,
-    p_currency text, p_movement text, p_state text, p_ledger_currency text, p_test_events boolean,
-    p_origin text, p_customer text, p_user_key text, p_no_user text,
+CREATE OR REPLACE FUNCTION apply_event(d ledger_delivery,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_user uuid := p_user;
-    v_linked boolean := false;
-    v_ignored boolean := false;
     v_row_id bigint;
+    v_new boolean;
+    v_ignored boolean := false;
+    v_mismatch boolean := false;
+BEGIN
+    SELECT * INTO v_row_id, v_new, outcome, problem, stored_sha256 FROM record_event(d);
+    IF outcome IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF problem IS NULL AND d.kind = 'credit' THEN
+        SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM credit_payment(d);
+    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
+        SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM move_payment(d);
+    END IF;
+    outcome := complete_event(v_row_id, v_new, problem, v_ignored, v_mismatch, change);
+END
+$$;
+
+-- Record: a new event is inserted as it will most likely end, completed
+-- unless its problem is known, so that its row is written once; the rare
+-- decision that fails it later writes it again. A purged event that changed
+-- a balance is never inserted again. An event stored before ends here
+-- (outcome set) unless it is failed: then it is tried again from this
+-- delivery's bytes. A new event ends here too when it is failed or moves
+-- nothing. problem: the delivery's, for the steps after.
+CREATE OR REPLACE FUNCTION record_event(d ledger_delivery, OUT row_id bigint, OUT is_new boolean,
+    OUT outcome text, OUT problem text, OUT stored_sha256 bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
     v_status text;
     v_effect bytea;
-    v_payment payments%ROWTYPE;
-    v_movement movements%ROWTYPE;
-    v_due bigint;
-    v_mismatch boolean := false;
-    v_new boolean;
 BEGIN
-    -- Record: a new event is inserted as it will most likely end, completed
-    -- unless its problem is known, so that its row is written once; the rare
-    -- decision that fails it below writes it again. A purged event that
-    -- changed a balance is never inserted again.
+    problem := d.problem;
     INSERT INTO webhook_events (source, event_id, event_type, body, payload_sha256, effect_sha256,
                                 status, completed_at, last_error, ledger_currency, test_events_accepted, origin,
                                 user_metadata_key, no_user)
-    SELECT p_source, p_event_id, p_type, p_body, p_sha256, p_effect,
-           CASE WHEN p_problem IS NOT NULL THEN 'failed' ELSE 'completed' END,
-           CASE WHEN p_problem IS NULL THEN now() END, p_problem, p_ledger_currency, p_test_events,
-           coalesce(p_origin, 'delivery'), p_user_key, p_no_user
-    WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id)
+    SELECT d.source, d.event_id, d.type, d.body, d.sha256, d.effect,
+           CASE WHEN d.problem IS NOT NULL THEN 'failed' ELSE 'completed' END,
+           CASE WHEN d.problem IS NULL THEN now() END, d.problem, d.ledger_currency, d.test_events,
+           coalesce(d.origin, 'delivery'), d.user_key, d.no_user
+    WHERE NOT EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = d.source AND j.event_id = d.event_id)
     ON CONFLICT (source, event_id) DO NOTHING
-    RETURNING id INTO v_row_id;
-    v_new := v_row_id IS NOT NULL;
-
-    IF NOT v_new THEN
-        -- Stored before (or by a twin that just committed: the insert waited
-        -- for it). FOR UPDATE serialises two retries of a failed event.
-        SELECT e.id, e.status, e.payload_sha256, e.effect_sha256 INTO v_row_id, v_status, stored_sha256, v_effect
-        FROM webhook_events e WHERE e.source = p_source AND e.event_id = p_event_id
-        FOR UPDATE;
-        IF NOT FOUND THEN
-            IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.event_id = p_event_id) THEN
-                outcome := 'duplicate';  -- purged after it changed a balance: the journal says it is done
-                RETURN;
-            END IF;
-            -- Purged while this delivery ran: the sender's retry will find out.
-            RAISE EXCEPTION 'the event''s row was purged while this delivery ran'
-                USING ERRCODE = 'serialization_failure';
+    RETURNING id INTO row_id;
+    is_new := row_id IS NOT NULL;
+    IF is_new THEN
+        IF d.problem IS NOT NULL THEN
+            outcome := 'failed';
+        ELSIF d.kind IS NULL THEN
+            outcome := 'processed';
         END IF;
-        -- A row whose stored bytes do not parse (no effect) is compared by
-        -- its bytes. A failed event whose provider had no record of it (its effect all
-        -- zeros, app/providers/) takes whatever effect the provider has now:
-        -- a body forged under a genuine event's id cannot hold the id.
-        IF coalesce(v_effect <> p_effect, stored_sha256 <> p_sha256)
-           AND NOT (v_status = 'failed' AND v_effect = decode(repeat('00', 32), 'hex')) THEN
-            UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = v_row_id;
-            outcome := 'payload_mismatch';
-            RETURN;
-        END IF;
-        IF v_status = 'completed' THEN
-            outcome := 'duplicate';
-            RETURN;
-        ELSIF (v_status = 'ignored' OR v_status = 'dismissed') AND p_origin IS NOT NULL THEN
-            outcome := 'ignored';  -- closed: only an operator's replay opens it again
-            problem := 'the event is ' || v_status;
-            RETURN;
-        END IF;
-        -- A failed event, tried again from this delivery's bytes (and type:
-        -- another only when the provider had no record of it before).
-        UPDATE webhook_events
-        SET attempts = attempts + 1, updated_at = now(), event_type = p_type, body = p_body, payload_sha256 = p_sha256,
-            effect_sha256 = p_effect, effect_version = DEFAULT, ledger_currency = p_ledger_currency,
-            test_events_accepted = p_test_events,
-            origin = coalesce(p_origin, origin), user_metadata_key = p_user_key, no_user = p_no_user
-        WHERE id = v_row_id;
-    ELSIF p_problem IS NOT NULL THEN
-        outcome := 'failed';
-        problem := p_problem;
-        RETURN;
-    ELSIF p_kind IS NULL THEN
-        outcome := 'processed';
         RETURN;
     END IF;
 
-    -- Decide, and change the balance.
-    problem := p_problem;
-    IF problem IS NULL AND p_kind = 'credit' AND v_user IS NULL THEN
-        SELECT l.user_id INTO v_user FROM customer_links l
-        WHERE l.source = p_source AND l.customer_id = p_customer;
+    -- Stored before (or by a twin that just committed: the insert waited
+    -- for it). FOR UPDATE serialises two retries of a failed event.
+    SELECT e.id, e.status, e.payload_sha256, e.effect_sha256 INTO row_id, v_status, stored_sha256, v_effect
+    FROM webhook_events e WHERE e.source = d.source AND e.event_id = d.event_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = d.source AND j.event_id = d.event_id) THEN
+            outcome := 'duplicate';  -- purged after it changed a balance: the journal says it is done
+            problem := NULL;
+            RETURN;
+        END IF;
+        -- Purged while this delivery ran: the sender's retry will find out.
+        RAISE EXCEPTION 'the event''s row was purged while this delivery ran'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    -- A row whose stored bytes do not parse (no effect) is compared by its
+    -- bytes. A failed event whose provider had no record of it (its effect
+    -- all zeros, app/providers/) takes whatever effect the provider has now:
+    -- a body forged under a genuine event's id cannot hold the id.
+    IF coalesce(v_effect <> d.effect, stored_sha256 <> d.sha256)
+       AND NOT (v_status = 'failed' AND v_effect = decode(repeat('00', 32), 'hex')) THEN
+        UPDATE webhook_events SET mismatches = mismatches + 1, last_mismatch_at = now() WHERE id = row_id;
+        outcome := 'payload_mismatch';
+        problem := NULL;
+        RETURN;
+    END IF;
+    IF v_status = 'completed' THEN
+        outcome := 'duplicate';
+        problem := NULL;
+        RETURN;
+    ELSIF (v_status = 'ignored' OR v_status = 'dismissed') AND d.origin IS NOT NULL THEN
+        outcome := 'ignored';  -- closed: only an operator's replay opens it again
+        problem := 'the event is ' || v_status;
+        RETURN;
+    END IF;
+    -- A failed event, tried again from this delivery's bytes (and type:
+    -- another only when the provider had no record of it before).
+    UPDATE webhook_events
+    SET attempts = attempts + 1, updated_at = now(), event_type = d.type, body = d.body, payload_sha256 = d.sha256,
+        effect_sha256 = d.effect, effect_version = DEFAULT, ledger_currency = d.ledger_currency,
+        test_events_accepted = d.test_events, origin = coalesce(d.origin, origin), user_metadata_key = d.user_key,
+        no_user = d.no_user
+    WHERE id = row_id;
+END
+$$;
+
+-- A credit: its user (the event's, or its customer's link), then the
+-- payment's key, then the user's balance and the journal. A payment named
+-- again with the same user, amount and currency is a 'payment_duplicate';
+-- otherwise a mismatch. ignored: no user, under the source's 'ignore'.
+CREATE OR REPLACE FUNCTION credit_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
+    OUT problem text, OUT ignored boolean, OUT mismatch boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_user uuid := d.user_id;
+    v_linked boolean := false;
+    v_payment payments%ROWTYPE;
+BEGIN
+    ignored := false;
+    mismatch := false;
+    IF v_user IS NULL THEN
+        -- The link is read, not locked: links are never changed nor deleted.
+        SELECT l.user_id INTO v_user FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
         v_linked := v_user IS NOT NULL;
         IF NOT v_linked THEN
-            problem := format('no user: no data.object.metadata.%s, and %s', coalesce(p_user_key, 'user_id'),
-                              CASE WHEN p_customer IS NULL THEN 'no data.object.customer'
+            problem := format('no user: no data.object.metadata.%s, and %s', coalesce(d.user_key, 'user_id'),
+                              CASE WHEN d.customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
-                                               p_customer, p_source, p_customer) END);
-            IF p_no_user = 'ignore' THEN
-                v_ignored := true;
-                INSERT INTO ignored_payments (source, payment_id, event_id) VALUES (p_source, p_payment, p_event_id)
+                                               d.customer, d.source, d.customer) END);
+            IF d.no_user = 'ignore' THEN
+                ignored := true;
+                INSERT INTO ignored_payments (source, payment_id, event_id) VALUES (d.source, d.payment, d.event_id)
                 ON CONFLICT (source, payment_id) DO NOTHING;
             END IF;
+            RETURN;
         END IF;
     END IF;
-    IF problem IS NULL AND p_kind = 'credit' THEN
-        -- The payment's key first: a twin announcing the same payment waits
-        -- on this insert, then finds it taken. Then the user's row.
-        INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id, customer_id)
-        SELECT p_source, p_payment, v_user, p_amount, p_currency, p_event_id, CASE WHEN v_linked THEN p_customer END
-        WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = v_user)
-        ON CONFLICT (source, payment_id) DO NOTHING;
+    -- The payment's key first: a twin announcing the same payment waits on
+    -- this insert, then finds it taken. Then the user's row.
+    INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id, customer_id)
+    SELECT d.source, d.payment, v_user, d.amount, d.currency, d.event_id, CASE WHEN v_linked THEN d.customer END
+    WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = v_user)
+    ON CONFLICT (source, payment_id) DO NOTHING;
+    IF FOUND THEN
+        UPDATE user_balances SET balance_cents = balance_cents + d.amount, updated_at = now()
+        WHERE user_id = v_user AND balance_cents <= 9223372036854775807 - d.amount
+        RETURNING user_balances.balance_cents INTO balance_after;
         IF FOUND THEN
-            UPDATE user_balances SET balance_cents = balance_cents + p_amount, updated_at = now()
-            WHERE user_id = v_user AND balance_cents <= 9223372036854775807 - p_amount
-            RETURNING user_balances.balance_cents INTO balance_after;
-            IF FOUND THEN
-                INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
-                VALUES (p_source, p_event_id, 'credit', p_payment, v_user, p_amount);
-                DELETE FROM ignored_payments WHERE source = p_source AND payment_id = p_payment;
-                change := 'credit';
-            ELSE
-                DELETE FROM payments WHERE source = p_source AND payment_id = p_payment;
-                problem := 'credit would overflow the balance';
-            END IF;
+            INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)
+            VALUES (d.source, d.event_id, 'credit', d.payment, v_user, d.amount);
+            DELETE FROM ignored_payments WHERE source = d.source AND payment_id = d.payment;
+            change := 'credit';
         ELSE
-            SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment;
-            IF NOT FOUND THEN
-                problem := 'unknown user ' || v_user;
-            ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (v_user, p_amount, p_currency)
-            THEN
-                change := 'payment_duplicate';
-            ELSE
-                v_mismatch := true;
-                problem := format('payment %s was credited by event %s with another user, amount or currency',
-                                  p_payment, v_payment.event_id);
-            END IF;
+            DELETE FROM payments WHERE source = d.source AND payment_id = d.payment;
+            problem := 'credit would overflow the balance';
         END IF;
-    ELSIF problem IS NULL THEN
-        -- A movement of a credited payment: its row serialises them all.
-        SELECT * INTO v_payment FROM payments WHERE source = p_source AND payment_id = p_payment FOR UPDATE;
+        RETURN;
+    END IF;
+    SELECT * INTO v_payment FROM payments WHERE source = d.source AND payment_id = d.payment;
+    IF NOT FOUND THEN
+        problem := 'unknown user ' || v_user;
+    ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (v_user, d.amount, d.currency) THEN
+        change := 'payment_duplicate';
+    ELSE
+        mismatch := true;
+        problem := format('payment %s was credited by event %s with another user, amount or currency',
+                          d.payment, v_payment.event_id);
+    END IF;
+END
+$$;
+
+-- A movement of a credited payment (a refund object, a dispute, a running
+-- total): the payment's row, locked, serialises them all. The movement is
+-- recorded (or moved forward: 'applied' then 'reversed'), then the balance
+-- moved by what that changed the payment's due by (debit_payment).
+CREATE OR REPLACE FUNCTION move_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
+    OUT problem text, OUT ignored boolean, OUT mismatch boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_payment payments%ROWTYPE;
+    v_movement movements%ROWTYPE;
+BEGIN
+    ignored := false;
+    mismatch := false;
+    SELECT * INTO v_payment FROM payments WHERE source = d.source AND payment_id = d.payment FOR UPDATE;
+    IF NOT FOUND THEN
+        problem := 'unknown payment ' || d.payment;
+        IF EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = d.source AND i.payment_id = d.payment) THEN
+            ignored := true;  -- a payment that is not ours: nobody's to debit
+            problem := format('payment %s is not ours: it named no user, and was ignored', d.payment);
+        END IF;
+        RETURN;
+    ELSIF v_payment.currency <> d.currency THEN
+        problem := format('%s in %s of payment %s, which was in %s', CASE d.kind WHEN 'dispute' THEN 'dispute'
+                          ELSE 'refund' END, d.currency, d.payment, v_payment.currency);
+        RETURN;
+    ELSIF d.amount > v_payment.amount_cents THEN
+        problem := CASE WHEN d.kind = 'refunded_total'
+                        THEN format('refunded total of %s cents is above payment %s''s %s cents',
+                                    d.amount, d.payment, v_payment.amount_cents)
+                        ELSE format('%s %s of %s cents is above payment %s''s %s cents',
+                                    d.kind, d.movement, d.amount, d.payment, v_payment.amount_cents) END;
+        RETURN;
+    END IF;
+    IF d.kind = 'refunded_total' THEN
+        IF d.amount > v_payment.refunded_cents THEN
+            UPDATE payments SET refunded_cents = d.amount WHERE source = d.source AND payment_id = d.payment;
+        END IF;  -- else a total already seen (late, repeated, out of order)
+    ELSE
+        INSERT INTO movements (source, kind, movement_id, payment_id, amount_cents, state, event_id)
+        VALUES (d.source, d.kind, d.movement, d.payment, d.amount, d.state, d.event_id)
+        ON CONFLICT (source, kind, movement_id) DO NOTHING;
         IF NOT FOUND THEN
-            problem := 'unknown payment ' || p_payment;
-            IF EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = p_payment) THEN
-                v_ignored := true;  -- a payment that is not ours: nobody's to debit
-                problem := format('payment %s is not ours: it named no user, and was ignored', p_payment);
-            END IF;
-        ELSIF v_payment.currency <> p_currency THEN
-            problem := format('%s in %s of payment %s, which was in %s', CASE p_kind WHEN 'dispute' THEN 'dispute'
-                              ELSE 'refund' END, p_currency, p_payment, v_payment.currency);
-        ELSIF p_amount > v_payment.amount_cents THEN
-            problem := CASE WHEN p_kind = 'refunded_total'
-                            THEN format('refunded total of %s cents is above payment %s''s %s cents',
-                                        p_amount, p_payment, v_payment.amount_cents)
-                            ELSE format('%s %s of %s cents is above payment %s''s %s cents',
-                                        p_kind, p_movement, p_amount, p_payment, v_payment.amount_cents) END;
-        ELSIF p_kind = 'refunded_total' THEN
-            IF p_amount > v_payment.refunded_cents THEN
-                UPDATE payments SET refunded_cents = p_amount WHERE source = p_source AND payment_id = p_payment;
-            END IF;  -- else a total already seen (late, repeated, out of order)
-        ELSE
-            INSERT INTO movements (source, kind, movement_id, payment_id, amount_cents, state, event_id)
-            VALUES (p_source, p_kind, p_movement, p_payment, p_amount, p_state, p_event_id)
-            ON CONFLICT (source, kind, movement_id) DO NOTHING;
-            IF NOT FOUND THEN
-                SELECT * INTO v_movement FROM movements
-                WHERE source = p_source AND kind = p_kind AND movement_id = p_movement FOR UPDATE;
-                IF (v_movement.payment_id, v_movement.amount_cents) <> (p_payment, p_amount) THEN
-                    v_mismatch := true;
-                    problem := format('%s %s was announced by event %s with another payment or amount',
-                                      p_kind, p_movement, v_movement.event_id);
-                ELSIF v_movement.state = 'applied' AND p_state = 'reversed' THEN
-                    UPDATE movements SET state = 'reversed', updated_at = now()
-                    WHERE source = p_source AND kind = p_kind AND movement_id = p_movement;
-                END IF;  -- else seen in this state, or a later one, already
-            END IF;
-        END IF;
-        IF problem IS NULL THEN
-            SELECT a.debit_due_cents INTO v_due FROM payment_accounts a
-            WHERE a.source = p_source AND a.payment_id = p_payment;
-            IF v_due <> v_payment.debited_cents THEN
-                -- Named by what the event says; the journal's CHECK refuses
-                -- a sign that disagrees (the rule only grows `due` for an
-                -- applied movement or a total, only shrinks it for a reversal).
-                change := CASE WHEN p_kind = 'dispute' AND p_state = 'applied' THEN 'dispute_withdrawn'
-                               WHEN p_kind = 'dispute' THEN 'dispute_reinstated'
-                               WHEN p_state = 'reversed' THEN 'refund_reversed'
-                               ELSE 'refund' END;
-                UPDATE payments SET debited_cents = v_due, updated_at = now()
-                WHERE source = p_source AND payment_id = p_payment;
-                UPDATE user_balances SET balance_cents = balance_cents - (v_due - v_payment.debited_cents),
-                                         updated_at = now()
-                WHERE user_id = v_payment.user_id RETURNING balance_cents INTO balance_after;
-                INSERT INTO ledger_journal (source, event_id, kind, payment_id, movement_id, user_id, amount_cents)
-                VALUES (p_source, p_event_id, change, p_payment, p_movement, v_payment.user_id,
-                        v_payment.debited_cents - v_due);
-            END IF;
+            SELECT * INTO v_movement FROM movements
+            WHERE source = d.source AND kind = d.kind AND movement_id = d.movement FOR UPDATE;
+            IF (v_movement.payment_id, v_movement.amount_cents) <> (d.payment, d.amount) THEN
+                mismatch := true;
+                problem := format('%s %s was announced by event %s with another payment or amount',
+                                  d.kind, d.movement, v_movement.event_id);
+                RETURN;
+            ELSIF v_movement.state = 'applied' AND d.state = 'reversed' THEN
+                UPDATE movements SET state = 'reversed', updated_at = now()
+                WHERE source = d.source AND kind = d.kind AND movement_id = d.movement;
+            END IF;  -- else seen in this state, or a later one, already
         END IF;
     END IF;
+    SELECT * INTO change, balance_after FROM debit_payment(d, v_payment);
+END
+$$;
 
-    -- Complete, or record why not.
+-- Move the balance of payment p's user by what its due changed by
+-- (payment_accounts), in one journal row named by what the event says;
+-- nothing when it did not change. The journal's CHECK refuses a sign
+-- that disagrees (the rule only grows `due` for an applied movement or a
+-- total, only shrinks it for a reversal).
+CREATE OR REPLACE FUNCTION debit_payment(d ledger_delivery, p payments, OUT change text, OUT balance_after bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_due bigint;
+BEGIN
+    SELECT a.debit_due_cents INTO v_due FROM payment_accounts a WHERE a.source = d.source AND a.payment_id = d.payment;
+    IF v_due = p.debited_cents THEN
+        RETURN;
+    END IF;
+    change := CASE WHEN d.kind = 'dispute' AND d.state = 'applied' THEN 'dispute_withdrawn'
+                   WHEN d.kind = 'dispute' THEN 'dispute_reinstated'
+                   WHEN d.state = 'reversed' THEN 'refund_reversed'
+                   ELSE 'refund' END;
+    UPDATE payments SET debited_cents = v_due, updated_at = now() WHERE source = d.source AND payment_id = d.payment;
+    UPDATE user_balances SET balance_cents = balance_cents - (v_due - p.debited_cents), updated_at = now()
+    WHERE user_id = p.user_id RETURNING balance_cents INTO balance_after;
+    INSERT INTO ledger_journal (source, event_id, kind, payment_id, movement_id, user_id, amount_cents)
+    VALUES (d.source, d.event_id, change, d.payment, d.movement, p.user_id, p.debited_cents - v_due);
+END
+$$;
+
+-- Complete the event's row, or record why not: its outcome. A new event
+-- was inserted completed, so only a failed one's retry is written here.
+CREATE OR REPLACE FUNCTION complete_event(p_row_id bigint, p_new boolean, problem text, ignored boolean,
+                                          mismatch boolean, change text, OUT outcome text)
+LANGUAGE plpgsql AS $$
+BEGIN
     IF problem IS NULL THEN
-        IF NOT v_new THEN  -- a failed event's retry; a new one was inserted completed
+        IF NOT p_new THEN
             UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(),
                                       last_error = NULL
-            WHERE id = v_row_id;
+            WHERE id = p_row_id;
         END IF;
         outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
-    ELSIF v_ignored THEN
-        UPDATE webhook_events SET status = 'ignored', completed_at = NULL, last_error = problem, updated_at = now()
-        WHERE id = v_row_id;
-        outcome := 'ignored';
     ELSE
-        UPDATE webhook_events SET status = 'failed', completed_at = NULL, last_error = problem, updated_at = now()
-        WHERE id = v_row_id;
-        outcome := CASE WHEN v_mismatch THEN 'payment_mismatch' ELSE 'failed' END;
+        UPDATE webhook_events SET status = CASE WHEN ignored THEN 'ignored' ELSE 'failed' END, completed_at = NULL,
+                                  last_error = problem, updated_at = now()
+        WHERE id = p_row_id;
+        outcome := CASE WHEN ignored THEN 'ignored' WHEN mismatch THEN 'payment_mismatch' ELSE 'failed' END;
     END IF;
 END
 $$;
@@ -401,7 +475,7 @@ $$;
 -- outcome ('spent' or 'duplicate'), the spend's journal row and when it was
 -- made, and the user's balance as the call leaves it (on a duplicate, the
 -- balance now).
-CREATE OR REPLACE FUNCTION spend(p_user uuid, p_cents bigint, p_reference text, p_allow_negative boolean DEFAULT false,
+CREATE OR REPLACE FUNCTION spend(p_user uuid, p_cents bigint, p_reference text, p_allow_negative boolean DEFAULT FALSE,
                                  OUT outcome text, OUT journal_id bigint, OUT spent_at timestamptz,
                                  OUT balance_cents bigint)
 LANGUAGE plpgsql AS $$

@@ -112,7 +112,7 @@ CREATE INDEX IF NOT EXISTS webhook_events_created_at_brin
 -- number beyond numeric's range): such an event is stored and applied from
 -- its bytes all the same, and a sanitised copy would show values that were
 -- not sent.
-CREATE OR REPLACE FUNCTION event_json(p_body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+CREATE OR REPLACE FUNCTION event_json(p_body BYTEA) RETURNS JSONB LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
     RETURN convert_from(p_body, 'UTF8')::jsonb;
 EXCEPTION WHEN data_exception THEN  -- class 22: not UTF-8, or not a value jsonb holds
@@ -120,9 +120,17 @@ EXCEPTION WHEN data_exception THEN  -- class 22: not UTF-8, or not a value jsonb
 END
 $$;
 CREATE OR REPLACE VIEW webhook_events_json AS
-    SELECT id, source, event_id, event_type, status, created_at, completed_at, last_error,
-           event_json(body) AS payload
-    FROM webhook_events;
+SELECT
+    id,
+    source,
+    event_id,
+    event_type,
+    status,
+    created_at,
+    completed_at,
+    last_error,
+    event_json(body) AS payload
+FROM webhook_events;
 
 -- One row per payment credited, per source. Its primary key is what
 -- "a payment is credited at most once" rests on, as webhook_events' unique
@@ -292,7 +300,7 @@ CREATE TABLE IF NOT EXISTS reconcile_watermarks (
 );
 
 -- A user row's opening balance is its balance at insert, unless given.
-CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS trigger
+CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS TRIGGER
 LANGUAGE plpgsql AS $$
 BEGIN
     NEW.opening_balance_cents := coalesce(NEW.opening_balance_cents, NEW.balance_cents);

@@ -221,8 +221,8 @@ def _refused_by(rule: Rule, livemode: object, currency: str, policy: Policy) -> 
         return "STRIPE_ACCEPT_TEST_EVENTS", \
             "a test-mode event (livemode is not true); set STRIPE_ACCEPT_TEST_EVENTS=true to accept"
     # A credit must be in the ledger's currency; every other movement in its
-    # payment's (apply_event checks), which an earlier release may have
-    # credited in another.
+    # payment's (apply_event checks), which LEDGER_CURRENCY may have been
+    # when it was credited.
     if rule.kind == Kind.CREDIT and currency != policy.currency:
         return "LEDGER_CURRENCY", f"{rule.labels.currency} must be the ledger's currency, {policy.currency!r}"
     return None, None

@@ -121,14 +121,14 @@ class Result(NamedTuple):
         return self
 
 
-APPLY_EVENT = """
-    SELECT * FROM apply_event(p_source => %(source)s, p_event_id => %(event_id)s, p_type => %(type)s,
-    p_body => %(body)s, p_sha256 => %(body_sha256)s, p_effect => %(effect_sha256)s,
-    p_problem => %(problem)s, p_kind => %(kind)s, p_payment => %(payment_id)s, p_user => %(user_id)s,
-    p_amount => %(amount)s, p_currency => %(currency)s, p_movement => %(movement_id)s, p_state => %(state)s,
-    p_ledger_currency => %(ledger_currency)s, p_test_events => %(test_events)s, p_origin => %(origin)s,
-    p_customer => %(customer_id)s, p_user_key => %(user_key)s, p_no_user => %(no_user)s)
-"""
+# money.sql's ledger_delivery, attribute by attribute in its order: apply_event's one input.
+DELIVERY = (("source", "text"), ("event_id", "text"), ("type", "text"), ("body", "bytea"), ("sha256", "bytea"),
+            ("effect", "bytea"), ("problem", "text"), ("kind", "text"), ("payment", "text"), ("user_id", "uuid"),
+            ("amount", "bigint"), ("currency", "text"), ("movement", "text"), ("state", "text"),
+            ("ledger_currency", "text"), ("test_events", "boolean"), ("origin", "text"), ("customer", "text"),
+            ("user_key", "text"), ("no_user", "text"))
+APPLY_EVENT = ("SELECT * FROM apply_event(ROW("
+               + ", ".join(f"%({name})s::{type_}" for name, type_ in DELIVERY) + ")::ledger_delivery)")
 
 
 # The provider's bytes of a fetched event, kept beside the delivered ones on the row this transaction wrote
@@ -160,14 +160,14 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
 
 def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
                        origin: Origin | None) -> dict[str, object]:
-    """APPLY_EVENT's parameters, for apply_event's arguments."""
+    """APPLY_EVENT's parameters (DELIVERY's names), for apply_event's arguments."""
     users = policy.users_of(event.source)
     return {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-            "body_sha256": body_sha256, "effect_sha256": effect.sha256, "problem": effect.problem,
-            "kind": effect.kind, "payment_id": effect.payment_id, "user_id": effect.user_id,
-            "amount": effect.amount_cents, "currency": effect.currency, "movement_id": effect.movement_id,
-            "state": effect.state, "ledger_currency": policy.currency, "test_events": policy.accept_test_events,
-            "origin": origin, "customer_id": effect.customer_id,
+            "sha256": body_sha256, "effect": effect.sha256, "problem": effect.problem, "kind": effect.kind,
+            "payment": effect.payment_id, "user_id": effect.user_id, "amount": effect.amount_cents,
+            "currency": effect.currency, "movement": effect.movement_id, "state": effect.state,
+            "ledger_currency": policy.currency, "test_events": policy.accept_test_events, "origin": origin,
+            "customer": effect.customer_id,
             # The source's way of naming users, recorded with the event (verify reads a credit by it).
             "user_key": users.metadata_key, "no_user": users.no_user}
 

@@ -63,7 +63,7 @@ class Event:
 
 
 class Kind(StrEnum):
-    """What an event moves (apply_event's p_kind); REFUND and DISPUTE are also movements.kind."""
+    """What an event moves (ledger_delivery's kind); REFUND and DISPUTE are also movements.kind."""
 
     CREDIT = "credit"  # credits a payment to its user, once per payment
     REFUNDED_TOTAL = "refunded_total"  # a running total of the payment's refunds: the highest one counts

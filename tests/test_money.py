@@ -115,6 +115,7 @@ MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
 # The functions that write the journal rows no event writes, and the rule that events move money by.
 ENTRIES, SPEND = _functions(MONEY, "adjust", "spend"), _functions(MONEY, "spend")
 RULE = _without_functions(MONEY, "adjust", "spend")
+ACCOUNTS = _first(r"(CREATE VIEW payment_accounts .*?;)", MONEY, re.DOTALL)
 # What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
 APPLY_EVENT_OUTCOMES = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.PAYLOAD_MISMATCH,
                         Outcome.PAYMENT_MISMATCH, Outcome.IGNORED}
@@ -123,11 +124,12 @@ LITERALS = {
     "outcomes": ("money.sql's outcomes (outcome := ...)", _assigned(RULE, "outcome"), APPLY_EVENT_OUTCOMES),
     "changes": ("money.sql's changes (change := ..., change = ...)",
                 _assigned(RULE, "change") | _compared(RULE, "change"), set(Change)),
-    "kinds": ("money.sql's kinds (p_kind, and movements' kind)", _compared(RULE, "p_kind", "kind"), set(Kind)),
-    "movement-kinds": ("money.sql's movements' kind", _compared(RULE, "kind"), {Kind.REFUND, Kind.DISPUTE}),
+    "kinds": ("money.sql's kinds (ledger_delivery's kind, and movements' kind)", _compared(RULE, "kind"), set(Kind)),
+    "movement-kinds": ("money.sql's payment_accounts, which sums movements by kind", _compared(ACCOUNTS, "kind"),
+                       {Kind.REFUND, Kind.DISPUTE}),
     "movement-kinds-check": ("schema.sql's movements kind CHECK", _column_check(SCHEMA, "movements", "kind"),
                              {Kind.REFUND, Kind.DISPUTE}),
-    "states": ("money.sql's states (p_state, state)", _compared(RULE, "p_state", "state"), set(State)),
+    "states": ("money.sql's states (ledger_delivery's state, movements' state)", _compared(RULE, "state"), set(State)),
     "states-check": ("schema.sql's movements state CHECK", _column_check(SCHEMA, "movements", "state"), set(State)),
     "statuses": ("money.sql's webhook_events statuses", _webhook_event_statuses(MONEY),
                  set(Status)),
