@@ -20,7 +20,7 @@ WORKDIR /app
 # Dependencies first, the exact versions and hashes of requirements.lock
 # (`make lock`), so that this layer is rebuilt when they change, not on every
 # code change, and two builds install the same bytes. The app runs from /app
-# (not installed as a package), so app/schema.py finds /app/schema.sql and
+# (not installed as a package), so app/store/schema.py finds /app/schema.sql and
 # /app/migrations through the links in app/.
 # PIP_CERT: a CA bundle for pip on a network that re-signs TLS; mount it for
 # the build only (`--volume /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro

@@ -14,17 +14,17 @@ from gunicorn import glogging
 
 
 def _leaf(name):
-    """app/<name>.py, loaded by its path under a name of its own, without the app package.
+    """app/serving/<name>.py, loaded by its path under a name of its own, without the app package.
 
     The master must import nothing of the app: a HUP forks the new workers
     from it, and they would run the old code of any app module it holds
-    (tests/test_startup.py). app/logformat.py and app/gunicorn_worker.py
+    (tests/test_startup.py). app/serving/logformat.py and app/serving/gunicorn_worker.py
     import nothing of the app, so each loads alone; a HUP reads them again.
     """
     folder = Path(__file__).with_name("app")  # a checkout, or the image's /app
     if not folder.is_dir():  # an installed host: share/webhook-ledger/ holds this file, site-packages the app
         folder = Path(importlib.util.find_spec("app").submodule_search_locations[0])  # found, not imported
-    spec = importlib.util.spec_from_file_location(f"webhook_ledger_{name}", folder / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"webhook_ledger_{name}", folder / "serving" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -39,7 +39,7 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # (docs/performance.md).
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 # gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
-# senders that stall mid-request no longer hold every thread (app/gunicorn_worker.py).
+# senders that stall mid-request no longer hold every thread (app/serving/gunicorn_worker.py).
 worker_class = _worker.ThreadWorker
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
 # Under gthread, a heartbeat of the worker as a whole, not a limit on a
@@ -56,9 +56,9 @@ preload_app = False
 control_socket_disable = True
 
 # -- logs: one line per record on stdout, gunicorn's and the app's ----------
-# app/logformat.py formats them, loaded alone: importing the app into the master
+# app/serving/logformat.py formats them, loaded alone: importing the app into the master
 # would stop a HUP from loading new code into the new workers.
-# The app logs one line per delivery (app/logs.py); gunicorn's access line
+# The app logs one line per delivery (app/receiver/logs.py); gunicorn's access line
 # repeated it at about a tenth of a worker's CPU (docs/performance.md), so it
 # is off unless ACCESS_LOG=true, and requests that are not deliveries
 # (/health, /ready, /metrics) are not logged.
@@ -105,8 +105,8 @@ else:
 # sysexits.h's EX_CONFIG, as `flask` commands exit on a configuration error:
 # a supervisor tells it from a crash, and restarting will not help.
 EX_CONFIG = 78
-# What the master runs in a child process to check the settings (app/config.py).
-_CHECK_SETTINGS = "from app.config import check; check()"
+# What the master runs in a child process to check the settings (app/settings/config.py).
+_CHECK_SETTINGS = "from app.settings.config import check; check()"
 
 
 def on_starting(server):

@@ -5,7 +5,7 @@
 -- REPLACE, or dropped and created again: safe to apply twice. A function
 -- whose OUT parameters change must be dropped first (CREATE OR REPLACE
 -- cannot change them). tests/test_money.py holds the literals below to the
--- Python enums (app/events.py, app/ledger.py, app/delivery.py).
+-- Python enums (app/intake/events.py, app/store/ledger.py, app/receiver/delivery.py).
 --
 -- The rule (docs/design.md, "Payments and movements"), per payment:
 --   credit   once per (source, payment): its amount, to its user.
@@ -66,9 +66,9 @@ CROSS JOIN LATERAL (
 ) AS m;
 
 -- What a caller decided of one delivery, without the database: apply_event's
--- input (app/ledger.py builds it; docs/design.md, "The money rule").
+-- input (app/store/ledger.py builds it; docs/design.md, "The money rule").
 --   source, event_id, type, body, sha256 (of body), effect (the effect's
---       SHA-256, app/vocabulary.py): the event and its bytes of record;
+--       SHA-256, app/core/vocabulary.py): the event and its bytes of record;
 --   problem: why it cannot apply (NULL: it can);
 --   kind: what it moves, 'credit', 'refunded_total', 'refund', 'dispute',
 --       or NULL (nothing); payment: its payment; amount: a credit's amount,
@@ -386,6 +386,35 @@ BEGIN
         WHERE id = p_row_id;
         outcome := CASE WHEN ignored THEN 'ignored' WHEN mismatch THEN 'payment_mismatch' ELSE 'failed' END;
     END IF;
+END
+$$;
+
+-- A user, and a provider's customer linked to one: the rows the money rule
+-- reads, made by `flask users add` and `flask users link` (and by the
+-- application, as it calls `spend`). Neither changes a row that exists:
+-- add_user says whether it added the user and what opening balance the row
+-- has; link_customer returns when it linked, NULL when the customer was
+-- linked before (to whichever user) or the user does not exist.
+CREATE OR REPLACE FUNCTION add_user(p_user uuid, p_opening bigint DEFAULT 0,
+                                    OUT added boolean, OUT opening_balance_cents bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO user_balances (user_id, balance_cents, opening_balance_cents) VALUES (p_user, p_opening, p_opening)
+    ON CONFLICT (user_id) DO NOTHING;
+    added := FOUND;
+    SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances AS u WHERE u.user_id = p_user;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION link_customer(p_source text, p_customer text, p_user uuid, p_by text,
+                                         OUT linked_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO customer_links (source, customer_id, user_id, linked_by)
+    SELECT p_source, p_customer, p_user, p_by
+    WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = p_user)
+    ON CONFLICT (source, customer_id) DO NOTHING
+    RETURNING created_at INTO linked_at;
 END
 $$;
 

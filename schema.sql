@@ -3,7 +3,7 @@
 -- functions and the view that apply and account for every movement) is in
 -- money.sql, beside this file.
 --
--- `flask init-db` (app/schema.py) runs it on an empty database, as release
+-- `flask init-db` (app/store/schema.py) runs it on an empty database, as release
 -- 1.0.0 plus every file of migrations/. A database created by an earlier
 -- release gets the migrations it lacks instead, in order. Either way
 -- money.sql is then applied again, whole. So a change to a table is made

@@ -3,7 +3,7 @@
 import sys
 
 from app import create_app
-from app.config import ConfigError, Needs
+from app.settings.config import ConfigError, Needs
 
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker that exits with it makes the
 # master stop (any other status, and the master starts another worker, for

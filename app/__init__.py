@@ -1,12 +1,13 @@
 """webhook-ledger: applies each provider webhook to the ledger exactly once."""
 
-__version__ = "1.0.0"  # the release: setup.cfg, the image's label, openapi.json, CHANGELOG.md and /health say it too
-
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import config
+from .settings import config
+from .version import __version__
+
+__all__ = ["__version__", "create_app"]
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -18,11 +19,14 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     needs: the least it must read of the settings, or ConfigError (wsgi.py: Needs.SERVICE). None, as
     `flask` calls it: as much as they allow, from DATABASE_URL alone up; each command declares its own (commands.needs).
     """
-    # Imported here, as flaskr imports its modules: `import app.config` alone
+    # Imported here, as flaskr imports its modules: `import app.settings.config` alone
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
-    from . import cli, db, delivery, errors, fetch, lock, logs, metrics, openapi, users, webhooks
+    from .commands import cli, users
+    from .locking import lock
+    from .receiver import delivery, errors, fetch, logs, metrics, openapi, webhooks
+    from .store import db
 
     app = Flask(__name__)
     environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}

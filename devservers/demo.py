@@ -8,9 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from app.config import SETTINGS, ConfigError, from_env
-from app.events import DEFAULT_SOURCE
-from app.signature import sign
+from app.intake.events import DEFAULT_SOURCE
+from app.intake.signature import sign
+from app.settings.config import SETTINGS, ConfigError, from_env
 
 from .supervise import Failed
 

@@ -52,9 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
-from app import verify
-from app.db import apply_schema
-from app.signature import sign
+from app.intake.signature import sign
+from app.store import verify
+from app.store.db import apply_schema
 from devservers import ROOT, Gunicorn, Postgres, Redis, children, descendants, peer, pg_bindir
 from devservers.packages import BENCH, how_to_install, missing, program
 
@@ -239,10 +239,10 @@ def cpu_ms(pids):
 
 def worker_class_name(printed):
     """The worker class as gunicorn's --print-config shows it, `<ThreadWorker()>` for the class object that
-    gunicorn.conf.py loads from app/gunicorn_worker.py, as a dotted name."""
+    gunicorn.conf.py loads from app/serving/gunicorn_worker.py, as a dotted name."""
     match = re.fullmatch(r"<(\w+)\(\)>", printed or "")
     if match and f"class {match[1]}(" in (ROOT / "app" / "gunicorn_worker.py").read_text():
-        return f"app.gunicorn_worker.{match[1]}"
+        return f"app.serving.gunicorn_worker.{match[1]}"
     return printed
 
 
@@ -446,7 +446,7 @@ def bench_fetch(pg, redis, work):
     """New Stripe deliveries to a service that fetches each event (WEBHOOK_FETCH=true) from the stand-in of
     Stripe's Retrieve an event, answering after FETCH_ANSWER_SECONDS: at the bench's connections, then at one
     connection per slot. Project only: the peer fetches nothing."""
-    from app.config import from_env
+    from app.settings.config import from_env
     from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
     conn = psycopg.connect(pg.createdb("bench_fetch"), autocommit=True)

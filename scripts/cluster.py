@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
-from app.config import from_env
-from app.db import apply_schema
+from app.settings.config import from_env
+from app.store.db import apply_schema
 from devservers.demo import add_demo_user, banner, check_settings
 from devservers.packages import GROUPS, program
 from devservers.supervise import Failed, logger, port_free, say, supervise

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
-from app.db import apply_schema
+from app.store.db import apply_schema
 from devservers import ROOT, Postgres, Redis
 
 EVENTS = int(os.environ.get("MILLION_EVENTS", "1000000"))

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
-from app.config import ConfigError, from_env
-from app.db import apply_schema
+from app.settings.config import ConfigError, from_env
+from app.store.db import apply_schema
 from devservers import Gunicorn
 from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings
 from devservers.run_dir import RUN_DIR, start_servers

@@ -14,8 +14,8 @@ import redis
 from pytest_postgresql import factories
 
 from app import create_app
-from app.config import DEFAULT_SOURCE
-from app.db import apply_schema
+from app.settings.config import DEFAULT_SOURCE
+from app.store.db import apply_schema
 from devservers import Gunicorn, Postgres, Redis
 from devservers.paypal_stand_in import PayPalStandIn
 

@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import namedtuple_row
 from werkzeug.datastructures import Headers
 
-from app import events, signature, verify
-from app.config import DEFAULT_SOURCE, Settings
-from app.events import DEFAULT_POLICY
+from app.intake import events, signature
+from app.intake.events import DEFAULT_POLICY
+from app.settings.config import DEFAULT_SOURCE, Settings
+from app.store import verify
 from devservers import packages
 
 # The schemes signed by their secrets alone: paypal's deliveries need PayPal's certificate (test_paypal_scheme.py).

@@ -1,4 +1,4 @@
-"""app/cli.py: `flask events list|show|replay|purge` and `flask ledger verify|adjust` on real PostgreSQL."""
+"""app/commands/cli.py: `flask events list|show|replay|purge` and `flask ledger verify|adjust` on real PostgreSQL."""
 
 import getpass
 from datetime import UTC, datetime, timedelta
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from psycopg.rows import namedtuple_row
 
-from app.ledger import Entry
+from app.store.ledger import Entry
 from devservers import free_port
 
 from .helpers import (

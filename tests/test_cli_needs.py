@@ -9,8 +9,8 @@ import click
 import pytest
 
 from app import create_app
-from app.commands import Commands
-from app.config import Needs
+from app.commands.base import Commands
+from app.settings.config import Needs
 from devservers import ROOT
 
 from .helpers import BOB, UNKNOWN_USER, db_url, payment, send

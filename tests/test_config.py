@@ -1,4 +1,4 @@
-"""app/config.py and the factory: typed settings, fail fast, clear messages."""
+"""app/settings/config.py and the factory: typed settings, fail fast, clear messages."""
 
 import base64
 import dataclasses
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app import config, create_app
-from app.config import ConfigError, Needs, Settings, Source
-from app.events import Users
+from app import create_app
+from app.intake.events import Users
+from app.settings import config
+from app.settings.config import ConfigError, Needs, Settings, Source
 from devservers import ROOT
 
 # Starts no server: in `make check` (docs/testing.md).
@@ -106,7 +107,7 @@ REFUSED = "DATABASE_URL has a value that libpq refuses: "
 
 
 @pytest.mark.parametrize("url, message", [
-    # What app/conninfo.py checks itself: libpq does not, or not without reaching the network.
+    # What app/settings/conninfo.py checks itself: libpq does not, or not without reaching the network.
     ("postgresql://ledger:pw@s3cret@db/ledger", "DATABASE_URL has a host name holding @ "
                                                 "\\(a password holding @, / or \\? must write it %40"),
     ("hostaddr=s3cret.internal", "DATABASE_URL has a hostaddr that is not an IP address"),

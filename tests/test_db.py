@@ -1,6 +1,6 @@
-"""app/db.py, app/schema.py, schema.sql and migrations/: init-db creates the schema, refuses a database of a build
-before 1.0.0, brings one of 1.0.0 to a later release's schema, is a no-op the second time and safe from two hosts at
-once;
+"""app/store/db.py, app/store/schema.py, schema.sql and migrations/: init-db creates the schema, refuses a database of
+a build before 1.0.0, brings one of 1.0.0 to a later release's schema, is a no-op the second time and safe from two
+hosts at once;
 every transaction carries its timeouts (so they hold through PgBouncer), connections have
 TCP keepalives, prepared statements can be switched off, and a connection that died in the pool is not handed
 out."""
@@ -19,9 +19,9 @@ import pytest
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
-from app.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
-from app.deadline import MARGIN_MS
-from app.schema import BASELINE, BEFORE_1_0, LOCK_KEY, SchemaError
+from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
+from app.store.deadline import MARGIN_MS
+from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, SchemaError
 from devservers import wait_until
 
 from .helpers import (

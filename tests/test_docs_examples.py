@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from app.events import RULES
+from app.intake.events import RULES
 from devservers import ROOT, free_port, readme, wait_until
 from devservers.demo import DEMO_SECRET
 

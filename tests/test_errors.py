@@ -1,4 +1,4 @@
-"""app/errors.py: database errors classified. Transient ones (nothing committed,
+"""app/receiver/errors.py: database errors classified. Transient ones (nothing committed,
 a retry succeeds) answer 503 with Retry-After; any other is a bug or a
 misconfiguration: 500, its class and SQLSTATE logged, nothing else said."""
 

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from app import __version__
-from app.db import apply_schema
-from app.deadline import MARGIN_MS
-from app.lock import lock_key
+from app.locking.lock import lock_key
+from app.store.db import apply_schema
+from app.store.deadline import MARGIN_MS
 from devservers import ROOT, Postgres, Redis, wait_until
 
 from .helpers import (

@@ -66,7 +66,7 @@ def test_unsigned_bytes_never_write(client, db, scheme, data, body, content_type
 @given(data=st.data())
 def test_arbitrary_event_id_headers_never_5xx(client, db, scheme, data):
     """webhook-id, X-GitHub-Delivery and X-GitHub-Event become the event's id and type; x-razorpay-event-id its id
-    with the body's digest after it (app/events.py)."""
+    with the body's digest after it (app/intake/events.py)."""
     body = json.dumps({"hook_id": 1} if scheme == "github" else
                       {"event": "t", "payload": {}} if scheme == "razorpay" else
                       {"type": "t", "data": {}}).encode()

@@ -1,4 +1,4 @@
-"""app/ledger.py: the one statement, its journal, and the effect check of a re-delivered id."""
+"""app/store/ledger.py: the one statement, its journal, and the effect check of a re-delivered id."""
 
 import hashlib
 import json

@@ -1,10 +1,10 @@
-"""Linking Stripe payments to users (money.sql's apply_event, app/events.py's PaymentIntent reader): the
+"""Linking Stripe payments to users (money.sql's apply_event, app/intake/events.py's PaymentIntent reader): the
 metadata key per source, a customer's link, payments that are not ours (WEBHOOK_NO_USER) and failed events
 dismissed. Real PostgreSQL and Redis; events built by stripe-python."""
 
 import pytest
 
-from app.config import Settings
+from app.settings.config import Settings
 
 from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, samples, stored_event_row
 from .stripe_events import charge_refunded, dispute, intent_succeeded, invoice_intent_succeeded, refund, send_stripe
@@ -125,7 +125,7 @@ def test_a_metadata_value_that_is_not_a_uuid_is_refused_whatever_no_user_says(ma
 @pytest.mark.parametrize("setting, value", [("WEBHOOK_NO_USER", "drop"), ("WEBHOOK_USER_METADATA_KEY", "a b"),
                                             ("WEBHOOK_USER_METADATA_KEY", "x" * 41)])
 def test_a_bad_users_setting_stops_the_app_naming_it(make_app, config, setting, value):
-    from app.config import ConfigError
+    from app.settings.config import ConfigError
     with pytest.raises(ConfigError, match=setting):
         make_app({**config, setting: value})
 

@@ -1,4 +1,4 @@
-"""app/lock.py: the lock and the "done" marker that lets Redis answer
+"""app/locking/lock.py: the lock and the "done" marker that lets Redis answer
 re-deliveries of committed events without PostgreSQL."""
 
 import hashlib
@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from redis.crc import key_slot
 
-from app.events import parse
-from app.lock import FORGET_BATCH, EventLock, LockState, done_key, lock_key
+from app.intake.events import parse
+from app.locking.lock import FORGET_BATCH, EventLock, LockState, done_key, lock_key
 
 from .helpers import ALICE, UNKNOWN_USER, assert_ledger_consistent, balance, encode, payment, send
 

@@ -1,4 +1,4 @@
-"""app/logs.py and gunicorn.conf.py's logconfig_dict: JSON lines, the request id."""
+"""app/receiver/logs.py and gunicorn.conf.py's logconfig_dict: JSON lines, the request id."""
 
 import json
 import os
@@ -81,14 +81,14 @@ def test_gunicorn_logs_are_json_lines_without_secret_signature_or_body(gunicorn,
     assert deliveries[4]["reason"] == "invalid_json"
     assert (deliveries[5]["outcome"], deliveries[5]["reason"]) == ("rejected", "invalid_signature")
     for delivery in deliveries:
-        assert delivery["level"] == "INFO" and delivery["logger"] == "app.webhooks"
+        assert delivery["level"] == "INFO" and delivery["logger"] == "app.receiver.webhooks"
         assert isinstance(delivery["latency_ms"], float) and delivery["timestamp"]
         assert "event_type" in delivery
         # What gunicorn's access line carried, now that it is off by default.
         assert (delivery["method"], delivery["path"], delivery["remote_addr"]) == ("POST", "/api/webhooks", "127.0.0.1")
         assert isinstance(delivery["bytes"], int) and delivery["bytes"] > 0
     loggers = {line["logger"] for line in lines}
-    assert {"gunicorn.error", "app.webhooks"} <= loggers
+    assert {"gunicorn.error", "app.receiver.webhooks"} <= loggers
     assert "gunicorn.access" not in loggers
 
 
@@ -105,17 +105,18 @@ def test_a_terminal_gets_human_lines_from_the_same_records():
     import io
     import logging
 
-    from app.logformat import HumanFormatter, formatter_for
+    from app.serving.logformat import HumanFormatter, formatter_for
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
-    record = logging.LogRecord("app.webhooks", logging.INFO, __file__, 1, "delivery", None, None)
+    record = logging.LogRecord("app.receiver.webhooks", logging.INFO, __file__, 1, "delivery", None, None)
     record.event_id, record.outcome, record.reason = "evt_1", "processed", None
     assert isinstance(formatter_for(Terminal()), HumanFormatter)
     line = formatter_for(Terminal()).format(record)
-    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO  app\.webhooks: delivery event_id=evt_1 outcome=processed", line)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d INFO  app\.receiver\.webhooks: delivery event_id=evt_1 outcome=processed",
+                        line)
     assert json.loads(formatter_for(io.StringIO()).format(record))["outcome"] == "processed"
 
 
@@ -150,7 +151,7 @@ class Terminal:
         os.close(self.master)
 
 
-FORGED = "12:00:00 INFO  app.webhooks: delivery event_id=evt_x outcome=processed"
+FORGED = "12:00:00 INFO  app.receiver.webhooks: delivery event_id=evt_x outcome=processed"
 
 
 def test_a_terminal_s_lines_escape_what_a_sender_controls(config, db):
@@ -169,8 +170,8 @@ def test_a_terminal_s_lines_escape_what_a_sender_controls(config, db):
     text = "\n".join(lines)
     assert "\x1b" not in text and "\x9b" not in text
     assert not any(line.startswith(FORGED[:30]) for line in lines), text
-    deliveries = [line for line in lines if " app.webhooks: delivery " in line]
+    deliveries = [line for line in lines if " app.receiver.webhooks: delivery " in line]
     assert len(deliveries) == 2, text
-    assert r'event_id="evt_inject\n12:00:00 INFO  app.webhooks: delivery event_id=evt_x' in deliveries[0]
+    assert r'event_id="evt_inject\n12:00:00 INFO  app.receiver.webhooks: delivery event_id=evt_x' in deliveries[0]
     assert r'\u001b[31m\u009b31m"' in deliveries[0]
     assert "nosuch" not in deliveries[1]  # a name no source has is never logged

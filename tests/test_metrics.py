@@ -1,4 +1,4 @@
-"""app/metrics.py: GET /metrics in one process (Flask client) and across
+"""app/receiver/metrics.py: GET /metrics in one process (Flask client) and across
 gunicorn workers (multiprocess mode, child_exit, the directory wiped at start)."""
 
 import json
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.lock import lock_key
+from app.locking.lock import lock_key
 from devservers import ROOT, wait_until
 
 from .helpers import SECRET, UNKNOWN_USER, encode, http_get, payment, samples, send, signed_headers

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import events
-from app.events import Kind, State
-from app.ledger import Change, Entry, SpendOutcome, Status
-from app.outcome import Outcome
+from app.intake import events
+from app.intake.events import Kind, State
 from app.providers import stripe
+from app.store.ledger import Change, Entry, SpendOutcome, Status
+from app.store.outcome import Outcome
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
 from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed

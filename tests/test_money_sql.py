@@ -8,7 +8,7 @@ import threading
 import psycopg
 import pytest
 
-from app.ledger import APPLY_EVENT, DELIVERY
+from app.store.ledger import APPLY_EVENT, DELIVERY
 from devservers import wait_until
 
 from .helpers import ALICE, BOB, balance, db_url

@@ -8,7 +8,7 @@ import logging
 import pytest
 from psycopg.rows import dict_row
 
-from app.outcome import Outcome
+from app.store.outcome import Outcome
 
 from .helpers import ALICE, BOB, assert_ledger_consistent, balance, samples, stored_event_row
 from .stripe_events import BEFORE_BASIL, charge_refunded, dispute, intent_succeeded, refund, send_stripe
@@ -338,7 +338,7 @@ def _applied_then_reversed(client, paid):
 
 
 def test_the_delivery_line_names_the_movement(client, db, paid, caplog):
-    caplog.set_level(logging.INFO, logger="app.webhooks")
+    caplog.set_level(logging.INFO, logger="app.receiver.webhooks")
     _applied_then_reversed(client, paid)
     lines = [r for r in caplog.records if r.getMessage() == "delivery"][-2:]
     assert [(r.payment_id, r.movement, r.change, r.outcome) for r in lines] == [

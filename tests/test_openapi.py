@@ -1,4 +1,4 @@
-"""app/openapi.json: served as kept in the repository, and obeyed by the real
+"""app/receiver/openapi.json: served as kept in the repository, and obeyed by the real
 server, which schemathesis probes with generated requests that the test signs."""
 
 import json
@@ -15,8 +15,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app.openapi import DOCUMENT_PATH
-from app.signature import sign
+from app.intake.signature import sign
+from app.receiver.openapi import DOCUMENT_PATH
 
 from .helpers import SECRET
 

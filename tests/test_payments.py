@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
-from app.outcome import Outcome
+from app.store.outcome import Outcome
 
 from .helpers import (
     ALICE,
@@ -321,7 +321,7 @@ def test_verify_reports_a_balance_below_zero_without_failing(client, db, run_cli
 
 
 def test_the_delivery_line_names_the_payment_and_the_change(client, db, caplog):
-    caplog.set_level(logging.INFO, logger="app.webhooks")
+    caplog.set_level(logging.INFO, logger="app.receiver.webhooks")
     send(client, payment("evt_logged", cents=10, paymentId="pay_logged"))
     send(client, payment_refunded("pay_logged", 4))
     lines = [r for r in caplog.records if r.getMessage() == "delivery"]

@@ -1,4 +1,4 @@
-"""PayPal's decimal amounts to the ledger's minor units (app.events.minor_units): exact, by each currency's
+"""PayPal's decimal amounts to the ledger's minor units (app.intake.events.minor_units): exact, by each currency's
 ISO 4217 exponent, never through a float. PayPal's Money object is {"currency_code": "USD", "value": "21.00"}
 (https://developer.paypal.com/api/rest/reference/currency-codes/: JPY, HUF and TWD take no decimals)."""
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.events import MAX_CENTS, minor_units
+from app.intake.events import MAX_CENTS, minor_units
 
 pytestmark = pytest.mark.unit
 

@@ -27,11 +27,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import config as app_config
-from app.events import Policy
+from app.intake.events import Policy
+from app.intake.signature import SignatureError, sign, verify
 from app.providers.outbound import Outbound
 from app.providers.paypal import Certificates, CertificateUnavailableError
-from app.signature import SignatureError, sign, verify
+from app.settings import config as app_config
 
 from .helpers import (
     ALICE,

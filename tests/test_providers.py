@@ -299,7 +299,7 @@ def test_malformed_signature_headers_are_401_in_general_terms(client, db, scheme
 def test_rotation_both_signatures_in_one_header(make_app, config, db, scheme, caplog):
     new, old = secret_for(scheme, "new-secret-0123456789"), secret_for(scheme, "old-secret-0123456789")
     client = make_app({**config, "WEBHOOK_SECRET": f"{new},{old}"}).test_client()
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         assert send(client, payment(cents=1), secret=[old, new]).json["status"] == "processed"
     assert [r.secret_index for r in caplog.records if r.getMessage() == "delivery"] == [0]
     assert balance(db) == 1001

@@ -1,4 +1,4 @@
-"""app/deadline.py leans on two things psycopg does not promise: Connection.wait takes `timeout=`, and a wait
+"""app/store/deadline.py leans on two things psycopg does not promise: Connection.wait takes `timeout=`, and a wait
 that times out raises the private psycopg.errors._WaitTimeout. These tests fail, naming what changed, when a
 psycopg release changes either; tests/test_failures.py proves the bound itself on a frozen PostgreSQL."""
 
@@ -12,7 +12,7 @@ from psycopg import errors
 from psycopg.pq import ConnStatus
 from psycopg.waiting import Wait
 
-from app import deadline
+from app.store import deadline
 
 pytestmark = pytest.mark.unit
 
@@ -61,12 +61,12 @@ def test_connection_wait_still_takes_a_timeout():
     parameters = inspect.signature(psycopg.Connection.wait).parameters
     assert "timeout" in parameters, (
         f"psycopg {psycopg.__version__}: Connection.wait no longer takes timeout= (it takes {list(parameters)}); "
-        "app/deadline.py passes it to bound every wait for PostgreSQL")
+        "app/store/deadline.py passes it to bound every wait for PostgreSQL")
 
 
 def test_the_private_wait_timeout_still_exists():
     assert hasattr(errors, "_WaitTimeout"), (
-        f"psycopg {psycopg.__version__}: psycopg.errors._WaitTimeout is gone; app/deadline.py catches it")
+        f"psycopg {psycopg.__version__}: psycopg.errors._WaitTimeout is gone; app/store/deadline.py catches it")
 
 
 def test_the_private_wait_timeout_is_still_an_operational_error():
@@ -86,12 +86,12 @@ def test_a_wait_that_never_becomes_ready_raises_the_private_wait_timeout_on_time
     except Exception as exc:
         raise AssertionError(f"psycopg {psycopg.__version__}: a timed-out Connection.wait raised "
                              f"{type(exc).__module__}.{type(exc).__qualname__}, not errors._WaitTimeout; "
-                             "app/deadline.py catches _WaitTimeout") from exc
+                             "app/store/deadline.py catches _WaitTimeout") from exc
     else:
         raise AssertionError(f"psycopg {psycopg.__version__}: Connection.wait returned from a generator "
                              "that never became ready")
     finally:
-        pgconn.finish()  # as app/deadline.py does: mid-exchange, the connection is not used again
+        pgconn.finish()  # as app/store/deadline.py does: mid-exchange, the connection is not used again
     waited = time.monotonic() - started
     assert TIMEOUT_S <= waited < TIMEOUT_S + 5, f"waited {waited:.2f} s for a timeout of {TIMEOUT_S} s"
 

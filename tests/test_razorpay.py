@@ -13,8 +13,8 @@ import razorpay
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.events import Policy
-from app.signature import SignatureError, sign, verify
+from app.intake.events import Policy
+from app.intake.signature import SignatureError, sign, verify
 
 from .helpers import (
     BOB,
@@ -358,7 +358,7 @@ def test_a_won_dispute_reinstates_what_its_loss_withdrew(client, db, paid):
 
 def test_the_failed_refund_of_a_stripe_event_is_still_read_as_stripes(client, db):
     """refund.failed is both providers' name; the shape of the body says whose it is."""
-    from app.events import Event, effect_of
+    from app.intake.events import Event, effect_of
     body = {"id": "evt_1", "type": "refund.failed", "livemode": True, "data": {"object": {
         "id": "re_1", "object": "refund", "payment_intent": "pi_1", "amount": 100, "currency": "inr",
         "status": "failed"}}}

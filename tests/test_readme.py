@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from app.config import SETTINGS
+from app.settings.config import SETTINGS
 from devservers import ROOT
 from devservers.demo import DEMO_SECRET, DEMO_USER
 

@@ -1,6 +1,6 @@
-"""`flask reconcile` (app/reconcile.py, app/stripe_list.py): lost deliveries recovered from Stripe's event list,
-applied exactly once beside live deliveries, retries and other runs. The real stripe-python talks over HTTP to
-devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
+"""`flask reconcile` (app/commands/reconcile.py, app/commands/stripe_list.py): lost deliveries recovered from Stripe's
+event list, applied exactly once beside live deliveries, retries and other runs. The real stripe-python talks over
+HTTP to devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
 
 import gc
 import itertools
@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import config as config_module
-from app import reconcile as reconcile_module
+from app.commands import reconcile as reconcile_module
+from app.settings import config as config_module
 from devservers import ROOT, wait_until
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
@@ -430,7 +430,7 @@ def test_a_429_is_tried_again_after_a_second(app, stand_in):
     stand_in.add(*payments(3))
     stand_in.fail_next(429)
     assert run(app).exit_code == 0
-    # stripe-python does not retry a 429: app/stripe_list.py waits 1 s, then 2 s, 4 s, ...
+    # stripe-python does not retry a 429: app/commands/stripe_list.py waits 1 s, then 2 s, 4 s, ...
     assert _gaps(stand_in)[0] >= 1.0
 
 

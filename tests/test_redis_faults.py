@@ -1,4 +1,4 @@
-"""app/redis_client.py on real redis-servers: a Redis that answers with an
+"""app/locking/redis_client.py on real redis-servers: a Redis that answers with an
 error (an ACL without EVALSHA, OOM, MOVED, CROSSSLOT) is a fault, not an
 outage. Deliveries go on, decided by PostgreSQL; the fault is logged at ERROR
 at most once per interval, counted by reason, and /ready reports it."""
@@ -11,8 +11,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
-from app import redis_client
-from app.lock import done_key, lock_key
+from app.locking import redis_client
+from app.locking.lock import done_key, lock_key
 from devservers import Redis
 from devservers.topology import RedisCluster
 
@@ -222,7 +222,7 @@ def test_a_plain_client_against_a_cluster_is_a_moved_fault(make_app, config, db,
 
 
 def test_an_id_beginning_with_a_brace_keeps_its_two_keys_in_one_slot(make_app, config, db, cluster, cluster_client):
-    """The hash tag starts with the source's name (app/lock.py), so no id can split an event's keys: no CROSSSLOT."""
+    """The hash tag starts with the source's name (app/locking/lock.py): no id splits an event's keys, no CROSSSLOT."""
     client = make_app({**config, "REDIS_URL": cluster.url, "REDIS_CLUSTER": "true"}).test_client()
     event = payment("}odd{id}", cents=3)
     assert send(client, event).json["status"] == "processed"

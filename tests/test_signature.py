@@ -1,4 +1,4 @@
-"""app/signature.py: a pure module, checked against the providers' own libraries
+"""app/intake/signature.py: a pure module, checked against the providers' own libraries
 and published test vectors, without a server."""
 
 import base64
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 # paypal needs a certificate and a private key besides: tests/test_paypal_scheme.py.
-from app.signature import HMAC_SCHEMES as SCHEMES
-from app.signature import SignatureError, sign, verify
+from app.intake.signature import HMAC_SCHEMES as SCHEMES
+from app.intake.signature import SignatureError, sign, verify
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit

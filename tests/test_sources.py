@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from app.config import DEFAULT_SOURCE, Settings
-from app.lock import done_key
+from app.locking.lock import done_key
+from app.settings.config import DEFAULT_SOURCE, Settings
 
 from .helpers import (
     ALICE,
@@ -212,7 +212,7 @@ def test_rotation_is_per_source(make_app, config, db, scheme):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_the_delivery_line_names_each_sources_secret_by_its_index(make_app, config, db, scheme, caplog):
     client, secrets = _rotating_and_steady(make_app, config, scheme)
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         for source, name, _ in _ROTATION:
             send(client, payment(), secret=secrets[name], source=source)
     lines = [(r.source, r.secret_index, r.status) for r in caplog.records if r.getMessage() == "delivery"]
@@ -369,7 +369,7 @@ def test_metrics_count_unknown_sources_without_a_label(make_app, config, db):
 
 def test_the_delivery_log_line_names_the_source(make_app, config, db, caplog):
     client = make_app(sources_config(config, FOUR)).test_client()
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         send(client, payment("evt_logged"), source="svix")
         send(client, payment("evt_logged"))
         send(client, payment(), source="attacker-chosen")

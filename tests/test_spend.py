@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.rows import namedtuple_row
 
-from app.ledger import Entry, SpendOutcome
+from app.store.ledger import Entry, SpendOutcome
 
 from .helpers import (
     ALICE,

@@ -12,9 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import ledger, verify
-from app.db import get_pool
-from app.events import (
+from app.intake.events import (
     DEFAULT_POLICY,
     InvalidEventError,
     InvalidJSONError,
@@ -23,7 +21,9 @@ from app.events import (
     parse,
     stored_event,
 )
-from app.lock import done_key
+from app.locking.lock import done_key
+from app.store import ledger, verify
+from app.store.db import get_pool
 
 from .helpers import ALICE, UNKNOWN_USER, balance, encode, event_rows, payment, send, signed_headers, stored_event_row
 
@@ -222,7 +222,7 @@ def test_a_failed_event_retried_in_other_bytes_with_the_same_effect_is_processed
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
     first_sha = bytes(stored_event_row(db, "evt_retry_bytes").payload_sha256)
     resent = json.dumps(event, indent=2).encode()
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         assert send(client, resent).json["status"] == "processed"
     stored = stored_event_row(db, "evt_retry_bytes")
     assert stored.status == "completed" and bytes(stored.body) == resent
@@ -241,7 +241,7 @@ def _resend_in_other_bytes_to_redis_alone(app, client, caplog):
     assert send(client, event).json["status"] == "processed"
     app.extensions["db_pool"].close()  # any use of PostgreSQL now fails: Redis alone answers
     resent = json.dumps(event, separators=(",", ":")).encode()
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         again = send(client, resent)
     line = [r for r in caplog.records if r.getMessage() == "delivery"][-1]
     return encode(event), resent, again, line

@@ -1,4 +1,4 @@
-"""app/users.py: `flask users add|show|list` on real PostgreSQL (`users link` is in test_links.py)."""
+"""app/commands/users.py: `flask users add|show|list` on real PostgreSQL (`users link` is in test_links.py)."""
 
 import uuid
 

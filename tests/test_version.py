@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def test_the_package_takes_its_version_from_the_app():
     metadata = configparser.ConfigParser()
     metadata.read(ROOT / "setup.cfg")
-    assert metadata["metadata"]["version"] == "attr: app.__version__"
+    assert metadata["metadata"]["version"] == "attr: app.version.__version__"
     assert re.fullmatch(r"\d+\.\d+\.\d+", __version__)
 
 
@@ -26,7 +26,7 @@ def test_the_image_label_says_the_version():
 
 
 def test_the_openapi_document_says_the_version():
-    assert json.loads((ROOT / "app" / "openapi.json").read_text())["info"]["version"] == __version__
+    assert json.loads((ROOT / "app" / "receiver" / "openapi.json").read_text())["info"]["version"] == __version__
 
 
 def test_the_changelogs_newest_release_is_the_version():

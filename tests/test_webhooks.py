@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from app import __version__
-from app.lock import lock_key
+from app.locking.lock import lock_key
 
 from .helpers import (
     ALICE,
@@ -95,7 +95,7 @@ def test_any_rotated_secret_verifies(make_app, config, db, scheme):
 @EVERY_SCHEME
 def test_the_delivery_line_names_the_secret_by_its_index_never_its_value(make_app, config, db, scheme, caplog):
     client, (new, old, retired) = _rotating(make_app, config, scheme)
-    with caplog.at_level(logging.INFO, logger="app.webhooks"):
+    with caplog.at_level(logging.INFO, logger="app.receiver.webhooks"):
         for secret in (old, new, retired):
             send(client, payment(), secret=secret)
     deliveries = [r for r in caplog.records if r.getMessage() == "delivery"]

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from app import events, ledger, retention
-from app.cli import LIST_EVENTS
-from app.events import DEFAULT_POLICY
+from app.commands.cli import LIST_EVENTS
+from app.intake import events
+from app.intake.events import DEFAULT_POLICY
+from app.store import ledger, retention
 
 from .helpers import balance, payment, payment_refunded
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 # An answer past this is refused, whatever the provider: an event or an object is a few kilobytes.
 MAX_ANSWER_BYTES = 1024 * 1024
 
-# What is told of each call (app/metrics.py counts it): the provider, its result (the status, "timeout",
+# What is told of each call (app/receiver/metrics.py counts it): the provider, its result (the status, "timeout",
 # "unreachable", "no_slot"), and the seconds it took.
 Observer = Callable[[str, str, float], None]
 

@@ -9,7 +9,7 @@ Webhooks Management API ("Show event notification details",
 https://developer.paypal.com/api/webhooks/v1/) with the merchant's REST
 credentials (OAuth 2.0 client credentials, `POST /v1/oauth2/token`,
 https://developer.paypal.com/api/rest/authentication/), and the money is
-read from what PayPal returns, never from the body (app/fetch.py).
+read from what PayPal returns, never from the body (app/receiver/fetch.py).
 
 - The scheme, `paypal`: `PAYPAL-TRANSMISSION-SIG: <base64>`, PayPal's
   RSA-SHA256 (SHA256withRSA) signature of `<PAYPAL-TRANSMISSION-ID>|
@@ -79,9 +79,9 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from ..signing import Certificates as CertificateSource
-from ..signing import SignatureError, check_age, required
-from ..vocabulary import (
+from ..core.signing import Certificates as CertificateSource
+from ..core.signing import SignatureError, check_age, required
+from ..core.vocabulary import (
     CURRENCY,
     CURRENCY_EXPONENTS,
     MAX_ID_CHARS,
@@ -116,7 +116,7 @@ MAX_CACHED = 32
 PAYPAL_SUFFIX = ".paypal.com"
 # PayPal's live REST API; a sandbox source sets WEBHOOK_<NAME>_API_BASE=https://api-m.sandbox.paypal.com.
 API_BASE = "https://api-m.paypal.com"
-SCHEME = "paypal"  # also the name its calls are counted under (app/metrics.py)
+SCHEME = "paypal"  # also the name its calls are counted under (app/receiver/metrics.py)
 NAME = "PayPal"
 SIGNATURE_HEADER = "PAYPAL-TRANSMISSION-SIG"
 CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
@@ -218,7 +218,7 @@ def _money(money: object, label: str) -> tuple[object, object, str | None]:
     """A Money object's amount in minor units and its currency (lower case), or why the amount is not exact.
 
     A value that is not a string, or a currency that is no code, is left as
-    sent: app/events.py names it. A value that does not convert exactly is the 422.
+    sent: app/intake/events.py names it. A value that does not convert exactly is the 422.
     """
     value, code = an_object(money).get("value"), an_object(money).get("currency_code")
     units = minor_units(value, code)

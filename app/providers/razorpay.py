@@ -20,8 +20,8 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..signing import Certificates, hex_digest, mac, match, required
-from ..vocabulary import (
+from ..core.signing import Certificates, hex_digest, mac, match, required
+from ..core.vocabulary import (
     MAX_ID_CHARS,
     MAX_TYPE_CHARS,
     Event,
@@ -119,7 +119,7 @@ def _read_dispute(state: State) -> Callable[[Event], Fields]:
     return read
 
 
-# Where a Refund's fields are read, for a 422's message (app/events.py's refund.created reads either shape).
+# Where a Refund's fields are read, for a 422's message (app/intake/events.py's refund.created reads either shape).
 REFUND_LABELS = Fields("payload.refund.entity.payment_id", None, "payload.refund.entity.amount",
                        "payload.refund.entity.currency", None, "payload.refund.entity.id",
                        "payload.refund.entity.status")

@@ -16,11 +16,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import quote
 
-from ..signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
-from ..vocabulary import Event, Fields, Kind, Metadata, Rule, State, an_object, is_cents, lower
+from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
+from ..core.vocabulary import Event, Fields, Kind, Metadata, Rule, State, an_object, is_cents, lower
 from .outbound import Outbound, record
 
-SCHEME = "stripe"  # also the name its calls are counted under (app/metrics.py)
+SCHEME = "stripe"  # also the name its calls are counted under (app/receiver/metrics.py)
 NAME = "Stripe"
 # The header that tells its deliveries apart, named to a delivery sent to a source of another scheme.
 SIGNATURE_HEADER = "Stripe-Signature"
@@ -139,7 +139,7 @@ def _stripe_before(api_version: object, version: str) -> bool | None:
 _API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(\.[a-z]+)?")
 
 
-# Where a Refund's fields are read, for a 422's message (app/events.py's refund.created reads either shape).
+# Where a Refund's fields are read, for a 422's message (app/intake/events.py's refund.created reads either shape).
 REFUND_LABELS = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
                        "livemode", "data.object.id", "data.object.status")
 RULES = {

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.outcome import Outcome
+from app.store.outcome import Outcome
 from devservers import ROOT
 from devservers.packages import program
 

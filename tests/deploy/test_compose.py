@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import yaml
 
-from app.config import SETTINGS
+from app.settings.config import SETTINGS
 from devservers import ROOT, packages
 
 pytestmark = pytest.mark.deploy

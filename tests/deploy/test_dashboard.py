@@ -18,8 +18,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from app.db import apply_schema
-from app.outcome import Outcome
+from app.store.db import apply_schema
+from app.store.outcome import Outcome
 from devservers import ROOT, Gunicorn, Prometheus, Redis, packages, wait_until
 
 from ..helpers import (

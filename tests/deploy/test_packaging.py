@@ -26,7 +26,7 @@ pytestmark = pytest.mark.deploy
 def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        schema = archive.read("app/schema.sql")
+        schema, money = archive.read("app/schema.sql"), archive.read("app/money.sql")
         migrations = {name.removeprefix("app/migrations/"): archive.read(name)
                       for name in names if name.startswith("app/migrations/")}
         conf = archive.read(next(n for n in names if n.endswith(".data/data/share/webhook-ledger/gunicorn.conf.py")))
@@ -40,8 +40,9 @@ def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):
     # Copies of the checkout's files, byte for byte (app/schema.sql and app/migrations are symlinks to the
     # top-level ones).
     assert schema == (ROOT / "schema.sql").read_bytes()
-    assert migrations == {path.name: path.read_bytes() for path in (ROOT / "migrations").glob("*.sql")}
-    assert migrations
+    assert money == (ROOT / "money.sql").read_bytes()
+    assert migrations == {path.name: path.read_bytes() for path in (ROOT / "migrations").glob("*.sql")}  # none in 1.0
+    assert "app/receiver/openapi.json" in names
     assert conf == (ROOT / "gunicorn.conf.py").read_bytes()
 
 
@@ -67,7 +68,7 @@ def _installed_python(host, code):
 
 
 def test_the_installed_host_imports_the_installed_package(installed_host):
-    location = _installed_python(installed_host, "import app.logformat, wsgi; print(app.__file__)")
+    location = _installed_python(installed_host, "import app.serving.logformat, wsgi; print(app.__file__)")
     assert Path(location).is_relative_to(installed_host.venv), location
 
 

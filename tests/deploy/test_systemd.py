@@ -98,7 +98,7 @@ def test_a_reconcile_run_that_yields_to_another_is_no_failure_of_the_unit():
 
 
 def test_the_reconcile_run_writes_its_counts_in_the_services_metrics_folder_as_the_service_s_user():
-    """What a run applies reaches /metrics (app/metrics.py): one folder, one dynamic user, for both units."""
+    """What a run applies reaches /metrics (app/receiver/metrics.py): one folder, one dynamic user, for both units."""
     service = read_unit((UNITS / SERVICE).read_text())["Service"]
     reconcile = read_unit((UNITS / RECONCILE).read_text())["Service"]
     assert "PROMETHEUS_MULTIPROC_DIR=%t/webhook-ledger" in service["Environment"]

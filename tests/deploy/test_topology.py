@@ -23,8 +23,8 @@ import psycopg
 import pytest
 import redis
 
-from app.db import apply_schema
-from app.lock import done_key, lock_key
+from app.locking.lock import done_key, lock_key
+from app.store.db import apply_schema
 from devservers import wait_until
 from devservers.topology import APP_USER, DB_NAME, Topology
 

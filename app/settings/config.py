@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from urllib.parse import SplitResult, urlsplit
 
+from ..intake.events import DEFAULT_SOURCE, NoUser, Policy
 from . import parsers, sources
-from .events import DEFAULT_SOURCE, NoUser, Policy
 from .parsers import ConfigError, Parser
 from .sources import Source
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # package as flaskr ships its schema: app/schema.sql is a symlink to it in
 # the checkout and a copy in the wheel, so an installed host finds it from
 # any directory. SCHEMA_PATH names another file.
-DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parent / "schema.sql"
+DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
 
 
 

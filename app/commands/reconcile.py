@@ -8,7 +8,7 @@ a provider's retry during the run and another run at the same time can never
 apply anything twice: PostgreSQL decides, as for two deliveries. No Redis
 lock is taken (as `flask events replay` takes none): the lock only saves work.
 
-The provider part is an `EventList` (app/stripe_list.py for Stripe): it lists
+The provider part is an `EventList` (app/commands/stripe_list.py for Stripe): it lists
 a window oldest first, a page at a time. Everything else is here: the window
 (from the watermark, minus an overlap), the run's lock and record, the
 horizon beyond which a window cannot be proven, and the summary.
@@ -26,10 +26,10 @@ from typing import NamedTuple, Protocol
 
 import psycopg
 
-from .db import Pool, transaction
-from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
-from .ledger import Origin, Result, RetryLaterError, apply_event, replay
-from .outcome import Outcome
+from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from ..store.db import Pool, transaction
+from ..store.ledger import Origin, Result, RetryLaterError, apply_event, replay
+from ..store.outcome import Outcome
 
 # Events reach the list a little after they are created (their `created` is
 # earlier than the moment they can be listed): a run without --since starts

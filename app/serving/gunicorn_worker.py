@@ -10,7 +10,7 @@ closed. A buffering proxy in front (deploy/haproxy.cfg) spares the threads
 altogether; this bounds what a sender can hold where there is none (the
 Docker image, `make run`).
 
-A leaf of the app package, as app/logformat.py: it imports nothing of the app,
+A leaf of the app package, as app/serving/logformat.py: it imports nothing of the app,
 so gunicorn.conf.py loads it by its path, without the package (gunicorn's
 master loads the worker class, and must import nothing of the app).
 """

@@ -13,12 +13,12 @@ event id is taken from what the scheme signs:
 - razorpay, paypal: a body with a `type` is in this service's own shape; one
   without is the provider's own, read by its module (app/providers/razorpay.py:
   the id is the unsigned header with the body's digest; app/providers/paypal.py:
-  only a CRC32 is signed, so the event is fetched from PayPal, app/fetch.py).
+  only a CRC32 is signed, so the event is fetched from PayPal, app/receiver/fetch.py).
 
 What each type does to the ledger is read by effect_of, from the fields that
 RULES names per type: this service's own types here, each provider's in its
 module (docs/providers.md has the table). The vocabulary (Event, Effect,
-Policy, ...) is app/vocabulary.py's, provider-free; it is imported from here too.
+Policy, ...) is app/core/vocabulary.py's, provider-free; it is imported from here too.
 """
 
 import hashlib
@@ -26,8 +26,7 @@ import json
 import uuid
 from typing import Any, cast
 
-from .providers import paypal, razorpay, stripe
-from .vocabulary import (
+from ..core.vocabulary import (
     CURRENCY,
     DEFAULT_POLICY,
     DEFAULT_SOURCE,
@@ -59,6 +58,7 @@ from .vocabulary import (
     text,
     uuid_text,
 )
+from ..providers import paypal, razorpay, stripe
 
 # Re-exported: what the rest of the app and the tests read from here.
 __all__ = ["DEFAULT_POLICY", "DEFAULT_SOURCE", "EFFECT_VERSION", "MAX_CENTS", "MAX_ID_CHARS", "PAYMENT_SUCCEEDED",

@@ -31,12 +31,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .config import Settings
-from .db import Pool, get_pool, statement_timeout
+from ..locking.lock import LockState
+from ..settings.config import Settings
+from ..store.db import Pool, get_pool, statement_timeout
+from ..store.ledger import Change, Result
+from ..store.outcome import Outcome
 from .delivery import Delivery
-from .ledger import Change, Result
-from .lock import LockState
-from .outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ RECONCILE_RUNS = """
 """
 
 
-# reconcile_runs.status of a run that ended (app/reconcile.py's RunStatus, but for 'running').
+# reconcile_runs.status of a run that ended (app/commands/reconcile.py's RunStatus, but for 'running').
 ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
 # The longest a scrape waits for PostgreSQL (a connection, then the query), in ms.
 SCRAPE_DB_MS = 500

@@ -15,17 +15,14 @@ import click
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
-from .commands import CENTS, Commands, os_user, table, utc
-from .config import Needs
-from .db import NamedRow, get_pool, transaction
-from .events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..intake.events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..settings.config import Needs
+from ..store import ledger
+from ..store.db import NamedRow, get_pool, transaction
+from .base import CENTS, Commands, os_user, table, utc
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
-ADD_USER = """
-    INSERT INTO user_balances (user_id, balance_cents, opening_balance_cents) VALUES (%(user)s, %(cents)s, %(cents)s)
-    ON CONFLICT (user_id) DO NOTHING
-"""
 USER = "SELECT user_id, balance_cents, opening_balance_cents, created_at FROM user_balances WHERE user_id = %s"
 LIST_USERS = """
     SELECT u.user_id, u.balance_cents, u.opening_balance_cents, u.created_at,
@@ -42,13 +39,6 @@ JOURNAL = """
 """
 LINKS_OF = """
     SELECT source, customer_id, linked_by, created_at FROM customer_links WHERE user_id = %s ORDER BY created_at
-"""
-ADD_LINK = """
-    INSERT INTO customer_links (source, customer_id, user_id, linked_by)
-    SELECT %(source)s, %(customer)s, %(user)s, %(by)s
-    WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = %(user)s)
-    ON CONFLICT (source, customer_id) DO NOTHING
-    RETURNING created_at
 """
 LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source = %s AND customer_id = %s"
 # The events that may have failed or been ignored for want of a customer's user (waiting_for reads their bytes).
@@ -84,13 +74,11 @@ def init_app(app: Flask) -> None:
 def add_user(user_id: uuid.UUID, cents: int) -> None:
     """Create the user USER_ID (a UUID) with its opening balance; a second call with the same one changes nothing."""
     with transaction(get_pool(current_app)) as conn:
-        added = conn.execute(ADD_USER, {"user": user_id, "cents": cents}).rowcount
-        row: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(USER, [user_id]).fetchone()
-    assert row is not None  # inserted, or there before
+        added, opening = ledger.add_user(conn, user_id, cents)
     if added:
         click.echo(f"added user {user_id} with an opening balance of {cents} cents")
-    elif row.opening_balance_cents != cents:
-        raise click.ClickException(f"user {user_id} exists, with an opening balance of {row.opening_balance_cents} "
+    elif opening != cents:
+        raise click.ClickException(f"user {user_id} exists, with an opening balance of {opening} "
                                    f"cents, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
     else:
         click.echo(f"user {user_id} exists already, opening balance {cents} cents: nothing changed")
@@ -162,9 +150,8 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     actor = os_user() if actor is None else actor
     if not 1 <= len(customer_id) <= 128:
         raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
-    params = {"source": source, "customer": customer_id, "user": user_id, "by": actor}
     with transaction(get_pool(current_app)) as conn:
-        made = conn.execute(ADD_LINK, params).fetchone()
+        made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
         waiting = _waiting_for(conn.execute(UNAPPLIED, [source]).fetchall(), source, customer_id)
     if link is None:

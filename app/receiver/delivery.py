@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, Response, current_app, g, request
 
-from .outcome import Outcome
+from ..store.outcome import Outcome
 
 if TYPE_CHECKING:
-    from .events import Effect, Event
+    from ..intake.events import Effect, Event
+    from ..locking.lock import EventLock, LockState
+    from ..store.ledger import Change, Result
     from .fetch import Fetched
-    from .ledger import Change, Result
-    from .lock import EventLock, LockState
 
 # Named for the endpoint whose deliveries it logs (operators filter on it).
-log = logging.getLogger("app.webhooks")
+log = logging.getLogger("app.receiver.webhooks")
 
 
 @dataclass

@@ -17,9 +17,9 @@ import click
 from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
+from ..intake.events import NoUser
+from ..intake.signature import SCHEMES
 from . import conninfo
-from .events import NoUser
-from .signature import SCHEMES
 
 
 class ConfigError(click.ClickException):

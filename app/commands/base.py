@@ -13,9 +13,9 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from .config import PROBLEMS, Needs, Settings
-from .db import unavailable_in_one_line
-from .parsers import ConfigError
+from ..settings.config import PROBLEMS, Needs, Settings
+from ..settings.parsers import ConfigError
+from ..store.db import unavailable_in_one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 

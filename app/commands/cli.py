@@ -12,17 +12,20 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
-from . import fetch, ledger, lock, metrics, reconcile, retention, verify
-from .commands import CENTS, Commands, needs, os_user, table, utc
-from .config import Needs, Settings
-from .db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
-from .events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
-from .outcome import Outcome
-from .parsers import ConfigError
-from .providers.outbound import ProviderUnavailableError
-from .redis_client import reason_of
-from .schema import SchemaError
-from .sources import api_key_setting
+from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
+from ..locking import lock
+from ..locking.redis_client import reason_of
+from ..providers.outbound import ProviderUnavailableError
+from ..receiver import fetch, metrics
+from ..settings.config import Needs, Settings
+from ..settings.parsers import ConfigError
+from ..settings.sources import api_key_setting
+from ..store import ledger, retention, verify
+from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
+from ..store.outcome import Outcome
+from ..store.schema import SchemaError
+from . import reconcile
+from .base import CENTS, Commands, needs, os_user, table, utc
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from .config import Settings
-from .events import DEFAULT_SOURCE, Effect, Event
-from .ledger import Result
-from .outcome import Outcome
+from ..intake.events import DEFAULT_SOURCE, Effect, Event
+from ..settings.config import Settings
+from ..store.ledger import Result
+from ..store.outcome import Outcome
 from .redis_client import UNAVAILABLE, RedisLink, UnusableError
 
 if TYPE_CHECKING:

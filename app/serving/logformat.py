@@ -1,4 +1,4 @@
-"""Log formatters shared by gunicorn.conf.py and app/logs.py, from the same records:
+"""Log formatters shared by gunicorn.conf.py and app/receiver/logs.py, from the same records:
 JSON lines for production, a short human line when the stream is a terminal.
 
 A leaf of the app package: it imports nothing of the app, so gunicorn.conf.py
@@ -28,7 +28,7 @@ def json_formatter() -> logging.Formatter:
 
 
 class HumanFormatter(logging.Formatter):
-    """`12:00:01 INFO  app.webhooks: delivery event_id=evt_1 outcome=processed ...`
+    """`12:00:01 INFO  app.receiver.webhooks: delivery event_id=evt_1 outcome=processed ...`
 
     A sender controls some of what is logged (an event id, a header): control
     characters are escaped as in the JSON lines, and a value with a space, a

@@ -27,8 +27,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.rows import namedtuple_row
 
-from .db import NamedRow
-from .events import (
+from ..intake.events import (
     DEFAULT_POLICY,
     DEFAULT_SOURCE,
     RULES,
@@ -40,6 +39,7 @@ from .events import (
     effect_of,
     stored_event,
 )
+from .db import NamedRow
 from .ledger import Change, Entry
 
 DUPLICATED_IDS = """

@@ -13,13 +13,13 @@ stripe.py); the calls' deadline and slots are app/providers/outbound.py's.
 import logging
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from . import ledger
-from .config import Settings
-from .events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
-from .ledger import Refetch
-from .providers import paypal, stripe
-from .providers.outbound import Outbound, ProviderUnavailableError
-from .sources import Source
+from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from ..providers import paypal, stripe
+from ..providers.outbound import Outbound, ProviderUnavailableError
+from ..settings.config import Settings
+from ..settings.sources import Source
+from ..store import ledger
+from ..store.ledger import Refetch
 
 if TYPE_CHECKING:
     from flask import Flask

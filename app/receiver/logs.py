@@ -4,7 +4,7 @@ line per delivery is delivery.py's).
 Under gunicorn, `logconfig_dict` in gunicorn.conf.py routes gunicorn's and
 the app's loggers to one handler on stdout. Elsewhere (the `flask` CLI,
 `flask run`, the tests) create_app installs one on stderr, so that a
-command's own output on stdout stays clean. Both format with app/logformat.py:
+command's own output on stdout stays clean. Both format with app/serving/logformat.py:
 JSON lines, or human lines on a terminal.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from flask import Flask, Response, g, has_request_context, request
 
-from .logformat import formatter_for
+from ..serving.logformat import formatter_for
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # What a proxy or the provider may send: a UUID, a trace id, a delivery id.

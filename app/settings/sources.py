@@ -13,10 +13,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..intake.events import DEFAULT_SOURCE, Users
+from ..intake.signature import SCHEMES
 from . import parsers
-from .events import DEFAULT_SOURCE, Users
 from .parsers import ConfigError
-from .signature import SCHEMES
 
 # Standard Webhooks secrets are written whsec_<base64 of the key>.
 WHSEC_PREFIX = "whsec_"

@@ -15,14 +15,14 @@ from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge, RequestTimeout
 
-from .config import Settings
+from ..intake.events import InvalidEventError, InvalidJSONError, UnprocessableError
+from ..intake.signature import SignatureError
+from ..locking.lock import InProgressError
+from ..providers.outbound import ProviderUnavailableError
+from ..settings.config import Settings
+from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
+from ..store.outcome import Outcome
 from .delivery import current_delivery
-from .events import InvalidEventError, InvalidJSONError, UnprocessableError
-from .ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
-from .lock import InProgressError
-from .outcome import Outcome
-from .providers.outbound import ProviderUnavailableError
-from .signature import SignatureError
 from .webhooks import UnknownSourceError, too_large
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _domain_error(exc: Exception) -> Response:
 def _http_error(exc: HTTPException) -> Response:
     if isinstance(exc, ClientDisconnected) and isinstance(exc.__context__, TimeoutError):
         # Werkzeug's word for a body read that failed: here, because the body did not arrive
-        # within the server's deadline (app/gunicorn_worker.py). The connection is closed after.
+        # within the server's deadline (app/serving/gunicorn_worker.py). The connection is closed after.
         exc = RequestTimeout("the request body did not arrive in time")
     if isinstance(exc, RequestEntityTooLarge):  # Flask's (a Content-Length) says it as webhooks.py's (chunked)
         exc = RequestEntityTooLarge(too_large(Settings.of(current_app).max_body_bytes))

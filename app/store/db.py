@@ -1,5 +1,5 @@
 """The PostgreSQL connection pool, the transactions it runs, and the `init-db`
-command (the schema and its migrations: app/schema.py).
+command (the schema and its migrations: app/store/schema.py).
 
 Every setting that must hold in a transaction is set inside it (`SET LOCAL`),
 never for the session: behind PgBouncer in transaction mode a session is
@@ -24,8 +24,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from . import conninfo, deadline
-from .config import DEFAULT_SCHEMA_PATH, Settings
+from ..settings import conninfo
+from ..settings.config import DEFAULT_SCHEMA_PATH, Settings
+from . import deadline
 from .schema import migrate
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ def unavailable_in_one_line() -> Iterator[None]:
 
 
 def apply_schema(conn: psycopg.Connection[Any], path: Path = DEFAULT_SCHEMA_PATH, currency: str = "usd") -> Applied:
-    """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/schema.py).
+    """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/store/schema.py).
 
     Safe to run twice, and from two hosts at once. currency is the ledger's
     (LEDGER_CURRENCY), for a migration that needs it. Returns schema.Applied.

@@ -7,13 +7,17 @@ import psycopg
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, UnsupportedMediaType
 
-from . import __version__, fetch, ledger, lock, signature
-from .config import Settings
-from .db import get_pool
+from ..intake import signature
+from ..intake.events import DEFAULT_SOURCE, parse
+from ..locking import lock
+from ..locking.lock import Locks
+from ..settings.config import Settings
+from ..settings.sources import Source
+from ..store import ledger
+from ..store.db import get_pool
+from ..version import __version__
+from . import fetch
 from .delivery import current_delivery
-from .events import DEFAULT_SOURCE, parse
-from .lock import Locks
-from .sources import Source
 
 bp = Blueprint("webhooks", __name__)
 

@@ -15,13 +15,13 @@ operator's correction, called here for `flask ledger adjust`) and `spend`
 """
 
 import uuid
+from datetime import datetime
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
 
-from .db import Pool, one_query, transaction
-from .events import (
+from ..intake.events import (
     DEFAULT_POLICY,
     EFFECT_VERSION,
     Effect,
@@ -32,6 +32,7 @@ from .events import (
     effect_of,
     stored_event,
 )
+from .db import Pool, one_query, transaction
 from .outcome import Outcome
 
 
@@ -176,7 +177,7 @@ STORED_EVENT = """
     SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched, effect_sha256 FROM webhook_events
     WHERE source = %s AND event_id = %s
 """
-# The effect stored for an event whose provider had no record of it (app/fetch.py): 32 zero bytes, no
+# The effect stored for an event whose provider had no record of it (app/receiver/fetch.py): 32 zero bytes, no
 # effect's SHA-256, which any later effect of the id replaces (money.sql).
 UNKNOWN_EFFECT = bytes(32)
 
@@ -262,6 +263,26 @@ def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> int:
         done += len(rows)
         if len(rows) < EFFECTS_BATCH:
             return done
+
+
+ADD_USER = "SELECT added, opening_balance_cents FROM add_user(p_user => %(user)s, p_opening => %(cents)s)"
+LINK_CUSTOMER = ("SELECT linked_at FROM link_customer(p_source => %(source)s, p_customer => %(customer)s,"
+                 " p_user => %(user)s, p_by => %(by)s)")
+
+
+def add_user(conn: psycopg.Connection[Any], user_id: uuid.UUID, cents: int) -> tuple[bool, int]:
+    """Add user_id with an opening balance of cents unless it exists (money.sql's add_user): (added, its opening)."""
+    row = conn.execute(ADD_USER, {"user": user_id, "cents": cents}).fetchone()
+    assert row is not None  # a SELECT of a function returning one row
+    return row[0], row[1]
+
+
+def link_customer(conn: psycopg.Connection[Any], source: str, customer_id: str, user_id: uuid.UUID,
+                  actor: str) -> datetime | None:
+    """Link source's customer_id to user_id unless it is linked (money.sql's link_customer): when, or None."""
+    row = conn.execute(LINK_CUSTOMER, {"source": source, "customer": customer_id, "user": user_id, "by": actor})
+    linked_at: datetime | None = row.fetchone()[0]  # type: ignore[index]
+    return linked_at
 
 
 ADJUST = """

@@ -16,7 +16,7 @@ A missing or malformed header raises SignatureError, as a wrong signature
 does; no input raises anything else. A missing header's message names the
 scheme the source expects, and the scheme whose header the request carries
 instead, if any (a Stripe delivery sent to an `hmac-sha256` source): header
-names only, never a value. What every scheme shares is app/signing.py's.
+names only, never a value. What every scheme shares is app/core/signing.py's.
 """
 
 import base64
@@ -28,8 +28,7 @@ from typing import Protocol
 
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 
-from .providers import paypal, razorpay, stripe
-from .signing import (
+from ..core.signing import (
     Certificates,
     MissingHeaderError,
     SignatureError,
@@ -39,6 +38,7 @@ from .signing import (
     match,
     required,
 )
+from ..providers import paypal, razorpay, stripe
 
 __all__ = ["HMAC_SCHEMES", "SCHEMES", "Certificates", "SignatureError", "sign", "verify"]
 
