@@ -1,7 +1,5 @@
 """What every group of `flask` commands shares: the settings each command needs, one-line failures, tables.
-
-cli.py's and users.py's commands are built from it.
-"""
+cli.py's and users.py's commands are built from it."""
 
 import functools
 import getpass

@@ -1,18 +1,5 @@
-"""`flask reconcile`: the events whose deliveries were lost, recovered from the provider's own event list.
-
-Each listed event goes through exactly what a live delivery goes through:
-`events.parse` and `events.effect_of` on its bytes, then `ledger.apply_event`
-(one statement: money.sql's rule, the same (source, event id) key and the
-same payment, refund and dispute keys). So a live delivery before or after,
-a provider's retry during the run and another run at the same time can never
-apply anything twice: PostgreSQL decides, as for two deliveries. No Redis
-lock is taken (as `flask events replay` takes none): the lock only saves work.
-
-The provider part is an `EventList` (app/commands/stripe_list.py for Stripe): it lists
-a window oldest first, a page at a time. Everything else is here: the window
-(from the watermark, minus an overlap), the run's lock and record, the
-horizon beyond which a window cannot be proven, and the summary.
-"""
+"""`flask reconcile`: the events whose deliveries were lost, recovered from the provider's own event list
+(an `EventList`) and applied as live deliveries are (docs/design.md, "Reconciliation")."""
 
 import hashlib
 import time
@@ -207,12 +194,9 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
               on_result: Callable[[Result], object] = lambda result: None) -> Summary:
     """List source's events of the window and apply each as a live delivery would; return the run's Summary.
 
-    on_result is told what applying each event came to (for /metrics).
-
-    source is the name its events are stored under (Source.event_source).
-    Raises ProviderError (the run recorded failed) when the provider cannot
-    list the window; psycopg's errors when PostgreSQL is unavailable (the
-    run is then marked interrupted by the next one).
+    source is the name its events are stored under (Source.event_source); on_result is told what applying each
+    event came to (for /metrics). Raises ProviderError (the run recorded failed) when the provider cannot list the
+    window, psycopg's errors when PostgreSQL is unavailable (the next run marks this one interrupted).
     """
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     if dry_run:

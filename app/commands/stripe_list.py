@@ -1,28 +1,5 @@
-"""Stripe's List Events, oldest first, a page at a time: the provider part of `flask reconcile`.
-
-Through stripe-python's own client (`stripe.StripeClient.raw_request`): its
-requests, authentication, error classes and retries (`max_network_retries`:
-connection errors, 409, 5xx), with the requests its pagination makes
-(`ListObject.next_page`: `starting_after` the page's last id;
-`previous_page`: `ending_before` its first), one page at a time so that each
-page is counted and retried alone. Not through `client.v1.events.list` and
-its ListObject: building stripe-python's objects for each page's events, only
-to read their JSON back, was a quarter of the command's CPU (py-spy,
-docs/performance.md, "Reconcile"). A 429 is retried here too, with backoff:
-stripe-python retries it only when Stripe adds `Stripe-Should-Retry: true`,
-which a rate limit need not.
-
-Stripe lists newest first (https://docs.stripe.com/api/events/list), and a
-page's cursor is an event id (https://docs.stripe.com/api/pagination): so
-the window is walked twice. First newest first, keeping nothing but the
-last page's last event (the oldest); then from it, by `ending_before`, each
-page reversed: oldest first, a page in memory at a time, whatever the window.
-
-A listed event's bytes of record are `json.dumps` of the Event object exactly
-as the page's JSON carried it (its keys in their order, its values as
-sent), compact, in UTF-8: not the bytes a delivery would have carried
-(Stripe pretty-prints those), which is why deliveries are compared by effect.
-"""
+"""Stripe's List Events, oldest first, a page at a time, through stripe-python's `raw_request`: the provider part
+of `flask reconcile` (docs/design.md, "Reconciliation")."""
 
 import json
 import logging

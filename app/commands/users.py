@@ -1,12 +1,5 @@
-"""Users and their links: `flask users add|show|list|link`.
-
-A user is a row of user_balances (a UUID, its balance, the opening balance
-it was created with); its journal is every ledger_journal row naming it.
-A link maps a provider's customer (Stripe's cus_...) to a user, for the
-payments whose metadata names none (money.sql's apply_event reads it). A
-link is never changed nor deleted: a credit made through it stays checkable
-by `flask ledger verify`, and no link moves a payment credited before.
-"""
+"""Users and their links to a provider's customers: `flask users add|show|list|link`
+(docs/operations.md, "Users and links")."""
 
 import uuid
 from typing import Any

@@ -1,9 +1,5 @@
 """What every signature scheme shares: SignatureError, and the checks of a header, a timestamp and an HMAC.
-
-Pure, no I/O, no Flask, and no scheme of its own: app/intake/signature.py holds the
-generic schemes and the table of every scheme; each provider's own scheme is
-in its module under app/providers/.
-"""
+Pure (no I/O, no Flask): the schemes are app/intake/signature.py's and each provider module's."""
 
 import hashlib
 import hmac

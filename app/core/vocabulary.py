@@ -1,7 +1,6 @@
 """The vocabulary every part shares, and no provider's: the event, its effect, a movement's kind and state,
 the settings a decision reads (Policy), the fields a rule reads, and the checks of a field's value (an id,
-a UUID, cents, a currency, a decimal amount in minor units). Pure: no I/O, nothing of any provider.
-"""
+a UUID, cents, a currency, a decimal amount in minor units). Pure: no I/O, nothing of any provider."""
 
 import json
 import re
@@ -43,7 +42,7 @@ class UnprocessableError(ValueError):
 
 
 class StoredBodyError(ValueError):
-    """A stored event's bytes are missing, do not match their hash, or no longer parse."""
+    """A stored event's bytes are missing, do not match their hash, or do not parse."""
 
 
 class Headers(Protocol):

@@ -1,25 +1,5 @@
-"""Parsing an event body and what it does to the ledger: pure functions, no I/O.
-
-Every body is a JSON object with `type` (string) and `data` (object). The
-event id is taken from what the scheme signs:
-- hmac-sha256, stripe: the body's own `id`.
-- standard-webhooks: the `webhook-id` header, signed with the body (the
-  specification's payload has no id); an `id` in the body is ignored.
-- github: a body with a `type` is in this service's own shape and uses its own `id`,
-  so a replay under a new delivery id is still a duplicate. A body without
-  one is GitHub's own: id from X-GitHub-Delivery, type from X-GitHub-Event,
-  data the whole body. Those headers are not signed, so they never name a
-  payment.
-- razorpay, paypal: a body with a `type` is in this service's own shape; one
-  without is the provider's own, read by its module (app/providers/razorpay.py:
-  the id is the unsigned header with the body's digest; app/providers/paypal.py:
-  only a CRC32 is signed, so the event is fetched from PayPal, app/receiver/fetch.py).
-
-What each type does to the ledger is read by effect_of, from the fields that
-RULES names per type: this service's own types here, each provider's in its
-module (docs/providers.md has the table). The vocabulary (Event, Effect,
-Policy, ...) is app/core/vocabulary.py's, provider-free; it is imported from here too.
-"""
+"""Parsing an event body and what it does to the ledger (effect_of, by RULES): pure functions, no I/O.
+Each scheme's id, type and data are in docs/providers.md; the vocabulary (Event, Effect) is app/core/vocabulary.py's."""
 
 import hashlib
 import json
@@ -96,13 +76,9 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_
                  fetched: bytes | None = None) -> Event:
     """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
-    The bytes are checked against their SHA-256 and decoded by the live
-    path's own function, so that both decide alike; StoredBodyError says why
-    they cannot be. The id and type are the row's, as first parsed: a
-    signature scheme may take them from headers rather than the body (and a
-    GitHub event's data is its whole body). fetched, the provider's bytes of
-    the event (a fetching source, app/providers/), is what it is read from
-    when kept; body stays its bytes of record.
+    The bytes are checked against their SHA-256 (StoredBodyError says why they cannot be used) and decoded by the
+    live path's own function, so that both decide alike; the id and type are the row's, as a scheme may take them
+    from headers. fetched, the provider's bytes of the event, is read when kept; body stays the bytes of record.
     """
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")

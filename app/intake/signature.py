@@ -1,23 +1,5 @@
 """Webhook signature checking: bytes and headers in, one exception type out, no Flask.
-
-One scheme per deployment, never guessed from the request (so a sender
-cannot pick the weakest). Each is an HMAC-SHA256 over the exact raw bytes,
-which are never decoded to text, compared timing-safe with every secret:
-
-- `hmac-sha256` (the default): `X-Signature: <hex>` of the body.
-- `standard-webhooks`: `webhook-signature: v1,<base64>[ v1,<base64>...]` of
-  `<webhook-id>.<webhook-timestamp>.<body>`.
-- `github`: `X-Hub-Signature-256: sha256=<hex>` of the body.
-- each provider's own, in its module: `stripe` (app/providers/stripe.py),
-  `razorpay` (app/providers/razorpay.py), and `paypal`, which is not an HMAC
-  but PayPal's RSA signature of a CRC32 of the body (app/providers/paypal.py).
-
-A missing or malformed header raises SignatureError, as a wrong signature
-does; no input raises anything else. A missing header's message names the
-scheme the source expects, and the scheme whose header the request carries
-instead, if any (a Stripe delivery sent to an `hmac-sha256` source): header
-names only, never a value. What every scheme shares is app/core/signing.py's.
-"""
+Here are the generic schemes and the table of every scheme; each provider's own is in its module (docs/providers.md)."""
 
 import base64
 import re
@@ -140,15 +122,11 @@ def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int |
          cert_url: str | None = None) -> dict[str, str]:
     """Return the signature headers a sender of scheme sends with body.
 
-    secrets are keys as configured (Standard Webhooks': the bytes after
-    whsec_). The timestamped schemes sign one v1 per secret, as a sender
-    rolling its secret does; the others sign with the first. timestamp
-    defaults to now; msg_id is standard-webhooks' webhook-id (required there)
-    and razorpay's x-razorpay-event-id (sent when given).
-
-    paypal signs as PayPal does: for the first secret (the webhook id), with
-    private_key, the key of the certificate at cert_url (both required);
-    msg_id is the transmission id (default a new UUID).
+    secrets are keys as configured (Standard Webhooks': the bytes after whsec_); the timestamped schemes sign one
+    v1 per secret, as a sender rolling its secret does, the others with the first. timestamp defaults to now; msg_id
+    is standard-webhooks' webhook-id (required there), razorpay's x-razorpay-event-id (sent when given) and paypal's
+    transmission id (default a new UUID). paypal signs for the first secret (the webhook id) with private_key, the
+    key of the certificate at cert_url (both required).
     """
     stamp = int(time.time() if timestamp is None else timestamp)
     if scheme == paypal.SCHEME:

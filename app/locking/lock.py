@@ -1,18 +1,5 @@
-"""The per-event Redis lock, and the "done" marker: accelerators, never the
-source of truth.
-
-Taking the lock is `SET lock:webhook:{<source>:<id>} <token> NX PX <ttl>`;
-releasing it is a compare-and-delete on the token, so only the delivery that
-took it frees it. After a commit, the release also leaves
-`done:webhook:{<source>:<id>}` = the SHA-256 of the event's effect (and of
-its stored bytes), so that a re-delivery of the same effect, in any bytes,
-is answered `duplicate` by Redis alone, without reaching PostgreSQL. The marker is
-written only after PostgreSQL committed; when Redis forgot it (flushed,
-restarted, expired), PostgreSQL's unique constraint answers instead. When
-Redis cannot be used (redis_client.py: unavailable or a fault) the lock is
-skipped (degraded). The braces are a Redis Cluster hash tag: both keys of an
-event hash to one slot, so one script can touch both.
-"""
+"""The per-event Redis lock and the "done" marker: accelerators, never the source of truth
+(docs/design.md, "Invariant 3" and "Invariant 4")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""This process's Redis: one server or a Redis Cluster, its scripts, and its
-failures told apart.
-
-Redis only saves work (docs/design.md, invariant 3): when it cannot be used, a
-delivery goes on and PostgreSQL decides. Two kinds of failure:
-- **unavailable**: Redis did not answer (refused, timed out, loading, every
-  cluster node unreachable). The caller logs a WARNING.
-- **fault**: Redis answered with an error that no retry cures (NOPERM from an
-  ACL, OOM, CROSSSLOT, NOSCRIPT that cannot be reloaded, MOVED past the
-  redirect limit, a wrong password). Logged here at ERROR, at most once per
-  FAULT_INTERVAL per reason and process, with the number seen meanwhile.
-Either makes GET /ready answer `"redis": "degraded"` with the reason.
-"""
+"""This process's Redis, one server or a Redis Cluster: its scripts, and its failures told apart as unavailable
+or a fault (docs/design.md, "When things break")."""
 
 import logging
 import re

@@ -1,15 +1,5 @@
-"""Calls to a provider's API: a total deadline per call, and a bounded number of calls at once per process.
-
-A socket timeout bounds each read, not the call: a host that sends a byte a
-second keeps it going for ever. Here a timer shuts the connection's socket
-down when the call's deadline passes, whatever it is waiting for (the
-connection, TLS, the headers or the body), so a call never outlives it.
-And a call needs a slot: when every slot is taken, the caller is told at
-once (503, Retry-After) instead of waiting, so that a slow provider holds
-at most `slots` threads of a process and never /health, /ready or a
-delivery that fetches nothing. (A host name is resolved before the timer
-can cut anything: the system's resolver bounds that wait.)
-"""
+"""Calls to a provider's API: a total deadline per call, and a bounded number of calls at once per process
+(docs/providers.md, "What is signed and what is fetched")."""
 
 import http.client
 import socket

@@ -1,53 +1,5 @@
 """PayPal: its signature scheme, its events' shape and money rules, its certificates and its REST API.
-
-PayPal's signature covers `transmission_id|time|webhook_id|CRC32(body)`,
-and CRC32 is linear: any body can be padded to the CRC32 of a captured
-delivery and sent under its headers. So the signature proves only that
-PayPal sent *some* delivery; the event itself is fetched from PayPal's
-Webhooks Management API ("Show event notification details",
-`GET /v1/notifications/webhooks-events/{event_id}`,
-https://developer.paypal.com/api/webhooks/v1/) with the merchant's REST
-credentials (OAuth 2.0 client credentials, `POST /v1/oauth2/token`,
-https://developer.paypal.com/api/rest/authentication/), and the money is
-read from what PayPal returns, never from the body (app/receiver/fetch.py).
-
-- The scheme, `paypal`: `PAYPAL-TRANSMISSION-SIG: <base64>`, PayPal's
-  RSA-SHA256 (SHA256withRSA) signature of `<PAYPAL-TRANSMISSION-ID>|
-  <PAYPAL-TRANSMISSION-TIME>|<webhook id>|<CRC32 of the body, unsigned
-  decimal>` ("Self verification method",
-  https://developer.paypal.com/api/rest/webhooks/rest/; PayPal's Python SDK,
-  paypalrestsdk's WebhookEvent._get_expected_sig, builds the same string).
-  The secrets are the webhook ids; the public key is that of the certificate
-  PAYPAL-CERT-URL names (Certificates, below).
-- The shape: a body without `type` is PayPal's own: id its `id` (WH-...),
-  type its `event_type`, data its `resource`; PayPal's API returns the same
-  envelope, read the same way.
-- The rules: the resource of each event (a Capture, a Refund, a Dispute),
-  amounts in PayPal's Money object; no test mode in the body (sandbox and
-  live are separate webhooks, with their ids).
-
-The certificates:The certificates:
-
-PayPal names the certificate of each delivery's signature in its
-PAYPAL-CERT-URL header ("Self verification method",
-https://developer.paypal.com/api/rest/webhooks/rest/), so the URL is the
-sender's to choose. Here it is fetched only when it is https on a host of
-PAYPAL_CERT_HOSTS, under PayPal's certificates path; anything else is refused
-(401) with nothing fetched, so that no request makes the service fetch an
-address an attacker chose. A fetched certificate is kept only once it chains
-to a trusted root (PAYPAL_CA_FILE, else certifi's bundle), is within its
-validity dates and is issued to PayPal: its subject's common name ends with
-.paypal.com, as PayPal's Python SDK checks (paypalrestsdk,
-WebhookEvent._is_common_name_valid), and its subject alternative names hold
-that name, as the Web PKI requires. It is then cached per URL for the
-process (PayPal signs with few certificates, so it is fetched once, not per
-delivery), and its dates are checked again at every use.
-
-A fetch that fails for a reason of the moment (a timeout, a refused
-connection, a TLS failure, a 5xx) raises CertificateUnavailableError, a 503
-with Retry-After: the signature may be good, and PayPal retries a delivery
-that was not answered 2xx (25 times over 3 days, the page above).
-"""
+Its signature covers only a CRC32 of the body, so each event is fetched from PayPal (docs/providers.md, "paypal")."""
 
 import base64
 import binascii

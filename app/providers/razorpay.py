@@ -1,20 +1,5 @@
 """Razorpay: its signature scheme, its events' shape and money rules.
-
-- The scheme, `razorpay`: `X-Razorpay-Signature: <hex>`, an HMAC-SHA256 of
-  the body ("Validate and Test Webhooks", https://razorpay.com/docs/webhooks/validate-test/).
-  Razorpay signs no timestamp, and not its `x-razorpay-event-id` header.
-- The shape: a body without `type` is Razorpay's own: type its `event`, data
-  its `payload`, and its id the unsigned header, a dot, and the first 32 hex
-  digits of the body's SHA-256. The header alone would let an old signed
-  body, sent first under the id of an event yet to come, take that id and
-  refuse the real event (409); with the digest, the id is bound to the
-  signed bytes, and the header is only a hint.
-- The rules (docs/providers.md): entities under `payload.<name>.entity`,
-  amounts in the currency's subunits, no test mode in the body (test and
-  live keys differ). Each movement is keyed by what the signed body names
-  (the payment's, the refund's, the dispute's id), so a captured delivery
-  replayed under another header is stored and moves nothing.
-"""
+An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence

@@ -1,16 +1,5 @@
-"""Stripe: its signature scheme, its events' money rules, and its API (an event by id).
-
-- The scheme, `stripe`: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`,
-  an HMAC-SHA256 of `<t>.<body>` (https://docs.stripe.com/webhooks#verify-manually).
-- The rules: what each Stripe event type moves (PaymentIntent, Charge,
-  Refund, Dispute), read from the snapshot's `data.object` (docs/providers.md).
-- The API: `GET /v1/events/{id}` ("Retrieve an event",
-  https://docs.stripe.com/api/events/retrieve), with the source's secret or
-  restricted key: optional for snapshot events (WEBHOOK_<NAME>_FETCH=true),
-  whose signature covers their whole body, so Stripe's copy adds no
-  authenticity, but a source that wants the money read from Stripe's own
-  record has it.
-"""
+"""Stripe: its signature scheme, its events' money rules, and its API, an event by id
+(docs/providers.md, "stripe")."""
 
 import re
 from collections.abc import Callable, Mapping, Sequence

@@ -1,11 +1,5 @@
 """A delivery's record: what its log line and its metrics need, and nothing else.
-
-It is begun for every request under /api/webhooks, before routing. The
-view keeps in it what each of its steps returns (the source, the secret
-that verified, the event and its effect, the lock, the ledger's result);
-errors.py sets the outcome of a delivery that ends in an error. After the
-answer, one log line and the metrics are taken from it.
-"""
+Begun for every request under /api/webhooks, filled by the view's steps (and errors.py), read after the answer."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""One JSON error shape for every answer that is not a success.
-
-Views raise; the table below turns each domain exception into its answer,
-`{"error": <code>, "message": <text>}` (with the event id once it is known),
-and its delivery outcome. A PostgreSQL outage becomes 503 here and nowhere
-else. No stack trace or secret ever reaches a body.
-"""
+"""One JSON error shape for every answer that is not a success (docs/design.md, "Answers").
+Views raise and ANSWERS maps each exception to its answer; a PostgreSQL outage becomes 503 here and nowhere else."""
 
 import logging
 from collections.abc import Mapping

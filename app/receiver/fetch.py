@@ -1,14 +1,5 @@
-"""The fetch step: a provider's API asked on receipt for what a notification cannot prove (docs/providers.md).
-
-A source that fetches (always under paypal, whose signature covers only a
-CRC32 of the body; under stripe when WEBHOOK_<NAME>_FETCH=true) asks its
-provider's API for the event by the delivered id, after the signature check
-and before any write, and the money is decided from what the API returns.
-The delivered bytes stay the notification of record; the fetched bytes are
-kept beside them (webhook_events.fetched), and replay and verify read those.
-Each provider's API client is in its module (app/providers/paypal.py,
-stripe.py); the calls' deadline and slots are app/providers/outbound.py's.
-"""
+"""The fetch step: a provider's API asked on receipt for what a notification cannot prove
+(docs/providers.md, "What is signed and what is fetched")."""
 
 import logging
 from typing import TYPE_CHECKING, NamedTuple, Protocol

@@ -1,12 +1,5 @@
-"""Structured logs: one line per record, each carrying the request id (the
-line per delivery is delivery.py's).
-
-Under gunicorn, `logconfig_dict` in gunicorn.conf.py routes gunicorn's and
-the app's loggers to one handler on stdout. Elsewhere (the `flask` CLI,
-`flask run`, the tests) create_app installs one on stderr, so that a
-command's own output on stdout stays clean. Both format with app/serving/logformat.py:
-JSON lines, or human lines on a terminal.
-"""
+"""Structured logs: one line per record, each carrying the request id (the line per delivery is delivery.py's).
+Formatted by app/serving/logformat.py, to stdout under gunicorn, to stderr elsewhere (docs/operations.md, "Logs")."""
 
 from __future__ import annotations
 

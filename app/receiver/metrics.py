@@ -1,10 +1,5 @@
-"""Prometheus metrics, served at GET /metrics, correct across gunicorn workers.
-
-Under gunicorn, gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR before the
-workers start: each worker writes its values to files there, and a scrape,
-whichever worker answers it, merges the files of all of them. Elsewhere (the
-tests' Flask client) each app counts in a registry of its own.
-"""
+"""Prometheus metrics, served at GET /metrics, correct across gunicorn workers
+(docs/operations.md, "Metrics: `GET /metrics`")."""
 
 import collections
 import glob
@@ -304,7 +299,7 @@ def _observe_pool(response: Response) -> Response:
 # if that worker had applied it. A file is taken by renaming it, which one
 # worker alone can do, then deleted: counted once, and no file is left.
 COMMAND_COUNTS = "commands-*.json"
-# A file being written, or taken by a worker (its pid after): no longer COMMAND_COUNTS.
+# A file being written, or taken by a worker (its pid after): named outside COMMAND_COUNTS.
 WRITING, TAKEN = ".writing-", ".taken-"
 
 

@@ -1,19 +1,5 @@
-"""gunicorn's worker for this service: gthread, with a deadline on each request's arrival.
-
-A gthread worker gives a connection one of its threads as soon as the first
-bytes arrive, and the thread then blocks reading the headers and the body.
-Sixteen senders that stall after a few bytes held every thread of a host (2
-workers x 4 threads) for as long as they cared to, `/health` included. Here
-each request must arrive, headers and body, within REQUEST_READ_TIMEOUT_SECONDS
-of its first byte; past that the sender is answered 408 and the connection
-closed. A buffering proxy in front (deploy/haproxy.cfg) spares the threads
-altogether; this bounds what a sender can hold where there is none (the
-Docker image, `make run`).
-
-A leaf of the app package, as app/serving/logformat.py: it imports nothing of the app,
-so gunicorn.conf.py loads it by its path, without the package (gunicorn's
-master loads the worker class, and must import nothing of the app).
-"""
+"""gunicorn's worker for this service: gthread, with a deadline on each request's arrival
+(docs/deploying.md, "Slow senders"). It imports nothing of the app: gunicorn's master loads it by its path."""
 
 import os
 import socket

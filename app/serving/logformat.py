@@ -1,11 +1,5 @@
-"""Log formatters shared by gunicorn.conf.py and app/receiver/logs.py, from the same records:
-JSON lines for production, a short human line when the stream is a terminal.
-
-A leaf of the app package: it imports nothing of the app, so gunicorn.conf.py
-loads it by its path, without the package, for logconfig_dict (the master
-must import nothing of the app, or a HUP would not load new code into the
-new workers).
-"""
+"""Log formatters shared by gunicorn.conf.py and app/receiver/logs.py: JSON lines, or a human line on a terminal.
+It imports nothing of the app: gunicorn's master loads it by its path (docs/operations.md, "Logs")."""
 
 import logging
 import re

@@ -1,9 +1,5 @@
 """Typed configuration: each setting declared once, the environment parsed once into a frozen Settings, failing fast.
-
-Its imports are light (no Flask): gunicorn's master runs `check()` in a child
-process. What a setting's text may be is in parsers.py; the sources, and
-each named source's own settings, in sources.py.
-"""
+It imports no Flask: gunicorn's master runs `check()` in a child process (docs/deploying.md, "With gunicorn")."""
 
 import enum
 import os
@@ -72,15 +68,10 @@ def setting(parse: Parser, default: str | None, meaning: str) -> dict[str, Setti
 class Settings:
     """Every setting, parsed and checked, and what they make: the sources and the policy.
 
-    Each setting is declared once, here: its field is its name in lower case,
-    its type the field's, and setting() gives its parser, its default (None:
-    required) and its meaning. SETTINGS is read from these fields, and
-    from_env parses the environment by it; the README's configuration table
-    is checked against it (tests/test_readme.py). Built once, by from_env();
-    create_app keeps it in app.extensions (Settings.of). Read below
-    Needs.SERVICE (`read`), the required settings it left unread are None.
-    The timeouts nest so that the inner one fails first with a clean answer:
-    lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
+    Each setting is declared once, as a field (its name in lower case, its type) whose setting() gives its parser,
+    default (None: required) and meaning; SETTINGS, from_env() and the README's table (tests/test_readme.py) follow
+    from it. Read below Needs.SERVICE, the required settings left unread are None. The timeouts nest so that the
+    inner one fails first: lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
     """
 
     database_url: str = field(metadata=setting(parsers.database_url, None, "PostgreSQL, directly or through PgBouncer"))
@@ -137,7 +128,7 @@ class Settings:
     # A named source's is WEBHOOK_<NAME>_USER_METADATA_KEY, default this one.
     webhook_user_metadata_key: str = field(metadata=setting(
         parsers.metadata_key, "user_id", "the PaymentIntent metadata key that names the user"))
-    # refuse (422, as before: nothing is silently dropped) or ignore (2xx,
+    # refuse (422: nothing is silently dropped) or ignore (2xx,
     # recorded). A named source's: WEBHOOK_<NAME>_NO_USER, default this one.
     webhook_no_user: NoUser = field(metadata=setting(parsers.no_user, "refuse", "what a payment naming no user gets"))
     # Under a fetching source (sources.py), the default source's provider API address ("": the provider's own).

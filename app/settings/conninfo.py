@@ -1,26 +1,5 @@
-"""DATABASE_URL: checked at start by libpq itself, and kept out of every log line.
-
-libpq checks a conninfo's values only when it connects, and the pool
-connects after gunicorn forks, again on every attempt: a bad value would be
-a 503 for ever, and a log line per attempt. So check() has libpq start two
-connections that reach no server, and a value libpq refuses stops the
-service at start, with libpq's reason and without the value. The first goes
-to a socket in a folder that does not exist: libpq checks the ports and
-every enumerated parameter, then finds no socket. The second goes to a
-loopback port of our own that answers nothing: libpq checks gssencmode,
-which it refuses over a local socket, and the integers it reads only for
-TCP (keepalives, tcp_user_timeout). gssencmode=require goes as prefer:
-libpq also refuses it while no Kerberos credential cache exists, and a
-cache may come after the service starts.
-
-What remains here is what neither connection can leave to libpq:
-- an unescaped `@` in a URL's password: libpq reads the rest of the
-  password as the host name, and only a DNS lookup of it would fail (on
-  every attempt, sending part of the password to the resolver);
-- hostaddr, which libpq parses only when it connects to that address;
-- connect_timeout, which psycopg reads itself (its own function checks it);
-- the values in psycopg's and libpq's messages, kept out of the logs (Redact).
-"""
+"""DATABASE_URL: checked at start by libpq itself, and kept out of every log line
+(docs/design.md, "DATABASE_URL, checked at start")."""
 
 import ipaddress
 import logging

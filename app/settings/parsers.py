@@ -1,10 +1,5 @@
 """What a setting's raw text may be: one parser per kind of value, and ConfigError.
-
-A parser takes (the setting's name, its raw text) and returns the value, or
-raises ConfigError with a message that names the setting and never repeats
-a secret. config.py declares which parser each setting uses; sources.py
-uses the same ones for each named source's settings.
-"""
+A parser returns the value or raises ConfigError with a message that names the setting and never repeats a secret."""
 
 import os
 import re

@@ -1,10 +1,5 @@
 """The sources: who may send deliveries, each with its route, scheme, secrets and policy.
-
-The default source is configured by the global settings (WEBHOOK_SECRET,
-WEBHOOK_SIGNATURE_SCHEME, ...: config.py); each source named in
-WEBHOOK_SOURCES by WEBHOOK_<NAME>_<key>, read here, whose values default to
-the default source's.
-"""
+The default source is configured by the global settings (config.py), each named one by WEBHOOK_<NAME>_<key>."""
 
 import base64
 import binascii

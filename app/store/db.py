@@ -1,10 +1,5 @@
-"""The PostgreSQL connection pool, the transactions it runs, and the `init-db`
-command (the schema and its migrations: app/store/schema.py).
-
-Every setting that must hold in a transaction is set inside it (`SET LOCAL`),
-never for the session: behind PgBouncer in transaction mode a session is
-shared by every client, and the `options` startup parameter is refused.
-"""
+"""The PostgreSQL connection pool, the transactions it runs, and the `init-db` command (app/store/schema.py).
+A transaction's settings are set inside it, never for the session (docs/design.md, "Deployment")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""A client-side bound on every wait for PostgreSQL.
-
-PostgreSQL's own timeouts (statement_timeout, lock_timeout) hold only while
-the server runs. A frozen server (SIGSTOP, a storage layer that hangs)
-enforces none of them, and its kernel still acknowledges TCP, so neither
-keepalives nor tcp_user_timeout end the wait. The client bounds it instead:
-a connection whose answer has not come within its deadline is closed, and
-the wait raises NotAnsweringError, an OperationalError (503 for a delivery and
-/ready, one line for a `flask` command).
-"""
+"""A client-side bound on every wait for PostgreSQL, which a frozen server's own timeouts do not bound
+(docs/design.md, "When things break")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The ledger's unit of work: one delivery of one event, applied in ONE statement.
-
-The money rule (record, decide, credit or debit, journal, complete) is
-written once, in money.sql (`apply_event`); every delivery, new or stored,
-and every replay calls it here. Unique constraints decide idempotency:
-webhook_events (source, event_id) per event, payments (source, payment_id)
-per payment, movements (source, kind, id) per refund and dispute; the Redis
-lock in front of this only saves work. A
-crash anywhere before COMMIT leaves nothing behind, and a 2xx is answered
-only after COMMIT returned.
-
-The journal rows that no event writes are money.sql's too: `adjust` (an
-operator's correction, called here for `flask ledger adjust`) and `spend`
-(which the application calls itself); their vocabulary is here as well.
-"""
+"""The ledger's unit of work: one delivery of one event, applied in ONE statement, money.sql's `apply_event`
+(docs/design.md, "Where the rule lives"); also `flask ledger adjust`'s call and the vocabulary of `spend`."""
 
 import uuid
 from datetime import datetime
@@ -92,12 +79,9 @@ class SpendOutcome(StrEnum):
 class Result(NamedTuple):
     """What applying an event came to, as apply_event returns it.
 
-    stored_sha256 is the SHA-256 of the bytes the event's row held when this
-    delivery found it (None when it inserted the row): on a DUPLICATE the
-    bytes still stored, on a PROCESSED retry of a failed event those it
-    replaced. When it differs from the delivery's own, the same effect came
-    in other bytes. balance_after is the user's balance after a CREDIT or a
-    REFUND.
+    stored_sha256 is the SHA-256 of the bytes the event's row held when this delivery found it (None when it
+    inserted the row; on a PROCESSED retry of a failed event, those it replaced): when it differs from the
+    delivery's own, the same effect came in other bytes. balance_after is the user's balance after a CREDIT or a REFUND.
     """
 
     outcome: Outcome

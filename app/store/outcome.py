@@ -1,7 +1,5 @@
 """What a delivery came to: the ledger's answer, shared by the view, the ledger, the lock, metrics and the CLI.
-
-No Flask here: the ledger and the lock speak this vocabulary without importing a request module.
-"""
+No Flask here: the ledger and the lock speak this vocabulary without importing a request module."""
 
 from enum import StrEnum
 

@@ -1,10 +1,5 @@
 """Retention: `flask events purge` deletes old events in short batches.
-
-Only webhook_events rows go. ledger_journal and payments rows are the ledger
-and are kept for ever: the balances still add up after a purge, and a purged
-payment redelivered later is recognised by its journal row (or its payment)
-and not credited twice.
-"""
+Only webhook_events rows go; the journal and payments are kept for ever (docs/design.md, "Invariant 5")."""
 
 from datetime import datetime
 

@@ -1,12 +1,5 @@
-"""The schema, versioned: what `flask init-db` runs before it recomputes the stored effects.
-
-An empty database gets schema.sql, whole, recorded as release 1.0.0 plus
-every file of migrations/; a database of a later release gets the
-migrations it lacks, in the order of their names. Then, either way, money.sql
-(the money rule) is applied whole. All of it is one transaction under an
-advisory lock, so two hosts at once apply each migration once, and a failure
-changes nothing (docs/deploying.md, "Upgrading").
-"""
+"""The schema, versioned: what `flask init-db` runs before it recomputes the stored effects
+(docs/deploying.md, "Upgrading the schema")."""
 
 import hashlib
 from pathlib import Path

@@ -1,25 +1,5 @@
-"""The ledger's invariants (docs/design.md), checked on one snapshot: `flask ledger verify`.
-
-- no (source, event id) is stored twice (invariant 5);
-- each user's balance = opening balance + the sum of their journal
-  (invariant 5), and each journal row says what made it: an event, or, for
-  an adjustment, its reason and who made it, for a spend, its reference;
-- a journal row whose event is still stored belongs to a completed event,
-  and a completed payment or refund that is still stored did what its
-  stored bytes say (checked against their SHA-256 and read by the same code
-  as the receiver's) (invariants 1 and 6);
-- each payment is credited once, by a credit of its own user and amount
-  (net of the adjustments that correct it); what its refunds and disputes
-  debited, in all, in the journal is what the rule says is due from its
-  movements and its highest running total (money.sql's payment_accounts),
-  never more than the payment; and every completed refund or dispute that
-  is still stored is recorded as its bytes say (invariant 6).
-Purged events leave their journal rows and movements behind, so these hold
-after a purge. Spends, and adjustments that correct no payment, name no
-payment: the payment checks leave them out. Balances below zero are
-reported apart: a refund may leave one (the money went back to the card
-after the credit was spent), which is not an error.
-"""
+"""The ledger's invariants, checked on one snapshot: `flask ledger verify`
+(docs/design.md, "What `flask ledger verify` checks")."""
 
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -59,7 +39,7 @@ JOURNAL_OF_UNFINISHED = """
     WHERE e.status <> 'completed' ORDER BY j.source, j.event_id
 """
 # Per payment: its credits in the journal, and the adjustments that correct them (a payment credited
-# twice by the release before payments), which add up to one credit of its amount; what its other journal
+# twice, corrected by `flask ledger adjust --payment`), which add up to one credit of its amount; what its other journal
 # rows took, what its row says it debited, and what the rule says is due. A spend names no payment.
 WRONG_PAYMENTS = """
     SELECT * FROM (
