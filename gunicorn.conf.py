@@ -39,7 +39,7 @@ bind = os.environ.get("BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # (docs/performance.md).
 workers = int(os.environ.get("WEB_CONCURRENCY", len(os.sched_getaffinity(0))))
 # gthread, with a deadline on each request's arrival (REQUEST_READ_TIMEOUT_SECONDS):
-# senders that stall mid-request no longer hold every thread (app/serving/gunicorn_worker.py).
+# a sender that stalls mid-request holds a thread for that deadline at most (app/serving/gunicorn_worker.py).
 worker_class = _worker.ThreadWorker
 threads = int(os.environ.get("GUNICORN_THREADS", os.environ.get("PG_POOL_SIZE", "4")))
 # Under gthread, a heartbeat of the worker as a whole, not a limit on a

@@ -130,7 +130,13 @@ BEGIN
     IF problem IS NULL AND d.kind = 'credit' THEN
         SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM credit_payment(d);
     ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
-        SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM move_payment(d);
+        BEGIN  -- a subtransaction: a balance that cannot hold a reversal undoes the movement's change too
+            SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM move_payment(d);
+        EXCEPTION WHEN numeric_value_out_of_range THEN
+            change := NULL;
+            balance_after := NULL;
+            problem := SQLERRM;
+        END;
     END IF;
     outcome := complete_event(v_row_id, v_new, problem, v_ignored, v_mismatch, change);
 END
@@ -307,7 +313,10 @@ BEGIN
         problem := format('%s in %s of payment %s, which was in %s', CASE d.kind WHEN 'dispute' THEN 'dispute'
                           ELSE 'refund' END, d.currency, d.payment, v_payment.currency);
         RETURN;
-    ELSIF d.amount > v_payment.amount_cents THEN
+    ELSIF d.amount > v_payment.amount_cents AND d.kind <> 'dispute' THEN
+        -- A dispute's amount may differ from the payment's (a currency
+        -- conversion): it is recorded as announced, and the rule's cap takes
+        -- the whole payment at most. A refund never exceeds its payment.
         problem := CASE WHEN d.kind = 'refunded_total'
                         THEN format('refunded total of %s cents is above payment %s''s %s cents',
                                     d.amount, d.payment, v_payment.amount_cents)
@@ -359,6 +368,13 @@ BEGIN
                    WHEN d.kind = 'dispute' THEN 'dispute_reinstated'
                    WHEN d.state = 'reversed' THEN 'refund_reversed'
                    ELSE 'refund' END;
+    IF v_due < p.debited_cents THEN  -- a reversal adds to the balance: raised, and apply_event undoes the movement
+        IF (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+           > 9223372036854775807 - (p.debited_cents - v_due) THEN
+            RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
+                change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
+        END IF;
+    END IF;
     UPDATE payments SET debited_cents = v_due, updated_at = now() WHERE source = d.source AND payment_id = d.payment;
     UPDATE user_balances SET balance_cents = balance_cents - (v_due - p.debited_cents), updated_at = now()
     WHERE user_id = p.user_id RETURNING balance_cents INTO balance_after;

@@ -241,3 +241,33 @@ def test_two_refunds_of_one_payment_at_once_are_serialised_by_the_payments_row(d
     assert (results["second"]["change"], results["second"]["balance_after"]) == ("refund", 1200)
     assert db.execute("SELECT debited_cents FROM payments").fetchone() == (800,)
     assert journal(db)[1:] == [("evt_r1", "refund", -300), ("evt_r2", "refund", -500)]
+
+
+# -- the rule's edges ---------------------------------------------------------------
+
+def test_a_reversal_that_would_overflow_the_balance_is_refused_and_moves_nothing(db):
+    """Issue 38 (4): a refund's failure onto a balance that cannot hold it is a failed event (422), as a credit
+    that would overflow is, not an error (500); its movement stays applied, so a retry may still apply it."""
+    apply(db, delivery("evt_pay"))
+    apply(db, refund("evt_r1", "re_1", 300))
+    db.execute("UPDATE user_balances SET balance_cents = 9223372036854775807 - 100 WHERE user_id = %s", [ALICE])
+    result = apply(db, refund("evt_r2", "re_1", 300, state="reversed"))
+    assert (result["outcome"], result["problem"], result["change"]) == (
+        "failed", "refund_reversed of 300 cents would take the balance of user "
+                  f"{ALICE} past 9223372036854775807 cents", None)
+    assert db.execute("SELECT state FROM movements").fetchone() == ("applied",)
+    assert db.execute("SELECT debited_cents FROM payments").fetchone() == (300,)
+    assert db.execute("SELECT status FROM webhook_events WHERE event_id = 'evt_r2'").fetchone() == ("failed",)
+
+
+def test_a_dispute_above_its_payment_takes_the_payment(db):
+    """Issue 38 (5): Stripe documents that a dispute's amount may differ from the charge's (a currency
+    conversion); the rule's cap applies: the whole payment is taken, the dispute recorded at its amount."""
+    apply(db, delivery("evt_pay"))
+    dispute = delivery("evt_d1", kind="dispute", amount=1001, movement="dp_1", state="applied")
+    result = apply(db, dispute)
+    assert (result["outcome"], result["change"], result["balance_after"]) == ("processed", "dispute_withdrawn", 1000)
+    assert db.execute("SELECT amount_cents FROM movements").fetchone() == (1001,)
+    assert journal(db)[-1] == ("evt_d1", "dispute_withdrawn", -1000)
+    back = apply(db, {**dispute, "event_id": "evt_d2", "state": "reversed"})
+    assert (back["change"], back["balance_after"]) == ("dispute_reinstated", 2000)
