@@ -241,7 +241,7 @@ def worker_class_name(printed):
     """The worker class as gunicorn's --print-config shows it, `<ThreadWorker()>` for the class object that
     gunicorn.conf.py loads from app/serving/gunicorn_worker.py, as a dotted name."""
     match = re.fullmatch(r"<(\w+)\(\)>", printed or "")
-    if match and f"class {match[1]}(" in (ROOT / "app" / "gunicorn_worker.py").read_text():
+    if match and f"class {match[1]}(" in (ROOT / "app" / "serving" / "gunicorn_worker.py").read_text():
         return f"app.serving.gunicorn_worker.{match[1]}"
     return printed
 
