@@ -118,27 +118,41 @@ CREATE OR REPLACE FUNCTION apply_event(d ledger_delivery,
     OUT outcome text, OUT problem text, OUT stored_sha256 bytea, OUT change text, OUT balance_after bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_row_id bigint;
-    v_new boolean;
-    v_ignored boolean := false;
-    v_mismatch boolean := false;
+    -- Each step's OUT parameters, assigned (a simple expression, not a
+    -- query: the cheaper call in PL/pgSQL).
+    r record;
+    m record;
+    v_moved boolean := false;
 BEGIN
-    SELECT * INTO v_row_id, v_new, outcome, problem, stored_sha256 FROM record_event(d);
+    r := record_event(d);
+    outcome := r.outcome;
+    problem := r.problem;
+    stored_sha256 := r.stored_sha256;
     IF outcome IS NOT NULL THEN
         RETURN;
     END IF;
     IF problem IS NULL AND d.kind = 'credit' THEN
-        SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM credit_payment(d);
-    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
-        BEGIN  -- a subtransaction: a balance that cannot hold a reversal undoes the movement's change too
-            SELECT * INTO change, balance_after, problem, v_ignored, v_mismatch FROM move_payment(d);
+        m := credit_payment(d);
+        v_moved := true;
+    ELSIF problem IS NULL AND d.state = 'reversed' THEN
+        BEGIN  -- a subtransaction: a balance that cannot hold the reversal undoes the movement's change too
+            m := move_payment(d);
+            v_moved := true;
         EXCEPTION WHEN numeric_value_out_of_range THEN
-            change := NULL;
-            balance_after := NULL;
             problem := SQLERRM;
         END;
+    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
+        m := move_payment(d);
+        v_moved := true;
     END IF;
-    outcome := complete_event(v_row_id, v_new, problem, v_ignored, v_mismatch, change);
+    IF NOT v_moved THEN
+        outcome := complete_event(r.row_id, r.is_new, problem, false, false, NULL);
+        RETURN;
+    END IF;
+    change := m.change;
+    balance_after := m.balance_after;
+    problem := m.problem;
+    outcome := complete_event(r.row_id, r.is_new, problem, m.ignored, m.mismatch, change);
 END
 $$;
 
@@ -298,6 +312,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_payment payments%ROWTYPE;
     v_movement movements%ROWTYPE;
+    m record;
 BEGIN
     ignored := false;
     mismatch := false;
@@ -346,7 +361,9 @@ BEGIN
             END IF;  -- else seen in this state, or a later one, already
         END IF;
     END IF;
-    SELECT * INTO change, balance_after FROM debit_payment(d, v_payment);
+    m := debit_payment(d, v_payment);
+    change := m.change;
+    balance_after := m.balance_after;
 END
 $$;
 
