@@ -25,7 +25,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
 
     from .commands import cli, users
     from .locking import lock
-    from .receiver import delivery, errors, fetch, logs, metrics, openapi, webhooks
+    from .receiver import delivery, errors, fetch, logs, metrics, openapi, release, webhooks
     from .store import db
 
     app = Flask(__name__)
@@ -46,6 +46,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     errors.init_app(app)
     delivery.init_app(app)
     db.init_app(app)
+    release.init_app(app)
     lock.init_app(app)
     fetch.init_app(app)
     metrics.init_app(app)

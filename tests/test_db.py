@@ -13,15 +13,17 @@ import resource
 import shutil
 import socket
 import threading
+import time
 
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
+from app.receiver import release
 from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.store.deadline import MARGIN_MS
-from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, SchemaError
+from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer
 from devservers import wait_until
 
 from .helpers import (
@@ -54,7 +56,8 @@ def test_schema_applies_twice_without_error(db):
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
-    assert _recorded(db) == [(BASELINE, False)]  # an empty database got schema.sql: release 1.0.0
+    # an empty database got schema.sql: release 1.0.0; and the money rule, each time
+    assert _recorded(db) == [(BASELINE, False), (MONEY, True)]
 
 
 def test_opening_balance_is_the_balance_at_insert(db):
@@ -126,6 +129,7 @@ def _differences(conn, fresh):
 
 def _drop_schema(db):
     """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
+    db.execute("DROP TYPE ledger_delivery CASCADE")  # first: the rule's steps that take it, and a table's type
     db.execute("DROP VIEW payment_accounts, webhook_events_json")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
@@ -203,8 +207,9 @@ def test_init_db_creates_the_schema_in_an_empty_database(app, db):
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
     recorded = _migrations_recorded(db)
-    assert [(row.name, row.ran) for row in recorded] == [(BASELINE, False)]
+    assert [(row.name, row.ran) for row in recorded] == [(BASELINE, False), (MONEY, True)]
     assert bytes(recorded[0].sha256) == hashlib.sha256(DEFAULT_SCHEMA_PATH.read_bytes()).digest()
+    assert bytes(recorded[1].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / MONEY).read_bytes()).digest()
 
 
 def test_init_db_a_second_time_changes_nothing(app, db):
@@ -230,8 +235,8 @@ def _made_before_schema_migrations(db):
 
 @pytest.mark.parametrize("made", [_recorded_by_a_build_before_1_0, _made_before_schema_migrations])
 def test_init_db_on_a_database_of_a_build_before_1_0_stops_with_one_line_and_changes_nothing(app, db, made):
+    send(app.test_client(), payment("evt_kept", cents=5))  # before: on that database, deliveries answer 503
     made(db)
-    send(app.test_client(), payment("evt_kept", cents=5))
     before = _catalog(db), event_rows(db), balance(db)
     result = app.test_cli_runner().invoke(args=["init-db"])
     assert result.exit_code == 1
@@ -264,13 +269,13 @@ def test_a_1_0_database_migrated_to_a_later_release_has_that_releases_fresh_sche
     _drop_schema(db)
     assert apply_schema(db, later) == (True, [])  # a fresh database of the later release
     fresh = _catalog(db)
-    assert _recorded(db) == [("001_note.sql", False), (BASELINE, False)]
+    assert _recorded(db) == [("001_note.sql", False), (BASELINE, False), (MONEY, True)]
     _drop_schema(db)
     assert apply_schema(db) == (True, [])  # 1.0.0's
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 7)", [ALICE])
     assert apply_schema(db, later) == (False, ["001_note.sql"])
     assert _differences(db, fresh) == []
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False)]
+    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
     assert balance(db) == 7  # rows kept
     assert apply_schema(db, later) == (False, [])
 
@@ -299,7 +304,7 @@ def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
         thread.join(timeout=30)
     assert errors == []
     assert sorted(results) == [(False, []), (False, ["001_note.sql"])]
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False)]
+    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
 
 
 def _with_a_changed_migration(db, tmp_path):
@@ -320,14 +325,56 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     with pytest.raises(SchemaError):
         apply_schema(db, schema)
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False)]
+    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
 
 
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
     db.execute("INSERT INTO schema_migrations (name, sha256, ran) VALUES ('999_later.sql', sha256(''), true)")
     result = app.test_cli_runner().invoke(args=["init-db"])
     assert result.exit_code == 1
-    assert "the database has migrations that this release has not: 999_later.sql" in result.output
+    assert result.output == f"Error: {newer(['999_later.sql'])}\n"
+
+
+# -- a database not at this release: /ready and deliveries say so, until init-db ------------------------------
+
+def _without_the_money_rule(db):
+    """db as `psql -f schema.sql` leaves it beside the records of 1.0.0: the tables, and no money.sql applied."""
+    db.execute("DROP TYPE ledger_delivery CASCADE")  # apply_event and its steps, which take it
+    db.execute("DROP VIEW payment_accounts")
+    db.execute("DELETE FROM schema_migrations WHERE name = 'money.sql'")
+
+
+def test_a_database_without_the_money_rule_is_not_ready_until_init_db(app, db, monkeypatch, caplog):
+    monkeypatch.setattr(release, "RECHECK_SECONDS", 0.2)
+    _without_the_money_rule(db)
+    client = app.test_client()
+    status, answer, headers = send(client, payment("evt_not_ready", cents=5))  # the process's first: it asks
+    assert (status, answer["error"], int(headers["Retry-After"])) == (503, "unavailable", 1)
+    assert event_rows(db) == 0
+    ready = client.get("/ready")
+    assert (ready.status_code, ready.json["status"]) == (503, "unavailable")
+    assert "flask init-db" in ready.json["postgres_reason"]
+    assert client.get("/health").status_code == 200  # touches no dependency
+
+    assert app.test_cli_runner().invoke(args=["init-db"]).exit_code == 0
+    time.sleep(0.3)  # the process's remembered answer expires
+    assert send(client, payment("evt_not_ready", cents=5)).json["status"] == "processed"
+    assert client.get("/ready").json == {"status": "ok", "postgres": "ok", "redis": "ok"}
+    assert balance(db) == OPENING[ALICE] + 5
+    found = [r.getMessage() for r in caplog.records if r.name == release.__name__ and r.levelno == logging.WARNING]
+    assert len(found) == 2, found  # once when found not at this release, once when it is again: not per request
+    assert "flask init-db" in found[0]
+
+
+def test_a_database_newer_than_the_release_is_not_ready(app, db):
+    db.execute("INSERT INTO schema_migrations (name, sha256, ran) VALUES ('999_later.sql', sha256(''), true)")
+    client = app.test_client()
+    ready = client.get("/ready")
+    assert ready.status_code == 503
+    assert ready.json["postgres_reason"].startswith("the database is newer than this release: ")
+    assert "999_later.sql" in ready.json["postgres_reason"]
+    assert send(client, payment("evt_newer")).status == 503
+    assert event_rows(db) == 0
 
 
 def test_new_migrations_run_once_in_order(db, tmp_path):

@@ -36,6 +36,22 @@ def test_document_is_served_as_kept_in_the_repository(client):
                                          "/openapi.json"}
 
 
+def test_a_database_not_at_this_release_gets_the_documented_readiness(client, db):
+    # The generated requests below meet a ready database: this 503 is checked against the document here.
+    db.execute("DELETE FROM schema_migrations WHERE name = 'money.sql'")
+    response = client.get("/ready")
+    document = json.loads(DOCUMENT_PATH.read_text())
+    answer = document["paths"]["/ready"]["get"]["responses"][str(response.status_code)]
+    assert response.status_code == 503
+    assert set(answer["headers"]) <= set(response.headers.keys())  # Retry-After among them
+    readiness = document["components"]["schemas"]["Readiness"]
+    assert set(readiness["required"]) <= set(response.json) <= set(readiness["properties"])
+    for name, value in response.json.items():
+        assert value in readiness["properties"][name].get("enum", [value]), name
+    assert response.json["postgres"] == "not_at_this_release"
+    assert response.json["postgres_reason"] == "the money rule (money.sql) is not applied: run `flask init-db`"
+
+
 def signed(kwargs):
     """Serialise the generated body ourselves and sign those exact bytes, as a provider does."""
     headers = kwargs["headers"]

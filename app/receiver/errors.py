@@ -18,6 +18,7 @@ from ..settings.config import Settings
 from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from ..store.outcome import Outcome
 from .delivery import current_delivery
+from .release import NotAtReleaseError
 from .webhooks import UnknownSourceError, too_large
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Answer(NamedTuple):
     retry_after: bool = False
     names_event: bool = False  # the body carries the event's id (the sender learns which event it refers to)
     extra: dict[str, str] | None = None  # more fields of the body
+    logged: bool = True  # False: its cause is logged once per process when it begins and ends, not per answer
 
 
 _UNAVAILABLE = Answer(503, "unavailable", Outcome.UNAVAILABLE, "the database is unavailable; retry later", True)
@@ -65,6 +67,10 @@ ANSWERS: dict[type[Exception], Answer] = {
     # limit (the worker stalled): both end in a rollback, and a retry succeeds.
     psycopg.errors.ReadOnlySqlTransaction: _UNAVAILABLE,
     psycopg.errors.IdleInTransactionSessionTimeout: _UNAVAILABLE,
+    # The database's schema or money rule is not this release's (release.py, logged there): the provider's
+    # retry succeeds once the operator has run `flask init-db`. The reason is for the operator, not the sender.
+    NotAtReleaseError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
+                              "the database is not at this release; retry later", retry_after=True, logged=False),
     # A provider's API (or PayPal's certificate host) had no free slot, timed
     # out, was unreachable, answered 429 or 5xx, or refused our credentials
     # (ProviderRefusedError, counted: the alert WebhookLedgerProviderRefusesCredentials;
@@ -114,7 +120,7 @@ def _domain_error(exc: Exception) -> Response:
     answer = next(ANSWERS[cls] for cls in type(exc).__mro__ if cls in ANSWERS)
     if answer is _UNAVAILABLE:
         log.warning("database unavailable: %s%s", type(exc).__name__, _sqlstate(exc))
-    elif answer.status == 503:
+    elif answer.status == 503 and answer.logged:
         log.warning("unavailable: %s", exc)  # our own message: names no value of the request
     body = {"error": answer.error, **(answer.extra or {})}
     message = str(exc) if answer.message is None else answer.message

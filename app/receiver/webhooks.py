@@ -18,6 +18,7 @@ from ..store.db import get_pool
 from ..version import __version__
 from . import fetch
 from .delivery import current_delivery
+from .release import ReleaseCheck
 
 bp = Blueprint("webhooks", __name__)
 
@@ -50,8 +51,15 @@ def receive(name: str | None) -> dict[str, str]:
     delivery.effect = effect  # what the money is decided by: the provider's record, for a fetching source
     body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
     delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
-    delivery.result = delivery.lock.apply_once(lambda: ledger.apply_event(
-        get_pool(current_app), event, effect, body_sha256, settings.policy, fetched=fetched.body))
+
+    def apply() -> ledger.Result:
+        # 503, nothing written, while the database is not at this release: a clock comparison per delivery,
+        # a query once the process's answer is RECHECK_SECONDS old (release.py).
+        ReleaseCheck.of(current_app).require(current_app)
+        return ledger.apply_event(get_pool(current_app), event, effect, body_sha256, settings.policy,
+                                  fetched=fetched.body)
+
+    delivery.result = delivery.lock.apply_once(apply)
     delivery.outcome = delivery.result.raise_for_outcome().outcome
     return {"status": delivery.outcome, "event_id": event.id}
 
@@ -92,16 +100,18 @@ def health() -> dict[str, str]:
 
 @bp.get("/ready")
 def ready() -> Mapping[str, str] | tuple[Mapping[str, str], int, Mapping[str, str]]:
-    """Readiness: PostgreSQL must answer; Redis is reported (with why it is degraded), not required."""
+    """Readiness: PostgreSQL must answer, at this release; Redis is reported (with why it is degraded), not required."""
     link = current_app.extensions["redis"]
     # Why Redis cannot be used now, or the fault that deliveries met lately
     # (OOM, say, refuses only writes, which the probe may not make).
     redis_reason = lock.probe(link) or link.recent_fault()
     body = {"redis": "degraded", "redis_reason": redis_reason} if redis_reason else {"redis": "ok"}
+    retry_after = {"Retry-After": str(Settings.of(current_app).retry_after_seconds)}
     try:
-        with get_pool(current_app).connection() as conn:
-            conn.execute("SELECT 1")
+        reason = ReleaseCheck.of(current_app).ask(current_app)  # asked afresh: the deliveries' answer is renewed too
     except psycopg.OperationalError:
-        body = {"status": "unavailable", "postgres": "unavailable", **body}
-        return body, 503, {"Retry-After": str(Settings.of(current_app).retry_after_seconds)}
+        return {"status": "unavailable", "postgres": "unavailable", **body}, 503, retry_after
+    if reason is not None:
+        return {"status": "unavailable", "postgres": "not_at_this_release", "postgres_reason": reason, **body}, 503, \
+            retry_after
     return {"status": "ok", "postgres": "ok", **body}

@@ -2,6 +2,7 @@
 (docs/deploying.md, "Upgrading the schema")."""
 
 import hashlib
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,12 +24,22 @@ BASELINE = "1.0.0"
 # The money rule, beside schema.sql: applied after the tables, every time.
 MONEY = "money.sql"
 RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
+# The money rule's row: the sha256 of the money.sql applied last, and when that text was first applied.
+RECORD_MONEY = RECORD + (" ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()"
+                         " WHERE schema_migrations.sha256 <> EXCLUDED.sha256")
+NO_SCHEMA = "the database has no schema: run `flask init-db`"
 BEFORE_1_0 = (f"this database was made by a build before release {BASELINE}, which {BASELINE} does not upgrade: "
               "nothing was changed (docs/deploying.md, \"From a build before 1.0.0\")")
 
 
 class SchemaError(RuntimeError):
     """The database does not fit this release's schema and migrations: nothing was changed."""
+
+
+def newer(names: list[str]) -> str:
+    """Why a database that records migrations this release has not is not at this release (init-db's too)."""
+    return (f"the database is newer than this release: it has migrations that this release has not: {', '.join(names)}"
+            " (deploy that release, or restore)")
 
 
 class Applied(NamedTuple):
@@ -63,9 +74,10 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
             recorded = {BASELINE: b"", **sha256}
             created = True
         recorded.pop(BASELINE)
+        recorded.pop(MONEY, None)
         unknown = sorted(set(recorded) - set(files))
         if unknown:
-            raise SchemaError(f"the database has migrations that this release has not: {', '.join(unknown)}")
+            raise SchemaError(newer(unknown))
         changed = sorted(name for name in recorded if bytes(recorded[name]) != sha256[name])
         if changed:
             raise SchemaError(f"migrations changed since they were applied: {', '.join(changed)}")
@@ -73,8 +85,53 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
         for name in ran:
             conn.execute(files[name].decode())
             conn.execute(RECORD, [name, sha256[name], True])
-        conn.execute((schema_path.parent / MONEY).read_text())
+        money = (schema_path.parent / MONEY).read_bytes()
+        conn.execute(money.decode())
+        conn.execute(RECORD_MONEY, [MONEY, hashlib.sha256(money).digest(), True])  # what why_not_at_release reads
     return Applied(created, ran)
+
+
+def why_not_at_release(conn: psycopg.Connection[Any], schema_path: Path) -> str | None:
+    """None when conn's database is at the release of schema_path's files, else why not, in one line naming the fix.
+
+    One query (conn in autocommit: a database without schema_migrations is an error, caught).
+    """
+    try:
+        tables, names, digests = conn.execute(
+            "SELECT to_regclass('webhook_events') IS NOT NULL, array_agg(name), array_agg(sha256)"
+            " FROM schema_migrations").fetchone() or (False, None, None)
+    except psycopg.errors.UndefinedTable:
+        tables, names, digests = _value(conn, "SELECT to_regclass('webhook_events') IS NOT NULL"), None, None
+    recorded = {name: bytes(digest) for name, digest in zip(names or [], digests or [], strict=True)}
+    if not recorded:
+        return BEFORE_1_0 if tables else NO_SCHEMA
+    if BASELINE not in recorded:
+        return BEFORE_1_0
+    files, money = _release(schema_path)
+    money_recorded = recorded.pop(MONEY, None)
+    recorded.pop(BASELINE)
+    unknown = sorted(set(recorded) - set(files))
+    if unknown:
+        return newer(unknown)
+    changed = sorted(name for name in recorded if recorded[name] != files[name])
+    if changed:
+        return f"migrations changed since they were applied: {', '.join(changed)}: deploy the release that applied them"
+    missing = sorted(set(files) - set(recorded))
+    if missing:
+        return f"migrations of this release not applied: {', '.join(missing)}: run `flask init-db`"
+    if money_recorded is None:
+        return f"the money rule ({MONEY}) is not applied: run `flask init-db`"
+    if money_recorded != money:
+        return f"the money rule ({MONEY}) applied is another release's: run this release's `flask init-db`"
+    return None
+
+
+@cache
+def _release(schema_path: Path) -> tuple[dict[str, bytes], bytes]:
+    """The sha256 of each migration beside schema_path, by name, and of its money.sql: read once per process."""
+    files = sorted((schema_path.parent / "migrations").glob("*.sql"))
+    return ({path.name: hashlib.sha256(path.read_bytes()).digest() for path in files},
+            hashlib.sha256((schema_path.parent / MONEY).read_bytes()).digest())
 
 
 def _value(conn: psycopg.Connection[Any], query: str) -> Any:

@@ -1,0 +1,63 @@
+"""Whether the database is at this release (app/store/schema.py), remembered per process: deliveries wait for
+`flask init-db` with a 503 instead of failing (docs/design.md, "When things break")."""
+
+import logging
+import threading
+import time
+
+from flask import Flask
+
+from ..settings.config import Settings
+from ..store.db import get_pool
+from ..store.schema import why_not_at_release
+
+log = logging.getLogger(__name__)
+
+# How long a process trusts its last answer: after `flask init-db`, deliveries succeed again within it, and a
+# process asks the database at most once per it (not once per delivery). Short next to a provider's retries.
+RECHECK_SECONDS = 5.0
+EXTENSION = "release_check"
+
+
+class NotAtReleaseError(RuntimeError):
+    """The database is not at this release: the delivery is answered 503, with Retry-After, and nothing is written."""
+
+
+class ReleaseCheck:
+    """The process's last answer (None: at this release) and until when (time.monotonic()) it holds."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.until = 0.0  # expired: the first delivery asks
+        self._asking = threading.Lock()
+
+    @staticmethod
+    def of(app: Flask) -> "ReleaseCheck":
+        check: ReleaseCheck = app.extensions[EXTENSION]
+        return check
+
+    def require(self, app: Flask) -> None:
+        """Raise NotAtReleaseError when the database is not at this release; ask it only once the answer expired."""
+        if time.monotonic() >= self.until and self._asking.acquire(blocking=False):  # one thread asks; others wait not
+            try:
+                self.ask(app)
+            finally:
+                self._asking.release()
+        if self.reason is not None:
+            raise NotAtReleaseError(self.reason)
+
+    def ask(self, app: Flask) -> str | None:
+        """Ask the database now (psycopg.OperationalError when it does not answer), remember it, and return why not."""
+        with get_pool(app).connection() as conn:
+            reason = why_not_at_release(conn, Settings.of(app).schema_path)
+        if reason != self.reason:  # one line per change, not per request
+            if reason is None:
+                log.warning("the database is at this release again: deliveries are served")
+            else:
+                log.warning("the database is not at this release: deliveries are answered 503 until it is: %s", reason)
+        self.reason, self.until = reason, time.monotonic() + RECHECK_SECONDS
+        return reason
+
+
+def init_app(app: Flask) -> None:
+    app.extensions[EXTENSION] = ReleaseCheck()
