@@ -28,25 +28,34 @@ cluster: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages cluster
 	exec $(BIN)/python scripts/cluster.py
 
-# The whole suite, every tier in one session. Installs the Debian packages
-# the tests need when missing (devservers/packages.py).
+# The whole suite, every tier in one session, on TEST_WORKERS pytest-xdist
+# workers, each with its own servers and ports (docs/testing.md, "Workers").
+# Installs the Debian packages the tests need when missing.
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# app/'s bytecode, written once rather than by each process a test starts.
+BYTECODE := $(BIN)/python -m compileall -q app devservers scripts wsgi.py
 test: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages test
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BYTECODE)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 # The tiers, by what they need (docs/testing.md). A test of a core or deploy
 # module that is marked unit is in the unit tier alone.
 # The unit tier runs on every core (pytest-xdist): its tests share nothing.
 test-unit: $(VENV)/.installed
+	$(BYTECODE)
 	$(BIN)/pytest -m unit -n auto $(PYTEST_ARGS)
 
 # A throwaway PostgreSQL and Redis, the README's prerequisites: no root, no apt.
 test-core: $(VENV)/.installed
-	$(BIN)/pytest -m 'core and not unit' $(PYTEST_ARGS)
+	$(BYTECODE)
+	$(BIN)/pytest -m 'core and not unit' $(XDIST) $(PYTEST_ARGS)
 
 test-deploy: $(VENV)/.installed
 	$(BIN)/python -m devservers.packages test
-	$(BIN)/pytest -m 'deploy and not unit' $(PYTEST_ARGS)
+	$(BYTECODE)
+	$(BIN)/pytest -m 'deploy and not unit' $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier, under 30 s: lint, then the unit tier.
 check: lint test-unit

@@ -33,10 +33,24 @@ _GIVEN: set[int] = set()
 def free_port():
     """A port nothing uses now, outside the kernel's ephemeral range, so that no
     outgoing connection (a readiness probe's, say) takes it before its server
-    binds it, and never one this process handed out already."""
-    port = port_for.select_random(exclude_ports=_GIVEN)
+    binds it, and never one this process handed out already. Under pytest-xdist,
+    never one another worker of the session may pick (see _worker_share)."""
+    index, count = _worker_share()
+    ports = {port for port in port_for.available_good_ports() if port % count == index}
+    port = port_for.select_random(ports, exclude_ports=_GIVEN)
     _GIVEN.add(port)
     return port
+
+
+def _worker_share():
+    """(this worker's index, the number of workers) of a pytest-xdist session, else (0, 1). Each worker picks
+    its ports among those equal to its index modulo the count: two workers never race to bind one port, and a
+    port a test freed (a server it stopped, to see it refused) is not another worker's meanwhile. The servers
+    and scripts a test starts inherit the variables, and so the share."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(worker[2:]) % int(count), int(count)
+    return 0, 1
 
 
 def wait_until(predicate, timeout=15.0, interval=0.05, what="condition"):

@@ -29,7 +29,9 @@ from devservers.demo import DEMO_SECRET
 
 from .helpers import db_url, http_get
 
-pytestmark = pytest.mark.core
+# On one worker of `make test` (pytest-xdist) with test_run.py: `make run`'s script keeps
+# its metrics in the checkout's .run/metrics, which each start empties.
+pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
 
 PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
 MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`

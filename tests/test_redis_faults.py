@@ -18,7 +18,8 @@ from devservers.topology import RedisCluster
 
 from .helpers import balance, payment, send
 
-pytestmark = pytest.mark.core
+# One worker of `make test` (pytest-xdist) starts the Redis Cluster, once for the module.
+pytestmark = [pytest.mark.core, pytest.mark.xdist_group("redis-cluster")]
 
 # The ACL user the app logs in as in the NOPERM test; its password must never be logged.
 APP_USER, APP_PASSWORD = "ledger", "redis-s3cret-pw"

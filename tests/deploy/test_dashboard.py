@@ -36,7 +36,8 @@ from ..helpers import (
     sources_config,
 )
 
-pytestmark = pytest.mark.deploy
+# One worker of `make test` (pytest-xdist) runs Prometheus through its load, once for the module.
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("dashboard")]
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "webhook-ledger.json"
 # Grafana's variables, as the test queries them: every source, a window over the whole load.

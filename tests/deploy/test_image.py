@@ -35,7 +35,8 @@ SLOW_DATABASE = {"PG_LOCK_TIMEOUT_MS": "8000", "PG_STATEMENT_TIMEOUT_MS": "9000"
 # How long the in-flight delivery is held after SIGTERM: the server must stay up meanwhile.
 HELD_AFTER_SIGTERM_S = 2.0
 
-pytestmark = [pytest.mark.deploy,
+# One worker of `make test` (pytest-xdist) builds the image and runs its container, once for the module.
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("image"),
               pytest.mark.skipif(image_test_skipped(), reason="IMAGE_TEST=skip: podman cannot run here")]
 
 

@@ -20,7 +20,9 @@ from devservers import ROOT, free_port, wait_until
 from ..helpers import ALICE, UNKNOWN_USER, encode, http_get, payment, send, signed_headers
 from .host import INSTALLED_SECRET
 
-pytestmark = pytest.mark.deploy
+# One worker of `make test` (pytest-xdist) builds the wheel and installs the host, once for the
+# modules that use them (test_packaging, test_systemd, test_reconcile_timer).
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("installed-host")]
 
 
 def test_the_wheel_holds_the_runtime_and_the_schema_only(wheel):

@@ -23,7 +23,9 @@ from ..helpers import ALICE, debian_program
 from ..stripe_events import intent_succeeded
 from .test_systemd import PREFIX, SYSTEMD_PATH, UNITS, read_unit
 
-pytestmark = pytest.mark.deploy
+# One worker of `make test` (pytest-xdist) builds the wheel and installs the host, once for the
+# modules that use them (test_packaging, test_systemd, test_reconcile_timer).
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("installed-host")]
 
 SERVICE, TIMER = "webhook-ledger-reconcile@.service", "webhook-ledger-reconcile@.timer"
 INSTANCE = "default"  # %i: the source the instance reconciles

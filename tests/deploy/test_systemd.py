@@ -27,7 +27,9 @@ from devservers import ROOT, free_port, packages, wait_until
 from ..helpers import ALICE, debian_program, encode, http_get, payment, send
 from .host import INSTALLED_SECRET
 
-pytestmark = pytest.mark.deploy
+# One worker of `make test` (pytest-xdist) builds the wheel and installs the host, once for the
+# modules that use them (test_packaging, test_systemd, test_reconcile_timer).
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("installed-host")]
 
 UNITS = ROOT / "deploy" / "systemd"
 SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"

@@ -30,7 +30,8 @@ from devservers.topology import APP_USER, DB_NAME, Topology
 
 from ..helpers import ALICE, BOB, OPENING, SECRET, assert_ledger_consistent, balance, encode, payment, signed_headers
 
-pytestmark = pytest.mark.deploy
+# One worker of `make test` (pytest-xdist) starts the topology, once for the module.
+pytestmark = [pytest.mark.deploy, pytest.mark.xdist_group("topology")]
 
 # What every host runs with besides the topology's URLs.
 ENV = {
