@@ -297,6 +297,24 @@ def test_a_partial_capture_before_basil_debits_no_released_authorisation(client,
     assert_ledger_consistent(db)
 
 
+ACACIA = "2024-10-28.acacia"  # the first version that sends refund.* for a charge's refunds
+
+
+def test_a_failed_refund_reaches_the_ledger_under_the_subscription_for_partial_captures(client, db):
+    """docs/providers.md: a partially capturing account before basil subscribes to charge.refunded and
+    refund.failed (acacia's event version): the refund the total took is given back when it fails."""
+    send_stripe(client, intent_succeeded("pi_capf", cents=6000, authorized=10000))
+    for total in (4000, 6000):  # the released authorisation, then a real refund of 2000
+        sent = charge_refunded("pi_capf", total, cents=10000, captured=6000, api_version=ACACIA)
+        assert send_stripe(client, sent).json["status"] == "processed"
+    assert balance(db, ALICE) == 1000 + 6000 - 2000
+    failed = refund("re_capf", "pi_capf", 2000, status="failed")
+    failed["api_version"] = ACACIA
+    assert send_stripe(client, failed).json["status"] == "processed"
+    assert balance(db, ALICE) == 1000 + 6000
+    assert_ledger_consistent(db)
+
+
 def test_a_partial_capture_since_basil_counts_only_refunds_in_its_total(client, db):
     send_stripe(client, intent_succeeded("pi_cap2", cents=6000, authorized=10000))
     assert send_stripe(client, charge_refunded("pi_cap2", 1000, cents=10000, captured=6000)).json["status"] == \
