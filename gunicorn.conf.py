@@ -105,8 +105,8 @@ else:
 # sysexits.h's EX_CONFIG, as `flask` commands exit on a configuration error:
 # a supervisor tells it from a crash, and restarting will not help.
 EX_CONFIG = 78
-# What the master runs in a child process to check the settings (app/settings/config.py).
-_CHECK_SETTINGS = "from app.settings.config import check; check()"
+# What the master runs in a child process to check the settings, and the ledger's currency (app/store/db.py).
+_CHECK_SETTINGS = "from app.store.db import check_at_start; check_at_start()"
 
 
 def on_starting(server):

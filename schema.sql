@@ -12,6 +12,16 @@
 -- change to the rule is made once, in money.sql. tests/test_db.py checks that
 -- both ways end in the same tables, constraints, indexes and functions.
 
+-- The ledger's currency: the one row that the first `flask init-db` records
+-- (its LEDGER_CURRENCY). Every balance and every credited payment is in it;
+-- init-db and the service refuse another LEDGER_CURRENCY, and `flask ledger
+-- set-currency` changes it only while nothing has moved.
+CREATE TABLE IF NOT EXISTS ledger_currency (
+    one         BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
+    currency    TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
+    recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
 -- The ledger: one row per user, credited by payments, debited by their
 -- refunds and disputes and by what the user spends, and corrected by
 -- operators' adjustments. The opening balance is the balance the row was created with (set

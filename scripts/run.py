@@ -21,6 +21,7 @@ import psycopg
 
 from app.settings.config import ConfigError, from_env
 from app.store.db import apply_schema
+from app.store.schema import SchemaError
 from devservers import Gunicorn
 from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings
 from devservers.run_dir import RUN_DIR, start_servers
@@ -96,6 +97,9 @@ def prepare_database(config):
                                       [DEMO_USER]).fetchone()
     except psycopg.Error as exc:
         raise Failed(f"preparing the database: {exc}") from None
+    except SchemaError as exc:  # another LEDGER_CURRENCY than the kept cluster's, say
+        raise Failed(f"preparing the database: {exc} (make run's own cluster is kept in {RUN_DIR}: with make run "
+                     "stopped, `rm -rf .run` starts an empty one)") from None
     log(f"demo user {DEMO_USER} exists, balance {balance} cents")
     return f"evt_demo_{number}", balance
 

@@ -372,3 +372,8 @@ def read_banner(proc, timeout):
 def debian_program(name):
     """A program's path (`make test` installed its package, devservers/packages.py), or None."""
     return packages.find(name)
+
+
+def record_currency(db, currency):
+    """Make currency the ledger's, as the first init-db under LEDGER_CURRENCY=currency records it."""
+    db.execute("UPDATE ledger_currency SET currency = %s", [currency.lower()])

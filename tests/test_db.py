@@ -12,6 +12,8 @@ import os
 import resource
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,8 +25,8 @@ from psycopg.rows import dict_row, namedtuple_row
 from app.receiver import release
 from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.store.deadline import MARGIN_MS
-from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer
-from devservers import wait_until
+from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer, other_currency
+from devservers import ROOT, free_port, wait_until
 
 from .helpers import (
     ALICE,
@@ -39,7 +41,9 @@ from .helpers import (
 
 pytestmark = pytest.mark.core
 
-TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations",
+CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
+
+TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
 
 
@@ -54,10 +58,11 @@ def test_schema_applies_twice_without_error(db):
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
-                      "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments"}
+                      "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
+                      "ledger_currency"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0; and the money rule, each time
-    assert _recorded(db) == [(BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [(CURRENCY, False), (BASELINE, False), (MONEY, True)]
 
 
 def test_opening_balance_is_the_balance_at_insert(db):
@@ -207,9 +212,11 @@ def test_init_db_creates_the_schema_in_an_empty_database(app, db):
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
     recorded = _migrations_recorded(db)
-    assert [(row.name, row.ran) for row in recorded] == [(BASELINE, False), (MONEY, True)]
-    assert bytes(recorded[0].sha256) == hashlib.sha256(DEFAULT_SCHEMA_PATH.read_bytes()).digest()
-    assert bytes(recorded[1].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / MONEY).read_bytes()).digest()
+    assert [(row.name, row.ran) for row in recorded] == [(CURRENCY, False), (BASELINE, False), (MONEY, True)]
+    assert bytes(recorded[0].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / "migrations" / CURRENCY)
+                                                       .read_bytes()).digest()
+    assert bytes(recorded[1].sha256) == hashlib.sha256(DEFAULT_SCHEMA_PATH.read_bytes()).digest()
+    assert bytes(recorded[2].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / MONEY).read_bytes()).digest()
 
 
 def test_init_db_a_second_time_changes_nothing(app, db):
@@ -249,8 +256,8 @@ NOTE_MIGRATION = "ALTER TABLE payments ADD COLUMN note TEXT CHECK (char_length(n
 
 
 def _a_later_release(tmp_path, *migrations):
-    """schema.sql, money.sql and migrations/ of a later release in tmp_path: migrations (name, text) added, and
-    001's column in its schema.sql. The path of its schema.sql."""
+    """schema.sql, money.sql and migrations/ of a later release in tmp_path: this release's migrations and
+    migrations (name, text), and 002's column in its schema.sql. The path of its schema.sql."""
     tmp_path.mkdir(exist_ok=True)
     schema = DEFAULT_SCHEMA_PATH.read_text()
     column = "    customer_id    TEXT,\n"
@@ -258,31 +265,31 @@ def _a_later_release(tmp_path, *migrations):
     (tmp_path / "schema.sql").write_text(
         schema.replace(column, column + "    note           TEXT CHECK (char_length(note) <= 200),\n"))
     shutil.copy(DEFAULT_SCHEMA_PATH.parent / "money.sql", tmp_path / "money.sql")
-    (tmp_path / "migrations").mkdir()
+    shutil.copytree(DEFAULT_SCHEMA_PATH.parent / "migrations", tmp_path / "migrations")
     for name, text in migrations:
         (tmp_path / "migrations" / name).write_text(text)
     return tmp_path / "schema.sql"
 
 
 def test_a_1_0_database_migrated_to_a_later_release_has_that_releases_fresh_schema(db, tmp_path):
-    later = _a_later_release(tmp_path, ("001_note.sql", NOTE_MIGRATION))
+    later = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION))
     _drop_schema(db)
     assert apply_schema(db, later) == (True, [])  # a fresh database of the later release
     fresh = _catalog(db)
-    assert _recorded(db) == [("001_note.sql", False), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", False), (BASELINE, False), (MONEY, True)]
     _drop_schema(db)
     assert apply_schema(db) == (True, [])  # 1.0.0's
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 7)", [ALICE])
-    assert apply_schema(db, later) == (False, ["001_note.sql"])
+    assert apply_schema(db, later) == (False, ["002_note.sql"])
     assert _differences(db, fresh) == []
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
     assert balance(db) == 7  # rows kept
     assert apply_schema(db, later) == (False, [])
 
 
 def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
     """As two hosts deploying together: both wait for the advisory lock, one migrates, the other finds it done."""
-    later = _a_later_release(tmp_path, ("001_note.sql", NOTE_MIGRATION))
+    later = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION))
     results, errors = [], []
 
     def init_db():
@@ -303,20 +310,20 @@ def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
     for thread in threads:
         thread.join(timeout=30)
     assert errors == []
-    assert sorted(results) == [(False, []), (False, ["001_note.sql"])]
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert sorted(results) == [(False, []), (False, ["002_note.sql"])]
+    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
 
 
 def _with_a_changed_migration(db, tmp_path):
     """db migrated by a later release's 001, then the files of one whose 001 was edited after its release and
     with a 002 after it."""
-    apply_schema(db, _a_later_release(tmp_path / "then", ("001_note.sql", NOTE_MIGRATION)))
-    return _a_later_release(tmp_path / "now", ("001_note.sql", NOTE_MIGRATION + "-- edited after its release\n"),
-                            ("002_later.sql", "CREATE TABLE later (id int);\n"))
+    apply_schema(db, _a_later_release(tmp_path / "then", ("002_note.sql", NOTE_MIGRATION)))
+    return _a_later_release(tmp_path / "now", ("002_note.sql", NOTE_MIGRATION + "-- edited after its release\n"),
+                            ("003_later.sql", "CREATE TABLE later (id int);\n"))
 
 
 def test_a_migration_changed_since_it_was_applied_stops_init_db(db, tmp_path):
-    with pytest.raises(SchemaError, match="migrations changed since they were applied: 001_note.sql"):
+    with pytest.raises(SchemaError, match="migrations changed since they were applied: 002_note.sql"):
         apply_schema(db, _with_a_changed_migration(db, tmp_path))
 
 
@@ -325,7 +332,7 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     with pytest.raises(SchemaError):
         apply_schema(db, schema)
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
-    assert _recorded(db) == [("001_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
 
 
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
@@ -333,6 +340,107 @@ def test_a_database_newer_than_the_release_stops_init_db(app, db):
     result = app.test_cli_runner().invoke(args=["init-db"])
     assert result.exit_code == 1
     assert result.output == f"Error: {newer(['999_later.sql'])}\n"
+
+
+# -- the ledger's currency, recorded by the first init-db ---------------------------------------------------------
+
+def _currency(db):
+    return db.execute("SELECT currency FROM ledger_currency").fetchone()[0]
+
+
+def _as_1_0_made_it(db):
+    """db as release 1.0.0 made it: no ledger_currency, and its migration not recorded."""
+    db.execute("DROP TABLE ledger_currency")
+    db.execute("DELETE FROM schema_migrations WHERE name = %s", [CURRENCY])
+
+
+def test_init_db_records_the_ledger_currency(app, db):
+    fresh, first = _init_db_in_an_empty_database(app, db)
+    assert first.exit_code == 0, first.output
+    assert _currency(db) == "usd"
+
+
+def test_init_db_under_another_currency_stops_with_one_line_and_changes_nothing(make_app, config, db):
+    send(make_app(config).test_client(), payment("evt_usd", cents=5))
+    before = _catalog(db), _migrations_recorded(db), balance(db)
+    result = make_app({**config, "LEDGER_CURRENCY": "EUR"}).test_cli_runner().invoke(args=["init-db"])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {other_currency('eur', 'usd')}\n"
+    assert (_catalog(db), _migrations_recorded(db), balance(db), _currency(db)) == (*before, "usd")
+
+
+def test_a_1_0_database_records_its_currency_when_migrated(db):
+    fresh = _catalog(db)
+    _as_1_0_made_it(db)
+    assert apply_schema(db, currency="inr") == (False, [CURRENCY])
+    assert _differences(db, fresh) == []
+    assert _currency(db) == "inr"
+
+
+def test_a_1_0_database_whose_payments_are_in_another_currency_is_not_migrated(app, db):
+    send(app.test_client(), payment("evt_usd", cents=5))
+    _as_1_0_made_it(db)
+    with pytest.raises(SchemaError, match="LEDGER_CURRENCY is eur, but this ledger is in usd"):
+        apply_schema(db, currency="eur")
+    assert db.execute("SELECT to_regclass('ledger_currency')").fetchone()[0] is None  # nothing changed
+    assert apply_schema(db, currency="usd") == (False, [CURRENCY])
+
+
+def test_set_currency_moves_a_ledger_where_nothing_moved(app, db):
+    result = app.test_cli_runner().invoke(args=["ledger", "set-currency", "EUR"])
+    assert (result.exit_code, result.output) == (
+        0, "the ledger's currency is eur (it was usd): start the service with LEDGER_CURRENCY=eur\n")
+    assert _currency(db) == "eur"
+
+
+@pytest.mark.parametrize("currency", ["EUR", "usd"])
+def test_set_currency_refuses_a_ledger_where_money_moved(app, db, currency):
+    send(app.test_client(), payment("evt_moved", cents=5))
+    result = app.test_cli_runner().invoke(args=["ledger", "set-currency", currency])
+    if currency == "usd":  # the same currency: nothing to change
+        assert result.exit_code == 0, result.output
+    else:
+        assert (result.exit_code, result.output) == (
+            1, "Error: money has moved in this ledger (in usd): its currency cannot change; nothing was changed\n")
+    assert _currency(db) == "usd"
+
+
+def test_set_currency_refuses_what_is_not_a_currency(app, db):
+    result = app.test_cli_runner().invoke(args=["ledger", "set-currency", "euro"])
+    assert result.exit_code == 2
+    assert "CURRENCY must be a three-letter ISO 4217 currency code" in result.output
+    assert _currency(db) == "usd"
+
+
+@pytest.mark.parametrize("command", [["events", "replay", "--all-failed"], ["reconcile", "default"]])
+def test_a_command_that_applies_events_refuses_another_currency(make_app, config, db, command):
+    settings = {"LEDGER_CURRENCY": "eur", "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": "rk_test_x"}
+    result = make_app({**config, **settings}).test_cli_runner().invoke(args=command)
+    assert (result.exit_code, result.output) == (78, f"Error: configuration error: {other_currency('eur', 'usd')}\n")
+
+
+def test_gunicorn_does_not_start_under_another_currency_than_the_ledgers(db, redis_server, tmp_path):
+    env = {"PATH": os.environ["PATH"], "DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url,
+           "WEBHOOK_SECRET": "whsec-currency-test", "LEDGER_CURRENCY": "eur", "PORT": str(free_port()),
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "wsgi:app"],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert done.returncode == os.EX_CONFIG, done.stdout
+    named = [line for line in done.stdout.splitlines() if "configuration error" in line]
+    assert len(named) == 1 and other_currency("eur", "usd") in named[0].replace('\\"', '"'), done.stdout
+    assert "Booting worker" not in done.stdout
+
+
+def test_another_currency_is_not_ready_and_deliveries_wait(make_app, config, db, caplog):
+    client = make_app({**config, "LEDGER_CURRENCY": "eur"}).test_client()
+    status, answer, headers = send(client, payment("evt_eur", cents=5, currency="eur"))
+    assert (status, answer["error"], int(headers["Retry-After"])) == (503, "unavailable", 1)
+    assert "LEDGER_CURRENCY" not in answer["message"]  # the sender is not told our settings
+    assert event_rows(db) == 0
+    ready = client.get("/ready")
+    assert (ready.status_code, ready.json["postgres"]) == (503, "another_currency")
+    assert ready.json["postgres_reason"] == other_currency("eur", "usd")
+    assert any(other_currency("eur", "usd") in r.getMessage() for r in caplog.records if r.name == release.__name__)
 
 
 # -- a database not at this release: /ready and deliveries say so, until init-db ------------------------------
@@ -378,10 +486,10 @@ def test_a_database_newer_than_the_release_is_not_ready(app, db):
 
 
 def test_new_migrations_run_once_in_order(db, tmp_path):
-    schema = _a_later_release(tmp_path, ("001_note.sql", NOTE_MIGRATION),
-                              ("002_first.sql", "CREATE TABLE later (id int);\n"),
-                              ("003_second.sql", "INSERT INTO later VALUES (1);\n"))
-    assert apply_schema(db, schema) == (False, ["001_note.sql", "002_first.sql", "003_second.sql"])
+    schema = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION),
+                              ("003_first.sql", "CREATE TABLE later (id int);\n"),
+                              ("004_second.sql", "INSERT INTO later VALUES (1);\n"))
+    assert apply_schema(db, schema) == (False, ["002_note.sql", "003_first.sql", "004_second.sql"])
     assert apply_schema(db, schema) == (False, [])
     assert db.execute("SELECT * FROM later").fetchall() == [(1,)]
 

@@ -23,6 +23,7 @@ from .helpers import (
     balance,
     payment,
     payment_refunded,
+    record_currency,
     samples,
     send,
     stored_event_row,
@@ -242,6 +243,7 @@ def test_a_refund_above_its_payment_or_malformed_debits_nothing(client, db, refu
 @STRIPE
 def test_a_refund_in_another_currency_than_its_payment_is_422(make_app, config, db):
     client = make_app({**config, "LEDGER_CURRENCY": "eur"}).test_client()
+    record_currency(db, "eur")  # a ledger in euros holding a payment in dollars (written here, as no rule would)
     db.execute("INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id)"
                " VALUES ('default', 'pi_usd', %s, 300, 'usd', 'evt_old')", [ALICE])
     db.execute("INSERT INTO ledger_journal (source, event_id, kind, payment_id, user_id, amount_cents)"

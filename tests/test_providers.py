@@ -22,6 +22,7 @@ from .helpers import (
     encode,
     event_rows,
     payment,
+    record_currency,
     secret_for,
     send,
     signed_headers,
@@ -136,6 +137,7 @@ def test_a_failed_stripe_payment_retried_with_changed_pending_webhooks_is_proces
     (stripe_event("evt_euro", currency="eur"), {"LEDGER_CURRENCY": "JPY"}, "currency, 'jpy'"),
 ])
 def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config, db, scheme, event, setting, reason):
+    record_currency(db, setting.get("LEDGER_CURRENCY", "usd"))
     client = make_app({**config, **setting}).test_client()
     body = encode(event)
     response = send(client, body, signed_by_the_provider(scheme, body))
@@ -153,6 +155,7 @@ def test_stripe_payment_in_another_currency_or_test_mode_is_422(make_app, config
 ])
 def test_a_stripe_payment_refused_by_default_credits_under_the_setting_that_allows_it(
         make_app, config, db, scheme, settings, fields):
+    record_currency(db, settings.get("LEDGER_CURRENCY", "usd"))
     client = make_app({**config, **settings}).test_client()
     body = encode(stripe_event("evt_test_euro", user=BOB, cents=300, **fields))
     assert send(client, body, signed_by_the_provider(scheme, body)).json["status"] == "processed"

@@ -23,6 +23,7 @@ from .helpers import (
     db_url,
     encode,
     event_rows,
+    record_currency,
     send,
     source_secret,
     sources_config,
@@ -41,6 +42,7 @@ INR = Policy("inr")
 def config(db, redis_server, redis_client):
     """Razorpay on its own route; the ledger in rupees (Razorpay's amounts are paise)."""
     base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
+    record_currency(db, "inr")
     return sources_config(base, {SOURCE: None}, LEDGER_CURRENCY="inr")
 
 

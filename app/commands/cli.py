@@ -17,13 +17,14 @@ from ..locking import lock
 from ..locking.redis_client import reason_of
 from ..providers.outbound import ProviderUnavailableError
 from ..receiver import fetch, metrics
+from ..settings import parsers
 from ..settings.config import Needs, Settings
 from ..settings.parsers import ConfigError
 from ..settings.sources import api_key_setting
 from ..store import ledger, retention, verify
 from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from ..store.outcome import Outcome
-from ..store.schema import SchemaError
+from ..store.schema import SchemaError, other_currency, recorded_currency, set_currency
 from . import reconcile
 from .base import CENTS, Commands, needs, os_user, table, utc
 
@@ -255,6 +256,15 @@ def _replayed(source: str, event_id: str, result: ledger.Result | None) -> tuple
     return False, f"{event_id}: still failed: {result.problem or result.outcome}"
 
 
+def _in_the_ledgers_currency() -> None:
+    """Stop a command that applies events under LEDGER_CURRENCY when the ledger records another (one line)."""
+    configured = Settings.of(current_app).policy.currency
+    with unavailable_in_one_line(), get_pool(current_app).connection() as conn:
+        recorded = recorded_currency(conn)
+    if recorded is not None and recorded != configured:
+        raise ConfigError(other_currency(configured, recorded))
+
+
 @events.command("replay", needs=Needs.SERVICE)
 @click.argument("event_id", required=False)
 @click.option("--all-failed", is_flag=True, help="Replay every failed event, oldest first.")
@@ -264,6 +274,7 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
     """Re-run stored failed events, from their stored bytes, through the ledger transaction (exactly once)."""
     if bool(event_id) == all_failed:
         raise click.UsageError("give either EVENT_ID or --all-failed")
+    _in_the_ledgers_currency()
     pool = get_pool(current_app)
     if all_failed:
         with transaction(pool) as conn:
@@ -358,6 +369,22 @@ def verify_ledger() -> None:
     click.echo(f"ledger consistent: {counts}{below}{changed}")
 
 
+@ledger_group.command("set-currency", needs=Needs.DATABASE)
+@click.argument("currency")
+def set_ledger_currency(currency: str) -> None:
+    """Make CURRENCY (ISO 4217) the ledger's: only while no payment and no journal row exists (docs/operations.md)."""
+    try:
+        currency = parsers.currency("CURRENCY", currency)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message) from None
+    with unavailable_in_one_line(), get_pool(current_app).connection() as conn:
+        try:
+            was = set_currency(conn, currency)
+        except SchemaError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"the ledger's currency is {currency} (it was {was}): start the service with LEDGER_CURRENCY={currency}")
+
+
 # ignore_unknown_options: a negative CENTS ("-500") is the argument, not an unknown option.
 @ledger_group.command("adjust", needs=Needs.DATABASE, context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=click.UUID)
@@ -436,6 +463,7 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         raise ConfigError(f"{key_setting} is not set: reconcile needs a Stripe restricted key that may read Events")
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be before --until")
+    _in_the_ledgers_currency()
     listing = StripeEvents(source.api_key, settings.stripe_api_base, key_setting)
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts:
         try:

@@ -18,7 +18,7 @@ from ..settings.config import Settings
 from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from ..store.outcome import Outcome
 from .delivery import current_delivery
-from .release import NotAtReleaseError
+from .release import NotAtReleaseError, OtherCurrencyError
 from .webhooks import UnknownSourceError, too_large
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,10 @@ ANSWERS: dict[type[Exception], Answer] = {
     # retry succeeds once the operator has run `flask init-db`. The reason is for the operator, not the sender.
     NotAtReleaseError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
                               "the database is not at this release; retry later", retry_after=True, logged=False),
+    # LEDGER_CURRENCY is not the currency the ledger records (release.py, logged there).
+    OtherCurrencyError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
+                               "the service's settings do not fit its database; retry later", retry_after=True,
+                               logged=False),
     # A provider's API (or PayPal's certificate host) had no free slot, timed
     # out, was unreachable, answered 429 or 5xx, or refused our credentials
     # (ProviderRefusedError, counted: the alert WebhookLedgerProviderRefusesCredentials;

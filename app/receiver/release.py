@@ -9,7 +9,7 @@ from flask import Flask
 
 from ..settings.config import Settings
 from ..store.db import get_pool
-from ..store.schema import why_not_at_release
+from ..store.schema import other_currency, recorded_currency, why_not_at_release
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +23,16 @@ class NotAtReleaseError(RuntimeError):
     """The database is not at this release: the delivery is answered 503, with Retry-After, and nothing is written."""
 
 
+class OtherCurrencyError(NotAtReleaseError):
+    """The ledger records another currency than LEDGER_CURRENCY: answered as NotAtReleaseError."""
+
+
 class ReleaseCheck:
     """The process's last answer (None: at this release) and until when (time.monotonic()) it holds."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.error: type[NotAtReleaseError] = NotAtReleaseError  # which, when reason is not None
         self.until = 0.0  # expired: the first delivery asks
         self._asking = threading.Lock()
 
@@ -44,18 +49,31 @@ class ReleaseCheck:
             finally:
                 self._asking.release()
         if self.reason is not None:
-            raise NotAtReleaseError(self.reason)
+            raise self.error(self.reason)
+
+    @property
+    def state(self) -> str:
+        """The database's, as GET /ready names it."""
+        if self.reason is None:
+            return "ok"
+        return "another_currency" if self.error is OtherCurrencyError else "not_at_this_release"
 
     def ask(self, app: Flask) -> str | None:
         """Ask the database now (psycopg.OperationalError when it does not answer), remember it, and return why not."""
+        settings, error = Settings.of(app), NotAtReleaseError
         with get_pool(app).connection() as conn:
-            reason = why_not_at_release(conn, Settings.of(app).schema_path)
+            reason = why_not_at_release(conn, settings.schema_path)
+            recorded = recorded_currency(conn) if reason is None else settings.ledger_currency
+        if recorded != settings.ledger_currency:
+            error = OtherCurrencyError
+            reason = (other_currency(settings.ledger_currency, recorded) if recorded
+                      else "the ledger's currency is not recorded: run `flask init-db`")
         if reason != self.reason:  # one line per change, not per request
             if reason is None:
-                log.warning("the database is at this release again: deliveries are served")
+                log.warning("the database is at this release and in LEDGER_CURRENCY again: deliveries are served")
             else:
-                log.warning("the database is not at this release: deliveries are answered 503 until it is: %s", reason)
-        self.reason, self.until = reason, time.monotonic() + RECHECK_SECONDS
+                log.warning("deliveries are answered 503 until this is fixed: %s", reason)
+        self.reason, self.error, self.until = reason, error, time.monotonic() + RECHECK_SECONDS
         return reason
 
 

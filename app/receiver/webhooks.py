@@ -107,11 +107,11 @@ def ready() -> Mapping[str, str] | tuple[Mapping[str, str], int, Mapping[str, st
     redis_reason = lock.probe(link) or link.recent_fault()
     body = {"redis": "degraded", "redis_reason": redis_reason} if redis_reason else {"redis": "ok"}
     retry_after = {"Retry-After": str(Settings.of(current_app).retry_after_seconds)}
+    check = ReleaseCheck.of(current_app)
     try:
-        reason = ReleaseCheck.of(current_app).ask(current_app)  # asked afresh: the deliveries' answer is renewed too
+        reason = check.ask(current_app)  # asked afresh: the deliveries' answer is renewed too
     except psycopg.OperationalError:
         return {"status": "unavailable", "postgres": "unavailable", **body}, 503, retry_after
     if reason is not None:
-        return {"status": "unavailable", "postgres": "not_at_this_release", "postgres_reason": reason, **body}, 503, \
-            retry_after
+        return {"status": "unavailable", "postgres": check.state, "postgres_reason": reason, **body}, 503, retry_after
     return {"status": "ok", "postgres": "ok", **body}

@@ -3,13 +3,15 @@ A transaction's settings are set inside it, never for the session (docs/design.m
 
 from __future__ import annotations
 
+import logging
 import os
 import select
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import psycopg
@@ -17,12 +19,13 @@ from flask import Flask
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..settings import conninfo
-from ..settings.config import DEFAULT_SCHEMA_PATH, Settings
+from ..settings.config import DEFAULT_SCHEMA_PATH, Settings, check, from_env
+from ..settings.parsers import ConfigError
 from . import deadline
-from .schema import migrate
+from .schema import migrate, other_currency, recorded_currency
 
 if TYPE_CHECKING:
     from .schema import Applied
@@ -57,6 +60,8 @@ class Pool(ConnectionPool[deadline.Connection]):
     statement and a margin (deadline.py): a frozen server is a 503, not a hang.
     """
 
+    connect_error: psycopg.OperationalError | None = None  # why the pool's last connection failed, if it did
+
     def __init__(self, conninfo: str, timeouts: Mapping[str, int], **kwargs: Any) -> None:
         super().__init__(conninfo, connection_class=deadline.Connection, configure=self._configure, **kwargs)
         self.timeouts = timeouts
@@ -64,6 +69,25 @@ class Pool(ConnectionPool[deadline.Connection]):
         # one_query()'s first statement, built once: it runs before every delivery.
         self.set_timeouts = "SELECT " + ", ".join(
             f"set_config('{name}', '{int(ms)}', true)" for name, ms in timeouts.items()) + ";\n"
+
+    def getconn(self, timeout: float | None = None) -> deadline.Connection:
+        """psycopg_pool's, its PoolTimeout naming why connecting failed when it did (PostgreSQL down, say)."""
+        try:
+            return super().getconn(timeout)
+        except PoolTimeout as exc:
+            if self.connect_error is None:
+                raise
+            raise PoolTimeout(f"{exc}: {self.connect_error}") from None
+
+    def _connect(self, timeout: float | None = None) -> deadline.Connection:
+        """psycopg_pool's (private, 3.2): its last failure kept for getconn (tests/test_psycopg_guard.py)."""
+        try:
+            conn = super()._connect(timeout)
+        except psycopg.OperationalError as exc:
+            self.connect_error = exc
+            raise
+        self.connect_error = None
+        return conn
 
     def deadline_under(self, statement_timeout_ms: int) -> float | None:
         """Its connections' deadline (seconds) under statement_timeout_ms: its own timeout is a pooler's queue's."""
@@ -193,11 +217,15 @@ def one_query(pool: Pool, statement: str, params: Mapping[str, object] | Sequenc
 @contextmanager
 def unavailable_in_one_line() -> Iterator[None]:
     """For a `flask` command: PostgreSQL unreachable, timed out or frozen ends it with one line (exit 1)."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    level, pool_logger.level = pool_logger.level, logging.ERROR  # its retries' warnings: the cause is said below
     try:
         yield
     except psycopg.OperationalError as exc:
         reason = conninfo.redacted(f"{type(exc).__name__}: {exc}")
         raise click.ClickException(f"database unavailable: {reason}") from None
+    finally:
+        pool_logger.level = level
 
 
 def apply_schema(conn: psycopg.Connection[Any], path: Path = DEFAULT_SCHEMA_PATH, currency: str = "usd") -> Applied:
@@ -207,3 +235,25 @@ def apply_schema(conn: psycopg.Connection[Any], path: Path = DEFAULT_SCHEMA_PATH
     (LEDGER_CURRENCY), for a migration that needs it. Returns schema.Applied.
     """
     return migrate(conn, path, currency)
+
+
+# How long gunicorn's start waits for PostgreSQL to say the ledger's currency; past it, deliveries ask (release.py).
+START_CONNECT_TIMEOUT_S = 2
+
+
+def check_at_start() -> NoReturn:
+    """check()'s exit, and EX_CONFIG when the database (if it answers now) records another currency than
+    LEDGER_CURRENCY. gunicorn.conf.py runs it in a child process before any worker starts."""
+    try:
+        settings = from_env()
+    except ConfigError:
+        check()
+    try:
+        with psycopg.connect(settings.database_url, connect_timeout=START_CONNECT_TIMEOUT_S, autocommit=True) as conn:
+            recorded = recorded_currency(conn)
+    except psycopg.Error:  # unreachable, or no ledger yet: each process asks again before a delivery
+        sys.exit(0)
+    if recorded is not None and recorded != settings.ledger_currency:
+        sys.stderr.write(ConfigError(other_currency(settings.ledger_currency, recorded)).format_message() + "\n")
+        sys.exit(ConfigError.exit_code)
+    sys.exit(0)

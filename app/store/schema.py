@@ -88,7 +88,50 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
         money = (schema_path.parent / MONEY).read_bytes()
         conn.execute(money.decode())
         conn.execute(RECORD_MONEY, [MONEY, hashlib.sha256(money).digest(), True])  # what why_not_at_release reads
+        _record_currency(conn, currency)
     return Applied(created, ran)
+
+
+def other_currency(configured: str, recorded: str) -> str:
+    """Why LEDGER_CURRENCY cannot be configured when the ledger records another, naming the two fixes."""
+    return (f"LEDGER_CURRENCY is {configured}, but this ledger is in {recorded} (recorded by its first init-db): set "
+            f"LEDGER_CURRENCY={recorded}, or move a ledger where nothing has moved with `flask ledger set-currency "
+            f"{configured}` (docs/operations.md)")
+
+
+def _record_currency(conn: psycopg.Connection[Any], currency: str) -> None:
+    """Record currency as the ledger's when none is; SchemaError when another is, or a credited payment's is."""
+    recorded = recorded_currency(conn)
+    if recorded is None:
+        other = conn.execute("SELECT currency FROM payments WHERE currency <> %s LIMIT 1", [currency]).fetchone()
+        if other is not None:
+            raise SchemaError(other_currency(currency, other[0]))
+        conn.execute("INSERT INTO ledger_currency (currency) VALUES (%s)", [currency])
+    elif recorded != currency:
+        raise SchemaError(other_currency(currency, recorded))
+
+
+def recorded_currency(conn: psycopg.Connection[Any]) -> str | None:
+    """The ledger's currency, as its first init-db recorded it (None: not yet)."""
+    row = conn.execute("SELECT currency FROM ledger_currency").fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_currency(conn: psycopg.Connection[Any], currency: str) -> str:
+    """Make currency the ledger's and return the one it was in; SchemaError when a payment or a journal row exists.
+
+    Credits wait for the transaction (payments is locked against inserts), so none lands between check and change.
+    """
+    with conn.transaction():
+        conn.execute("LOCK TABLE payments, ledger_journal IN SHARE MODE")
+        moved = _value(conn, "SELECT EXISTS (SELECT FROM payments) OR EXISTS (SELECT FROM ledger_journal)")
+        recorded = recorded_currency(conn)
+        if moved and recorded != currency:
+            raise SchemaError(f"money has moved in this ledger (in {recorded}): its currency cannot change; nothing "
+                              "was changed")
+        conn.execute("INSERT INTO ledger_currency (currency) VALUES (%s)"
+                     " ON CONFLICT (one) DO UPDATE SET currency = EXCLUDED.currency, recorded_at = now()", [currency])
+    return recorded or currency
 
 
 def why_not_at_release(conn: psycopg.Connection[Any], schema_path: Path) -> str | None:
