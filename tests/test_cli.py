@@ -1,13 +1,16 @@
 """app/commands/cli.py: `flask events list|show|replay|purge` and `flask ledger verify|adjust` on real PostgreSQL."""
 
 import getpass
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from psycopg.rows import namedtuple_row
 
 from app.store.ledger import Entry
-from devservers import free_port
+from devservers import ROOT, free_port
 
 from .helpers import (
     ALICE,
@@ -386,6 +389,16 @@ def test_adjust_with_postgresql_unreachable_says_so_in_one_line(make_app, config
     assert result.exit_code == 1
     assert result.output.startswith("Error: database unavailable: ") and result.output.count("\n") == 1, \
         result.output
+
+
+def test_a_command_with_postgresql_down_prints_the_cause_alone(config):
+    """The pool's retries log nothing; the one line says why connecting fails, not only that the pool timed out."""
+    env = {"PATH": os.environ["PATH"], "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{free_port()}/ledger"}
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", "events", "list"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (1, ""), done
+    assert done.stderr.startswith("Error: database unavailable: PoolTimeout: "), done.stderr
+    assert "Connection refused" in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_verify_is_clean_after_adjustments_of_either_sign_and_spends(client, db, run):

@@ -1,6 +1,6 @@
-"""app/store/deadline.py leans on two things psycopg does not promise: Connection.wait takes `timeout=`, and a wait
-that times out raises the private psycopg.errors._WaitTimeout. These tests fail, naming what changed, when a
-psycopg release changes either; tests/test_failures.py proves the bound itself on a frozen PostgreSQL."""
+"""What psycopg and psycopg_pool do not promise and the app leans on: Connection.wait takes `timeout=` and a
+timed-out wait raises the private psycopg.errors._WaitTimeout (app/store/deadline.py); ConnectionPool._connect(timeout)
+(app/store/db.py's Pool). These fail, naming what changed, when a release changes one."""
 
 import inspect
 import socket
@@ -112,3 +112,11 @@ def test_the_deadline_connection_closes_itself_when_it_raises(pgconn):
     with pytest.raises(psycopg.OperationalError):
         _wait_past_the_deadline(pgconn)
     assert pgconn.finished, "the connection is left open mid-exchange"
+
+
+def test_the_pools_private_connect_is_the_one_app_store_db_overrides():
+    """db.Pool keeps the last connection failure by overriding ConnectionPool._connect(timeout): a psycopg_pool
+    release that renames it or its parameter would silently drop the cause from a PoolTimeout's message."""
+    from psycopg_pool import ConnectionPool
+
+    assert list(inspect.signature(ConnectionPool._connect).parameters) == ["self", "timeout"]
