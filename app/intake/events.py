@@ -84,6 +84,8 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
         document = load(body if fetched is None else bytes(fetched))
+        if fetched is not None and razorpay.is_entity(document):  # Razorpay's entity, read in its delivered event
+            document = razorpay.with_entity(load(body), document)
     except InvalidJSONError as exc:
         raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
     data = document["data"] if isinstance(document.get("data"), dict) else document

@@ -1,9 +1,14 @@
-"""Razorpay: its signature scheme, its events' shape and money rules.
+"""Razorpay: its signature scheme, its events' shape and money rules, and its API, the entity an event names.
 An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
+
+import requests
+from razorpay import Client  # type: ignore[import-untyped]  # no hints
+from requests.adapters import BaseAdapter
 
 from ..core.signing import Certificates, hex_digest, mac, match, required
 from ..core.vocabulary import (
@@ -13,16 +18,20 @@ from ..core.vocabulary import (
     Fields,
     Headers,
     InvalidEventError,
+    InvalidJSONError,
     Kind,
     Rule,
     State,
     an_object,
+    load,
     lower,
     text,
     uuid_text,
 )
+from .outbound import Deadline, Outbound, ProviderUnavailableError, record
 
-SCHEME = "razorpay"
+SCHEME = "razorpay"  # also the name its calls are counted under (app/receiver/metrics.py)
+NAME = "Razorpay"
 SIGNATURE_HEADER = "X-Razorpay-Signature"
 EVENT_ID_HEADER = "x-razorpay-event-id"
 # A Razorpay event id ends in this many hex digits of its body's SHA-256: 128
@@ -118,3 +127,112 @@ RULES = {
     DISPUTE_LOST: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), _DISPUTE_LABELS),
     DISPUTE_WON: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), _DISPUTE_LABELS),
 }
+
+
+# -- the API ------------------------------------------------------------------------------------
+
+API_BASE = "https://api.razorpay.com"  # razorpay.Client's own
+# The entity each event's money is read from (payload.<entity>.entity): the one fetched. Razorpay's API has no
+# event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers.md).
+ENTITIES = {**{paid: "payment" for paid in PAYMENT_EVENTS},
+            **{refund: "refund" for refund in ("refund.created", *REFUND_EVENTS, "refund.failed")},
+            DISPUTE_LOST: "dispute", DISPUTE_WON: "dispute"}
+
+
+def is_entity(document: dict[str, Any]) -> bool:
+    """Whether a document is one of the entities ENTITIES names, as Razorpay's API returns it."""
+    return document.get("entity") in ENTITIES.values() and isinstance(document.get("id"), str)
+
+
+def with_entity(document: dict[str, Any], entity: dict[str, Any]) -> dict[str, Any]:
+    """The delivered event's document with the entity Razorpay's API returned in its place: what the money is read
+    from, on receipt and from the stored bytes alike."""
+    return {**document, "payload": {**an_object(document.get("payload")), entity["entity"]: {"entity": entity}}}
+
+
+class API:
+    """Razorpay's API for one source, asked through its official client (razorpay.Client) over the process's
+    outbound calls; credentials are `<key id>:<key secret>` (never in a repr, a log line or an answer)."""
+
+    name = NAME
+
+    def __init__(self, base: str, credentials: str, outbound: Outbound) -> None:
+        self.base = base
+        key_id, _, secret = credentials.partition(":")
+        self._auth = (key_id, secret)
+        self.outbound = outbound
+
+    def __repr__(self) -> str:
+        return f"API({self.base!r})"
+
+    def names(self, event: Event) -> str | None:
+        """The entity event's money is read from, as `payment pay_...`; None when it names none (nothing to ask)."""
+        kind = ENTITIES.get(event.type)
+        entity_id = _entity(event, kind).get("id") if kind and is_razorpay(event.document) else None
+        return f"{kind} {entity_id}" if isinstance(entity_id, str) and entity_id else None
+
+    def entity(self, event: Event) -> bytes | None:
+        """The bytes of the entity event names (names() is not None), as Razorpay's API returns them; None when
+        Razorpay has no such entity. ProviderUnavailableError, or ProviderRefusedError, as outbound.record says."""
+        kind, entity_id = str(self.names(event)).split(" ", 1)
+        transport = _Transport(self.outbound, self.outbound.deadline(), f"its {kind}")
+        session = requests.Session()
+        session.trust_env = False  # no proxy or .netrc from the environment: the call is the outbound's alone
+        session.mount("https://", transport)
+        session.mount("http://", transport)
+        client = Client(session=session, auth=self._auth, base_url=self.base)
+        with self.outbound.slot(SCHEME):
+            try:
+                getattr(client, kind).fetch(quote(entity_id, safe=""))  # GET /v1/{kind}s/{id}
+            except _NoRecordError:
+                return None
+        return transport.body
+
+    def read(self, event: Event, body: bytes) -> Event:
+        """event with the entity Razorpay's API returned (body) in place of the delivered one."""
+        entity = load(body)  # parsed once already, by _Transport
+        kind, entity_id = str(self.names(event)).split(" ", 1)
+        if entity.get("entity") != kind or entity.get("id") != entity_id:
+            raise ProviderUnavailableError(f"Razorpay's API answered with another entity than the {kind} asked for")
+        document = with_entity(event.document, entity)
+        return Event(event.id, event.type, document["payload"], document, event.body, event.source)
+
+
+class _NoRecordError(Exception):
+    """Razorpay has no such entity."""
+
+
+class _Transport(BaseAdapter):
+    """razorpay.Client's HTTP through the process's outbound calls (one deadline, the status read as every
+    provider's): the client sees only a 200, whose bytes are kept."""
+
+    def __init__(self, outbound: Outbound, deadline: Deadline, what: str) -> None:
+        super().__init__()
+        self.outbound, self.deadline, self.what = outbound, deadline, what
+        self.body: bytes | None = None
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        headers = {name: value.decode() if isinstance(value, bytes) else value
+                   for name, value in request.headers.items()}
+        # The client's fetches are GETs, without a body; an answer in its bytes, not compressed.
+        reply = self.outbound.request(SCHEME, "GET", request.url or "", self.deadline,
+                                      headers={**headers, "Accept-Encoding": "identity"})
+        # Razorpay answers an id it does not know (or another account's) 400 BAD_REQUEST_ERROR.
+        found = record(reply._replace(status=404) if reply.status == 400 else reply, NAME, self.what)
+        if found is None:
+            raise _NoRecordError
+        try:
+            load(found)  # the client's own parse of a body that is not JSON prints to stdout
+        except InvalidJSONError as exc:
+            raise ProviderUnavailableError(f"Razorpay's API answered with an entity that does not parse: {exc}") \
+                from None
+        self.body = found
+        response = requests.Response()
+        response.status_code, response._content, response.url, response.request = 200, found, request.url or "", \
+            request
+        response.headers["Content-Type"] = "application/json"
+        response.encoding = "utf-8"
+        return response
+
+    def close(self) -> None:
+        pass  # each call its own connection, closed by outbound

@@ -5,7 +5,7 @@ import logging
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
-from ..providers import paypal, stripe
+from ..providers import paypal, razorpay, stripe
 from ..providers.outbound import Outbound, ProviderUnavailableError
 from ..settings.config import Settings
 from ..settings.sources import Source
@@ -38,7 +38,8 @@ class Fetched(NamedTuple):
 class Providers:
     """The process's calls to providers: the PayPal certificates and each fetching source's API."""
 
-    def __init__(self, outbound: Outbound, certificates: paypal.Certificates, apis: dict[str, API]) -> None:
+    def __init__(self, outbound: Outbound, certificates: paypal.Certificates,
+                 apis: dict[str, API | razorpay.API]) -> None:
         self.outbound = outbound
         self.certificates = certificates
         self.apis = apis  # by source name: the sources that fetch
@@ -55,14 +56,21 @@ class Providers:
         said = effect_of(event, policy)
         if api is None:
             return Fetched(event, said)
-        body = api.event(event.id)
+        if isinstance(api, razorpay.API):  # no event by id: the entity the event's money is read from, if any
+            what = api.names(event)
+            if what is None:
+                return Fetched(event, said)
+            body = api.entity(event)
+        else:
+            what, body = f"event {event.id}", api.event(event.id)
         if body is None:
             # Any later effect of the id replaces this one (money.sql): a body forged under a genuine event's id
             # before the genuine one exists cannot keep it from applying.
             return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(
-                f"{api.name}'s API has no event {event.id}: nothing applied; a retry, or `flask events replay`, "
+                f"{api.name}'s API has no {what}: nothing applied; a retry, or `flask events replay`, "
                 f"applies it once {api.name} has it")))
-        record = as_fetched(event, body, source.scheme, api.name)
+        record = (api.read(event, body) if isinstance(api, razorpay.API)
+                  else as_fetched(event, body, source.scheme, api.name))
         effect = effect_of(record, policy)
         contradicts = effect.sha256 != said.sha256
         if contradicts:
@@ -105,11 +113,13 @@ def init_app(app: "Flask") -> None:
             metrics.observe_call(provider, result, seconds)
 
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
-    apis: dict[str, API] = {}
+    apis: dict[str, API | razorpay.API] = {}
     for source in settings.sources.values():
         if source.fetch and source.api_key is not None:
             if source.scheme == paypal.SCHEME:
                 apis[source.name] = paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound)
+            elif source.scheme == razorpay.SCHEME:
+                apis[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound)
             else:
                 apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)
     app.extensions[EXTENSION] = Providers(

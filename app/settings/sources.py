@@ -28,9 +28,12 @@ SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key> (read says which default to the default source's).
 SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER",
                    "API_BASE", "FETCH")
-# The schemes whose provider's API can be asked for an event (app/providers/), and whether it must be:
-# PayPal's signature covers only a CRC32 of the body, which anyone can match (docs/providers.md).
-FETCHING_SCHEMES = {"paypal": True, "stripe": False}
+# The schemes whose provider's API can be asked for an event (Razorpay's: the entity it names; app/providers/),
+# and whether it must be: PayPal's signature covers only a CRC32 of the body, which anyone can match
+# (docs/providers.md).
+FETCHING_SCHEMES = {"paypal": True, "stripe": False, "razorpay": False}
+# Razorpay's API key as HTTP Basic takes it: the key id (rzp_live_..., rzp_test_...), a colon, the key secret.
+RAZORPAY_KEY = re.compile(r"[^:]+:.+")
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,13 @@ def _fetch(own: str, scheme: str, fetch: bool | None, api_key: str | None) -> bo
         raise ConfigError(f"{own}FETCH cannot be false under {scheme}: its signature covers only a CRC32 of the "
                           f"body, so each event is fetched from PayPal's API")
     if fetch and api_key is None:
-        what = ("PayPal's REST app credentials, <client id>:<secret>" if scheme == "paypal"
-                else "a key that may read Events")
+        what = {"paypal": "PayPal's REST app credentials, <client id>:<secret>",
+                "razorpay": "Razorpay's API key, <key id>:<key secret>"}.get(scheme, "a key that may read Events")
         raise ConfigError(f"{own}API_KEY is required to fetch events under {scheme}: {what}")
     if fetch and scheme == "paypal" and api_key is not None and ":" not in api_key:
         raise ConfigError(f"{own}API_KEY must be PayPal's REST app credentials written <client id>:<secret>")
+    if fetch and scheme == "razorpay" and api_key is not None and not RAZORPAY_KEY.fullmatch(api_key):
+        raise ConfigError(f"{own}API_KEY must be Razorpay's API key written <key id>:<key secret>")
     return fetch
 
 
