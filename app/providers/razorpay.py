@@ -167,14 +167,13 @@ class API:
 
     def names(self, event: Event) -> str | None:
         """The entity event's money is read from, as `payment pay_...`; None when it names none (nothing to ask)."""
-        kind = ENTITIES.get(event.type)
-        entity_id = _entity(event, kind).get("id") if kind and is_razorpay(event.document) else None
-        return f"{kind} {entity_id}" if isinstance(entity_id, str) and entity_id else None
+        named = _named(event)
+        return None if named is None else " ".join(named)
 
     def entity(self, event: Event) -> bytes | None:
         """The bytes of the entity event names (names() is not None), as Razorpay's API returns them; None when
         Razorpay has no such entity. ProviderUnavailableError, or ProviderRefusedError, as outbound.record says."""
-        kind, entity_id = str(self.names(event)).split(" ", 1)
+        kind, entity_id = _named(event) or ("", "")
         transport = _Transport(self.outbound, self.outbound.deadline(), f"its {kind}")
         session = requests.Session()
         session.trust_env = False  # no proxy or .netrc from the environment: the call is the outbound's alone
@@ -191,11 +190,18 @@ class API:
     def read(self, event: Event, body: bytes) -> Event:
         """event with the entity Razorpay's API returned (body) in place of the delivered one."""
         entity = load(body)  # parsed once already, by _Transport
-        kind, entity_id = str(self.names(event)).split(" ", 1)
+        kind, entity_id = _named(event) or ("", "")
         if entity.get("entity") != kind or entity.get("id") != entity_id:
             raise ProviderUnavailableError(f"Razorpay's API answered with another entity than the {kind} asked for")
         document = with_entity(event.document, entity)
         return Event(event.id, event.type, document["payload"], document, event.body, event.source)
+
+
+def _named(event: Event) -> tuple[str, str] | None:
+    """(entity, id) of what event's money is read from: ("payment", "pay_..."); None when it names none."""
+    kind = ENTITIES.get(event.type)
+    entity_id = _entity(event, kind).get("id") if kind and is_razorpay(event.document) else None
+    return (kind, entity_id) if kind and isinstance(entity_id, str) and entity_id else None
 
 
 class _NoRecordError(Exception):
