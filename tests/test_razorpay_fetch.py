@@ -165,6 +165,23 @@ def test_a_refund_read_from_razorpays_record_takes_its_amount(client, db, razorp
     assert _contradictions(client) == 1
 
 
+def test_an_old_body_sent_under_a_coming_events_header_cannot_block_it_when_fetching(client, db, razorpay_api):
+    """Issue 35's id squatting, with the fetch on: an old signed body first under the header of a refund not
+    delivered yet is another event (its own digest); the refund, when it comes, is fetched and debits once."""
+    payment_id, refund_id, header_id = new_id("pay"), new_id("rfnd"), "HQ9tqtn9mNxM5C"
+    paid = payment_captured(payment_id, user=BOB, paise=10000)
+    genuine = refund_event("refund.processed", refund_id, payment_id, 4000, "processed")
+    razorpay_api.add(*_entities(paid), *_entities(genuine))
+    assert send_razorpay(client, paid).json["status"] == "processed"
+    assert send_razorpay(client, paid, header_id).json["status"] == "duplicate"  # the squatter's
+    answer = send_razorpay(client, genuine, header_id)
+    assert answer.json == {"status": "processed", "event_id": razorpay_event_id(header_id, encode(genuine))}
+    assert send_razorpay(client, genuine, header_id).json["status"] == "duplicate"  # Razorpay's retry
+    assert balance(db, BOB) == 6000
+    assert [row for row in _journal(db) if row[0] != "credit"] == [("refund", refund_id, -4000)]
+    assert_ledger_consistent(db, INR)
+
+
 # -- Razorpay's API failing ----------------------------------------------------------------------
 
 def test_an_entity_razorpay_does_not_have_is_422_recorded_and_applied_by_a_replay_once_it_has(client, db, app,
