@@ -20,6 +20,7 @@ from .helpers import (
     db_url,
     encode,
     event_rows,
+    record_currency,
     samples,
     send,
     sources_config,
@@ -49,6 +50,7 @@ def razorpay_api(razorpay_api_server):
 def config(db, redis_server, redis_client, razorpay_api):
     """Razorpay on its own route, fetching from the stand-in; the ledger in rupees."""
     base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
+    record_currency(db, "inr")
     return sources_config(base, {SOURCE: None}, LEDGER_CURRENCY="inr", WEBHOOK_RAZORPAY_FETCH="true",
                           WEBHOOK_RAZORPAY_API_KEY=razorpay_api.api_key, WEBHOOK_RAZORPAY_API_BASE=razorpay_api.url)
 
