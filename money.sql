@@ -584,3 +584,49 @@ BEGIN
     outcome := 'spent';
 END
 $$;
+
+-- The change feed: the journal rows committed after p_cursor (NULL: from the
+-- first), at most p_limit, each with the cursor that resumes after it. A
+-- batch is the rows of the transactions that committed between two
+-- snapshots (not visible in its first, visible in its second), in id order;
+-- when one is read, the next runs from its second snapshot to now. A row
+-- commits before it is read, whatever order ids were given in, and a user's
+-- rows come in the order their transactions locked the user's balance
+-- (docs/operations.md, "Following the journal").
+CREATE OR REPLACE FUNCTION journal_changes(p_cursor text DEFAULT NULL, p_limit integer DEFAULT 1000)
+RETURNS TABLE (
+    cursor text, id bigint, user_id uuid, amount_cents bigint, kind text, source text, event_id text,
+    payment_id text, movement_id text, reference text, created_at timestamptz
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_parts text[] := string_to_array(coalesce(p_cursor, '1:1:|1:1:|0'), '|');
+    v_from pg_snapshot;
+    v_to pg_snapshot;
+    v_after bigint;
+BEGIN
+    IF cardinality(v_parts) <> 3 THEN
+        RAISE EXCEPTION 'not a cursor of journal_changes: %', left(p_cursor, 100) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_from := v_parts[1]::pg_snapshot;
+    v_to := v_parts[2]::pg_snapshot;
+    v_after := v_parts[3]::bigint;
+    FOR attempt IN 1..2 LOOP
+        RETURN QUERY
+            SELECT concat_ws('|', v_from, v_to, j.id), j.id, j.user_id, j.amount_cents, j.kind, j.source,
+                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at
+            FROM ledger_journal AS j
+            WHERE j.xid >= pg_snapshot_xmin(v_from) AND j.xid < pg_snapshot_xmax(v_to)
+                AND NOT pg_visible_in_snapshot(j.xid, v_from) AND pg_visible_in_snapshot(j.xid, v_to)
+                AND j.id > v_after
+            ORDER BY j.id
+            LIMIT p_limit;
+        IF FOUND OR attempt = 2 THEN
+            RETURN;
+        END IF;
+        v_from := v_to;  -- this batch is read: the next one
+        v_to := pg_current_snapshot();
+        v_after := 0;
+    END LOOP;
+END
+$$;

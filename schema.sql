@@ -17,7 +17,7 @@
 -- init-db and the service refuse another LEDGER_CURRENCY, and `flask ledger
 -- set-currency` changes it only while nothing has moved.
 CREATE TABLE IF NOT EXISTS ledger_currency (
-    one         BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
+    one         BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
     currency    TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
     recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
@@ -249,6 +249,9 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     reference    TEXT CHECK (char_length(reference) BETWEEN 1 AND 128),  -- a spend's, given by the application
     reason       TEXT CHECK (reason ~ '\S' AND char_length(reason) <= 500),  -- why an adjustment was made
     actor        TEXT CHECK (char_length(actor) BETWEEN 1 AND 128),  -- who made an adjustment
+    -- The writing transaction's id: what the change feed (money.sql's
+    -- journal_changes) orders and bounds commits by.
+    xid          XID8 NOT NULL DEFAULT pg_current_xact_id(),
     CONSTRAINT ledger_journal_kind_check
         CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
                OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
@@ -265,6 +268,7 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
+CREATE INDEX IF NOT EXISTS ledger_journal_xid_idx ON ledger_journal (xid, id);
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
     WHERE reference IS NOT NULL;
 
@@ -320,3 +324,19 @@ $$;
 CREATE OR REPLACE TRIGGER user_balances_set_opening
     BEFORE INSERT ON user_balances
     FOR EACH ROW EXECUTE FUNCTION user_balances_set_opening();
+
+-- The change feed's wake-up: one notification per writing transaction, sent
+-- at its commit, where the database's webhook_ledger.feed_notify is on
+-- (NOTIFY serialises commits: docs/operations.md, "Following the journal").
+CREATE OR REPLACE FUNCTION ledger_journal_notify() RETURNS TRIGGER
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('webhook_ledger.feed_notify', TRUE) = 'on' THEN
+        PERFORM pg_notify('ledger_journal', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER ledger_journal_notify
+    AFTER INSERT ON ledger_journal
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_journal_notify();

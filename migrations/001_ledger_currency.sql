@@ -2,7 +2,7 @@
 -- ledger_currency). init-db then records LEDGER_CURRENCY in it, refusing one
 -- that a credited payment contradicts.
 CREATE TABLE IF NOT EXISTS ledger_currency (
-    one         BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
+    one         BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
     currency    TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
     recorded_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );

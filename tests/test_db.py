@@ -42,6 +42,7 @@ from .helpers import (
 pytestmark = pytest.mark.core
 
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
+RELEASED = [(CURRENCY, False), ("002_journal_feed.sql", False)]  # the migrations of this release: schema.sql has them
 
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
@@ -62,7 +63,7 @@ def test_schema_applies_twice_without_error(db):
                       "ledger_currency"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0; and the money rule, each time
-    assert _recorded(db) == [(CURRENCY, False), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [*RELEASED, (BASELINE, False), (MONEY, True)]
 
 
 def test_opening_balance_is_the_balance_at_insert(db):
@@ -212,11 +213,10 @@ def test_init_db_creates_the_schema_in_an_empty_database(app, db):
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
     recorded = _migrations_recorded(db)
-    assert [(row.name, row.ran) for row in recorded] == [(CURRENCY, False), (BASELINE, False), (MONEY, True)]
-    assert bytes(recorded[0].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / "migrations" / CURRENCY)
-                                                       .read_bytes()).digest()
-    assert bytes(recorded[1].sha256) == hashlib.sha256(DEFAULT_SCHEMA_PATH.read_bytes()).digest()
-    assert bytes(recorded[2].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / MONEY).read_bytes()).digest()
+    assert [(row.name, row.ran) for row in recorded] == [*RELEASED, (BASELINE, False), (MONEY, True)]
+    files = [DEFAULT_SCHEMA_PATH.parent / "migrations" / name for name, _ in RELEASED]
+    files += [DEFAULT_SCHEMA_PATH, DEFAULT_SCHEMA_PATH.parent / MONEY]
+    assert [bytes(row.sha256) for row in recorded] == [hashlib.sha256(path.read_bytes()).digest() for path in files]
 
 
 def test_init_db_a_second_time_changes_nothing(app, db):
@@ -257,7 +257,7 @@ NOTE_MIGRATION = "ALTER TABLE payments ADD COLUMN note TEXT CHECK (char_length(n
 
 def _a_later_release(tmp_path, *migrations):
     """schema.sql, money.sql and migrations/ of a later release in tmp_path: this release's migrations and
-    migrations (name, text), and 002's column in its schema.sql. The path of its schema.sql."""
+    migrations (name, text), and 901's column in its schema.sql. The path of its schema.sql."""
     tmp_path.mkdir(exist_ok=True)
     schema = DEFAULT_SCHEMA_PATH.read_text()
     column = "    customer_id    TEXT,\n"
@@ -272,24 +272,24 @@ def _a_later_release(tmp_path, *migrations):
 
 
 def test_a_1_0_database_migrated_to_a_later_release_has_that_releases_fresh_schema(db, tmp_path):
-    later = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION))
+    later = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION))
     _drop_schema(db)
     assert apply_schema(db, later) == (True, [])  # a fresh database of the later release
     fresh = _catalog(db)
-    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", False), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", False), (MONEY, True)]
     _drop_schema(db)
     assert apply_schema(db) == (True, [])  # 1.0.0's
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 7)", [ALICE])
-    assert apply_schema(db, later) == (False, ["002_note.sql"])
+    assert apply_schema(db, later) == (False, ["901_note.sql"])
     assert _differences(db, fresh) == []
-    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
     assert balance(db) == 7  # rows kept
     assert apply_schema(db, later) == (False, [])
 
 
 def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
     """As two hosts deploying together: both wait for the advisory lock, one migrates, the other finds it done."""
-    later = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION))
+    later = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION))
     results, errors = [], []
 
     def init_db():
@@ -310,20 +310,20 @@ def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
     for thread in threads:
         thread.join(timeout=30)
     assert errors == []
-    assert sorted(results) == [(False, []), (False, ["002_note.sql"])]
-    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert sorted(results) == [(False, []), (False, ["901_note.sql"])]
+    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
 
 
 def _with_a_changed_migration(db, tmp_path):
     """db migrated by a later release's 001, then the files of one whose 001 was edited after its release and
     with a 002 after it."""
-    apply_schema(db, _a_later_release(tmp_path / "then", ("002_note.sql", NOTE_MIGRATION)))
-    return _a_later_release(tmp_path / "now", ("002_note.sql", NOTE_MIGRATION + "-- edited after its release\n"),
-                            ("003_later.sql", "CREATE TABLE later (id int);\n"))
+    apply_schema(db, _a_later_release(tmp_path / "then", ("901_note.sql", NOTE_MIGRATION)))
+    return _a_later_release(tmp_path / "now", ("901_note.sql", NOTE_MIGRATION + "-- edited after its release\n"),
+                            ("902_later.sql", "CREATE TABLE later (id int);\n"))
 
 
 def test_a_migration_changed_since_it_was_applied_stops_init_db(db, tmp_path):
-    with pytest.raises(SchemaError, match="migrations changed since they were applied: 002_note.sql"):
+    with pytest.raises(SchemaError, match="migrations changed since they were applied: 901_note.sql"):
         apply_schema(db, _with_a_changed_migration(db, tmp_path))
 
 
@@ -332,7 +332,7 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     with pytest.raises(SchemaError):
         apply_schema(db, schema)
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
-    assert _recorded(db) == [(CURRENCY, False), ("002_note.sql", True), (BASELINE, False), (MONEY, True)]
+    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
 
 
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
@@ -349,9 +349,12 @@ def _currency(db):
 
 
 def _as_1_0_made_it(db):
-    """db as release 1.0.0 made it: no ledger_currency, and its migration not recorded."""
+    """db as release 1.0.0 made it: neither migration since (no ledger_currency, no journal xid) nor their records."""
     db.execute("DROP TABLE ledger_currency")
-    db.execute("DELETE FROM schema_migrations WHERE name = %s", [CURRENCY])
+    db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
+    db.execute("DROP FUNCTION ledger_journal_notify()")
+    db.execute("ALTER TABLE ledger_journal DROP COLUMN xid")  # its index with it
+    db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
 
 
 def test_init_db_records_the_ledger_currency(app, db):
@@ -372,9 +375,12 @@ def test_init_db_under_another_currency_stops_with_one_line_and_changes_nothing(
 def test_a_1_0_database_records_its_currency_when_migrated(db):
     fresh = _catalog(db)
     _as_1_0_made_it(db)
-    assert apply_schema(db, currency="inr") == (False, [CURRENCY])
+    db.execute("INSERT INTO ledger_journal (kind, user_id, amount_cents, reason, actor)"
+               " VALUES ('adjustment', %s, 5, 'kept', 'test')", [ALICE])
+    assert apply_schema(db, currency="inr") == (False, [name for name, _ in RELEASED])
     assert _differences(db, fresh) == []
     assert _currency(db) == "inr"
+    assert db.execute("SELECT xid::text FROM ledger_journal WHERE reason = 'kept'").fetchone() == ("1",)
 
 
 def test_a_1_0_database_whose_payments_are_in_another_currency_is_not_migrated(app, db):
@@ -383,7 +389,7 @@ def test_a_1_0_database_whose_payments_are_in_another_currency_is_not_migrated(a
     with pytest.raises(SchemaError, match="LEDGER_CURRENCY is eur, but this ledger is in usd"):
         apply_schema(db, currency="eur")
     assert db.execute("SELECT to_regclass('ledger_currency')").fetchone()[0] is None  # nothing changed
-    assert apply_schema(db, currency="usd") == (False, [CURRENCY])
+    assert apply_schema(db, currency="usd") == (False, [name for name, _ in RELEASED])
 
 
 def test_set_currency_moves_a_ledger_where_nothing_moved(app, db):
@@ -486,10 +492,10 @@ def test_a_database_newer_than_the_release_is_not_ready(app, db):
 
 
 def test_new_migrations_run_once_in_order(db, tmp_path):
-    schema = _a_later_release(tmp_path, ("002_note.sql", NOTE_MIGRATION),
-                              ("003_first.sql", "CREATE TABLE later (id int);\n"),
-                              ("004_second.sql", "INSERT INTO later VALUES (1);\n"))
-    assert apply_schema(db, schema) == (False, ["002_note.sql", "003_first.sql", "004_second.sql"])
+    schema = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION),
+                              ("902_first.sql", "CREATE TABLE later (id int);\n"),
+                              ("903_second.sql", "INSERT INTO later VALUES (1);\n"))
+    assert apply_schema(db, schema) == (False, ["901_note.sql", "902_first.sql", "903_second.sql"])
     assert apply_schema(db, schema) == (False, [])
     assert db.execute("SELECT * FROM later").fetchall() == [(1,)]
 
