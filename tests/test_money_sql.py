@@ -271,3 +271,27 @@ def test_a_dispute_above_its_payment_takes_the_payment(db):
     assert journal(db)[-1] == ("evt_d1", "dispute_withdrawn", -1000)
     back = apply(db, {**dispute, "event_id": "evt_d2", "state": "reversed"})
     assert (back["change"], back["balance_after"]) == ("dispute_reinstated", 2000)
+
+
+# -- the application's functions (docs/operations.md, "The application's functions") ------------------------------
+
+NEW_USER = "33333333-3333-4333-8333-333333333333"
+
+
+def test_add_user_adds_once_with_its_opening_balance(db):
+    assert db.execute("SELECT * FROM add_user(%s, 700)", [NEW_USER]).fetchone() == (True, 700)
+    assert db.execute("SELECT * FROM add_user(%s, 5)", [NEW_USER]).fetchone() == (False, 700)  # left as it is
+    assert balance(db, NEW_USER) == 700
+    assert journal(db) == []  # an opening balance is where the journal starts
+
+
+def test_link_customer_links_once_and_only_a_user_that_exists(db):
+    first = db.execute("SELECT linked_at FROM link_customer('default', 'cus_1', %s, 'app')", [ALICE]).fetchone()[0]
+    assert first is not None
+    again = db.execute("SELECT linked_at FROM link_customer('default', 'cus_1', %s, 'app')", [BOB]).fetchone()[0]
+    assert again is None  # linked before: the link stays Alice's
+    assert db.execute("SELECT user_id::text FROM customer_links WHERE customer_id = 'cus_1'").fetchone() == (
+        str(ALICE),)
+    assert db.execute("SELECT linked_at FROM link_customer('default', 'cus_2', %s, 'app')",
+                      [NEW_USER]).fetchone()[0] is None  # no such user: nothing linked
+    assert db.execute("SELECT count(*) FROM customer_links").fetchone()[0] == 1
