@@ -21,7 +21,10 @@ https://docs.stripe.com/api/pagination.
 - only the last 30 days are listed ("List events, going back up to 30 days");
 - `Authorization: Bearer <key>` (stripe-python's way): any other key is 401;
 - injected answers: `fail_next(429)` or `fail_next(500, times=3)`, Stripe's
-  error shape; `delay` per answer and `on_request` let a test act mid-run.
+  error shape; `delay` per answer and `on_request` let a test act mid-run;
+- hostile answers, which Stripe's contract rules out, for reconcile's
+  defences: `hostile` set to one of HOSTILE's modes, and `add_as_created`
+  for an event whose own `created` is not a Unix time.
 """
 
 import bisect
@@ -41,6 +44,14 @@ API_KEY = "rk_test_standInRestrictedKey0123456789"
 HORIZON_SECONDS = 30 * 86400  # "going back up to 30 days"
 MAX_LIMIT, DEFAULT_LIMIT, MAX_TYPES = 100, 10, 20
 CREATED_OPERATORS = ("gt", "gte", "lt", "lte")
+# A list answer Stripe would never give: `StripeStandIn.hostile`'s modes.
+HOSTILE = {
+    "empty_with_more": "every page empty, saying has_more: true",
+    "ignore_cursor": "starting_after and ending_before ignored: the newest page again and again",
+    "ignore_ending_before": "ending_before ignored: the newest page again and again",
+    "cut_short": "a 200 whose body is the page's JSON less its last byte",
+    "not_a_page": "a 200 whose JSON is an object with `data` not a list",
+}
 ERRORS = {
     429: ("invalid_request_error", "rate_limit", "Too many requests hit the API too quickly."),
     500: ("api_error", None, "An unknown error occurred."),
@@ -70,6 +81,7 @@ class StripeStandIn:
         self.arrivals: list[float] = []  # when each request arrived (time.monotonic()), in the same order
         self.delay = 0.0  # seconds before each answer
         self.on_request: Callable[[int], None] | None = None  # called with the request's number, before answering
+        self.hostile: str | None = None  # one of HOSTILE's modes, for every list request
         self._server: ThreadingHTTPServer | None = None
 
     # -- the data ---------------------------------------------------------------
@@ -80,6 +92,17 @@ class StripeStandIn:
             for event in events:
                 document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
                 key = (int(document["created"]), len(self._keys))
+                self._keys[document["id"]] = key
+                index = bisect.bisect(self._sorted, key)
+                self._sorted.insert(index, key)
+                self._events.insert(index, document)
+
+    def add_as_created(self, created: int, *events: Any) -> None:
+        """Add events listed as created at `created` (Unix seconds), whatever their own `created` says."""
+        with self._lock:
+            for event in events:
+                document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+                key = (created, len(self._keys))
                 self._keys[document["id"]] = key
                 index = bisect.bisect(self._sorted, key)
                 self._sorted.insert(index, key)
@@ -120,6 +143,19 @@ class StripeStandIn:
             page.reverse()  # the events just newer than the cursor, newest first
         return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
 
+    def hostile_answer(self, params: Mapping[str, Any]) -> dict[str, Any] | bytes:
+        """The answer to GET /v1/events in the mode `hostile` names (HOSTILE)."""
+        mode = self.hostile
+        if mode == "empty_with_more":
+            return {"object": "list", "url": "/v1/events", "has_more": True, "data": []}
+        ignored = {"ignore_cursor": ("starting_after", "ending_before"), "ignore_ending_before": ("ending_before",)}
+        page = self.list_events({name: value for name, value in params.items() if name not in ignored.get(mode, ())})
+        if mode == "cut_short":
+            return json.dumps(page).encode()[:-1]
+        if mode == "not_a_page":
+            return {"object": "list", "url": "/v1/events", "has_more": False, "data": {"events": page["data"]}}
+        return page
+
     def retrieve_event(self, event_id: str) -> tuple[int, dict[str, Any]]:
         """The answer to GET /v1/events/{id}: the Event, or 404 resource_missing."""
         with self._lock:
@@ -155,8 +191,8 @@ class StripeStandIn:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any]]:
-        """(status, JSON body) for one request."""
+    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any] | bytes]:
+        """(status, JSON body, or bytes sent as they are) for one request."""
         if authorization != f"Bearer {self.api_key}":
             shown = (authorization or "").removeprefix("Bearer ")[:8]
             return 401, _error("invalid_request_error", None, f"Invalid API Key provided: {shown}***")
@@ -180,7 +216,7 @@ class StripeStandIn:
         if retrieve:
             return self.retrieve_event(params["id"])
         try:
-            return 200, self.list_events(params)
+            return 200, self.list_events(params) if self.hostile is None else self.hostile_answer(params)
         except BadRequestError as exc:
             return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
 
@@ -195,7 +231,7 @@ def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             parts = urlsplit(self.path)
             status, document = stand_in.answer(parts.path, parts.query, self.headers.get("Authorization"))
-            body = json.dumps(document).encode()
+            body = document if isinstance(document, bytes) else json.dumps(document).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

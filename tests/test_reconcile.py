@@ -554,3 +554,157 @@ def test_what_a_run_applies_reaches_the_services_metrics(gunicorn, config, db, s
     assert scrape(server.base)[credited] == 5
     assert scrape(server.base)[credited] == 5
     assert list(metrics_dir.glob("commands-*")) == []
+
+
+# -- a list Stripe's contract rules out (the stand-in's `hostile` modes) ----------------------------------------------
+# Each run is a `flask reconcile` process with a timeout: the guard that ends a run that would not end.
+
+RUN_TIMEOUT = 60  # a healthy run here takes a few seconds
+# The longest error line a run may print: its message and an excerpt of at most 200 characters of what it received.
+SHORT_LINE = 500
+
+
+def reconcile_process(config, *args):
+    """A `flask reconcile default` process: (exit code, stdout, stderr); TimeoutExpired if it has not ended."""
+    done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", "reconcile", "default", *args], cwd=ROOT,
+                          env=flask_env(config), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def between(hostile):
+    """Two good events and hostile created between them (neither first nor last: no cursor is taken from it)."""
+    first, last = payments(2, cents=100, prefix="pi_around")
+    hostile["created"] = first["created"] + 1
+    return [first, hostile, last]
+
+
+def assert_one_line_error(code, out, err, says):
+    assert code == 1, (code, out, err)
+    assert "Traceback" not in err
+    lines = (out + err).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
+    assert says in lines[-1], lines[-1]
+    assert len(lines[-1]) <= SHORT_LINE, lines[-1]
+
+
+# -- a bad listed event: refused as its delivery would be, and the run goes on ------------------------------------
+
+
+def test_a_listed_event_holding_a_lone_surrogate_escape_is_applied_as_its_delivery_is(app, client, db, stand_in,
+                                                                                         config):
+    odd = intent_succeeded("pi_surrogate", cents=7)
+    odd.data.object["description"] = "\ud800"  # JSON "\ud800": valid JSON, no UTF-8 for it
+    stand_in.add(*between(odd))
+    code, out, err = reconcile_process(config)
+    assert (code, err) == (0, ""), out
+    assert runs(db) == [("completed", 1, 3, 3, 0, 0)]
+    assert balance(db) == OPENING[ALICE] + 207
+    # Stripe's own delivery of it, afterwards, is the same event with the same effect.
+    assert send_stripe(client, odd).json["status"] == "duplicate"
+    assert_ledger_consistent(db)
+
+
+def test_a_listed_event_whose_id_cannot_be_stored_is_refused_and_the_run_goes_on(app, client, db, stand_in, config):
+    bad = intent_succeeded("pi_bad_id", cents=7, event_id="evt_\ud800bad")
+    assert send_stripe(client, bad).status == 400  # as delivered: refused, nothing written
+    stand_in.add(*between(bad))
+    code, out, err = reconcile_process(config)
+    assert (code, err) == (0, ""), out
+    assert "refused evt_\\ud800bad (payment_intent.succeeded): not stored: 'id' contains characters that cannot be " \
+           "stored" in out
+    assert runs(db) == [("completed", 1, 3, 2, 0, 1)]
+    assert balance(db) == OPENING[ALICE] + 200
+    assert db.execute("SELECT count(*) FROM webhook_events").fetchone()[0] == 2
+
+
+def test_a_listed_event_whose_created_is_not_an_integer_is_applied_as_its_delivery_is(app, db, stand_in, config):
+    first, odd, last = between(intent_succeeded("pi_created", cents=7))
+    stand_in.add(first, last)
+    odd["created"] = "yesterday"  # a delivery does not read it
+    stand_in.add_as_created(first["created"] + 1, odd)
+    code, out, err = reconcile_process(config)
+    assert (code, err) == (0, ""), out
+    assert runs(db) == [("completed", 1, 3, 3, 0, 0)]
+    assert balance(db) == OPENING[ALICE] + 207
+
+
+def test_a_listed_event_larger_than_a_delivery_may_be_is_refused_and_the_run_goes_on(make_app, db, stand_in,
+                                                                                      config):
+    config = {**config, "MAX_BODY_BYTES": "4000"}
+    large = intent_succeeded("pi_large", cents=7)
+    large.data.object["description"] = "x" * 5000
+    assert send_stripe(make_app(config).test_client(), large).status == 413
+    stand_in.add(*between(large))
+    code, out, err = reconcile_process(config)
+    assert (code, err) == (0, ""), out
+    assert f"refused {large['id']} (payment_intent.succeeded): not stored: the body is larger than 4000 bytes " \
+           "(MAX_BODY_BYTES)" in out
+    assert runs(db) == [("completed", 1, 3, 2, 0, 1)]
+
+
+@pytest.mark.parametrize("description, event_id", [("\ud800", None), ("plain", "evt_\ud800dry")])
+def test_a_dry_run_over_a_bad_listed_event_ends(db, stand_in, config, description, event_id):
+    odd = intent_succeeded("pi_dry", cents=7, event_id=event_id)
+    odd.data.object["description"] = description
+    stand_in.add(*between(odd))
+    code, out, err = reconcile_process(config, "--dry-run")
+    assert (code, err) == (0, ""), out
+    assert "3 listed" in out
+
+
+# -- a page that cannot be followed: the run stops in one line ------------------------------------------------------
+
+
+def test_an_empty_page_that_says_it_has_more_stops_the_run_in_one_line(db, stand_in, config):
+    stand_in.add(*payments(3, prefix="pi_empty"))
+    stand_in.hostile = "empty_with_more"
+    code, out, err = reconcile_process(config)
+    assert_one_line_error(code, out, err, "an empty page that says it has more (has_more: true)")
+    assert [row[0] for row in runs(db)] == ["failed"]
+
+
+def test_a_list_that_ignores_the_cursor_stops_the_run_in_one_line(db, stand_in, config):
+    stand_in.add(*payments(150, prefix="pi_ignored"))
+    stand_in.hostile = "ignore_cursor"
+    code, out, err = reconcile_process(config)
+    assert_one_line_error(code, out, err, "a page it answered before")
+    assert [row[0] for row in runs(db)] == ["failed"]
+    assert balance(db) == OPENING[ALICE]  # the first pass applies nothing
+
+
+def test_a_list_that_ignores_the_cursor_of_its_second_pass_stops_the_run_in_one_line(db, stand_in, config):
+    stand_in.add(*payments(150, prefix="pi_second"))
+    stand_in.hostile = "ignore_ending_before"
+    code, out, err = reconcile_process(config)
+    assert_one_line_error(code, out, err, "a page it answered before")
+    assert [row[0] for row in runs(db)] == ["failed"]
+    assert db.execute("SELECT reconciled_until FROM reconcile_watermarks").fetchone() == (None,)
+    assert_ledger_consistent(db)
+
+
+def _customers_payments(count):
+    """count payments, each with about 2 kB of its customer's data: a page of them is some 200 kB."""
+    events = payments(count, prefix="pi_customer")
+    for evt in events:
+        evt.data.object["shipping"] = {"name": "Jenny Rosen", "phone": "+15555550100",
+                                       "address": {"line1": "510 Townsend St", "city": "San Francisco"}}
+        evt.data.object["description"] = "jenny.rosen@example.com " * 80
+    return events
+
+
+@pytest.mark.parametrize("hostile, says", [("cut_short", "a page that is not JSON"),
+                                           ("not_a_page", "a page that is not a list of events")])
+def test_a_malformed_page_stops_the_run_quoting_a_short_excerpt(db, stand_in, config, hostile, says):
+    stand_in.add(*_customers_payments(100))
+    stand_in.hostile = hostile
+    code, out, err = reconcile_process(config)
+    assert_one_line_error(code, out, err, says)
+    assert (out + err).count("jenny.rosen@example.com") <= 2
+    assert [row[0] for row in runs(db)] == ["failed"]
+
+
+@pytest.mark.unit
+def test_an_excerpt_is_one_short_printable_line():
+    received = "jenny\n\x1b[31m\ud800\\" + "x" * 1000
+    shown = reconcile_module.excerpt(received)
+    assert shown == "jenny\\n\\x1b[31m\\ud800\\\\" + "x" * 187 + "... (813 more characters)"

@@ -469,7 +469,8 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         try:
             summary = reconcile.reconcile(get_pool(current_app), source.event_source, listing, settings.policy,
                                           since, until, dry_run,
-                                          on_result=lambda result: counts.observe(source.event_source, result))
+                                          on_result=lambda result: counts.observe(source.event_source, result),
+                                          max_body_bytes=settings.max_body_bytes)
         except reconcile.ProviderError as exc:
             raise click.ClickException(str(exc)) from None
     for line in summary_lines(summary):

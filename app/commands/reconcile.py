@@ -13,7 +13,9 @@ from typing import NamedTuple, Protocol
 
 import psycopg
 
+from ..core.vocabulary import MAX_ID_CHARS, MAX_TYPE_CHARS, load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from ..receiver.webhooks import too_large
 from ..store.db import Pool, transaction
 from ..store.ledger import Origin, Result, RetryLaterError, apply_event, replay
 from ..store.outcome import Outcome
@@ -41,15 +43,18 @@ TRANSIENT_TRIES = 5
 # event is recorded failed in PostgreSQL whatever this keeps, and those
 # beyond it are counted, and left to `flask events replay`.
 REFUSED_KEPT = 1000
+# What an error or a refusal quotes of what the provider sent: enough to
+# recognise it by, not a page of customer data in a log line.
+EXCERPT_CHARS = 200
 TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
              psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
 
 class ListedEvent(NamedTuple):
-    """One event as the provider's list gave it: its id, its creation (Unix seconds) and its bytes of record."""
+    """One event as the provider's list gave it: its id as listed ("?" if none), to name it, and its bytes of record,
+    which are read as a delivery's body is."""
 
     id: str
-    created: int
     body: bytes
 
 
@@ -191,18 +196,19 @@ def window(listing: EventList, watermark: datetime | None, since: datetime | Non
 
 def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since: datetime | None = None,
               until: datetime | None = None, dry_run: bool = False, now: datetime | None = None,
-              on_result: Callable[[Result], object] = lambda result: None) -> Summary:
+              on_result: Callable[[Result], object] = lambda result: None, *, max_body_bytes: int) -> Summary:
     """List source's events of the window and apply each as a live delivery would; return the run's Summary.
 
-    source is the name its events are stored under (Source.event_source); on_result is told what applying each
-    event came to (for /metrics). Raises ProviderError (the run recorded failed) when the provider cannot list the
-    window, psycopg's errors when PostgreSQL is unavailable (the next run marks this one interrupted).
+    source is the name its events are stored under (Source.event_source); max_body_bytes the largest body a delivery
+    may have (MAX_BODY_BYTES); on_result is told what applying each event came to (for /metrics). Raises
+    ProviderError (the run recorded failed) when the provider cannot list the window or answers a page that cannot
+    be followed, psycopg's errors when PostgreSQL is unavailable (the next run marks this one interrupted).
     """
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     if dry_run:
         with transaction(pool) as conn:
             row = conn.execute(READ_WATERMARK, {"source": source}).fetchone()
-        return _dry_run(pool, source, listing, row[0] if row else None, since, until, now)
+        return _dry_run(pool, source, listing, row[0] if row else None, since, until, now, max_body_bytes)
     failure: ProviderError | None = None
     try:
         # The run's lock: the source's watermark row, held FOR UPDATE by one
@@ -218,7 +224,7 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
                 summary.run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
                                                           "status": RunStatus.RUNNING}).fetchone()[0]  # type: ignore
             try:
-                _apply_window(pool, source, listing, policy, summary, on_result)
+                _apply_window(pool, source, listing, policy, summary, on_result, max_body_bytes)
             except ProviderError as exc:
                 summary.status, summary.message = RunStatus.FAILED, str(exc)
                 summary.watermark, failure = watermark, exc
@@ -289,7 +295,7 @@ def _finish(holder: psycopg.Connection, summary: Summary) -> None:
 
 
 def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary,
-                  on_result: Callable[[Result], object]) -> None:
+                  on_result: Callable[[Result], object], max_body_bytes: int) -> None:
     """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more.
 
     A page's events are applied by APPLIERS threads, each taking the events
@@ -304,9 +310,9 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.listed += len(page)
             lanes: dict[int, list[tuple[Event, Effect, ListedEvent]]] = {}
             for listed in page:
-                parsed = _parsed(listed, source, policy, tally)
-                if parsed is not None:
-                    event, effect = parsed
+                event = _read(listed, source, max_body_bytes, tally)
+                if event is not None:
+                    effect = effect_of(event, policy)
                     lane = zlib.crc32((effect.payment_id or event.id).encode()) % APPLIERS
                     lanes.setdefault(lane, []).append((event, effect, listed))
             results = appliers.map(lambda lane: [(event, _applied(pool, event, listed, policy, effect))
@@ -332,14 +338,33 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.refuse(refusal)
 
 
-def _parsed(listed: ListedEvent, source: str, policy: Policy, tally: Tally) -> tuple[Event, Effect] | None:
-    """The listed event and its effect, read as a live delivery's; None (refused, not stored) if it does not parse."""
+def _read(listed: ListedEvent, source: str, max_body_bytes: int, tally: Tally) -> Event | None:
+    """The listed event read as a delivery's body is (its size, then events.parse); None, refused and counted but
+    not stored, where a delivery of it would be refused 413 or 400."""
+    if len(listed.body) > max_body_bytes:
+        problem = too_large(max_body_bytes)
+    else:
+        try:
+            return parse(listed.body, "stripe", None, source)
+        except (InvalidJSONError, InvalidEventError) as exc:
+            problem = str(exc)
+    tally.refuse(Refused(excerpt(listed.id, MAX_ID_CHARS), _type_of(listed.body), f"not stored: {problem}"))
+    return None
+
+
+def _type_of(body: bytes) -> str:
+    """The type an unreadable event names, to name it by ("?" if none)."""
     try:
-        event = parse(listed.body, "stripe", None, source)
-    except (InvalidJSONError, InvalidEventError) as exc:
-        tally.refuse(Refused(listed.id, "?", f"not stored: {exc}"))
-        return None
-    return event, effect_of(event, policy)
+        event_type = load(body).get("type")
+    except InvalidJSONError:
+        return "?"
+    return excerpt(event_type, MAX_TYPE_CHARS) if isinstance(event_type, str) else "?"
+
+
+def excerpt(received: str, limit: int = EXCERPT_CHARS) -> str:
+    """At most limit characters of received, on one printable line (others escaped), and how many more there were."""
+    shown = "".join(char if char.isprintable() and char != "\\" else ascii(char)[1:-1] for char in received[:limit])
+    return shown + (f"... ({len(received) - limit} more characters)" if len(received) > limit else "")
 
 
 def _count(tally: Tally, event: Event, result: Result) -> None:
@@ -377,7 +402,7 @@ def _applied(pool: Pool, event: Event, listed: ListedEvent, policy: Policy, effe
 
 
 def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | None, since: datetime | None,
-              until: datetime | None, now: datetime) -> Summary:
+             until: datetime | None, now: datetime, max_body_bytes: int) -> Summary:
     """List the window and say what a run would do, writing nothing."""
     first, last, unprovable = window(listing, watermark, since, until, now)
     summary = Summary(source, listing.name, first, last, RunStatus.COMPLETED, Tally(), dry_run=True,
@@ -387,10 +412,11 @@ def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | 
     for page in listing.pages(_listed_since(summary), _seconds(last)):
         tally.pages += 1
         tally.listed += len(page)
+        events = [event for listed in page if (event := _read(listed, source, max_body_bytes, tally)) is not None]
         with transaction(pool) as conn:
-            stored = dict(conn.execute(STORED, {"source": source, "ids": [e.id for e in page]}).fetchall())
-        for listed in page:
-            status = stored.get(listed.id)
+            stored = dict(conn.execute(STORED, {"source": source, "ids": [event.id for event in events]}).fetchall())
+        for event in events:
+            status = stored.get(event.id)
             if status is None:
                 tally.applied += 1
             elif status == "completed":

@@ -10,7 +10,8 @@ from typing import Any
 
 import stripe
 
-from .reconcile import ListedEvent, ProviderError, ProviderRefusedError
+from ..core.vocabulary import is_id
+from .reconcile import ListedEvent, ProviderError, ProviderRefusedError, excerpt
 
 NAME = "Stripe"
 HORIZON_DAYS = 30  # "List events, going back up to 30 days"
@@ -37,36 +38,52 @@ class StripeEvents:
         logging.getLogger("stripe").setLevel(logging.WARNING)
 
     def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
-        """The events created in [since, until) (Unix seconds), oldest first, a page at a time."""
+        """The events created in [since, until) (Unix seconds), oldest first, a page at a time.
+
+        Raises ProviderError when a page cannot be followed: not a page, empty but saying it has more, or naming as
+        its cursor an event that cannot be one or that an earlier page of the pass named (the list is not moving).
+        """
         window = {"created": {"gte": since, "lt": until}, "limit": PAGE_LIMIT}
         oldest = self._oldest(window)
         if oldest is None:
             return
-        first = [oldest]  # the oldest comes first, with the page of those just after it
-        newer_than = oldest.id
+        cursors: set[str] = set()  # the pass's cursors: one id a page
+        newer_than = _cursor(oldest, cursors)
+        first = [_listed(oldest)]  # the oldest comes first, with the page of those just after it
         while True:
             # ListObject.previous_page's request: the page just newer than the cursor, newest first.
-            answer = self._page({**window, "ending_before": newer_than})
-            yield first + _listed(answer["data"])[::-1]
+            data, has_more = self._page({**window, "ending_before": newer_than})
+            if has_more:
+                newer_than = _cursor(data[0], cursors)
+            yield first + [_listed(document) for document in reversed(data)]
             first = []
-            if not answer["has_more"] or not answer["data"]:
+            if not has_more:
                 return
-            newer_than = answer["data"][0]["id"]
 
-    def _oldest(self, window: dict[str, Any]) -> ListedEvent | None:
-        """The window's oldest event: the first pass, newest first (ListObject.next_page's requests)."""
-        oldest: ListedEvent | None = None
+    def _oldest(self, window: dict[str, Any]) -> Any:
+        """The window's oldest event, as listed: the first pass, newest first (ListObject.next_page's requests)."""
+        oldest: Any = None
+        older_than: str | None = None
+        cursors: set[str] = set()
         while True:
-            answer = self._page({**window, "starting_after": oldest.id} if oldest else window)
-            if answer["data"]:  # only the last page's last event is kept
-                oldest = _listed(answer["data"][-1:])[0]
-            if not answer["has_more"]:
+            data, has_more = self._page({**window, "starting_after": older_than} if older_than else window)
+            if data:  # only the last page's last event is kept
+                oldest = data[-1]
+            if not has_more:
                 return oldest
+            older_than = _cursor(data[-1], cursors)
 
-    def _page(self, params: dict[str, Any]) -> dict[str, Any]:
-        """One page of List Events as its JSON, parsed (StripeClient.raw_request: the client's requests, retries)."""
-        page: dict[str, Any] = self._call(lambda: self._client.raw_request("get", "/v1/events", **params)).data
-        return page
+    def _page(self, params: dict[str, Any]) -> tuple[list[Any], bool]:
+        """One page of List Events (StripeClient.raw_request: the client's requests, retries): its data and has_more."""
+        answer = self._call(lambda: self._client.raw_request("get", "/v1/events", **params))
+        page = answer.data
+        if not (isinstance(page, dict) and isinstance(page.get("data"), list) and
+                isinstance(page.get("has_more"), bool)):
+            raise ProviderError(f"{NAME} answered a page that is not a list of events: {_quoted(answer.body)}")
+        if page["has_more"] and not page["data"]:
+            raise ProviderError(f"{NAME} answered an empty page that says it has more (has_more: true): the run "
+                                "cannot go on from it")
+        return page["data"], page["has_more"]
 
     def _call(self, request: Any) -> Any:
         delay = RATE_LIMIT_FIRST_DELAY
@@ -83,14 +100,36 @@ class StripeEvents:
                     f"{NAME} refused the key in {self._key_setting} ({exc.http_status}): it must be a restricted "
                     "key with read access to Events") from None
             except stripe.StripeError as exc:
+                if exc.http_status is not None and 200 <= exc.http_status < 300:  # its body did not parse
+                    raise ProviderError(f"{NAME} answered a page that is not JSON ({exc.http_status}): "
+                                        f"{_quoted(exc.http_body or '')}") from None
                 status = f"{exc.http_status}: " if exc.http_status else ""
-                message = _KEY.sub("<key>", exc.user_message or type(exc).__name__)
+                message = _quoted(exc.user_message or type(exc).__name__)
                 raise ProviderError(f"{NAME} failed after its retries ({status}{message})") from None
         raise AssertionError("unreachable")
 
 
-def _listed(documents: list[dict[str, Any]]) -> list[ListedEvent]:
-    """Events as a page's JSON carried them (raw_request's answer keeps it parsed, in order)."""
-    return [ListedEvent(document["id"], int(document["created"]),
-                        json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode())
-            for document in documents]
+def _listed(document: Any) -> ListedEvent:
+    """An event as a page's JSON carried it (raw_request's answer keeps it parsed, in order); a lone surrogate,
+    which UTF-8 cannot hold, is kept as the JSON escape it came as."""
+    event_id = document.get("id") if isinstance(document, dict) else None
+    body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+    return ListedEvent(event_id if isinstance(event_id, str) else "?", body)
+
+
+def _cursor(document: Any, cursors: set[str]) -> str:
+    """The id of document, the next request's cursor, added to the pass's cursors; ProviderError if it cannot be."""
+    event_id = document.get("id") if isinstance(document, dict) else None
+    if not (isinstance(event_id, str) and is_id(event_id)):
+        raise ProviderError(f"{NAME} listed an event whose id cannot be a cursor, so the run cannot page past it: "
+                            f"{_quoted(json.dumps(document))}")
+    if event_id in cursors:
+        raise ProviderError(f"{NAME} answered a page it answered before (its cursor {excerpt(event_id)} again): "
+                            "the list does not follow its cursor; the run stops")
+    cursors.add(event_id)
+    return event_id
+
+
+def _quoted(received: str | bytes) -> str:
+    """An excerpt of what Stripe sent, a key in it hidden."""
+    return excerpt(_KEY.sub("<key>", received.decode("utf-8", "replace") if isinstance(received, bytes) else received))
