@@ -4,13 +4,16 @@ import getpass
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from psycopg.rows import namedtuple_row
 
+from app.commands import base
 from app.store.ledger import Entry
 from devservers import ROOT, free_port
+from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
 from .helpers import (
     ALICE,
@@ -22,8 +25,10 @@ from .helpers import (
     event_rows,
     payment,
     send,
+    sources_config,
     stored_event_row,
 )
+from .stripe_events import intent_succeeded
 
 pytestmark = pytest.mark.core
 
@@ -162,6 +167,73 @@ def test_replay_all_failed_reports_each_event(client, db, run):
         "replayed 2 failed events: 1 completed, 1 still failed",
     ]
     assert balance(db, UNKNOWN_USER) == 5 and balance(db, BOB) == 0 and balance(db) == 1001
+
+
+def _failed_in_two_sources(make_app, config, db):
+    """evt_here failed in the default source, evt_shop in the named source shop, both for a user not yet created."""
+    client = make_app(sources_config(config, {"shop": "hmac-sha256"})).test_client()
+    assert send(client, payment("evt_shop", user=UNKNOWN_USER), source="shop").status == 422
+    assert send(client, payment("evt_here", user=UNKNOWN_USER)).status == 422
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    return stored_event_row(db, "evt_shop")
+
+
+NOT_HERE = ("skipped 1 event of source 'shop', left as stored: its source is not configured in this shell "
+            "(WEBHOOK_SOURCES, WEBHOOK_SECRET): evt_shop")
+
+
+def test_replay_all_failed_skips_a_source_this_shell_does_not_configure_and_says_so(make_app, config, db, run):
+    shop = _failed_in_two_sources(make_app, config, db)
+    result = run("events", "replay", "--all-failed")  # a shell that serves the default source alone
+    assert result.exit_code == 1
+    assert result.output.splitlines() == ["evt_here: processed; now completed", NOT_HERE,
+                                          "replayed 1 failed events: 1 completed, 0 still failed; skipped 1"]
+    assert stored_event_row(db, "evt_shop") == shop  # its status, error, attempts and times as they were
+    assert balance(db, UNKNOWN_USER) == 250
+
+
+def test_replay_of_one_event_of_a_source_this_shell_does_not_configure_leaves_it(make_app, config, db, run):
+    shop = _failed_in_two_sources(make_app, config, db)
+    result = run("events", "replay", "evt_shop", "--source", "shop")
+    assert (result.exit_code, result.output) == (1, NOT_HERE + "\n")
+    assert stored_event_row(db, "evt_shop") == shop
+
+
+def test_replay_of_many_events_off_a_terminal_prints_plain_progress_lines(client, db, run, monkeypatch):
+    monkeypatch.setattr(base, "PROGRESS_EVERY", 2)
+    for number in range(5):
+        send(client, payment(f"evt_p{number}", user=UNKNOWN_USER, cents=1))
+    result = run("events", "replay", "--all-failed")
+    progress = [line for line in result.output.splitlines() if line.startswith("events replayed")]
+    assert progress == ["events replayed: 2 of 5", "events replayed: 4 of 5"]
+
+
+def test_verify_off_a_terminal_prints_plain_progress_lines(client, db, run, monkeypatch):
+    monkeypatch.setattr(base, "PROGRESS_EVERY", 2)
+    for number in range(5):
+        send(client, payment(f"evt_v{number}", cents=1))
+    result = run("ledger", "verify")
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.output.splitlines() if line.startswith("stored events checked")]
+    assert progress == ["stored events checked: 2", "stored events checked: 4"]
+
+
+@pytest.mark.parametrize("scheme", ["stripe"])
+def test_reconcile_off_a_terminal_prints_a_plain_progress_line_per_hundred_listed(make_app, config, db,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(base, "PROGRESS_EVERY", 100)
+    with StripeStandIn() as stand_in:
+        an_hour_ago = int(time.time()) - 3600
+        events = [intent_succeeded(f"pi_{number:03d}", cents=1) for number in range(250)]
+        for evt in events:
+            evt["created"] = an_hour_ago
+        stand_in.add(*events)
+        app = make_app({**config, "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url})
+        result = app.test_cli_runner().invoke(args=["reconcile", "default"])
+    assert result.exit_code == 0, result.output
+    # A line once a page takes the count past each hundred: "events listed: 101" (a page is up to 100 events).
+    progress = [line for line in result.output.splitlines() if line.startswith("events listed: ")]
+    assert [int(line.removeprefix("events listed: ")) // 100 for line in progress] == [1, 2], result.output
 
 
 @pytest.mark.parametrize("args", [(), ("evt_x", "--all-failed")])

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .helpers import ALICE, BOB, assert_ledger_consistent, balance, payment, send, stored_event_row
+from .helpers import ALICE, BOB, UNKNOWN_USER, assert_ledger_consistent, balance, payment, send, stored_event_row
 from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
@@ -59,6 +59,61 @@ def test_a_payment_refused_for_its_currency_is_credited_once_the_ledger_currency
     assert stored_event_row(db, euros.id).mismatches == 0
     assert balance(db, BOB) == 700
     assert db.execute("SELECT currency FROM payments WHERE payment_id = 'pi_euro'").fetchone()[0] == "eur"
+
+
+def _failed_for_its_user_under_test_events_accepted(make_app, config, db):
+    """A test-mode payment for a user not yet created, refused under STRIPE_ACCEPT_TEST_EVENTS=true: failed."""
+    test_mode = intent_succeeded("pi_user_later", user=UNKNOWN_USER, cents=300)
+    test_mode["livemode"] = False
+    answer = send_stripe(_stripe_client(make_app, config, STRIPE_ACCEPT_TEST_EVENTS="true"), test_mode)
+    assert answer.status == 422 and "unknown user" in answer.json["message"], answer.json
+    return test_mode, stored_event_row(db, test_mode.id)
+
+
+@STRIPE
+def test_a_replay_from_a_shell_without_the_services_settings_keeps_the_events_own_error(make_app, config, db):
+    test_mode, failed = _failed_for_its_user_under_test_events_accepted(make_app, config, db)
+    # This shell has no STRIPE_ACCEPT_TEST_EVENTS: the event is decided again under the settings recorded with it.
+    result = _cli(make_app, config, "events", "replay", "--all-failed")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"{test_mode.id}: still failed: {failed.last_error}",
+                                          "replayed 1 failed events: 0 completed, 1 still failed"]
+    assert stored_event_row(db, test_mode.id).last_error == failed.last_error
+
+
+@STRIPE
+def test_a_replay_from_a_shell_without_the_services_settings_applies_the_event_as_the_service_would(
+        make_app, config, db):
+    test_mode, _ = _failed_for_its_user_under_test_events_accepted(make_app, config, db)
+    db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 0)", [UNKNOWN_USER])
+    result = _cli(make_app, config, "events", "replay", test_mode.id)
+    assert (result.exit_code, result.output) == (0, f"{test_mode.id}: processed; now completed\n")
+    assert balance(db, UNKNOWN_USER) == 300
+    assert db.execute("SELECT test_events_accepted FROM webhook_events WHERE event_id = %s",
+                      [test_mode.id]).fetchone() == (True,)
+
+
+@STRIPE
+def test_a_payment_that_named_no_user_is_replayed_under_the_metadata_key_the_operator_set(make_app, config, db):
+    paid = intent_succeeded("pi_other_key", metadata={"account": str(BOB)}, cents=400)
+    assert send_stripe(_stripe_client(make_app, config), paid).status == 422  # no user_id in its metadata
+    result = _cli(make_app, config, "events", "replay", paid.id, WEBHOOK_USER_METADATA_KEY="account")
+    assert (result.exit_code, result.output) == (0, f"{paid.id}: processed; now completed\n")
+    assert balance(db, BOB) == 400
+
+
+@STRIPE
+def test_a_replay_that_only_this_shells_setting_would_refuse_is_skipped_and_leaves_the_event(make_app, config, db):
+    paid = intent_succeeded("pi_no_link", metadata={"account": "not-a-uuid"}, customer="cus_none", cents=400)
+    assert send_stripe(_stripe_client(make_app, config), paid).status == 422  # no user, no link
+    failed = stored_event_row(db, paid.id)
+    result = _cli(make_app, config, "events", "replay", paid.id, WEBHOOK_USER_METADATA_KEY="account")
+    assert result.exit_code == 1
+    assert result.output == (
+        f"skipped 1 event of source 'default', left as stored: this shell's WEBHOOK_USER_METADATA_KEY refuses it; "
+        f"it was decided under LEDGER_CURRENCY=usd, STRIPE_ACCEPT_TEST_EVENTS=false, "
+        f"WEBHOOK_USER_METADATA_KEY=user_id, WEBHOOK_NO_USER=refuse: {paid.id}\n")
+    assert stored_event_row(db, paid.id) == failed
 
 
 @STRIPE

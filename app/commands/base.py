@@ -3,7 +3,10 @@ cli.py's and users.py's commands are built from it."""
 
 import functools
 import getpass
-from collections.abc import Callable, Sequence
+import itertools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -88,3 +91,31 @@ def os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name in the environment, and a uid with no passwd entry
         raise click.ClickException("cannot tell which OS user runs this: name who makes it with --by") from None
+
+
+# Off a terminal, one progress line each this many items: a log gets a few lines of a long run, not one per row.
+PROGRESS_EVERY = 1000
+# On a terminal, the bar is drawn again once each this many items at most (each drawing is a write).
+BAR_STEPS = 100
+
+
+@contextmanager
+def progress(done_what: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    """Yield advance(n), told of each n items done: click's progress bar on a terminal, else a plain line on
+    stderr each PROGRESS_EVERY items ("events replayed: 2000 of 5000")."""
+    if sys.stderr.isatty():
+        items = itertools.count() if total is None else None  # no length: click draws no percentage
+        steps = BAR_STEPS if total is None else max(1, min(BAR_STEPS, total // 100))
+        with click.progressbar(items, length=total, label=done_what, file=sys.stderr,
+                               update_min_steps=steps) as bar:
+            yield bar.update
+        return
+    done = 0
+    of = "" if total is None else f" of {total}"
+
+    def advance(n: int = 1) -> None:
+        nonlocal done
+        before, done = done, done + n
+        if done // PROGRESS_EVERY > before // PROGRESS_EVERY:
+            click.echo(f"{done_what}: {done}{of}", err=True)
+    yield advance

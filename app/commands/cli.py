@@ -3,6 +3,7 @@ verify|adjust`, `flask redis forget-done` and `flask reconcile`."""
 
 import hashlib
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,8 +26,8 @@ from ..store import ledger, retention, verify
 from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from ..store.outcome import Outcome
 from ..store.schema import SchemaError, other_currency, recorded_currency, set_currency
-from . import reconcile
-from .base import CENTS, Commands, needs, os_user, table, utc
+from . import reconcile, replay
+from .base import CENTS, Commands, needs, os_user, progress, table, utc
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
@@ -271,7 +272,10 @@ def _in_the_ledgers_currency() -> None:
 @click.option("--source", help=f"The event's source [default: {DEFAULT_SOURCE}]; with --all-failed, "
                                 "only this source's events [default: every source's].")
 def replay_events(event_id: str | None, all_failed: bool, source: str | None) -> None:
-    """Re-run stored failed events, from their stored bytes, through the ledger transaction (exactly once)."""
+    """Re-run stored failed events, from their stored bytes, through the ledger transaction (exactly once).
+
+    Each is decided under the settings it was decided under, but for the one that refused it (docs/operations.md).
+    """
     if bool(event_id) == all_failed:
         raise click.UsageError("give either EVENT_ID or --all-failed")
     _in_the_ledgers_currency()
@@ -281,18 +285,39 @@ def replay_events(event_id: str | None, all_failed: bool, source: str | None) ->
             keys = conn.execute(FAILED_EVENTS, {"source": source}).fetchall()
     else:
         keys = [(source or DEFAULT_SOURCE, event_id)]
-    policy = Settings.of(current_app).policy
-    with metrics.command_counts(_warn) as counts:
-        results = [_replayed(source, event_id, _counted(counts, source, _replay(pool, source, event_id, policy)))
-                   for source, event_id in keys]
+    settings = Settings.of(current_app)
+    configured = {served.event_source for served in settings.sources.values()}
+    results: list[tuple[bool, str]] = []
+    skipped: dict[tuple[str, str], list[str]] = {}
+    with metrics.command_counts(_warn) as counts, progress("events replayed", len(keys)) as advance:
+        for of, named in keys:
+            policy = replay.policy_for(pool, of, named, settings.policy, configured)
+            if isinstance(policy, replay.Skip):
+                skipped.setdefault((of, policy.reason), []).append(named)
+            else:
+                results.append(_replayed(of, named, _counted(counts, of, _replay(pool, of, named, policy))))
+            advance(1)
     for _, message in results:
         click.echo(message)
+    for (of, reason), ids in skipped.items():
+        click.echo(f"skipped {_count(len(ids), 'event')} of source {of!r}, left as stored: {reason}: {_some(ids)}")
     failures = sum(not ok for ok, _ in results)
     if all_failed:
         completed = len(results) - failures
-        click.echo(f"replayed {len(results)} failed events: {completed} completed, {failures} still failed")
-    if failures:
+        not_replayed = sum(len(ids) for ids in skipped.values())
+        click.echo(f"replayed {len(results)} failed events: {completed} completed, {failures} still failed"
+                   + (f"; skipped {not_replayed}" if not_replayed else ""))
+    if failures or skipped:
         raise click.exceptions.Exit(1)
+
+
+# How many event ids a line names before "and N more".
+NAMED_IDS = 10
+
+
+def _some(ids: list[str]) -> str:
+    more = f" and {len(ids) - NAMED_IDS} more" if len(ids) > NAMED_IDS else ""
+    return ", ".join(ids[:NAMED_IDS]) + more
 
 
 DISMISS = """
@@ -352,8 +377,8 @@ def verify_ledger() -> None:
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     pool = get_pool(current_app)
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
-    with pool.connection() as conn, statement_timeout(pool, conn, 0):
-        report = verify.check(conn, Settings.of(current_app).policy)
+    with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
+        report = verify.check(conn, Settings.of(current_app).policy, advance)
     for line in report.problems + report.below_zero + report.settings_changed:
         click.echo(line)
     users, events_, payments, journal = report.counts
@@ -465,9 +490,10 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         raise click.UsageError("--since must be before --until")
     _in_the_ledgers_currency()
     listing = StripeEvents(source.api_key, settings.stripe_api_base, key_setting)
-    with unavailable_in_one_line(), metrics.command_counts(_warn) as counts:
+    with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         try:
-            summary = reconcile.reconcile(get_pool(current_app), source.event_source, listing, settings.policy,
+            summary = reconcile.reconcile(get_pool(current_app), source.event_source, Counted(listing, advance),
+                                          settings.policy,
                                           since, until, dry_run,
                                           on_result=lambda result: counts.observe(source.event_source, result),
                                           max_body_bytes=settings.max_body_bytes)
@@ -479,6 +505,19 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         raise click.exceptions.Exit(YIELDED_EXIT)
     if summary.status != reconcile.RunStatus.COMPLETED:
         raise click.exceptions.Exit(1)
+
+
+class Counted:
+    """A provider's event list that tells advance of each page it lists (the run's progress)."""
+
+    def __init__(self, listing: reconcile.EventList, advance: Callable[[int], None]) -> None:
+        self.name, self.horizon_days = listing.name, listing.horizon_days
+        self._listing, self._advance = listing, advance
+
+    def pages(self, since: int, until: int) -> Iterator[list[reconcile.ListedEvent]]:
+        for page in self._listing.pages(since, until):
+            self._advance(len(page))
+            yield page
 
 
 def _count(number: int, noun: str) -> str:

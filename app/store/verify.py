@@ -1,6 +1,7 @@
 """The ledger's invariants, checked on one snapshot: `flask ledger verify`
 (docs/design.md, "What `flask ledger verify` checks")."""
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -122,8 +123,9 @@ class Report(NamedTuple):
     settings_changed: list[str] = []
 
 
-def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Report:
-    """Return a Report of the ledger's invariants on one snapshot."""
+def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
+          on_row: Callable[[int], object] = lambda n: None) -> Report:
+    """Return a Report of the ledger's invariants on one snapshot; on_row(1) is told of each stored event read."""
     with conn.transaction():
         # One consistent snapshot, however busy the receiver is, and no
         # statement timeout: the sums read whole tables.
@@ -146,7 +148,10 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY) -> Rep
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
             settings_changed: list[str] = []
-            problems += [p for row in rows if (p := _effect_problem(cur, policy, row, settings_changed))]
+            for stored in rows:
+                if problem := _effect_problem(cur, policy, stored, settings_changed):
+                    problems.append(problem)
+                on_row(1)
         below_zero = [f"balance of user {r.user_id} is below zero: {r.balance_cents} cents"
                       for r in cur.execute(BELOW_ZERO)]
         row = conn.execute(COUNTS).fetchone()
