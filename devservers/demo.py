@@ -39,8 +39,8 @@ def add_demo_user(conn):
                  " ON CONFLICT (user_id) DO NOTHING", [DEMO_USER])
 
 
-def banner(base_url, event_id, balance, config, secret_from_env, external):
-    """What to paste into another terminal. Only the demo secret is ever printed."""
+def banner(base_url, event_id, balance, config, secret_from_env, external, env_file=None):
+    """What to paste into another terminal. Only the demo secret is ever printed (env_file holds the others)."""
     body = json.dumps({"id": event_id, "type": "payment.succeeded",
                        "data": {"userId": DEMO_USER, "amountCents": 1000}}, separators=(",", ":"))
     scheme = config.webhook_signature_scheme
@@ -71,7 +71,7 @@ The balance ({balance} cents now, {balance + 1000} after that):
 
 psql {psql_target} -c "SELECT user_id, balance_cents FROM user_balances WHERE user_id = '{DEMO_USER}'"
 
-{commands(config, secret_from_env, external)}
+{commands(config, secret_from_env, external, env_file)}
 {rule}
 """
 
@@ -85,12 +85,19 @@ def routes(base_url, config):
     return "\n".join(lines)
 
 
-def commands(config, secret_from_env, external):
-    """A ready `export` block for `flask` commands in another terminal: the ports change on every run.
+def commands(config, secret_from_env, external, env_file=None):
+    """How another terminal runs `flask` commands: `. <env_file>` (written by write_env), then `flask events list`.
 
-    Only what is not secret is printed (the private servers' URLs, the demo secret); the settings this
-    shell gave are named, for the other terminal to set the same way.
+    Without env_file (make cluster), an `export` block of what is not secret (the private servers' URLs, the demo
+    secret), the settings this shell gave named for the other terminal to set the same way.
     """
+    if env_file is not None:
+        return f"""For `flask` commands in another terminal (docs/operations.md): this file sets every setting this
+service runs with, secrets included (readable by you alone), PATH with {Path(sys.executable).parent} first
+and FLASK_APP=app; it is written again on every start (the ports change):
+
+. {env_file}
+flask events list"""
     printed = {}
     if not external:
         printed["DATABASE_URL"], printed["REDIS_URL"] = config.database_url, config.redis_url
@@ -99,13 +106,37 @@ def commands(config, secret_from_env, external):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         printed["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
     given = sorted(name for name in os.environ if name not in printed and _is_setting(name, config))
-    export = "export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in printed.items())
+    export = "export " + " ".join([*_flask_shell(), *(f"{name}={shlex.quote(value)}"
+                                                      for name, value in printed.items())])
     also = f"\n# and, as in the shell that started this: {' '.join(given)}" if given else ""
-    flask = Path(sys.executable).parent / "flask"
     return f"""For `flask` commands in another terminal (docs/operations.md; the ports change on every run):
 
 {export}{also}
-{flask} --app app events list"""
+flask events list"""
+
+
+def write_env(path, config):
+    """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source.
+
+    Secrets included: the file is the developer's own, as the terminal is; the banner names the file, not them.
+    """
+    settings = {name: value for name, value in os.environ.items() if _is_setting(name, config)}
+    settings["DATABASE_URL"], settings["REDIS_URL"] = config.database_url, config.redis_url
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        settings["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
+    lines = [f"export {word}" for word in
+             [*_flask_shell(), *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)  # created anew, mode 600 from the start
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+        file.write("# make run's settings, for `flask` commands in another terminal: . " + str(path) + "\n")
+        file.write("\n".join(lines) + "\n")
+    return path
+
+
+def _flask_shell():
+    """What makes `flask <command>` run as the docs print it: this virtualenv's flask first, and the app it serves."""
+    return [f'PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"', "FLASK_APP=app"]
 
 
 def _is_setting(name, config):

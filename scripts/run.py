@@ -4,8 +4,9 @@ a signed webhook.
 With DATABASE_URL and REDIS_URL both set, those servers are used. Otherwise a
 private PostgreSQL cluster (kept in .run/ between runs) and a redis-server are
 started on free loopback ports. Either way the schema is applied, a demo user
-is created, and gunicorn runs with the committed gunicorn.conf.py, its logs on
-our terminal. Ctrl-C, SIGTERM or SIGHUP stops everything this script started,
+is created, gunicorn runs with the committed gunicorn.conf.py, its logs on
+our terminal, and .run/env holds every setting it runs with, for `flask`
+commands in another terminal (`. .run/env`). Ctrl-C, SIGTERM or SIGHUP stops everything this script started,
 and nothing else; so does gunicorn exiting, or a start that fails half way.
 """
 
@@ -23,7 +24,7 @@ from app.settings.config import ConfigError, from_env
 from app.store.db import apply_schema
 from app.store.schema import SchemaError
 from devservers import Gunicorn
-from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings
+from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings, write_env
 from devservers.run_dir import RUN_DIR, start_servers
 from devservers.supervise import Failed, logger, port_free, say, supervise
 
@@ -65,7 +66,9 @@ def run(cleanup):
         server.start()
     except (RuntimeError, TimeoutError) as exc:
         raise Failed(f"gunicorn did not come up ({exc}); see its log above") from None
-    say(banner(server.base, event_id, balance, config, secret_from_env, external))
+    # For `flask` commands in another terminal: every setting this service runs with (docs/operations.md).
+    env_file = write_env(RUN_DIR / "env", config)
+    say(banner(server.base, event_id, balance, config, secret_from_env, external, env_file))
 
     status = server.proc.wait()
     status = 128 - status if status < 0 else status
