@@ -117,6 +117,21 @@ def test_a_replay_that_only_this_shells_setting_would_refuse_is_skipped_and_leav
 
 
 @STRIPE
+def test_an_event_decided_under_another_ledger_currency_is_skipped_and_keeps_its_error(make_app, config, db):
+    dollars = intent_succeeded("pi_user_later_usd", user=UNKNOWN_USER, cents=300)
+    assert send_stripe(_stripe_client(make_app, config), dollars).status == 422  # unknown user, under usd
+    failed = stored_event_row(db, dollars.id)
+    assert _cli(make_app, config, "ledger", "set-currency", "eur").exit_code == 0  # nothing has moved yet
+    result = _cli(make_app, config, "events", "replay", "--all-failed", LEDGER_CURRENCY="eur")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"skipped 1 event of source 'default', left as stored: decided under LEDGER_CURRENCY=usd, and the "
+        f"ledger's is eur: {dollars.id}",
+        "replayed 0 failed events: 0 completed, 0 still failed; skipped 1"]
+    assert stored_event_row(db, dollars.id) == failed
+
+
+@STRIPE
 def test_verify_judges_each_event_by_the_settings_it_was_decided_under(make_app, config, db):
     test_mode = intent_succeeded("pi_accepted_then", user=BOB, cents=300)
     test_mode["livemode"] = False
