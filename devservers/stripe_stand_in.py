@@ -20,6 +20,12 @@ https://docs.stripe.com/api/pagination.
 - `{"object": "list", "url": "/v1/events", "has_more": ..., "data": [...]}`;
 - only the last 30 days are listed ("List events, going back up to 30 days");
 - `Authorization: Bearer <key>` (stripe-python's way): any other key is 401;
+- retrieve a PaymentIntent, Charge, Refund or Dispute (`GET /v1/payment_intents/{id}`, `/v1/charges/{id}`,
+  `/v1/refunds/{id}`, `/v1/disputes/{id}`: https://docs.stripe.com/api/payment_intents/retrieve and its
+  siblings) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
+  each in its current state (`put` replaces it) and in one account's context: `Stripe-Context` (or the
+  older `Stripe-Account`) names it, https://docs.stripe.com/context; none is the key's own account; an
+  unknown id there is 404 `resource_missing` ("No such payment_intent: 'pi_...'");
 - injected answers: `fail_next(429)` or `fail_next(500, times=3)`, Stripe's
   error shape; `delay` per answer and `on_request` let a test act mid-run;
 - hostile answers, which Stripe's contract rules out, for reconcile's
@@ -83,6 +89,7 @@ class StripeStandIn:
         self.on_request: Callable[[int], None] | None = None  # called with the request's number, before answering
         self.hostile: str | None = None  # one of HOSTILE's modes, for every list request
         self._server: ThreadingHTTPServer | None = None
+        self._objects: dict[tuple[str | None, str, str], dict[str, Any]] = {}  # (context, object, id) -> it
 
     # -- the data ---------------------------------------------------------------
 
@@ -107,6 +114,13 @@ class StripeStandIn:
                 index = bisect.bisect(self._sorted, key)
                 self._sorted.insert(index, key)
                 self._events.insert(index, document)
+
+    def put(self, obj: Any, context: str | None = None) -> None:
+        """Add an object (a PaymentIntent, Charge, Refund, Dispute or thin event), or replace it by its current
+        state, in an account's context (None: the key's own account)."""
+        document = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+        with self._lock:
+            self._objects[(context, document["object"], document["id"])] = document
 
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next `times` requests with status (429, 500, 503) in Stripe's error shape."""
@@ -191,11 +205,16 @@ class StripeStandIn:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def answer(self, path: str, query: str, authorization: str | None) -> tuple[int, dict[str, Any] | bytes]:
-        """(status, JSON body, or bytes sent as they are) for one request."""
+    def answer(self, path: str, query: str, authorization: str | None,
+               context: str | None = None) -> tuple[int, dict[str, Any] | bytes]:
+        """(status, JSON body, or bytes sent as they are) for one request (context: its Stripe-Context or
+        Stripe-Account header)."""
         if authorization != f"Bearer {self.api_key}":
             shown = (authorization or "").removeprefix("Bearer ")[:8]
             return 401, _error("invalid_request_error", None, f"Invalid API Key provided: {shown}***")
+        retrieved = _OBJECT_PATH.fullmatch(path)
+        if retrieved:
+            return self.retrieve_object(_OBJECTS[retrieved[1]], retrieved[2], context)
         retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
         if path.rstrip("/") != "/v1/events" and not retrieve:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
@@ -221,6 +240,31 @@ class StripeStandIn:
             return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
 
 
+    def retrieve_object(self, kind: str, object_id: str, context: str | None) -> tuple[int, dict[str, Any]]:
+        """The answer to retrieving one object in context: it, or 404 resource_missing; counted as a request."""
+        with self._lock:
+            self.requests.append({"object": kind, "id": object_id, "context": context})
+            self.arrivals.append(time.monotonic())
+            number = len(self.requests)
+            fault = self._faults.popleft() if self._faults else None
+            found = self._objects.get((context, kind, object_id))
+        if self.on_request is not None:
+            self.on_request(number)
+        if self.delay:
+            time.sleep(self.delay)
+        if fault is not None:
+            return fault, _error(*ERRORS[fault])
+        if found is None:
+            return 404, _error("invalid_request_error", "resource_missing", f"No such {kind}: '{object_id}'", "id")
+        return 200, found
+
+
+# Each retrievable object's path, and its `object` value.
+_OBJECTS = {"v1/payment_intents": "payment_intent", "v1/charges": "charge", "v1/refunds": "refund",
+            "v1/disputes": "dispute", "v2/core/events": "v2.core.event"}
+_OBJECT_PATH = re.compile(r"/(v1/payment_intents|v1/charges|v1/refunds|v1/disputes|v2/core/events)/([^/]+)")
+
+
 def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as Stripe's API
@@ -230,7 +274,8 @@ def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             parts = urlsplit(self.path)
-            status, document = stand_in.answer(parts.path, parts.query, self.headers.get("Authorization"))
+            status, document = stand_in.answer(parts.path, parts.query, self.headers.get("Authorization"),
+                                               self.headers.get("Stripe-Context") or self.headers.get("Stripe-Account"))
             body = document if isinstance(document, bytes) else json.dumps(document).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

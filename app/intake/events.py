@@ -64,6 +64,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
         return razorpay.parse(document, body, headers, source)
     if scheme == paypal.SCHEME and "type" not in document:
         return paypal.parse(document, body, source)
+    if scheme == stripe.SCHEME and stripe.is_thin(document):
+        return stripe.parse_thin(document, body, source)
     if scheme == "standard-webhooks":
         event_id = text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
@@ -78,16 +80,21 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_
 
     The bytes are checked against their SHA-256 (StoredBodyError says why they cannot be used) and decoded by the
     live path's own function, so that both decide alike; the id and type are the row's, as a scheme may take them
-    from headers. fetched, the provider's bytes of the event, is read when kept; body stays the bytes of record.
+    from headers. fetched, the provider's bytes of the event (a thin event's: its related object), is read when kept;
+    body stays the bytes of record.
     """
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
         document = load(body if fetched is None else bytes(fetched))
+        delivered = document if fetched is None else load(body)
         if fetched is not None and razorpay.is_entity(document):  # Razorpay's entity, read in its delivered event
-            document = razorpay.with_entity(load(body), document)
+            document = razorpay.with_entity(delivered, document)
     except InvalidJSONError as exc:
         raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
+    if event_type in stripe.THIN_RULES and stripe.is_thin(delivered):  # fetched, if kept, is its related object
+        thin = Event(event_id, event_type, {}, delivered, body, source)
+        return thin if fetched is None else stripe.with_related(thin, document)
     data = document["data"] if isinstance(document.get("data"), dict) else document
     return Event(id=event_id, type=event_type, data=data, document=document, body=body, source=source)
 
@@ -225,6 +232,7 @@ RULES = {
     PAYMENT_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_payment_refunded, Fields(
         "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
     **stripe.RULES,
+    **stripe.THIN_RULES,
     **razorpay.RULES,
     **paypal.RULES,
     **{refund: Rule(Kind.REFUND, _read_either_refund, _EITHER_REFUND) for refund in EITHER_REFUND_EVENTS},

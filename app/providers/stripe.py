@@ -3,10 +3,26 @@
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
-from ..core.vocabulary import Event, Fields, Kind, Metadata, Rule, State, an_object, is_cents, lower
+from ..core.vocabulary import (
+    MAX_ID_CHARS,
+    MAX_TYPE_CHARS,
+    Event,
+    Fields,
+    InvalidEventError,
+    Kind,
+    Metadata,
+    Rule,
+    State,
+    an_object,
+    is_cents,
+    is_id,
+    lower,
+    text,
+)
 from .outbound import Outbound, record
 
 SCHEME = "stripe"  # also the name its calls are counted under (app/receiver/metrics.py)
@@ -143,6 +159,103 @@ RULES = {
 }
 
 
+# -- thin events (docs/providers.md, "Thin events") ---------------------------------------------
+
+THIN_OBJECT = "v2.core.event"
+# The API version a thin event's related object is fetched in (Stripe-Version): the one the rules above read.
+THIN_FETCH_VERSION = "2025-03-31.basil"
+# Where Stripe's API retrieves each object a thin event's money is read from, by related_object.type.
+THIN_OBJECTS = {"payment_intent": "/v1/payment_intents/", "charge": "/v1/charges/", "refund": "/v1/refunds/",
+                "dispute": "/v1/disputes/"}
+# Stripe-Context's value: account ids, a path of them for an account below a connected one (docs.stripe.com/context).
+_CONTEXT = re.compile(r"[A-Za-z0-9_]{1,64}(/[A-Za-z0-9_]{1,64}){0,3}")
+
+
+class Related(NamedTuple):
+    """The object a thin event's money is read from: its type (a THIN_OBJECTS key), id and account context."""
+
+    type: str
+    id: str
+    context: str | None
+
+
+def is_thin(document: Mapping[str, Any]) -> bool:
+    return document.get("object") == THIN_OBJECT
+
+
+def parse_thin(document: dict[str, Any], body: bytes, source: str) -> Event:
+    """A thin event (object v2.core.event): no data until its related object is fetched (with_related)."""
+    event_id = text(document.get("id"), "'id'", MAX_ID_CHARS)
+    event_type = text(document.get("type"), "'type'", MAX_TYPE_CHARS)
+    context = document.get("context")
+    if context is not None and not (isinstance(context, str) and _CONTEXT.fullmatch(context)):
+        raise InvalidEventError("'context' must be an account context (acct_..., or acct_.../acct_...)")
+    if event_type in THIN_RULES:
+        related = an_object(document.get("related_object"))
+        if related.get("type") != THIN_RELATED[event_type]:
+            raise InvalidEventError(f"'related_object.type' must be {THIN_RELATED[event_type]!r} in {event_type}")
+        if not is_id(related.get("id")):
+            raise InvalidEventError(f"'related_object.id' must be an id of 1 to {MAX_ID_CHARS} characters")
+    return Event(event_id, event_type, {}, document, body, source)
+
+
+def related_object(event: Event) -> Related | None:
+    """What a thin event parse_thin returned moves money by; None for a type that moves none (meters, accounts)."""
+    if event.type not in THIN_RULES:
+        return None
+    related = event.document["related_object"]
+    return Related(related["type"], related["id"], event.document.get("context"))
+
+
+def with_related(event: Event, obj: dict[str, Any]) -> Event:
+    """The thin event with its related object's current state as data.object, as the snapshot rules read it."""
+    document = {**event.document, "api_version": THIN_FETCH_VERSION}
+    return Event(event.id, event.type, {"object": obj}, document, event.body, event.source)
+
+
+def _read_thin_charge(event: Event) -> Fields | str | None:
+    """The Charge's current total refunded; none left (its refunds failed since) moves nothing: their events say so."""
+    if an_object(event.data.get("object")).get("amount_refunded") == 0:
+        return None
+    return _read_charge_refunded(event)
+
+
+def _read_thin_dispute(floor: State | None) -> Callable[[Event], Fields | None]:
+    """A Dispute's current state: its balance transactions show the funds withdrawn (negative) and reinstated
+    (positive); floor is what the event's type itself says happened (funds_withdrawn, funds_reinstated)."""
+    def read(event: Event) -> Fields | None:
+        dispute = an_object(event.data.get("object"))
+        moved = dispute.get("balance_transactions")
+        amounts = [an_object(t).get("amount") for t in moved] if isinstance(moved, list) else []
+        reinstated = floor == State.REVERSED or any(is_cents(a) for a in amounts)
+        withdrawn = floor == State.APPLIED or any(isinstance(a, int) and a < 0 for a in amounts)
+        if not (reinstated or withdrawn):
+            return None  # no funds moved yet (an inquiry, a prevented dispute)
+        return _read_dispute(State.REVERSED if reinstated else State.APPLIED)(event)
+    return read
+
+
+def _thin_labels(labels: Fields) -> Fields:
+    return Fields(*(label.replace("data.object.", "related_object.") if isinstance(label, str) else label
+                    for label in labels))
+
+
+# Each thin type that moves money (its snapshot twin's name with "v1."): the related object's type, and the rule
+# that reads the object's current state. A thin dispute type takes whichever step the dispute has reached.
+_THIN = {
+    "v1." + PAYMENT_INTENT_SUCCEEDED: ("payment_intent", RULES[PAYMENT_INTENT_SUCCEEDED]),
+    "v1." + CHARGE_REFUNDED: ("charge", RULES[CHARGE_REFUNDED]._replace(read=_read_thin_charge)),
+    **{"v1." + refund_event: ("refund", Rule(Kind.REFUND, read_refund, REFUND_LABELS))
+       for refund_event in REFUND_EVENTS},
+    **{"v1.charge.dispute." + name: ("dispute", Rule(Kind.DISPUTE, _read_thin_dispute(floor),
+                                                     REFUND_LABELS._replace(state=None)))
+       for name, floor in (("created", None), ("updated", None), ("closed", None),
+                           ("funds_withdrawn", State.APPLIED), ("funds_reinstated", State.REVERSED))},
+}
+THIN_RELATED = {thin_type: related for thin_type, (related, _) in _THIN.items()}
+THIN_RULES = {thin_type: rule._replace(labels=_thin_labels(rule.labels)) for thin_type, (_, rule) in _THIN.items()}
+
+
 # -- the API ------------------------------------------------------------------------------------
 
 class API:
@@ -165,3 +278,15 @@ class API:
             reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event_id, safe='')}",
                                           deadline, headers={"Authorization": self._authorization})
         return record(reply, NAME, "its event")
+
+    def related(self, related: Related) -> bytes | None:
+        """A thin event's related object as Stripe's API returns it now, in the event's account context
+        (Stripe-Context), or None when Stripe has no such object there (404)."""
+        headers = {"Authorization": self._authorization, "Stripe-Version": THIN_FETCH_VERSION}
+        if related.context is not None:
+            headers["Stripe-Context"] = related.context
+        deadline = self.outbound.deadline()
+        with self.outbound.slot(SCHEME):
+            reply = self.outbound.request(SCHEME, "GET", f"{self.base}{THIN_OBJECTS[related.type]}"
+                                          f"{quote(related.id, safe='')}", deadline, headers=headers)
+        return record(reply, NAME, f"its {related.type}")

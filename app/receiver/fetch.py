@@ -2,13 +2,14 @@
 (docs/providers.md, "What is signed and what is fetched")."""
 
 import logging
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from ..core.vocabulary import load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..providers import paypal, razorpay, stripe
-from ..providers.outbound import Outbound, ProviderUnavailableError
+from ..providers.outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
 from ..settings.config import Settings
-from ..settings.sources import Source
+from ..settings.sources import Source, api_key_setting
 from ..store import ledger
 from ..store.ledger import Refetch
 
@@ -35,6 +36,11 @@ class Fetched(NamedTuple):
     contradicts: bool = False  # the provider's record moves other money than the notification said
 
 
+class NoAPIKeyError(ProviderRefusedError):
+    """A thin event that moves money reached a source with no API key to fetch its object with: 503, counted as
+    a call refused for credentials ("no_api_key"), until the key is set."""
+
+
 class Providers:
     """The process's calls to providers: the PayPal certificates and each fetching source's API."""
 
@@ -53,8 +59,10 @@ class Providers:
         problem saying so (422, recorded).
         """
         api = self.apis.get(source.name)
+        if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
+            return self._thin(source, api, event, policy)
         said = effect_of(event, policy)
-        if api is None:
+        if api is None or not source.fetch:
             return Fetched(event, said)
         if isinstance(api, razorpay.API):  # no event by id: the entity the event's money is read from, if any
             what = api.names(event)
@@ -77,6 +85,37 @@ class Providers:
             log.warning("%s's record of event %s (source %s) moves other money than its notification: it decides",
                         api.name, event.id, source.name)
         return Fetched(record, effect, body, contradicts)
+
+
+    def _thin(self, source: Source, api: "API | razorpay.API | None", event: Event, policy: Policy) -> Fetched:
+        """A thin event with its related object as Stripe's API has it now, in the event's account context."""
+        related = stripe.related_object(event)
+        if related is None:  # a type that moves no money (meters, accounts): stored and acknowledged
+            return Fetched(event, effect_of(event, policy))
+        if not isinstance(api, stripe.API):
+            self.outbound.observe(stripe.SCHEME, "no_api_key", 0.0)
+            raise NoAPIKeyError(f"source {source.name} received thin event {event.id}, whose money is read from "
+                                f"Stripe's API: set {api_key_setting(source.name)}")
+        body = api.related(related)
+        if body is None:
+            where = f" in {related.context}" if related.context else ""
+            return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(
+                f"Stripe's API has no {related.type} {related.id}{where} (thin event {event.id}): nothing applied; "
+                f"a retry, or `flask events replay`, applies it once Stripe has it")))
+        record = stripe.with_related(event, related_document(body, related))
+        return Fetched(record, effect_of(record, policy), body)
+
+
+def related_document(body: bytes, related: stripe.Related) -> dict[str, Any]:
+    """The object Stripe's API answered for related, or ProviderUnavailableError when it is not that object."""
+    try:
+        document = load(body)
+    except InvalidJSONError as exc:
+        raise ProviderUnavailableError(f"Stripe's API answered with a {related.type} that does not parse: {exc}") \
+            from None
+    if (document.get("object"), document.get("id")) != (related.type, related.id):
+        raise ProviderUnavailableError(f"Stripe's API answered with another object than {related.type} {related.id}")
+    return document
 
 
 def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None":
@@ -115,7 +154,8 @@ def init_app(app: "Flask") -> None:
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
     apis: dict[str, API | razorpay.API] = {}
     for source in settings.sources.values():
-        if source.fetch and source.api_key is not None:
+        # A stripe source with a key fetches thin events' objects, whether or not it fetches every event.
+        if source.api_key is not None and (source.fetch or source.scheme == stripe.SCHEME):
             if source.scheme == paypal.SCHEME:
                 apis[source.name] = paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound)
             elif source.scheme == razorpay.SCHEME:

@@ -1,0 +1,319 @@
+"""Stripe's thin events (object v2.core.event, app/providers/stripe.py): verified as snapshot events are, then
+the related object fetched from Stripe's API (devservers/stripe_stand_in.py, which stripe-python itself reads)
+in the event's account context, and the money read from its current state, keyed as its snapshot twin's.
+Thin bodies as https://docs.stripe.com/api/v2/core/events/object shows them, signed by stripe-python's signer.
+Real PostgreSQL and Redis."""
+
+import json
+import shlex
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from threading import Barrier
+
+import pytest
+import stripe
+
+from app.providers.stripe import THIN_RULES
+from devservers import ROOT, readme
+from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+from .helpers import (
+    ALICE,
+    OPENING,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    event_rows,
+    samples,
+    send,
+    source_secret,
+    sources_config,
+    stored_event_row,
+)
+from .stripe_events import dispute, intent_succeeded, refund, stripe_signed
+
+pytestmark = pytest.mark.core
+
+PATHS = {"payment_intent": "payment_intents", "charge": "charges", "refund": "refunds", "dispute": "disputes"}
+
+
+@pytest.fixture(scope="module")
+def stripe_api_server():
+    with StripeStandIn() as stand_in:
+        yield stand_in
+
+
+@pytest.fixture
+def stripe_api(stripe_api_server):
+    stripe_api_server._faults.clear()
+    stripe_api_server.delay = 0.0
+    return stripe_api_server
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, stripe_api):
+    return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
+            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url}
+
+
+def thin(event_type, obj=None, context=None, snapshot_event=None):
+    """A thin event of event_type naming obj (a dict with object and id; None: no related object)."""
+    document = {"id": f"evt_test_{uuid.uuid4().hex}", "object": "v2.core.event", "type": event_type,
+                "created": "2026-12-03T14:00:00.000Z", "livemode": True, "context": context,
+                "reason": {"type": "request", "request": {"id": "req_v2test", "idempotency_key": None}}}
+    if obj is not None:
+        document["related_object"] = {"id": obj["id"], "type": obj["object"],
+                                      "url": f"/v1/{PATHS[obj['object']]}/{obj['id']}"}
+    if snapshot_event is not None:
+        document["snapshot_event"] = snapshot_event
+    return document
+
+
+def thin_signed(document, secret=SECRETS["stripe"]):
+    """The thin event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
+    body = json.dumps(document).encode()
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, int(time.time()))
+    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
+
+
+def deliver(to, evt):
+    """POST a snapshot event (a stripe.Event) or a thin event (a dict), signed as Stripe signs it."""
+    return send(to, *(thin_signed(evt) if isinstance(evt, dict) else stripe_signed(evt)))
+
+
+def _obj(evt):
+    return evt.data.object.to_dict()
+
+
+def _withdrawn(obj, reinstated=False):
+    """The Dispute with the balance transactions its funds moved by (negative: withdrawn, positive: back)."""
+    moves = [-obj["amount"]] + ([obj["amount"]] if reinstated else [])
+    return {**obj, "balance_transactions": [{"id": f"txn_{i}{obj['id']}", "object": "balance_transaction",
+                                             "amount": cents, "currency": obj["currency"]}
+                                            for i, cents in enumerate(moves)]}
+
+
+def _movement(name, pi):
+    """(events before, the snapshot event, its thin twin, the object Stripe has now, the balance change of all)."""
+    paid = intent_succeeded(pi, cents=900)
+    if name == "payment":
+        return [], paid, "v1.payment_intent.succeeded", _obj(paid), 900
+    if name == "refund":
+        snapshot = refund(f"re_{pi}", pi, 300, status="succeeded", event_type="refund.created")
+        return [paid], snapshot, "v1.refund.created", _obj(snapshot), 600
+    if name == "refund failed":  # the refund was counted (its pending state), then failed
+        pending = refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created")
+        snapshot = refund(f"re_{pi}", pi, 300, status="failed")
+        return [paid, pending], snapshot, "v1.refund.failed", _obj(snapshot), 900
+    if name == "dispute withdrawn":
+        snapshot = dispute(f"du_{pi}", pi, 400)
+        return [paid], snapshot, "v1.charge.dispute.funds_withdrawn", _withdrawn(_obj(snapshot)), 500
+    if name == "dispute reinstated":
+        withdrawn = dispute(f"du_{pi}", pi, 400)
+        snapshot = dispute(f"du_{pi}", pi, 400, event_type="charge.dispute.funds_reinstated", status="won")
+        obj = _withdrawn(_obj(snapshot), reinstated=True)
+        return [paid, withdrawn], snapshot, "v1.charge.dispute.funds_reinstated", obj, 900
+    raise AssertionError(name)
+
+
+MOVEMENTS = ["payment", "refund", "refund failed", "dispute withdrawn", "dispute reinstated"]
+
+
+def _pi():
+    return f"pi_{uuid.uuid4().hex[:24]}"
+
+
+def test_stripe_python_parses_a_thin_body_and_fetches_its_object_from_the_stand_in(stripe_api):
+    obj = _obj(intent_succeeded(_pi(), cents=700))
+    stripe_api.put(obj, context="acct_1Connected")
+    body, headers = thin_signed(thin("v1.payment_intent.succeeded", obj, context="acct_1Connected"))
+    client = stripe.StripeClient(API_KEY, base_addresses={"api": stripe_api.url})
+    notification = client.parse_event_notification(body, headers["Stripe-Signature"], SECRETS["stripe"])
+    assert notification.fetch_related_object().amount_received == 700
+    assert stripe_api.requests[-1] == {"object": "payment_intent", "id": obj["id"], "context": "acct_1Connected"}
+
+
+@pytest.mark.parametrize("name", MOVEMENTS)
+def test_each_movement_as_a_thin_event_moves_the_money_its_object_shows(client, db, stripe_api, name):
+    pi = _pi()
+    before, _, thin_type, obj, change = _movement(name, pi)
+    for evt in before:
+        assert deliver(client, evt).json["status"] == "processed"
+    stripe_api.put(obj)
+    assert deliver(client, thin(thin_type, obj)).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("thin_first", [True, False], ids=["thin first", "snapshot first"])
+@pytest.mark.parametrize("name", MOVEMENTS)
+def test_a_thin_event_and_its_snapshot_twin_move_the_money_once(client, db, stripe_api, name, thin_first):
+    pi = _pi()
+    before, snapshot, thin_type, obj, change = _movement(name, pi)
+    for evt in before:
+        deliver(client, evt)
+    stripe_api.put(obj)
+    first, second = [thin(thin_type, obj, snapshot_event=snapshot.id), snapshot][::1 if thin_first else -1]
+    assert deliver(client, first).json["status"] == "processed"
+    assert deliver(client, second).json["status"] in ("processed", "duplicate")  # a credit's twin: duplicate
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("thin_first", [True, False], ids=["thin first", "snapshot first"])
+@pytest.mark.parametrize("name", MOVEMENTS)
+def test_a_thin_destination_beside_a_snapshot_destination_moves_the_money_once(make_app, config, db, stripe_api, name,
+                                                                                thin_first):
+    """Stripe's migration set-up: the snapshot destination on /api/webhooks, the thin one on /api/webhooks/thin
+    with its own secret and key, its events one account's with the default source's (_MOVED_FROM)."""
+    client = make_app(sources_config(config, {"thin": "stripe"}, WEBHOOK_THIN_MOVED_FROM="default",
+                                     WEBHOOK_THIN_API_KEY=API_KEY)).test_client()
+    before, snapshot, thin_type, obj, change = _movement(name, _pi())
+    for evt in before:
+        deliver(client, evt)
+    stripe_api.put(obj)
+    thin_evt = thin(thin_type, obj, snapshot_event=snapshot.id)
+    twins = [lambda: send(client, *thin_signed(thin_evt, source_secret("thin", "stripe")), source="thin"),
+             lambda: deliver(client, snapshot)]
+    first, second = twins[::1 if thin_first else -1]
+    assert first().json["status"] == "processed"
+    assert second().json["status"] in ("processed", "duplicate")
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    assert_ledger_consistent(db)
+
+
+def test_a_refund_whose_thin_event_arrives_after_it_failed_never_takes_its_amount(client, db, stripe_api):
+    """Stripe's object has moved on: the thin event of its creation reads it failed, as refund.failed would."""
+    pi = _pi()
+    deliver(client, intent_succeeded(pi, cents=900))
+    failed = _obj(refund(f"re_{pi}", pi, 300, status="failed"))
+    stripe_api.put(failed)
+    assert deliver(client, thin("v1.refund.created", failed)).json["status"] == "processed"
+    assert deliver(client, refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created")).json[
+        "status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + 900
+    assert_ledger_consistent(db)
+
+
+def test_a_thin_event_and_its_snapshot_twin_sent_at_once_on_many_threads_credit_once(gunicorn, db, stripe_api):
+    server = gunicorn(workers=2, threads=4)
+    pi = _pi()
+    paid = intent_succeeded(pi, cents=900)
+    obj = _obj(paid)
+    stripe_api.put(obj)
+    deliveries = [thin_signed(thin("v1.payment_intent.succeeded", obj, snapshot_event=paid.id)),
+                  stripe_signed(paid)] * 4
+    barrier = Barrier(len(deliveries))
+
+    def post(delivery):
+        barrier.wait()
+        for _ in range(100):
+            answer = send(server.base, *delivery)
+            if answer.status not in (409, 503):  # another copy holds the event; every provider slot is busy
+                return answer.status
+            time.sleep(0.02)  # Stripe retries both
+        return answer.status
+
+    with ThreadPoolExecutor(len(deliveries)) as pool:
+        assert set(pool.map(post, deliveries)) == {200}
+    assert balance(db, ALICE) == OPENING[ALICE] + 900
+    assert event_rows(db) == 2
+    assert_ledger_consistent(db)
+
+
+def test_a_thin_event_is_fetched_in_its_account_context(client, db, stripe_api):
+    pi = _pi()
+    obj = _obj(intent_succeeded(pi, cents=500))
+    stripe_api.put(obj, context="acct_1Other")
+    answer = deliver(client, thin("v1.payment_intent.succeeded", obj))  # the platform's own account has no pi
+    assert answer.status == 422
+    assert deliver(client, thin("v1.payment_intent.succeeded", obj, context="acct_1Other")).json[
+        "status"] == "processed"
+    assert stripe_api.requests[-1]["context"] == "acct_1Other"
+    assert balance(db, ALICE) == OPENING[ALICE] + 500
+
+
+def test_a_thin_event_whose_object_stripe_does_not_have_is_422_recorded_and_replay_applies_it(
+        app, client, db, stripe_api):
+    pi = _pi()
+    obj = _obj(intent_succeeded(pi, cents=800))
+    evt = thin("v1.payment_intent.succeeded", obj)
+    answer = deliver(client, evt)
+    assert (answer.status, answer.json["error"]) == (422, "unprocessable")
+    assert f"Stripe's API has no payment_intent {pi}" in answer.json["message"]
+    assert stored_event_row(db, evt["id"]).status == "failed"
+    assert balance(db, ALICE) == OPENING[ALICE]
+    stripe_api.put(obj)
+    result = app.test_cli_runner().invoke(args=["events", "replay", "--source", "default", evt["id"]])
+    assert result.exit_code == 0, result.output
+    assert balance(db, ALICE) == OPENING[ALICE] + 800
+    assert db.execute("SELECT fetched FROM webhook_events WHERE event_id = %s", [evt["id"]]).fetchone()[0]
+    assert_ledger_consistent(db)
+
+
+@pytest.mark.parametrize("fault", ["500", "hang"])
+def test_stripe_unavailable_for_a_thin_event_is_503_with_nothing_written(make_app, config, db, stripe_api, fault):
+    client = make_app({**config, "PROVIDER_DEADLINE_MS": "300"}).test_client()
+    obj = _obj(intent_succeeded(_pi(), cents=300))
+    stripe_api.put(obj)
+    if fault == "500":
+        stripe_api.fail_next(500)
+    else:
+        stripe_api.delay = 2.0
+    evt = thin("v1.payment_intent.succeeded", obj)
+    answer = deliver(client, evt)
+    assert (answer.status, answer.json["error"]) == (503, "unavailable")
+    assert event_rows(db) == 0
+    stripe_api.delay = 0.0
+    assert deliver(client, evt).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + 300
+
+
+@pytest.mark.parametrize("event_type", ["v2.core.account.updated", "v1.billing.meter.error_report_triggered",
+                                        "v1.payment_intent.created"])
+def test_a_thin_event_that_moves_no_money_is_stored_and_acknowledged_without_a_fetch(client, db, stripe_api,
+                                                                                     event_type):
+    asked = len(stripe_api.requests)
+    evt = thin(event_type)
+    evt["related_object"] = {"id": "acct_1Thing", "type": "v2.core.account", "url": "/v2/core/accounts/acct_1Thing"}
+    assert deliver(client, evt).json["status"] == "processed"
+    assert stored_event_row(db, evt["id"]).status == "completed"
+    assert len(stripe_api.requests) == asked
+    assert balance(db, ALICE) == OPENING[ALICE]
+
+
+def test_a_thin_event_that_moves_money_on_a_source_without_an_api_key_is_503_and_counted(make_app, config, db,
+                                                                                         stripe_api, caplog):
+    client = make_app({k: v for k, v in config.items() if k != "WEBHOOK_API_KEY"}).test_client()
+    obj = _obj(intent_succeeded(_pi(), cents=300))
+    stripe_api.put(obj)
+    answer = deliver(client, thin("v1.payment_intent.succeeded", obj))
+    assert (answer.status, answer.json["error"]) == (503, "unavailable")
+    assert event_rows(db) == 0
+    assert "set WEBHOOK_API_KEY" in caplog.text
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_calls_total", (("provider", "stripe"), ("result", "no_api_key")))] == 1
+    assert deliver(client, thin("v2.core.account.updated")).json["status"] == "processed"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"related_object": {"id": "re_1", "type": "charge", "url": "/v1/charges/re_1"}}, "'related_object.type'"),
+    ({"related_object": None}, "'related_object.type'"),
+    ({"related_object": {"id": "", "type": "payment_intent", "url": "/v1/payment_intents/"}}, "'related_object.id'"),
+    ({"context": "acct_1\r\nX-Injected: 1"}, "'context'"),
+])
+def test_a_thin_event_that_names_no_object_it_could_move_money_by_is_400(client, db, stripe_api, change, message):
+    evt = {**thin("v1.payment_intent.succeeded", _obj(intent_succeeded(_pi()))), **change}
+    answer = deliver(client, evt)
+    assert (answer.status, answer.json["error"]) == (400, "invalid_event")
+    assert message in answer.json["message"]
+    assert event_rows(db) == 0
+
+
+@pytest.mark.unit
+def test_providers_stripe_listen_forwards_every_thin_event_that_moves_money():
+    (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md") if "--thin-events" in e.script]
+    events = shlex.split(listen.script.replace("\\\n", " "))
+    assert sorted(events[events.index("--thin-events") + 1].split(",")) == sorted(THIN_RULES)
