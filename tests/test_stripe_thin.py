@@ -13,6 +13,8 @@ from threading import Barrier
 
 import pytest
 import stripe
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.providers.stripe import THIN_RULES
 from devservers import ROOT, readme
@@ -32,7 +34,7 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
-from .stripe_events import dispute, intent_succeeded, refund, stripe_signed
+from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, stripe_signed
 
 pytestmark = pytest.mark.core
 
@@ -317,3 +319,82 @@ def test_providers_stripe_listen_forwards_every_thin_event_that_moves_money():
     (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md") if "--thin-events" in e.script]
     events = shlex.split(listen.script.replace("\\\n", " "))
     assert sorted(events[events.index("--thin-events") + 1].split(",")) == sorted(THIN_RULES)
+
+
+def _history(pi):
+    """One payment's life as Stripe's snapshot events tell it, in order: each event, and the object it carries
+    (that object's state from then on): credited 900, refund A (300) counted then failed, refund B (200),
+    the charge's running totals, a dispute (400) withdrawn then reinstated."""
+    a, b, du = f"re_a{pi}", f"re_b{pi}", f"du_{pi}"
+    withdrawn = dispute(du, pi, 400)
+    reinstated = dispute(du, pi, 400, event_type="charge.dispute.funds_reinstated", status="won")
+    steps = [intent_succeeded(pi, cents=900),
+             refund(a, pi, 300, status="pending", event_type="refund.created"),
+             charge_refunded(pi, 300, cents=900),
+             refund(a, pi, 300, status="succeeded"),
+             refund(b, pi, 200, status="succeeded", event_type="refund.created"),
+             charge_refunded(pi, 500, cents=900),
+             refund(a, pi, 300, status="failed"),
+             withdrawn, reinstated]
+    objects = [_obj(evt) for evt in steps]
+    objects[7], objects[8] = _withdrawn(objects[7]), _withdrawn(objects[8], reinstated=True)
+    return steps, objects
+
+
+_THIN_TYPES = {"payment_intent.succeeded": "v1.payment_intent.succeeded", "charge.refunded": "v1.charge.refunded"}
+
+
+def _state_at(objects, step, later):
+    """The object of step's event as Stripe's API has it after step `later` (>= step)."""
+    key = (objects[step]["object"], objects[step]["id"])
+    return [obj for obj in objects[:later + 1] if (obj["object"], obj["id"]) == key][-1]
+
+
+def _payment_ledger(db, pi):
+    """What the ledger holds of one payment: its debit, and each movement's kind, amount and state."""
+    debited = db.execute("SELECT debited_cents FROM payments WHERE payment_id = %s", [pi]).fetchone()[0]
+    moves = db.execute("SELECT kind, amount_cents, state FROM movements WHERE payment_id = %s ORDER BY kind, "
+                       "amount_cents", [pi]).fetchall()
+    return debited, moves
+
+
+def _deliver_until_applied(client, deliveries):
+    """Deliver each in order, then again those answered 422 (a movement before its payment), as Stripe retries."""
+    waiting = list(deliveries)
+    for _ in range(len(deliveries) + 1):
+        waiting = [d for d in waiting if send(client, *d).status == 422]
+        if not waiting:
+            return
+    raise AssertionError(f"{len(waiting)} deliveries never applied")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_interleaving_of_snapshot_and_thin_events_gives_the_snapshot_only_ledger(client, db, stripe_api, data):
+    """Every snapshot event and some of their thin twins, in any order, each thin one fetched in any state its
+    object reaches at or after its event: the same debit and movements as the snapshot events alone, in order."""
+    alone, pi = _pi(), _pi()
+    before = balance(db, ALICE)
+    _deliver_until_applied(client, [stripe_signed(evt) for evt in _history(alone)[0]])
+    expected = _payment_ledger(db, alone), balance(db, ALICE) - before
+    steps, objects = _history(pi)
+    twins = data.draw(st.lists(st.integers(0, len(steps) - 1), unique=True), label="thin twins")
+    seen = {i: data.draw(st.integers(i, len(steps) - 1), label=f"state of twin {i}") for i in twins}
+    order = data.draw(st.permutations([("snapshot", i) for i in range(len(steps))] + [("thin", i) for i in twins]))
+    before = balance(db, ALICE)
+    waiting = []
+    for kind, i in order:
+        delivery = stripe_signed(steps[i])
+        if kind == "thin":
+            obj = _state_at(objects, i, seen[i])
+            stripe_api.put(obj)  # Stripe's object when this thin event is fetched
+            delivery = thin_signed(thin(_THIN_TYPES.get(steps[i].type, "v1." + steps[i].type), obj,
+                                        snapshot_event=steps[i].id))
+        status = send(client, *delivery).status
+        assert status in (200, 422)
+        if status == 422:  # a movement before its payment: Stripe retries it later
+            waiting.append(delivery)
+    for obj in objects:  # by the retries, every object has reached its last state
+        stripe_api.put(obj)
+    _deliver_until_applied(client, waiting)
+    assert (_payment_ledger(db, pi), balance(db, ALICE) - before) == expected
