@@ -225,6 +225,17 @@ def test_a_thin_event_and_its_snapshot_twin_sent_at_once_on_many_threads_credit_
     assert_ledger_consistent(db)
 
 
+def test_a_source_that_fetches_every_event_reads_a_thin_events_money_from_its_object(make_app, config, db,
+                                                                                     stripe_api):
+    client = make_app({**config, "WEBHOOK_FETCH": "true"}).test_client()
+    obj = _obj(intent_succeeded(_pi(), cents=650))
+    stripe_api.put(obj)
+    asked = len(stripe_api.requests)
+    assert deliver(client, thin("v1.payment_intent.succeeded", obj)).json["status"] == "processed"
+    assert stripe_api.requests[asked:] == [{"object": "payment_intent", "id": obj["id"], "context": None}]
+    assert balance(db, ALICE) == OPENING[ALICE] + 650
+
+
 def test_a_thin_event_is_fetched_in_its_account_context(client, db, stripe_api):
     pi = _pi()
     obj = _obj(intent_succeeded(pi, cents=500))

@@ -1,5 +1,5 @@
-"""Stripe: its signature scheme, its events' money rules, and its API, an event by id
-(docs/providers.md, "stripe")."""
+"""Stripe: its signature scheme, its snapshot and thin events' money rules, and its API: an event by id, a thin
+event's related object (docs/providers.md, "stripe" and "Thin events")."""
 
 import re
 from collections.abc import Callable, Mapping, Sequence

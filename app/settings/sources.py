@@ -49,7 +49,8 @@ class Source:
     secrets: tuple[bytes, ...]
     tolerance: int
     moved_from: str | None = None
-    # The provider's API key, for `flask reconcile` (WEBHOOK_<NAME>_API_KEY); never in a repr.
+    # The provider's API key, for `flask reconcile`, the fetch and a stripe source's thin events
+    # (WEBHOOK_<NAME>_API_KEY); never in a repr.
     api_key: str | None = field(default=None, repr=False)
     # How its payments name their user (WEBHOOK_<NAME>_USER_METADATA_KEY, WEBHOOK_<NAME>_NO_USER).
     users: Users = Users()
