@@ -199,6 +199,39 @@ def test_a_refund_whose_thin_event_arrives_after_it_failed_never_takes_its_amoun
     assert_ledger_consistent(db)
 
 
+def test_a_thin_event_delivered_again_after_its_object_moved_on_is_a_duplicate(client, db, stripe_api):
+    """Stripe retries a thin event whose answer it did not get: the refund has failed since. The copy is the
+    same event (200 duplicate, not 409 payload_mismatch); the failure is its own event's to apply."""
+    pi = _pi()
+    deliver(client, intent_succeeded(pi, cents=900))
+    pending = _obj(refund(f"re_{pi}", pi, 300, status="pending"))
+    stripe_api.put(pending)
+    delivery = thin_signed(thin("v1.refund.created", pending))
+    assert send(client, *delivery).json["status"] == "processed"
+    failed = {**pending, "status": "failed"}
+    stripe_api.put(failed)
+    assert send(client, *delivery).json["status"] == "duplicate"
+    assert balance(db, ALICE) == OPENING[ALICE] + 600
+    assert deliver(client, thin("v1.refund.failed", failed)).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + 900
+    assert_ledger_consistent(db)
+
+
+def test_a_thin_event_refused_before_its_payment_applies_on_retry_in_its_objects_later_state(client, db, stripe_api):
+    """Stripe retries a thin event answered 422 (its payment not credited yet); the refund has failed since."""
+    pi = _pi()
+    pending = _obj(refund(f"re_{pi}", pi, 300, status="pending"))
+    stripe_api.put(pending)
+    delivery = thin_signed(thin("v1.refund.created", pending))
+    answer = send(client, *delivery)
+    assert (answer.status, answer.json["message"]) == (422, f"unknown payment {pi}")
+    stripe_api.put({**pending, "status": "failed"})
+    deliver(client, intent_succeeded(pi, cents=900))
+    assert send(client, *delivery).json["status"] == "processed"  # the refund as it is now: failed, nothing taken
+    assert balance(db, ALICE) == OPENING[ALICE] + 900
+    assert_ledger_consistent(db)
+
+
 def test_a_thin_event_and_its_snapshot_twin_sent_at_once_on_many_threads_credit_once(gunicorn, db, stripe_api):
     server = gunicorn(workers=2, threads=4)
     pi = _pi()

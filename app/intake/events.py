@@ -1,6 +1,7 @@
 """Parsing an event body and what it does to the ledger (effect_of, by RULES): pure functions, no I/O.
 Each scheme's id, type and data are in docs/providers.md; the vocabulary (Event, Effect) is app/core/vocabulary.py's."""
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -120,6 +121,19 @@ _CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | Non
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     """What applying event does to the ledger under policy (never raises: a refusal is the Effect's problem).
+
+    A Stripe thin event's money is its object's state when fetched, which moves on between copies of the
+    event: they compare by what the signed body names (stripe.thin_sha256), so a copy of a completed one is
+    a duplicate and one refused before is tried again.
+    """
+    effect = _effect_of(event, policy)
+    if event.type in stripe.THIN_RULES and stripe.is_thin(event.document):
+        return dataclasses.replace(effect, sha256=stripe.thin_sha256(event))
+    return effect
+
+
+def _effect_of(event: Event, policy: Policy) -> Effect:
+    """effect_of's rule, by the event's fields.
 
     A refusal by a setting (Effect.setting) hashes as the effect that
     applies, so that the same bytes compare equal once the setting allows

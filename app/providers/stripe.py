@@ -1,6 +1,8 @@
 """Stripe: its signature scheme, its snapshot and thin events' money rules, and its API: an event by id, a thin
 event's related object (docs/providers.md, "stripe" and "Thin events")."""
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -211,6 +213,13 @@ def with_related(event: Event, obj: dict[str, Any]) -> Event:
     """The thin event with its related object's current state as data.object, as the snapshot rules read it."""
     document = {**event.document, "api_version": THIN_FETCH_VERSION}
     return Event(event.id, event.type, {"object": obj}, document, event.body, event.source)
+
+
+def thin_sha256(event: Event) -> bytes:
+    """What a thin event's copies compare by: its type and the object it names, in its account."""
+    related = an_object(event.document.get("related_object"))
+    names = ["thin", event.type, related.get("type"), related.get("id"), event.document.get("context")]
+    return hashlib.sha256(json.dumps(names, separators=(",", ":")).encode()).digest()
 
 
 def _read_thin_charge(event: Event) -> Fields | str | None:
