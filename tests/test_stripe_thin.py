@@ -137,6 +137,16 @@ def test_stripe_python_parses_a_thin_body_and_fetches_its_object_from_the_stand_
     assert stripe_api.requests[-1] == {"object": "payment_intent", "id": obj["id"], "context": "acct_1Connected"}
 
 
+def test_stripe_python_retrieves_a_thin_event_from_the_stand_in_in_its_context(stripe_api):
+    document = thin("v1.payment_intent.succeeded", _obj(intent_succeeded(_pi())), context="acct_1Connected")
+    stripe_api.put(document, context="acct_1Connected")
+    body, headers = thin_signed(document)
+    client = stripe.StripeClient(API_KEY, base_addresses={"api": stripe_api.url})
+    notification = client.parse_event_notification(body, headers["Stripe-Signature"], SECRETS["stripe"])
+    assert notification.fetch_event().id == document["id"]
+    assert stripe_api.requests[-1] == {"object": "v2.core.event", "id": document["id"], "context": "acct_1Connected"}
+
+
 @pytest.mark.parametrize("name", MOVEMENTS)
 def test_each_movement_as_a_thin_event_moves_the_money_its_object_shows(client, db, stripe_api, name):
     pi = _pi()
