@@ -237,10 +237,12 @@ BEGIN
 END
 $$;
 
--- A credit: its user (the event's, or its customer's link), then the
--- payment's key, then the user's balance and the journal. A payment named
--- again with the same user, amount and currency is a 'payment_duplicate';
--- otherwise a mismatch. ignored: no user, under the source's 'ignore'.
+-- A credit: its user (the event's, or its customer's link, or, when
+-- neither names one, the user the payment was credited to already), then
+-- the payment's key, then the user's balance and the journal. A payment
+-- named again with the same user, amount and currency is a
+-- 'payment_duplicate'; otherwise a mismatch. ignored: no user, under the
+-- source's 'ignore'.
 CREATE OR REPLACE FUNCTION credit_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
     OUT problem text, OUT ignored boolean, OUT mismatch boolean)
 LANGUAGE plpgsql AS $$
@@ -256,7 +258,14 @@ BEGIN
         SELECT l.user_id INTO v_user FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
         v_linked := v_user IS NOT NULL;
         IF NOT v_linked THEN
-            problem := format('no user: no data.object.metadata.%s, and %s', coalesce(d.user_key, 'user_id'),
+            -- A payment credited already (by another event that named its
+            -- user: a Checkout Session) is this event's too: a duplicate.
+            SELECT p.user_id INTO v_user FROM payments p WHERE p.source = d.source AND p.payment_id = d.payment;
+        END IF;
+        IF v_user IS NULL THEN
+            problem := format('no user: no data.object.metadata.%s%s, and %s', coalesce(d.user_key, 'user_id'),
+                              CASE WHEN d.type LIKE 'checkout.session.%' THEN ' nor data.object.client_reference_id'
+                                   ELSE '' END,
                               CASE WHEN d.customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
                                                d.customer, d.source, d.customer) END);

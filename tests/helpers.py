@@ -293,7 +293,7 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
         "SELECT source, event_id FROM webhook_events GROUP BY source, event_id HAVING count(*) > 1").fetchall() == []
     completed = conn.execute("SELECT source, event_id, event_type, body, fetched FROM webhook_events"
                              " WHERE status = 'completed' AND body IS NOT NULL ORDER BY id").fetchall()
-    credits, moves = {}, {}
+    credits, moves, unnamed = {}, {}, []
     for source, event_id, event_type, body, fetched in completed:
         # A fetched event's money is read from the provider's bytes (app/providers/).
         effect = events.effect_of(events.stored_event(source, event_id, event_type, bytes(body), None, fetched),
@@ -302,13 +302,20 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
             continue
         key = (source, effect.payment_id)
         if effect.kind == events.Kind.CREDIT:
-            user = effect.user_id or conn.execute(  # a customer's link names it (links never change)
+            link = effect.user_id is None and conn.execute(  # a customer's link names it (links never change)
                 "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
-                [source, effect.customer_id]).fetchone()[0]
+                [source, effect.customer_id]).fetchone()
+            user = effect.user_id or (link and link[0])
+            if user is None:  # no user named: a payment another event credited, announced again
+                unnamed.append((key, effect.amount_cents))
+                continue
             assert credits.setdefault(key, (user, effect.amount_cents)) == \
                 (user, effect.amount_cents), f"payment {key} completed with two users or amounts"
         else:
             moves.setdefault(key, []).append(effect)
+    for key, cents in unnamed:
+        assert credits.get(key, (None, cents))[1] == cents and key in credits, \
+            f"payment {key} completed naming no user, and no event credited it"
     expected = dict(OPENING)
     for key, (user, cents) in credits.items():
         expected[user] = expected.get(user, 0) + cents - expected_debits(cents, moves.get(key, []))

@@ -1,6 +1,6 @@
 """Stripe's events as Stripe sends them, built by stripe-python (`stripe.Event.construct_from`) and signed by
 its own signer. Each object carries the fields Stripe's API reference shows for it (PaymentIntent, Charge,
-Refund, Dispute: https://docs.stripe.com/api), those the ledger reads among them."""
+Refund, Dispute, Checkout Session: https://docs.stripe.com/api), those the ledger reads among them."""
 
 import time
 import uuid
@@ -79,6 +79,26 @@ def dispute(dispute_id, intent_id, cents, event_type="charge.dispute.funds_withd
         "payment_intent": intent_id, "currency": currency, "status": status, "reason": "fraudulent",
         "is_charge_refundable": False, "balance_transactions": [], "created": int(time.time()),
         "livemode": True, "metadata": {}}, event_id)
+
+
+SESSION_COMPLETED = "checkout.session.completed"
+ASYNC_SUCCEEDED = "checkout.session.async_payment_succeeded"
+ASYNC_FAILED = "checkout.session.async_payment_failed"
+
+
+def checkout_session(intent_id, event_type=SESSION_COMPLETED, user=ALICE, cents=250, payment_status="paid",
+                     mode="payment", metadata=None, customer=None, event_id=None, currency="usd"):
+    """A Checkout Session (https://docs.stripe.com/api/checkout/sessions/object) in one of its events; user is its
+    client_reference_id (None: none), intent_id its payment_intent in payment mode."""
+    return event(event_type, {
+        "id": _id("cs_live"), "object": "checkout.session", "mode": mode, "status": "complete",
+        "payment_status": payment_status, "amount_subtotal": cents, "amount_total": cents, "currency": currency,
+        "client_reference_id": None if user is None else str(user), "customer": customer,
+        "customer_creation": "if_required", "customer_details": {"email": "buyer@example.com"},
+        "metadata": {} if metadata is None else metadata,
+        "payment_intent": intent_id if mode == "payment" else None, "setup_intent": None, "subscription": None,
+        "created": int(time.time()), "expires_at": int(time.time()) + 86400, "url": None,
+        "success_url": "https://example.com/done"}, event_id)
 
 
 def stripe_signed(evt):

@@ -161,8 +161,9 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
         users = policy.users_of(event.source)
         user = uuid_text(user_id.get(users.metadata_key))
         if user is not None and not is_uuid(user) and not problem:
-            setting, problem = users.setting, \
-                f"data.object.metadata.{users.metadata_key} must be a user's UUID ({users.setting})"
+            label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
+                else f"data.object.metadata.{users.metadata_key}"
+            setting, problem = users.setting, f"{label} must be a user's UUID ({users.setting})"
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,
                   problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
                   customer_id=customer, users=users)

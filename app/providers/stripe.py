@@ -37,6 +37,8 @@ CHARGE_REFUNDED = "charge.refunded"
 REFUND_EVENTS = ("refund.created", "refund.updated", "refund.failed", "charge.refund.updated")
 DISPUTE_FUNDS_WITHDRAWN = "charge.dispute.funds_withdrawn"
 DISPUTE_FUNDS_REINSTATED = "charge.dispute.funds_reinstated"
+# Checkout Sessions whose payment_status may say paid (docs/providers.md, "Checkout").
+CHECKOUT_SESSION_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
 # The first Stripe API version whose charge.refunded no longer counts an
 # authorisation released by a partial capture or a cancellation.
 STRIPE_BASIL = "2025-03-31"
@@ -146,6 +148,42 @@ def _stripe_before(api_version: object, version: str) -> bool | None:
 _API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(\.[a-z]+)?")
 
 
+# -- Checkout ---------------------------------------------------------------------------------
+
+class SessionMetadata(Metadata):
+    """A Checkout Session's metadata and client_reference_id, both hashed: the user is the metadata's value of the
+    source's key, else the client_reference_id."""
+
+    def __init__(self, metadata: dict[str, object], client_reference_id: object) -> None:
+        super().__init__(metadata=metadata, client_reference_id=client_reference_id)
+
+    def get(self, key: str, default: object = None) -> object:
+        value = an_object(self["metadata"]).get(key)
+        return self["client_reference_id"] if value is None else value
+
+    def label(self, key: str) -> str:
+        """Where get(key) read the user from, for a 422's message."""
+        return "data.object.client_reference_id" if an_object(self["metadata"]).get(key) is None \
+            else f"data.object.metadata.{key}"
+
+
+def _read_checkout_session(event: Event) -> Fields | None:
+    """A paid Session in payment mode credits its PaymentIntent (the key payment_intent.succeeded credits too)
+    with its amount_total; unpaid (a delayed payment method), no_payment_required, setup and subscription
+    Sessions move nothing (a subscription's money is its invoices' PaymentIntents)."""
+    session = an_object(event.data.get("object"))
+    if session.get("mode") != "payment" or session.get("payment_status") != "paid":
+        return None
+    metadata = SessionMetadata(an_object(session.get("metadata")), session.get("client_reference_id"))
+    return Fields(session.get("payment_intent"), metadata, session.get("amount_total"), lower(session.get("currency")),
+                  _livemode(event), customer=session.get("customer"))
+
+
+CHECKOUT_SESSION_LABELS = Fields("data.object.payment_intent", "data.object.metadata or client_reference_id",
+                                 "data.object.amount_total", "data.object.currency", "livemode",
+                                 customer="data.object.customer")
+
+
 # Where a Refund's fields are read, for a 422's message (app/intake/events.py's refund.created reads either shape).
 REFUND_LABELS = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
                        "livemode", "data.object.id", "data.object.status")
@@ -158,6 +196,8 @@ RULES = {
     **{refund_event: Rule(Kind.REFUND, read_refund, REFUND_LABELS) for refund_event in REFUND_EVENTS},
     DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), REFUND_LABELS._replace(state=None)),
     DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), REFUND_LABELS._replace(state=None)),
+    **{session_event: Rule(Kind.CREDIT, _read_checkout_session, CHECKOUT_SESSION_LABELS)
+       for session_event in CHECKOUT_SESSION_EVENTS},
 }
 
 

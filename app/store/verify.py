@@ -253,9 +253,12 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
 
 
 def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect: Effect, name: str) -> str | None:
-    """Why a completed credit whose metadata names no user is not its customer's link's, or None."""
+    """Why a completed credit whose metadata names no user is neither its customer's link's nor a duplicate of
+    the payment's credit, or None."""
     payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
     link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
+    if not link and payment is not None and row.kind is None and payment.amount_cents == effect.amount_cents:
+        return None  # a payment that another event credited to the user it named, announced again
     if not link:
         return f"completed event {name}: its metadata names no user, and customer {effect.customer_id!r} is linked " \
                "to none"

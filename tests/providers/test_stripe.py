@@ -9,8 +9,11 @@ from app.providers import stripe
 
 from ..helpers import ALICE, BOB
 from ..stripe_events import (
+    ASYNC_FAILED,
+    ASYNC_SUCCEEDED,
     BEFORE_BASIL,
     charge_refunded,
+    checkout_session,
     dispute,
     event,
     intent_succeeded,
@@ -125,6 +128,27 @@ MOVES = [
                                  ("charge.dispute.created", "warning_needs_response"),
                                  ("charge.dispute.updated", "under_review"), ("charge.dispute.closed", "won"),
                                  ("charge.dispute.closed", "lost")]),
+    # A paid Checkout Session in payment mode: its PaymentIntent, credited with amount_total, to the user its
+    # metadata's key names, else its client_reference_id, else its customer's link (apply_event).
+    pytest.param(checkout_session("pi_1", cents=900), credit("pi_1", ALICE, 900, "usd"), id="session-completed"),
+    pytest.param(checkout_session("pi_1", ASYNC_SUCCEEDED), credit("pi_1", ALICE, 250, "usd"),
+                 id="session-async-payment-succeeded"),
+    pytest.param(checkout_session("pi_1", user=ALICE, metadata={"user_id": str(BOB)}), credit("pi_1", BOB, 250, "usd"),
+                 id="session-metadata-before-client-reference-id"),
+    pytest.param(checkout_session("pi_1", user=None, customer="cus_1"), credit("pi_1", None, 250, "usd", "cus_1"),
+                 id="session-customer-only"),
+    pytest.param(checkout_session("pi_1", user="order_7"), refused_by(
+        "WEBHOOK_USER_METADATA_KEY",
+        "data.object.client_reference_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)",
+        credit("pi_1", None, 250, "usd")), id="session-client-reference-id-not-a-uuid"),
+    # Unpaid (a delayed payment method, until async_payment_succeeded), nothing to pay, or no payment here.
+    *(pytest.param(checkout_session("pi_1", event_type, payment_status=status, mode=mode), NOTHING,
+                   id=f"{event_type}-{mode}-{status}")
+      for event_type, mode, status in [("checkout.session.completed", "payment", "unpaid"),
+                                       ("checkout.session.completed", "payment", "no_payment_required"),
+                                       ("checkout.session.completed", "subscription", "paid"),
+                                       ("checkout.session.completed", "setup", "no_payment_required"),
+                                       (ASYNC_FAILED, "payment", "unpaid")]),
     # Types no rule knows.
     *(pytest.param(event(event_type, obj), NOTHING, id=event_type) for event_type, obj in [
         ("payment_intent.created", {"id": "pi_1", "object": "payment_intent", "amount": 250, "currency": "usd"}),

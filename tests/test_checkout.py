@@ -1,0 +1,169 @@
+"""Checkout top-ups (app/providers/stripe.py's Checkout rules, money.sql's credit_payment): a paid Session credits
+its PaymentIntent once, whichever of the two events comes first, to the user its metadata or client_reference_id
+names. Real PostgreSQL and Redis (gunicorn for concurrency); events built by stripe-python and signed by its signer,
+Sessions shaped as https://docs.stripe.com/api/checkout/sessions/object shows them."""
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from app.settings.config import Settings
+
+from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
+from .stripe_events import ASYNC_FAILED, ASYNC_SUCCEEDED, intent_succeeded, send_stripe, stripe_signed
+from .stripe_events import checkout_session as session
+
+pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
+
+def guest_intent(intent_id, cents=250, event_id=None):
+    """A Checkout PaymentIntent whose integrator put the user on the Session only: no metadata, no customer."""
+    return intent_succeeded(intent_id, cents=cents, event_id=event_id, metadata={})
+
+
+@pytest.fixture
+def run(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def _credits(db):
+    return db.execute("SELECT payment_id, user_id, amount_cents FROM ledger_journal WHERE kind = 'credit'").fetchall()
+
+
+def _status(db, event_id):
+    return db.execute("SELECT status FROM webhook_events WHERE event_id = %s", [event_id]).fetchone()[0]
+
+
+def _consistent(client, db):
+    assert_ledger_consistent(db, Settings.of(client.application).policy)
+
+
+def test_a_paid_session_credits_its_payment_intent_to_its_client_reference_id(client, db):
+    evt = session("pi_top_up", user=BOB, cents=1500)
+    assert send_stripe(client, evt).json == {"status": "processed", "event_id": evt.id}
+    assert balance(db, BOB) == OPENING[BOB] + 1500
+    assert _credits(db) == [("pi_top_up", BOB, 1500)]
+    _consistent(client, db)
+
+
+def test_session_then_its_payment_intent_credit_once(client, db):
+    send_stripe(client, session("pi_s_first", cents=700))
+    assert send_stripe(client, guest_intent("pi_s_first", cents=700)).json["status"] == "duplicate"
+    assert balance(db) == OPENING[ALICE] + 700
+    assert _credits(db) == [("pi_s_first", ALICE, 700)]
+    _consistent(client, db)
+
+
+def test_payment_intent_then_its_session_credit_once(client, db):
+    assert send_stripe(client, intent_succeeded("pi_p_first", cents=700)).json["status"] == "processed"
+    assert send_stripe(client, session("pi_p_first", cents=700)).json["status"] == "duplicate"
+    assert balance(db) == OPENING[ALICE] + 700
+    _consistent(client, db)
+
+
+def test_a_payment_intent_refused_for_want_of_a_user_is_applied_once_its_session_names_one(client, db, run):
+    intent = guest_intent("pi_waiting", cents=900)
+    refused = send_stripe(client, intent)
+    assert refused.status == 422 and "no user" in refused.json["message"]
+    assert send_stripe(client, session("pi_waiting", user=BOB, cents=900)).json["status"] == "processed"
+    assert balance(db, BOB) == OPENING[BOB] + 900
+    # Stripe's retry of the refused PaymentIntent (or a replay) finds its payment credited: a duplicate.
+    assert send_stripe(client, intent).json["status"] == "duplicate"
+    assert _status(db, intent.id) == "completed"
+    assert balance(db, BOB) == OPENING[BOB] + 900
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_a_replay_of_the_refused_payment_intent_is_a_duplicate_once_its_session_credited_it(client, db, run):
+    intent = guest_intent("pi_replayed", cents=300)
+    send_stripe(client, intent)
+    send_stripe(client, session("pi_replayed", cents=300))
+    replayed = run("events", "replay", intent.id)
+    assert replayed.exit_code == 0, replayed.output
+    assert _status(db, intent.id) == "completed"
+    assert balance(db) == OPENING[ALICE] + 300
+
+
+def test_the_source_metadata_key_names_the_user_before_client_reference_id(make_app, config, db):
+    client = make_app({**config, "WEBHOOK_USER_METADATA_KEY": "ledger_user"}).test_client()
+    evt = session("pi_keyed", user=ALICE, metadata={"ledger_user": str(BOB)}, cents=400)
+    assert send_stripe(client, evt).json["status"] == "processed"
+    assert _credits(db) == [("pi_keyed", BOB, 400)]
+    _consistent(client, db)
+
+
+def test_a_session_with_neither_names_its_customers_linked_user(client, db, run):
+    assert run("users", "link", "default", "cus_buyer", str(BOB), "--by", "ops").exit_code == 0
+    assert send_stripe(client, session("pi_linked", user=None, customer="cus_buyer")).json["status"] == "processed"
+    assert _credits(db) == [("pi_linked", BOB, 250)]
+    assert run("ledger", "verify").exit_code == 0
+
+
+def test_a_session_naming_no_user_is_refused_naming_where_it_looked(client, db):
+    response = send_stripe(client, session("pi_nobody", user=None))
+    assert response.status == 422
+    assert "no user: no data.object.metadata.user_id nor data.object.client_reference_id" in response.json["message"]
+    assert balance(db) == OPENING[ALICE]
+
+
+def test_a_client_reference_id_that_is_not_a_uuid_is_refused(client, db):
+    response = send_stripe(client, session("pi_order", user="order_1234"))
+    assert response.status == 422
+    assert "data.object.client_reference_id must be a user's UUID" in response.json["message"]
+
+
+def test_an_unpaid_session_moves_nothing_then_its_async_payment_succeeded_credits(client, db):
+    pending = session("pi_ach", payment_status="unpaid", cents=5000)
+    assert send_stripe(client, pending).json["status"] == "processed"
+    assert balance(db) == OPENING[ALICE]
+    assert send_stripe(client, session("pi_ach", ASYNC_SUCCEEDED, cents=5000)).json["status"] == "processed"
+    assert send_stripe(client, guest_intent("pi_ach", cents=5000)).json["status"] == "duplicate"
+    assert balance(db) == OPENING[ALICE] + 5000
+    _consistent(client, db)
+
+
+def test_async_payment_failed_moves_nothing(client, db):
+    send_stripe(client, session("pi_ach_failed", payment_status="unpaid"))
+    assert send_stripe(client, session("pi_ach_failed", ASYNC_FAILED, payment_status="unpaid")).json["status"] \
+        == "processed"
+    assert balance(db) == OPENING[ALICE] and _credits(db) == []
+
+
+@pytest.mark.parametrize("mode, payment_status", [("subscription", "paid"), ("setup", "no_payment_required"),
+                                                  ("payment", "no_payment_required")])
+def test_sessions_that_take_no_payment_here_move_nothing(client, db, mode, payment_status):
+    evt = session("pi_none", mode=mode, payment_status=payment_status)
+    assert send_stripe(client, evt).json["status"] == "processed"
+    assert balance(db) == OPENING[ALICE] and _credits(db) == []
+
+
+def test_a_session_and_its_payment_intent_with_other_amounts_is_a_payment_mismatch(client, db):
+    send_stripe(client, session("pi_differs", cents=1000))
+    response = send_stripe(client, intent_succeeded("pi_differs", cents=900))
+    assert (response.status, response.json["error"]) == (409, "payment_mismatch")
+    assert balance(db) == OPENING[ALICE] + 1000
+
+
+@pytest.mark.parametrize("rounds", [6])
+def test_concurrent_session_and_payment_intent_credit_once(gunicorn, db, rounds):
+    server = gunicorn(workers=2, threads=4)
+    for i in range(rounds):
+        intent_id = f"pi_race_{i}"
+        deliveries = [stripe_signed(evt) for evt in (session(intent_id, cents=100),
+                                                     intent_succeeded(intent_id, cents=100),
+                                                     guest_intent(intent_id, cents=100))]
+        barrier = threading.Barrier(len(deliveries))
+
+        def send_one(delivery, barrier=barrier):
+            barrier.wait()
+            return send(server.base, *delivery)
+
+        with ThreadPoolExecutor(len(deliveries)) as pool:
+            answers = list(pool.map(send_one, deliveries))
+        outcomes = Counter(body.get("status") or body["error"] for _, body, _ in answers)
+        assert outcomes["processed"] == 1, outcomes
+    assert balance(db) == OPENING[ALICE] + 100 * rounds
+    assert sorted(_credits(db)) == sorted((f"pi_race_{i}", ALICE, 100) for i in range(rounds))
+    assert_ledger_consistent(db)
