@@ -167,3 +167,16 @@ def test_concurrent_session_and_payment_intent_credit_once(gunicorn, db, rounds)
     assert balance(db) == OPENING[ALICE] + 100 * rounds
     assert sorted(_credits(db)) == sorted((f"pi_race_{i}", ALICE, 100) for i in range(rounds))
     assert_ledger_consistent(db)
+
+
+def test_a_session_stored_when_sessions_moved_nothing_is_recomputed_by_init_db(client, db, run, redis_client):
+    """A row whose effect version 5 hashed (a Checkout Session moved nothing then): until init-db recomputes it, a
+    re-delivery of the same event is a payload mismatch; after, a duplicate."""
+    evt = session("pi_before")
+    send_stripe(client, evt)
+    db.execute("UPDATE webhook_events SET effect_sha256 = sha256(convert_to(%s, 'UTF8')), effect_version = 5"
+               " WHERE event_id = %s", ['["checkout.session.completed"]', evt.id])
+    redis_client.flushall()  # the done marker holds the new hash: PostgreSQL decides
+    assert send_stripe(client, evt).status == 409
+    assert run("init-db").exit_code == 0
+    assert send_stripe(client, evt).json["status"] == "duplicate"

@@ -42,10 +42,19 @@ from .helpers import (
 pytestmark = pytest.mark.core
 
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
-RELEASED = [(CURRENCY, False), ("002_journal_feed.sql", False)]  # the migrations of this release: schema.sql has them
 
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
+
+
+# This release's migrations: a database schema.sql made records each as not run.
+MIGRATIONS = sorted(path.name for path in (DEFAULT_SCHEMA_PATH.parent / "migrations").glob("*.sql"))
+RELEASED = [(name, False) for name in MIGRATIONS]  # this release's: an empty database gets them from schema.sql
+
+
+def _release(*more):
+    """schema_migrations' (name, ran) rows of a database schema.sql made, and more, in name order."""
+    return sorted([(BASELINE, False), (MONEY, True), *((name, False) for name in MIGRATIONS), *more])
 
 
 def _recorded(conn):
@@ -62,8 +71,9 @@ def test_schema_applies_twice_without_error(db):
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
                       "ledger_currency"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
-    # an empty database got schema.sql: release 1.0.0; and the money rule, each time
-    assert _recorded(db) == [*RELEASED, (BASELINE, False), (MONEY, True)]
+    # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
+    # rule, each time
+    assert _recorded(db) == _release()
 
 
 def test_opening_balance_is_the_balance_at_insert(db):
@@ -213,10 +223,10 @@ def test_init_db_creates_the_schema_in_an_empty_database(app, db):
     assert first.output == f"created the schema from {DEFAULT_SCHEMA_PATH}\n"
     assert _differences(db, fresh) == []
     recorded = _migrations_recorded(db)
-    assert [(row.name, row.ran) for row in recorded] == [*RELEASED, (BASELINE, False), (MONEY, True)]
-    files = [DEFAULT_SCHEMA_PATH.parent / "migrations" / name for name, _ in RELEASED]
-    files += [DEFAULT_SCHEMA_PATH, DEFAULT_SCHEMA_PATH.parent / MONEY]
-    assert [bytes(row.sha256) for row in recorded] == [hashlib.sha256(path.read_bytes()).digest() for path in files]
+    assert [(row.name, row.ran) for row in recorded] == _release()
+    recorded = [row for row in recorded if row.name in (BASELINE, MONEY)]
+    assert bytes(recorded[0].sha256) == hashlib.sha256(DEFAULT_SCHEMA_PATH.read_bytes()).digest()
+    assert bytes(recorded[1].sha256) == hashlib.sha256((DEFAULT_SCHEMA_PATH.parent / MONEY).read_bytes()).digest()
 
 
 def test_init_db_a_second_time_changes_nothing(app, db):
@@ -265,7 +275,7 @@ def _a_later_release(tmp_path, *migrations):
     (tmp_path / "schema.sql").write_text(
         schema.replace(column, column + "    note           TEXT CHECK (char_length(note) <= 200),\n"))
     shutil.copy(DEFAULT_SCHEMA_PATH.parent / "money.sql", tmp_path / "money.sql")
-    shutil.copytree(DEFAULT_SCHEMA_PATH.parent / "migrations", tmp_path / "migrations")
+    shutil.copytree(DEFAULT_SCHEMA_PATH.parent / "migrations", tmp_path / "migrations")  # this release's
     for name, text in migrations:
         (tmp_path / "migrations" / name).write_text(text)
     return tmp_path / "schema.sql"
@@ -276,13 +286,13 @@ def test_a_1_0_database_migrated_to_a_later_release_has_that_releases_fresh_sche
     _drop_schema(db)
     assert apply_schema(db, later) == (True, [])  # a fresh database of the later release
     fresh = _catalog(db)
-    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", False), (MONEY, True)]
+    assert _recorded(db) == _release(("901_note.sql", False))
     _drop_schema(db)
     assert apply_schema(db) == (True, [])  # 1.0.0's
     db.execute("INSERT INTO user_balances (user_id, balance_cents) VALUES (%s, 7)", [ALICE])
     assert apply_schema(db, later) == (False, ["901_note.sql"])
     assert _differences(db, fresh) == []
-    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
+    assert _recorded(db) == _release(("901_note.sql", True))
     assert balance(db) == 7  # rows kept
     assert apply_schema(db, later) == (False, [])
 
@@ -311,7 +321,7 @@ def test_two_init_dbs_at_once_apply_each_migration_once(db, tmp_path):
         thread.join(timeout=30)
     assert errors == []
     assert sorted(results) == [(False, []), (False, ["901_note.sql"])]
-    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
+    assert _recorded(db) == _release(("901_note.sql", True))
 
 
 def _with_a_changed_migration(db, tmp_path):
@@ -332,7 +342,7 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     with pytest.raises(SchemaError):
         apply_schema(db, schema)
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
-    assert _recorded(db) == [*RELEASED, (BASELINE, False), ("901_note.sql", True), (MONEY, True)]
+    assert _recorded(db) == _release(("901_note.sql", True))
 
 
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
@@ -354,6 +364,7 @@ def _as_1_0_made_it(db):
     db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
     db.execute("DROP FUNCTION ledger_journal_notify()")
     db.execute("ALTER TABLE ledger_journal DROP COLUMN xid")  # its index with it
+    db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 5")
     db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
 
 
