@@ -238,7 +238,8 @@ END
 $$;
 
 -- A credit: its user (the event's, or its customer's link, or, when
--- neither names one, the user the payment was credited to already), then
+-- neither names one, the user the payment was credited to already, or the
+-- one an operator assigned to it: payment_users), then
 -- the payment's key, then the user's balance and the journal. A payment
 -- named again with the same user, amount and currency is a
 -- 'payment_duplicate'; otherwise a mismatch. ignored: no user, under the
@@ -260,7 +261,12 @@ BEGIN
         IF NOT v_linked THEN
             -- A payment credited already (by another event that named its
             -- user: a Checkout Session) is this event's too: a duplicate.
+            -- Else the user an operator assigned to the payment.
             SELECT p.user_id INTO v_user FROM payments p WHERE p.source = d.source AND p.payment_id = d.payment;
+            IF v_user IS NULL THEN
+                SELECT a.user_id INTO v_user FROM payment_users a
+                WHERE a.source = d.source AND a.payment_id = d.payment;
+            END IF;
         END IF;
         IF v_user IS NULL THEN
             problem := format('no user: no data.object.metadata.%s%s, and %s', coalesce(d.user_key, 'user_id'),
@@ -445,6 +451,31 @@ BEGIN
     ON CONFLICT (user_id) DO NOTHING;
     added := FOUND;
     SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances AS u WHERE u.user_id = p_user;
+END
+$$;
+
+-- An operator's user for a payment none of whose events names one
+-- (`flask payments assign-user`): assigned unless the payment has one
+-- (assigned, or credited), or the user does not exist. Returns the
+-- payment's user now, credited or assigned (NULL: none), and whether this
+-- call assigned it. Locks the assignment's key only: a credit made meanwhile
+-- wins, as credit_payment reads the payment before the assignment.
+CREATE OR REPLACE FUNCTION assign_payment_user(p_source text, p_payment text, p_user uuid, p_by text,
+                                               OUT user_now uuid, OUT assigned boolean, OUT credited boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT p.user_id INTO user_now FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment;
+    credited := user_now IS NOT NULL;
+    assigned := false;
+    IF credited THEN
+        RETURN;
+    END IF;
+    INSERT INTO payment_users (source, payment_id, user_id, assigned_by)
+    SELECT p_source, p_payment, p_user, p_by
+    WHERE EXISTS (SELECT 1 FROM user_balances u WHERE u.user_id = p_user)
+    ON CONFLICT (source, payment_id) DO NOTHING;
+    assigned := FOUND;
+    SELECT a.user_id INTO user_now FROM payment_users a WHERE a.source = p_source AND a.payment_id = p_payment;
 END
 $$;
 

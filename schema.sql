@@ -183,6 +183,19 @@ CREATE TABLE IF NOT EXISTS customer_links (
 );
 CREATE INDEX IF NOT EXISTS customer_links_user_idx ON customer_links (user_id);
 
+-- A payment -> the user it credits when none of its events names one and its
+-- customer is linked to none: an operator's answer (`flask payments
+-- assign-user`), read by money.sql's credit_payment after the link. Never
+-- changed nor deleted, as a link: a payment credited before it is not moved.
+CREATE TABLE IF NOT EXISTS payment_users (
+    source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    payment_id  TEXT NOT NULL CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    user_id     UUID NOT NULL REFERENCES user_balances (user_id),
+    assigned_by TEXT NOT NULL CHECK (char_length(assigned_by) BETWEEN 1 AND 128),
+    created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, payment_id)
+);
+
 -- Payments that named no user (no metadata, no linked customer) under their
 -- source's `ignore`: their refunds and disputes are ignored too, never
 -- applied to anyone. A credit made later (a replay after a link) deletes it.

@@ -23,7 +23,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
-    from .commands import cli, users
+    from .commands import cli, payments, users
     from .locking import lock
     from .receiver import delivery, errors, fetch, logs, metrics, openapi, release, webhooks
     from .store import db
@@ -53,5 +53,6 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     openapi.init_app(app)
     cli.init_app(app)
     users.init_app(app)
+    payments.init_app(app)
     app.register_blueprint(webhooks.bp)
     return app

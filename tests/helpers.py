@@ -305,7 +305,10 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
             link = effect.user_id is None and conn.execute(  # a customer's link names it (links never change)
                 "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
                 [source, effect.customer_id]).fetchone()
-            user = effect.user_id or (link and link[0])
+            assigned = effect.user_id is None and not link and conn.execute(  # an operator's (never changed)
+                "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s",
+                [source, effect.payment_id]).fetchone()
+            user = effect.user_id or (link and link[0]) or (assigned and assigned[0])
             if user is None:  # no user named: a payment another event credited, announced again
                 unnamed.append((key, effect.amount_cents))
                 continue

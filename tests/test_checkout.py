@@ -11,8 +11,8 @@ import pytest
 
 from app.settings.config import Settings
 
-from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
-from .stripe_events import ASYNC_FAILED, ASYNC_SUCCEEDED, intent_succeeded, send_stripe, stripe_signed
+from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, send
+from .stripe_events import ASYNC_FAILED, ASYNC_SUCCEEDED, intent_succeeded, refund, send_stripe, stripe_signed
 from .stripe_events import checkout_session as session
 
 pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
@@ -180,3 +180,69 @@ def test_a_session_stored_when_sessions_moved_nothing_is_recomputed_by_init_db(c
     assert send_stripe(client, evt).status == 409
     assert run("init-db").exit_code == 0
     assert send_stripe(client, evt).json["status"] == "duplicate"
+
+
+# -- flask payments assign-user -----------------------------------------------------------------------------------
+
+def _nobody_named(client, intent_id="pi_guest", cents=800):
+    """A guest payment whose Session and PaymentIntent name no user: both refused."""
+    evts = session(intent_id, user=None, cents=cents), guest_intent(intent_id, cents=cents)
+    assert [send_stripe(client, evt).status for evt in evts] == [422, 422]
+    return evts
+
+
+def test_the_operator_gives_a_payment_no_event_names_a_user_and_its_events_apply_once(client, db, run):
+    evts = _nobody_named(client)
+    refunded = refund("re_guest", "pi_guest", 300)
+    assert send_stripe(client, refunded).status == 422  # unknown payment, for now
+    assigned = run("payments", "assign-user", "default", "pi_guest", str(BOB), "--by", "ops")
+    assert assigned.exit_code == 0, assigned.output
+    assert assigned.output.startswith(f"assigned payment pi_guest of source default to user {BOB}\n")
+    assert [_status(db, evt.id) for evt in (*evts, refunded)] == ["completed"] * 3
+    assert _credits(db) == [("pi_guest", BOB, 800)]
+    assert balance(db, BOB) == OPENING[BOB] + 800 - 300
+    assert run("ledger", "verify").exit_code == 0
+    again = run("payments", "assign-user", "default", "pi_guest", str(BOB), "--by", "ops")
+    assert again.exit_code == 0 and "credited to user" in again.output and "already" in again.output
+    assert balance(db, BOB) == OPENING[BOB] + 800 - 300
+    _consistent(client, db)
+
+
+def test_a_later_event_of_an_assigned_payment_naming_no_user_credits_nothing_more(client, db, run):
+    _nobody_named(client)
+    run("payments", "assign-user", "default", "pi_guest", str(BOB), "--by", "ops")
+    assert send_stripe(client, guest_intent("pi_guest", cents=800)).json["status"] == "duplicate"
+    assert balance(db, BOB) == OPENING[BOB] + 800
+
+
+def test_the_operator_cannot_move_a_payment_credited_to_another_user(client, db, run):
+    intent = guest_intent("pi_taken", cents=500)
+    send_stripe(client, intent)
+    send_stripe(client, session("pi_taken", user=ALICE, cents=500))
+    refused = run("payments", "assign-user", "default", "pi_taken", str(BOB), "--by", "ops")
+    assert refused.exit_code == 1
+    assert f"payment pi_taken of source default is credited to user {ALICE}" in refused.output
+    assert db.execute("SELECT count(*) FROM payment_users").fetchone()[0] == 0
+    assert balance(db, BOB) == OPENING[BOB]
+
+
+def test_an_assignment_is_never_changed(client, db, run):
+    _nobody_named(client)
+    db.execute("INSERT INTO payment_users (source, payment_id, user_id, assigned_by) VALUES"
+               " ('default', 'pi_guest', %s, 'ops')", [ALICE])
+    refused = run("payments", "assign-user", "default", "pi_guest", str(BOB), "--by", "ops")
+    assert refused.exit_code == 1 and f"is assigned to user {ALICE}" in refused.output
+    assert db.execute("SELECT user_id FROM payment_users").fetchall() == [(ALICE,)]
+    assert _credits(db) == []
+
+
+@pytest.mark.parametrize("payment_id, user, says", [
+    ("pi_guest", UNKNOWN_USER, f"no user {UNKNOWN_USER}"),
+    ("pi_other", BOB, "no failed or ignored event of source default credits payment pi_other naming no user"),
+])
+def test_assign_user_refuses_an_unknown_user_or_payment_changing_nothing(client, db, run, payment_id, user, says):
+    _nobody_named(client)
+    refused = run("payments", "assign-user", "default", payment_id, str(user), "--by", "ops")
+    assert refused.exit_code == 1 and says in refused.output, refused.output
+    assert db.execute("SELECT count(*) FROM payment_users").fetchone()[0] == 0
+    assert _credits(db) == []

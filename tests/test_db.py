@@ -44,7 +44,7 @@ pytestmark = pytest.mark.core
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
 
 TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
-          "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments")
+          "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments", "payment_users")
 
 
 # This release's migrations: a database schema.sql made records each as not run.
@@ -69,7 +69,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency"}
+                      "ledger_currency", "payment_users"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time

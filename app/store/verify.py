@@ -101,6 +101,8 @@ PAYMENT = """
 """
 # A credit made through a link: links are never changed, so today's is the one it was made by.
 LINK = "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s"
+# A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
+ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 COUNTS = """
     SELECT (SELECT count(*) FROM user_balances), (SELECT count(*) FROM webhook_events),
@@ -253,12 +255,19 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
 
 
 def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect: Effect, name: str) -> str | None:
-    """Why a completed credit whose metadata names no user is neither its customer's link's nor a duplicate of
-    the payment's credit, or None."""
+    """Why a completed credit whose metadata names no user is neither its customer's link's, nor a duplicate of
+    the payment's credit, nor the operator's assigned user's, or None."""
     payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
     link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
     if not link and payment is not None and row.kind is None and payment.amount_cents == effect.amount_cents:
         return None  # a payment that another event credited to the user it named, announced again
+    assigned = not link and cur.execute(ASSIGNED, [row.source, effect.payment_id]).fetchone()
+    if assigned:
+        if payment is None or (payment.user_id, payment.amount_cents) != (assigned.user_id, effect.amount_cents) \
+                or row.kind is not None and row.user_id != assigned.user_id:
+            return f"completed event {name}: payment {effect.payment_id!r} is not {effect.amount_cents} cents " \
+                   f"credited to {assigned.user_id}, the user an operator assigned to it"
+        return None
     if not link:
         return f"completed event {name}: its metadata names no user, and customer {effect.customer_id!r} is linked " \
                "to none"
