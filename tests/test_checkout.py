@@ -246,3 +246,12 @@ def test_assign_user_refuses_an_unknown_user_or_payment_changing_nothing(client,
     assert refused.exit_code == 1 and says in refused.output, refused.output
     assert db.execute("SELECT count(*) FROM payment_users").fetchone()[0] == 0
     assert _credits(db) == []
+
+
+def test_under_no_user_ignore_a_payment_intent_ignored_before_its_session_is_credited_by_it(make_app, config, db):
+    client = make_app({**config, "WEBHOOK_NO_USER": "ignore"}).test_client()
+    assert send_stripe(client, guest_intent("pi_ours", cents=600)).json["status"] == "ignored"
+    assert send_stripe(client, session("pi_ours", user=BOB, cents=600)).json["status"] == "processed"
+    # The payment is ours now: its refund applies, to its user.
+    assert send_stripe(client, refund("re_ours", "pi_ours", 200)).json["status"] == "processed"
+    assert balance(db, BOB) == OPENING[BOB] + 600 - 200
