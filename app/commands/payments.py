@@ -21,8 +21,6 @@ UNAPPLIED = """
     SELECT event_id, event_type, body, payload_sha256, fetched, coalesce(user_metadata_key, 'user_id')
     FROM webhook_events WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
 """
-ASSIGN = ("SELECT user_now, assigned, credited FROM assign_payment_user(p_source => %(source)s,"
-          " p_payment => %(payment)s, p_user => %(user)s, p_by => %(by)s)")
 KNOWN_PAYMENT = "SELECT 1 FROM payments WHERE source = %s AND payment_id = %s"
 
 
@@ -71,9 +69,7 @@ def assign_user(source: str, payment_id: str, user_id: uuid.UUID, actor: str | N
         if not unnamed and not credited:
             raise click.ClickException(f"no failed or ignored event of source {source} credits payment {payment_id} "
                                        "naming no user: nothing assigned")
-        row = conn.execute(ASSIGN, {"source": source, "payment": payment_id, "user": user_id, "by": actor}).fetchone()
-    assert row is not None  # a SELECT of a function returning one row
-    user_now, assigned, credited = row
+        user_now, assigned, credited = ledger.assign_payment_user(conn, source, payment_id, user_id, actor)
     if user_now is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing assigned")
     if user_now != user_id:

@@ -261,6 +261,28 @@ def add_user(conn: psycopg.Connection[Any], user_id: uuid.UUID, cents: int) -> t
     return row[0], row[1]
 
 
+ASSIGN_PAYMENT_USER = ("SELECT user_now, assigned, credited FROM assign_payment_user(p_source => %(source)s,"
+                       " p_payment => %(payment)s, p_user => %(user)s, p_by => %(by)s)")
+
+
+class Assignment(NamedTuple):
+    """What money.sql's assign_payment_user found: the payment's user now (None: none), and how."""
+
+    user_id: uuid.UUID | None
+    assigned: bool  # by this call
+    credited: bool  # the payment was credited (to user_id) already: nothing was assigned
+
+
+def assign_payment_user(conn: psycopg.Connection[Any], source: str, payment_id: str, user_id: uuid.UUID,
+                        actor: str) -> Assignment:
+    """Assign user_id to source's payment_id unless it has a user, credited or assigned (money.sql's
+    assign_payment_user)."""
+    row = conn.execute(ASSIGN_PAYMENT_USER, {"source": source, "payment": payment_id, "user": user_id,
+                                             "by": actor}).fetchone()
+    assert row is not None  # a SELECT of a function returning one row
+    return Assignment(*row)
+
+
 def link_customer(conn: psycopg.Connection[Any], source: str, customer_id: str, user_id: uuid.UUID,
                   actor: str) -> datetime | None:
     """Link source's customer_id to user_id unless it is linked (money.sql's link_customer): when, or None."""
