@@ -132,3 +132,89 @@ def test_a_bad_read_timeout_stops_gunicorn_with_one_line(value):
     named = [line for line in lines if "configuration error" in line]
     assert len(named) == 1 and "REQUEST_READ_TIMEOUT_SECONDS must be a positive number" in named[0], lines
     assert "Traceback" not in "\n".join(lines)
+
+
+def _exchange(sock, data):
+    """Send data on sock and read until the server closes it; return the answers' bytes."""
+    sock.sendall(data)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+def _answers(received):
+    """[(status, headers (lower-cased names), parsed JSON body)] of the answers in received, in order."""
+    answers = []
+    while received:
+        head, _, rest = received.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        headers = {name.lower(): value for name, value in headers.items()}
+        length = int(headers["content-length"])
+        answers.append((int(lines[0].split(" ", 2)[1]), headers, json.loads(rest[:length])))
+        received = rest[length:]
+    return answers
+
+
+REFUSED = {
+    "header field too large": (b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+                               431, "header_fields_too_large"),
+    "too many header fields": (b"GET /health HTTP/1.1\r\nHost: t\r\n" + b"X-A: b\r\n" * 101 + b"\r\n",
+                               431, "header_fields_too_large"),
+    "request line too long": (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414, "uri_too_long"),
+    "duplicate Content-Length": (b"POST /api/webhooks HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n"
+                                 b"Content-Length: 3\r\n\r\n{}", 400, "bad_request"),
+    "NUL in a header": (b"GET /health HTTP/1.1\r\nHost: t\r\nX-A: a\x00b\r\n\r\n", 400, "bad_request"),
+    "bare LF": (b"GET /health HTTP/1.1\nHost: t\n\n", 400, "bad_request"),
+    "not HTTP": (b"HELLO\r\n\r\n", 400, "bad_request"),
+    "Transfer-Encoding and Content-Length": (b"POST /api/webhooks HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n"
+                                             b"Transfer-Encoding: chunked\r\n\r\n{}", 400, "bad_request"),
+}
+
+
+def test_gunicorns_own_refusals_are_json_with_a_request_id(gunicorn, db):
+    server = gunicorn(workers=1, threads=2)
+    for name, (request, status, error) in REFUSED.items():
+        with _connect(server.base) as sock:
+            answers = _answers(_exchange(sock, request))
+        assert [(answer[0], answer[1]["content-type"], answer[2]["error"]) for answer in answers] == [
+            (status, "application/json", error)], name
+        assert len(answers[0][1]["x-request-id"]) == 32, name  # a new one: the head was not read as a request
+    assert http_get(server.base, "/health")[0] == 200
+
+
+def test_a_refusal_echoes_the_senders_request_id_found_in_the_head(gunicorn, db):
+    server = gunicorn(workers=1, threads=2)
+    request = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Request-ID: mine-431\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+    with _connect(server.base) as sock:
+        [(status, headers, body)] = _answers(_exchange(sock, request))
+    assert (status, headers["x-request-id"], body["error"]) == (431, "mine-431", "header_fields_too_large")
+
+
+def test_a_head_sent_in_pieces_and_pipelined_requests_are_each_answered_in_order(gunicorn, db):
+    """The main loop reads a head until it is whole, on a new connection and behind a request on a kept-alive one."""
+    server = gunicorn(workers=1, threads=2)
+    first, second = (encode(payment(f"evt_pipelined_{i}")) for i in range(2))
+    requests = [b"POST /api/webhooks HTTP/1.1\r\nHost: t\r\n"
+                + b"".join(f"{name}: {value}\r\n".encode() for name, value in signed_headers(body).items())
+                + b"Content-Length: %d\r\nX-Request-ID: req-%d\r\n\r\n%s" % (len(body), i, body)
+                for i, body in enumerate([first, second])]
+    health = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    stream = requests[0] + requests[1] + health
+    with _connect(server.base) as sock:
+        for start in range(0, len(stream), 7):  # 7 bytes at a time, each head split over several reads
+            sock.sendall(stream[start:start + 7])
+            time.sleep(0.002)
+        received = _exchange(sock, b"")
+    answers = _answers(received)
+    assert [(status, headers["x-request-id"], body.get("status")) for status, headers, body in answers][:2] == [
+        (200, "req-0", "processed"), (200, "req-1", "processed")]
+    assert [(status, body["status"]) for status, _, body in answers[2:]] == [(200, "ok")]
+    with _connect(server.base) as sock:  # all three at once
+        answers = _answers(_exchange(sock, b"".join(requests) + health))
+    assert [(status, body.get("status")) for status, _, body in answers] == [
+        (200, "duplicate"), (200, "duplicate"), (200, "ok")]

@@ -1,0 +1,54 @@
+"""A bare host (no proxy in front) under connections that send nothing or half a request head: gunicorn_worker.py
+reads heads in the worker's main loop, so they hold no thread, and /health and a signed delivery still answer.
+The time each took is printed (`pytest -s`); docs/deploying.md gives the figures."""
+
+import socket
+import time
+import uuid
+
+import pytest
+
+from .helpers import encode, http_get, payment, send
+
+pytestmark = pytest.mark.core
+
+WORKERS, THREADS = 2, 4
+# The legitimate client's patience: longer than any one of gunicorn's own waits, so that "no answer" is a freeze.
+PATIENCE_S = 15.0
+HALF_HEAD = b"POST /api/webhooks HTTP/1.1\r\nHost: ledger\r\nContent-Type: application/json\r\n"
+
+
+def _open(port, count, first_bytes):
+    """count connections to port from 127.0.0.2 and up (other addresses than the client's), each sending first_bytes."""
+    sockets = []
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.0.{2 + i % 250}", 0))
+        if first_bytes:
+            sock.sendall(first_bytes)
+        sockets.append(sock)
+    return sockets
+
+
+def _timed(call):
+    started = time.monotonic()
+    result = call()
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("count", [64, 256])
+@pytest.mark.parametrize("kind", ["idle", "half-sent"])
+def test_idle_and_half_sent_connections_hold_no_thread(gunicorn, db, count, kind):
+    server = gunicorn(workers=WORKERS, threads=THREADS)
+    sockets = _open(server.port, count, b"" if kind == "idle" else HALF_HEAD)
+    try:
+        time.sleep(0.5)  # each accepted by a worker
+        (status, _), health_s = _timed(lambda: http_get(server.base, "/health", timeout=PATIENCE_S))
+        event = payment(f"evt_idle_{uuid.uuid4().hex}")
+        answer, delivery_s = _timed(lambda: send(server.base, encode(event), timeout=PATIENCE_S))
+        print(f"\n[idle connections] {count} {kind}, {WORKERS} x {THREADS} host: /health {health_s:.3f} s,"  # noqa: T201
+              f" a delivery {delivery_s:.3f} s")
+        assert status == 200
+        assert answer[:2] == (200, {"status": "processed", "event_id": event["id"]})
+    finally:
+        for sock in sockets:
+            sock.close()
