@@ -156,7 +156,8 @@ def _head_limit(cfg: Any) -> int:
 class ThreadWorker(gthread.ThreadWorker):
     """gthread, whose main loop reads each request's head without blocking, and hands a connection to a thread
     once its head has arrived; the whole request must arrive within REQUEST_READ_TIMEOUT_SECONDS of the
-    connection's opening (its first request) or of its first byte (the next ones on a kept-alive connection)."""
+    connection's opening (its first request) or of its first byte (the next ones on a kept-alive connection),
+    its wait for a free thread not counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -219,6 +220,7 @@ class ThreadWorker(gthread.ThreadWorker):
 
     def _hand_over(self, conn: Any) -> None:
         conn.head_read = conn.data_ready = True
+        conn.time_left = conn.head_deadline - time.monotonic()  # its wait for a free thread is not counted
         self.enqueue_req(conn)
 
     def murder_pending(self) -> None:
@@ -259,7 +261,7 @@ class ThreadWorker(gthread.ThreadWorker):
         sock.setblocking(True)
         conn.init()  # the parser, on the DeadlineSocket, if this is the connection's first request
         conn.parser.unreader.unread(head)
-        sock.start_request(conn.head_deadline, head)
+        sock.start_request(time.monotonic() + conn.time_left, head)
         try:
             keepalive = super().handle(conn)
         finally:
