@@ -52,3 +52,22 @@ def test_idle_and_half_sent_connections_hold_no_thread(gunicorn, db, count, kind
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_kept_alive_connection_that_stalls_inside_its_next_head_holds_no_thread(gunicorn, db):
+    """One thread: a request answered, then half of the next head on the same connection; /health still answers
+    well before REQUEST_READ_TIMEOUT_SECONDS (10 s), and the stalled head is answered 408 at its deadline."""
+    server = gunicorn(workers=1, threads=1)
+    [sock] = _open(server.port, 1, b"GET /health HTTP/1.1\r\nHost: ledger\r\n\r\n")
+    try:
+        answer = b""
+        while not answer.endswith(b"}\n"):  # the whole answer (its body ends so), the connection kept alive
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+        sock.sendall(HALF_HEAD)
+        time.sleep(0.5)
+        assert http_get(server.base, "/health", timeout=5)[0] == 200  # the stalled head holds no thread
+        sock.settimeout(PATIENCE_S)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 408")
+    finally:
+        sock.close()

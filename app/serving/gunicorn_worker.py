@@ -33,6 +33,8 @@ _BARE_LF = re.compile(rb"(?<!\r)\n")
 # app/receiver/logs.py's rule for a request id the sender chose, found in a head gunicorn could not parse.
 _REQUEST_ID = re.compile(rb"\r\nX-Request-ID:[ \t]*([A-Za-z0-9._:-]{1,128})[ \t]*\r\n", re.IGNORECASE)
 _READ_SIZE = 65536
+# What a thread returns for a kept-alive connection whose next head has not arrived whole.
+_IN_LOOP = object()
 
 # gunicorn's own refusals (its handle_error), as the app's errors.py shapes an answer: status -> (error, message).
 _REFUSALS = {
@@ -154,10 +156,10 @@ def _head_limit(cfg: Any) -> int:
 
 
 class ThreadWorker(gthread.ThreadWorker):
-    """gthread, whose main loop reads each request's head without blocking, and hands a connection to a thread
-    once its head has arrived; the whole request must arrive within REQUEST_READ_TIMEOUT_SECONDS of the
-    connection's opening (its first request) or of its first byte (the next ones on a kept-alive connection),
-    its wait for a free thread not counted."""
+    """gthread, in which no thread waits for a request's head: the main loop reads it without blocking, and a
+    thread takes a connection once its head has arrived. The whole request must arrive within
+    REQUEST_READ_TIMEOUT_SECONDS of the connection's opening (its first request) or of its first byte (the
+    next ones on a kept-alive connection), its wait for a free thread not counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -170,20 +172,28 @@ class ThreadWorker(gthread.ThreadWorker):
         return not self.cfg.is_ssl and self.cfg.http2_cleartext in ("off", "upgrade")
 
     def enqueue_req(self, conn: Any) -> None:
-        """Give conn to a thread if its head has arrived; otherwise read it in the main loop until it has."""
-        if getattr(conn, "head_read", False) or not self._own_heads():
-            conn.head_read = False
+        """A new connection's head is read by the main loop; a kept-alive one (readable, or holding pipelined
+        bytes) goes to a thread, which takes what has arrived without waiting and hands back a head not whole."""
+        if self._own_heads() and conn.parser is None and not getattr(conn, "head_read", False):
+            conn.head = bytearray()
+            conn.head_deadline = time.monotonic() + self.read_timeout
+            self._read_in_loop(conn)
+        else:
             super().enqueue_req(conn)
-            return
-        conn.head = bytearray(conn.parser.unreader.take_buffered() if conn.parser else b"")  # pipelined
-        conn.head_deadline = time.monotonic() + self.read_timeout
-        conn.sock.setblocking(False)
+
+    def _read_in_loop(self, conn: Any) -> None:
         verdict = self._examine(conn, 0) if conn.head else self._receive(conn)
         if verdict is None:
             self.reading.append(conn)
             self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_head_readable, conn))
         else:
             verdict(conn)
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        if not fs.cancelled() and fs.exception() is None and fs.result() is _IN_LOOP:
+            self._read_in_loop(conn)
+        else:
+            super().finish_request(conn, fs)
 
     def _on_head_readable(self, conn: Any, _sock: Any) -> None:
         verdict = self._receive(conn)
@@ -195,7 +205,7 @@ class ThreadWorker(gthread.ThreadWorker):
     def _receive(self, conn: Any) -> Any:
         """Read what has arrived of conn's head; what to do with conn next (None: wait for more)."""
         try:
-            data = conn.sock.recv(_READ_SIZE)
+            data = conn.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return None
         except OSError:
@@ -221,7 +231,7 @@ class ThreadWorker(gthread.ThreadWorker):
     def _hand_over(self, conn: Any) -> None:
         conn.head_read = conn.data_ready = True
         conn.time_left = conn.head_deadline - time.monotonic()  # its wait for a free thread is not counted
-        self.enqueue_req(conn)
+        super().enqueue_req(conn)
 
     def murder_pending(self) -> None:
         super().murder_pending()
@@ -241,7 +251,7 @@ class ThreadWorker(gthread.ThreadWorker):
 
     def _refuse(self, conn: Any, status: int) -> None:
         try:
-            conn.sock.send(refusal(status, bytes(conn.head)))  # a few hundred bytes, into an empty send buffer
+            conn.sock.send(refusal(status, bytes(conn.head)), socket.MSG_DONTWAIT)  # into an empty send buffer
         except OSError:
             pass
         self._close(conn)
@@ -251,14 +261,21 @@ class ThreadWorker(gthread.ThreadWorker):
         conn.head = bytearray()
         util.close(conn.sock)
 
-    def handle(self, conn: Any) -> bool:
+    def handle(self, conn: Any) -> Any:  # bool, or _IN_LOOP
         if not self._own_heads():
             return super().handle(conn)
         if not isinstance(conn.sock, DeadlineSocket):
             conn.sock = DeadlineSocket(conn.sock)
         sock = conn.sock
+        if conn.head_read:  # read by the main loop
+            conn.head_read = False
+        else:  # a kept-alive connection: what has arrived, pipelined bytes first
+            conn.head = bytearray(conn.parser.unreader.take_buffered())
+            conn.head_deadline = time.monotonic() + self.read_timeout
+            if (self._examine(conn, 0) if conn.head else self._receive(conn)) != self._hand_over:
+                return _IN_LOOP  # not whole: the main loop reads on (or refuses, or closes)
+            conn.time_left = self.read_timeout
         head, conn.head = bytes(conn.head), bytearray()
-        sock.setblocking(True)
         conn.init()  # the parser, on the DeadlineSocket, if this is the connection's first request
         conn.parser.unreader.unread(head)
         sock.start_request(time.monotonic() + conn.time_left, head)
