@@ -69,7 +69,7 @@ class Settings:
     """Every setting, parsed and checked, and what they make: the sources and the policy.
 
     Each setting is declared once, as a field (its name in lower case, its type) whose setting() gives its parser,
-    default (None: required) and meaning; SETTINGS, from_env() and the README's table (tests/test_readme.py) follow
+    default (None: required) and meaning; SETTINGS, from_env() and docs/configuration.md's table follow
     from it. Read below Needs.SERVICE, the required settings left unread are None. The timeouts nest so that the
     inner one fails first: lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
     """

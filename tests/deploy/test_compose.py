@@ -101,8 +101,8 @@ def test_the_services_settings_come_from_the_env_file_whose_example_is_documente
     example = (ROOT / "webhook-ledger.env.example").read_text()
     values = dict(re.findall(r"^#?([A-Z][A-Z0-9_]+)=(.*)$", example, re.M))
     sources = values.get("WEBHOOK_SOURCES", "").split(",")
-    # A setting of the README's table, or one of a source that the example names (WEBHOOK_<NAME>_...).
-    readme = (ROOT / "README.md").read_text()
+    # A setting of docs/configuration.md's table, or one of a source the example names (WEBHOOK_<NAME>_...).
+    readme = (ROOT / "docs" / "configuration.md").read_text()  # the settings table
     unknown = [n for n in values if n not in SETTINGS and f"| `{n}` |" not in readme
                and not any(n.startswith(f"WEBHOOK_{source.upper()}_") for source in sources if source)]
     assert "WEBHOOK_SECRET" in values and unknown == []
