@@ -67,9 +67,10 @@ def _key():
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _cert(name, key, issuer=None, *, ca=False, start=-DAY, end=365 * DAY, eku=ExtendedKeyUsageOID.SERVER_AUTH):
+def _cert(name, key, issuer=None, *, ca=False, start=-DAY, end=365 * DAY, eku=ExtendedKeyUsageOID.SERVER_AUTH,
+          san=True):
     """A certificate for name's key, signed by issuer ((cert, key); None: self-signed), with the Web PKI's
-    extensions (a CA's basic constraints and key usage; a leaf's subject alternative name)."""
+    extensions (a CA's basic constraints and key usage; a leaf's subject alternative name: name, or san's)."""
     issuer_cert, issuer_key = issuer or (None, key)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.UTC)
@@ -87,7 +88,9 @@ def _cert(name, key, issuer=None, *, ca=False, start=-DAY, end=365 * DAY, eku=Ex
             key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
             critical=True)
     else:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        if san:
+            alt_name = name if san is True else san
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(alt_name)]), critical=False)
         builder = builder.add_extension(x509.KeyUsage(
             digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
             key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False),
@@ -131,6 +134,10 @@ class PKI:
             cert = _cert(cert_name, key, signer, start=start, end=end)
             self.keys[name] = key
             self.served[name] = _pem(cert, self.inter) if chain else _pem(cert)
+        # PayPal's name in the subject alone, or not among the subject alternative names.
+        for name, san in [("CERT-no-san", False), ("CERT-san-other", "other.paypal.com")]:
+            self.keys[name] = _key()
+            self.served[name] = _pem(_cert(PAYPAL_NAME, self.keys[name], issuer, san=san), self.inter)
         # The chain without its intermediate: the leaf alone does not reach the root.
         self.keys["CERT-no-chain"] = self.key
         self.served["CERT-no-chain"] = _pem(x509.load_pem_x509_certificates(self.served["CERT-good"])[0])
@@ -377,6 +384,8 @@ FAILED_CHECKS = pytest.mark.parametrize("name, message", [
     ("CERT-no-chain", "does not chain to a trusted root"),
     ("CERT-not-paypal", "not issued to PayPal"),
     ("CERT-paypal-lookalike", "not issued to PayPal"),
+    ("CERT-no-san", "has no subject alternative name"),
+    ("CERT-san-other", "subject alternative names do not hold its name"),
     ("CERT-not-pem", "not a PEM certificate"),
     ("CERT-missing", "names no certificate (HTTP 404)"),
     ("CERT-redirect", "names no certificate (HTTP 302)"),

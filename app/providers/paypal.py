@@ -384,6 +384,7 @@ class Certificates:
         name = str(names[0].value).lower() if names else ""
         if not name.endswith(PAYPAL_SUFFIX):
             raise SignatureError("the certificate is not issued to PayPal")
+        _check_alt_names(leaf, name)
         key = leaf.public_key()
         if not isinstance(key, RSAPublicKey):
             raise SignatureError("PayPal's certificate does not hold an RSA key")
@@ -395,6 +396,19 @@ class Certificates:
         except (VerificationError, ValueError):
             raise SignatureError("PayPal's certificate does not chain to a trusted root for its name") from None
         return _Checked(key, not_before, not_after)
+
+
+def _check_alt_names(leaf: x509.Certificate, name: str) -> None:
+    """SignatureError unless the leaf's subject alternative names hold name: the Web PKI reads a name there only."""
+    try:
+        alt_names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        raise SignatureError("PayPal's certificate has no subject alternative name (SAN): its name must be one"
+                             ) from None
+    except (x509.DuplicateExtension, ValueError):
+        raise SignatureError("PayPal's certificate's extensions cannot be read") from None
+    if name not in (alt_name.lower() for alt_name in alt_names.get_values_for_type(x509.DNSName)):
+        raise SignatureError("PayPal's certificate's subject alternative names do not hold its name")
 
 
 def _roots(pem: bytes) -> list[x509.Certificate]:
