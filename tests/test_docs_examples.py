@@ -3,14 +3,18 @@
 A page is one terminal session against a real stack: a fresh database, the
 tests' Redis, and `make run`'s own script serving on a free port, which the
 blocks' `127.0.0.1:8000` is replaced with (as devservers/readme.py does for
-the README's curl). A block `NAME=value ... make run` (re)starts it with
-those settings, on the page's database; a page's first other block starts it
-as plain `make run` does. The other blocks run in bash, one after the other,
-keeping the variables and functions the earlier ones set, with the service's
-settings in the environment (as where the app's environment is set); each
-`output` block after one is the answer of one run of it, compared line by
-line (`...` stands for any text, or alone on a line for any lines). A block
-without an answer must exit 0. docs/testing.md says how to write one."""
+the README's curl; PayPal's local stand-ins' ports and folder likewise). A
+block `NAME=value ... make run` (re)starts it with those settings, on the
+page's database (a new one after `rm -rf .run/pg`), with an empty Redis as
+make run's; a page's first other block starts it as plain `make run` does.
+The other blocks run in bash, one after the other, keeping the variables and
+functions the earlier ones set, with the service's settings in the
+environment (as where the app's environment is set); each `output` block
+after one is the answer of one run of it, compared line by line (`...`
+stands for any text, or alone on a line for any lines). A block without an
+answer must exit 0 and print nothing: what a block prints, the page shows.
+What a block leaves running in the background is stopped when the page
+ends. docs/testing.md says how to write one."""
 
 import os
 import re
@@ -21,7 +25,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 
 from app.intake.events import RULES
 from app.providers import stripe
@@ -36,6 +42,10 @@ pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
 
 PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
 MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`
+# Where the docs' PayPal recipe finds devservers/paypal_local.py's stand-ins and files, and the variables that move
+# them: each page's are its own, so that pages and checkouts tested at once do not share them.
+PAYPAL_LOCAL = {"localhost:8443": "PAYPAL_LOCAL_CERT_PORT", "127.0.0.1:8088": "PAYPAL_LOCAL_API_PORT",
+                ".run/paypal": "PAYPAL_LOCAL_DIR"}
 BLOCK_TIMEOUT = 60  # a block is a few commands on loopback
 # Settings of the test process that are not the page's: the service gets those its blocks give.
 NOT_INHERITED = ("WEBHOOK_", "DATABASE_URL", "REDIS_", "STRIPE_", "LEDGER_", "FLASK_", "PROMETHEUS_", "PORT",
@@ -65,11 +75,19 @@ def matches(expected, actual):
 class Session:
     """One page's terminal: the service as `make run` starts it, and the shell's state between blocks."""
 
-    def __init__(self, database_url, redis_url, workdir):
+    def __init__(self, postgresql, redis_url, workdir):
         self.port = free_port()
         self.base_env = {name: value for name, value in os.environ.items() if not name.startswith(NOT_INHERITED)}
         self.base_env["PATH"] = f"{Path(sys.executable).parent}:{self.base_env.get('PATH', '/usr/bin:/bin')}"
-        self.servers = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
+        self.postgresql = postgresql
+        self.databases = [db_url(postgresql)]  # the page's, then one per `rm -rf .run/pg`
+        self.servers = {"DATABASE_URL": self.databases[0], "REDIS_URL": redis_url}
+        self.places = {MAKE_RUN_PORT: f"127.0.0.1:{self.port}", "localhost:8000": f"localhost:{self.port}"}
+        for place, variable in PAYPAL_LOCAL.items():
+            value = str(workdir / "paypal") if variable == "PAYPAL_LOCAL_DIR" else str(free_port())
+            self.base_env[variable] = value
+            self.places[place] = value if variable == "PAYPAL_LOCAL_DIR" else f"{place.split(':')[0]}:{value}"
+        self.groups = []  # the process group of each block run: what it left running is stopped at the end
         self.dir = workdir
         self.state = workdir / "state.sh"
         self.state.write_text("")
@@ -78,9 +96,28 @@ class Session:
                                                 text=True, check=True).stdout)
         self.service, self.settings, self.log = None, None, workdir / "make-run.log"
 
-    def make_run(self, settings):
-        """`make run` with settings, as `make run` execs it (scripts/run.py), on this page's servers and port."""
+    def here(self, text):
+        """text with the docs' ports and folders replaced by this page's."""
+        for place, value in self.places.items():
+            text = text.replace(place, value)
+        return text
+
+    def make_run(self, settings, fresh_cluster=False):
+        """`make run` with settings, as `make run` execs it (scripts/run.py), on this page's servers and port: on a
+        new database after `rm -rf .run/pg`, and with an empty Redis, as make run's own redis-server starts."""
         self.stop()
+        if fresh_cluster:
+            name = f"docs_{len(self.databases)}"
+            info = self.postgresql.info
+            with psycopg.connect(host=info.host, port=info.port, user=info.user, dbname="postgres",
+                                 autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name}")
+                conn.execute(f"CREATE DATABASE {name}")
+            self.databases.append(f"postgresql://{info.user}@{info.host}:{info.port}/{name}")
+            self.servers["DATABASE_URL"] = self.databases[-1]
+        with redis.Redis.from_url(self.servers["REDIS_URL"]) as client:
+            client.flushall()
+        settings = {name: self.here(value) for name, value in settings.items()}
         env = {**self.base_env, **self.servers, **settings, "PORT": str(self.port)}
         self.service = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env,
                                         stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
@@ -101,19 +138,29 @@ class Session:
         if self.service is None:
             self.make_run({})
         script = self.dir / "block.sh"
-        script.write_text(example.script.replace(MAKE_RUN_PORT, f"127.0.0.1:{self.port}")
-                          .replace("localhost:8000", f"localhost:{self.port}"))
+        script.write_text(self.here(example.script))
         env = {**self.base_env, **self.servers, **self.settings,
                "__STATE": str(self.state), "__SCRIPT": str(script), "__BASH_OWN": str(self.bash_own)}
-        done = subprocess.run(["bash", "-c", KEEP_STATE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT)
-        return done.returncode, done.stdout
+        block = subprocess.Popen(["bash", "-c", KEEP_STATE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.groups.append(block.pid)
+        output, _ = block.communicate(timeout=BLOCK_TIMEOUT)
+        return block.returncode, output
 
     def verify(self):
-        """`flask ledger verify` on the page's database, with the settings its service last ran with."""
-        env = {**self.base_env, **self.servers, **(self.settings or {})}
-        return subprocess.run([sys.executable, "-m", "flask", "--app", "app", "ledger", "verify"], cwd=self.dir,
-                              env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+        """`flask ledger verify` on each database of the page: the answers, with the settings its service last ran
+        with (the currency of the last one's: LEDGER_CURRENCY, of each database in turn)."""
+        answers = []
+        for database in self.databases:
+            env = {**self.base_env, **self.servers, **(self.settings or {}), "DATABASE_URL": database}
+            with psycopg.connect(database) as conn:
+                row = conn.execute("SELECT currency FROM ledger_currency").fetchone()
+            if row:
+                env["LEDGER_CURRENCY"] = row[0]
+            answers.append(subprocess.run([sys.executable, "-m", "flask", "--app", "app", "ledger", "verify"],
+                                          cwd=self.dir, env=env, capture_output=True, text=True,
+                                          timeout=BLOCK_TIMEOUT))
+        return answers
 
     def stop(self):
         if self.service and self.service.poll() is None:
@@ -121,12 +168,21 @@ class Session:
             self.service.wait(30)
         self.service = None
 
+    def close(self):
+        """Stop the service, and what the blocks left running (as closing the terminal does)."""
+        self.stop()
+        for group in self.groups:
+            try:
+                os.killpg(group, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgresql, redis_server, redis_client,
                                                                  tmp_path):
     # The schema alone, no user: `make run` adds its demo user, as on a new checkout.
-    session = Session(db_url(postgresql), redis_server.url, tmp_path)
+    session = Session(postgresql, redis_server.url, tmp_path)
     ran = []
     try:
         for example in readme.examples(page):
@@ -134,7 +190,7 @@ def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgres
                 continue
             settings = example.service_settings()
             if settings is not None:
-                session.make_run(settings)
+                session.make_run(settings, example.fresh_cluster)
                 ran.append(example.where)
                 continue
             for number, answer in enumerate(example.answers or [None], start=1):
@@ -142,13 +198,15 @@ def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgres
                 run = f"{example.where} (run {number})"
                 if answer is None:
                     assert status == 0, f"{run} exited {status}:\n{output}"
+                    assert not output.strip(), f"{run} printed what the page does not show (```output):\n{output}"
                 else:
+                    answer = session.here(answer)
                     assert matches(answer, output), f"{run} answered:\n{output}\nwhere the page shows:\n{answer}"
             ran.append(example.where)
     finally:
-        session.stop()
-    verified = session.verify()
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+        session.close()
+    for verified in session.verify():
+        assert verified.returncode == 0, verified.stdout + verified.stderr
     print(f"\n[docs] {page.relative_to(ROOT)}: {len(ran)} examples ran: {', '.join(ran)}")  # noqa: T201
 
 
@@ -223,6 +281,11 @@ def test_a_block_that_starts_make_run_gives_its_settings():
     example = readme.Example(ROOT / "README.md", 1, "A=1 B='two words' \\\n  make run   # a comment\n")
     assert example.service_settings() == {"A": "1", "B": "two words"}
     assert readme.Example(ROOT / "README.md", 1, "curl http://127.0.0.1:8000/health\n").service_settings() is None
+    fresh = readme.Example(ROOT / "README.md", 1, "rm -rf .run/pg  # an empty cluster\nLEDGER_CURRENCY=inr make run\n")
+    assert (fresh.service_settings(), fresh.fresh_cluster) == ({"LEDGER_CURRENCY": "inr"}, True)
+    assert not example.fresh_cluster
+    with pytest.raises(ValueError, match="holds only"):
+        readme.Example(ROOT / "README.md", 1, "make run\nrm -rf .run/pg\n").service_settings()
     with pytest.raises(ValueError, match="holds only"):
         readme.Example(ROOT / "README.md", 1, "make run\nmake test\n").service_settings()
 
