@@ -105,7 +105,8 @@ class PayPalStandIn:
         assert self._server is not None, "start() it first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def start(self) -> "PayPalStandIn":
+    def start(self, port: int = 0) -> "PayPalStandIn":
+        """Serve on 127.0.0.1:port (0: a free one)."""
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -120,7 +121,7 @@ class PayPalStandIn:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
