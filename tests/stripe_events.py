@@ -27,14 +27,14 @@ def event(event_type, obj, event_id=None, livemode=True, api_version=API_VERSION
 
 
 def intent_succeeded(intent_id, user=ALICE, cents=250, currency="usd", event_id=None, authorized=None,
-                     customer=None, metadata=None):
+                     customer=None, metadata=None, api_version=API_VERSION):
     """payment_intent.succeeded: amount is what was authorised, amount_received what was captured. metadata
     (default {"user_id": user}) is the PaymentIntent's whole; customer its cus_... or None (a guest)."""
     return event("payment_intent.succeeded", {
         "id": intent_id, "object": "payment_intent", "amount": authorized or cents, "amount_capturable": 0,
         "amount_received": cents, "currency": currency, "status": "succeeded", "capture_method": "automatic",
         "customer": customer, "latest_charge": f"ch_{intent_id}",
-        "metadata": {"user_id": str(user)} if metadata is None else metadata}, event_id)
+        "metadata": {"user_id": str(user)} if metadata is None else metadata}, event_id, api_version=api_version)
 
 
 def invoice_intent_succeeded(intent_id, customer, cents=2000, event_id=None):
@@ -57,7 +57,7 @@ def charge_refunded(intent_id, refunded_total, currency="usd", event_id=None, ce
 
 
 def refund(refund_id, intent_id, cents, status="succeeded", event_type=None, currency="usd", event_id=None,
-           reason=None):
+           reason=None, api_version=API_VERSION):
     """A Refund object in one of its events (refund.created, refund.updated, refund.failed,
     charge.refund.updated); by default refund.failed for a failed status, refund.updated otherwise."""
     failed = status in ("failed", "canceled")
@@ -67,18 +67,23 @@ def refund(refund_id, intent_id, cents, status="succeeded", event_type=None, cur
         "payment_intent": intent_id, "currency": currency, "status": status, "reason": reason,
         "balance_transaction": _id("txn"), "created": int(time.time()), "metadata": {},
         "failure_reason": "expired_or_canceled_card" if failed else None,
-        "failure_balance_transaction": _id("txn") if failed else None}, event_id)
+        "failure_balance_transaction": _id("txn") if failed else None}, event_id, api_version=api_version)
 
 
 def dispute(dispute_id, intent_id, cents, event_type="charge.dispute.funds_withdrawn", status="needs_response",
-            currency="usd", event_id=None):
+            currency="usd", event_id=None, api_version=API_VERSION, balance_transactions=(), case_type=None):
     """A Dispute object in one of its events (charge.dispute.created, .updated, .closed, .funds_withdrawn,
-    .funds_reinstated)."""
+    .funds_reinstated); balance_transactions the amounts its funds moved by (negative: withdrawn), case_type its
+    card's payment_method_details.card.case_type (block, resolution: a prevented dispute's, since 2025-08-27.basil)."""
     return event(event_type, {
         "id": dispute_id, "object": "dispute", "amount": cents, "charge": f"ch_{intent_id}",
         "payment_intent": intent_id, "currency": currency, "status": status, "reason": "fraudulent",
-        "is_charge_refundable": False, "balance_transactions": [], "created": int(time.time()),
-        "livemode": True, "metadata": {}}, event_id)
+        "is_charge_refundable": False, "created": int(time.time()), "livemode": True, "metadata": {},
+        "balance_transactions": [{"id": _id("txn"), "object": "balance_transaction", "amount": amount,
+                                  "currency": currency} for amount in balance_transactions],
+        **({} if case_type is None else {"payment_method_details": {
+            "type": "card", "card": {"brand": "visa", "case_type": case_type, "network_reason_code": "10.4"}}})},
+        event_id, api_version=api_version)
 
 
 SESSION_COMPLETED = "checkout.session.completed"
@@ -87,7 +92,8 @@ ASYNC_FAILED = "checkout.session.async_payment_failed"
 
 
 def checkout_session(intent_id, event_type=SESSION_COMPLETED, user=ALICE, cents=250, payment_status="paid",
-                     mode="payment", metadata=None, customer=None, event_id=None, currency="usd"):
+                     mode="payment", metadata=None, customer=None, event_id=None, currency="usd",
+                     api_version=API_VERSION):
     """A Checkout Session (https://docs.stripe.com/api/checkout/sessions/object) in one of its events; user is its
     client_reference_id (None: none), intent_id its payment_intent in payment mode."""
     return event(event_type, {
@@ -98,7 +104,7 @@ def checkout_session(intent_id, event_type=SESSION_COMPLETED, user=ALICE, cents=
         "metadata": {} if metadata is None else metadata,
         "payment_intent": intent_id if mode == "payment" else None, "setup_intent": None, "subscription": None,
         "created": int(time.time()), "expires_at": int(time.time()) + 86400, "url": None,
-        "success_url": "https://example.com/done"}, event_id)
+        "success_url": "https://example.com/done"}, event_id, api_version=api_version)
 
 
 def stripe_signed(evt):
