@@ -102,7 +102,7 @@ def prepare_database(config):
         raise Failed(f"preparing the database: {exc}") from None
     except SchemaError as exc:  # another LEDGER_CURRENCY than the kept cluster's, say
         raise Failed(f"preparing the database: {exc} (make run's own cluster is kept in {RUN_DIR}: with make run "
-                     "stopped, `rm -rf .run` starts an empty one)") from None
+                     "stopped, `rm -rf .run/pg` starts an empty one)") from None
     log(f"demo user {DEMO_USER} exists, balance {balance} cents")
     return f"evt_demo_{number}", balance
 
