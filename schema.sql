@@ -344,12 +344,12 @@ CREATE OR REPLACE TRIGGER user_balances_set_opening
 CREATE OR REPLACE FUNCTION ledger_journal_notify() RETURNS TRIGGER
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('webhook_ledger.feed_notify', TRUE) = 'on' THEN
-        PERFORM pg_notify('ledger_journal', '');
-    END IF;
+    PERFORM pg_notify('ledger_journal', '');
     RETURN NULL;
 END
 $$;
 CREATE OR REPLACE TRIGGER ledger_journal_notify
     AFTER INSERT ON ledger_journal
-    FOR EACH STATEMENT EXECUTE FUNCTION ledger_journal_notify();
+    FOR EACH STATEMENT
+    WHEN (current_setting('webhook_ledger.feed_notify', TRUE) = 'on')  -- off: the function is not even called
+    EXECUTE FUNCTION ledger_journal_notify();
