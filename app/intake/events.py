@@ -88,7 +88,9 @@ def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
         document = load(body if fetched is None else bytes(fetched))
-        delivered = document if fetched is None else load(body)
+        delivered = document  # the delivered body, parsed again only where the kept bytes are a part of it
+        if fetched is not None and (razorpay.is_entity(document) or event_type in stripe.THIN_RULES):
+            delivered = load(body)
         if fetched is not None and razorpay.is_entity(document):  # Razorpay's entity, read in its delivered event
             document = razorpay.with_entity(delivered, document)
     except InvalidJSONError as exc:

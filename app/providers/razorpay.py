@@ -170,7 +170,7 @@ class API:
         named = _named(event)
         return None if named is None else " ".join(named)
 
-    def entity(self, event: Event) -> bytes | None:
+    def get(self, event: Event) -> bytes | None:
         """The bytes of the entity event names (names() is not None), as Razorpay's API returns them; None when
         Razorpay has no such entity. ProviderUnavailableError, or ProviderRefusedError, as outbound.record says."""
         kind, entity_id = _named(event) or ("", "")

@@ -21,10 +21,32 @@ log = logging.getLogger(__name__)
 EXTENSION = "fetch"
 
 
-class API(Protocol):
+class Fetcher(Protocol):
+    """How the fetch step asks a provider for the record an event's money is read from."""
+
     name: str  # the provider's, in messages
 
-    def event(self, event_id: str) -> bytes | None: ...
+    def names(self, event: Event) -> str | None: ...  # the record, in messages ("event evt_1"); None: none to ask
+
+    def get(self, event: Event) -> bytes | None: ...  # its bytes; None: the provider has no such record
+
+    def read(self, event: Event, body: bytes) -> Event: ...  # event, its money as the record says
+
+
+class ByEventId:
+    """A Fetcher over an API that answers an event by its id (Stripe's, PayPal's): the record is the event."""
+
+    def __init__(self, api: "stripe.API | paypal.API", scheme: str) -> None:
+        self.api, self.scheme, self.name = api, scheme, api.name
+
+    def names(self, event: Event) -> str | None:
+        return f"event {event.id}"
+
+    def get(self, event: Event) -> bytes | None:
+        return self.api.event(event.id)
+
+    def read(self, event: Event, body: bytes) -> Event:
+        return as_fetched(event, body, self.scheme, self.name)
 
 
 class Fetched(NamedTuple):
@@ -44,11 +66,12 @@ class NoAPIKeyError(ProviderRefusedError):
 class Providers:
     """The process's calls to providers: the PayPal certificates and each fetching source's API."""
 
-    def __init__(self, outbound: Outbound, certificates: paypal.Certificates,
-                 apis: dict[str, API | razorpay.API]) -> None:
+    def __init__(self, outbound: Outbound, certificates: paypal.Certificates, fetchers: dict[str, Fetcher],
+                 stripe_apis: dict[str, stripe.API]) -> None:
         self.outbound = outbound
         self.certificates = certificates
-        self.apis = apis  # by source name: the sources that fetch
+        self.fetchers = fetchers  # by source name: the sources that fetch each event
+        self.stripe_apis = stripe_apis  # by source name: the stripe sources with an API key (thin events' objects)
 
     def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
         """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
@@ -58,27 +81,21 @@ class Providers:
         An event the provider has no record of has the unknown effect, its
         problem saying so (422, recorded).
         """
-        api = self.apis.get(source.name)
         if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
-            return self._thin(source, api, event, policy)
+            return self._thin(source, event, policy)
         said = effect_of(event, policy)
-        if api is None or not source.fetch:
+        api = self.fetchers.get(source.name)
+        what = None if api is None else api.names(event)
+        if api is None or what is None:
             return Fetched(event, said)
-        if isinstance(api, razorpay.API):  # no event by id: the entity the event's money is read from, if any
-            what = api.names(event)
-            if what is None:
-                return Fetched(event, said)
-            body = api.entity(event)
-        else:
-            what, body = f"event {event.id}", api.event(event.id)
+        body = api.get(event)
         if body is None:
             # Any later effect of the id replaces this one (money.sql): a body forged under a genuine event's id
             # before the genuine one exists cannot keep it from applying.
             return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(
                 f"{api.name}'s API has no {what}: nothing applied; a retry, or `flask events replay`, "
                 f"applies it once {api.name} has it")))
-        record = (api.read(event, body) if isinstance(api, razorpay.API)
-                  else as_fetched(event, body, source.scheme, api.name))
+        record = api.read(event, body)
         effect = effect_of(record, policy)
         contradicts = effect.sha256 != said.sha256
         if contradicts:
@@ -87,12 +104,13 @@ class Providers:
         return Fetched(record, effect, body, contradicts)
 
 
-    def _thin(self, source: Source, api: "API | razorpay.API | None", event: Event, policy: Policy) -> Fetched:
+    def _thin(self, source: Source, event: Event, policy: Policy) -> Fetched:
         """A thin event with its related object as Stripe's API has it now, in the event's account context."""
         related = stripe.related_object(event)
         if related is None:  # a type that moves no money (meters, accounts): stored and acknowledged
             return Fetched(event, effect_of(event, policy))
-        if not isinstance(api, stripe.API):
+        api = self.stripe_apis.get(source.name)
+        if api is None:
             self.outbound.observe(stripe.SCHEME, "no_api_key", 0.0)
             raise NoAPIKeyError(f"source {source.name} received thin event {event.id}, whose money is read from "
                                 f"Stripe's API: set {api_key_setting(source.name)}")
@@ -122,7 +140,8 @@ def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None"
     """How `flask events replay` asks again for an event of event_source that its provider had no record of;
     None unless a served source of those events fetches (its settings are the service's)."""
     calls = of(app)
-    served = [s for s in Settings.of(app).sources.values() if s.event_source == event_source and s.name in calls.apis]
+    served = [s for s in Settings.of(app).sources.values()
+              if s.event_source == event_source and (s.name in calls.fetchers or s.name in calls.stripe_apis)]
     if not served:
         return None
 
@@ -152,18 +171,23 @@ def init_app(app: "Flask") -> None:
             metrics.observe_call(provider, result, seconds)
 
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
-    apis: dict[str, API | razorpay.API] = {}
+    fetchers: dict[str, Fetcher] = {}
+    stripe_apis: dict[str, stripe.API] = {}
     for source in settings.sources.values():
-        # A stripe source with a key fetches thin events' objects, whether or not it fetches every event.
-        if source.api_key is not None and (source.fetch or source.scheme == stripe.SCHEME):
-            if source.scheme == paypal.SCHEME:
-                apis[source.name] = paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound)
-            elif source.scheme == razorpay.SCHEME:
-                apis[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound)
-            else:
-                apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)
-    app.extensions[EXTENSION] = Providers(
-        outbound, paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file), apis)
+        if source.api_key is None:
+            continue
+        if source.scheme == paypal.SCHEME:
+            fetchers[source.name] = ByEventId(paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound),
+                                              source.scheme)
+        elif source.scheme == razorpay.SCHEME:
+            fetchers[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound)
+        elif source.scheme == stripe.SCHEME:  # thin events' objects, whether or not it fetches every event
+            stripe_apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)
+            fetchers[source.name] = ByEventId(stripe_apis[source.name], source.scheme)
+        if not source.fetch:
+            fetchers.pop(source.name, None)
+    certificates = paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
+    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis)
 
 
 def of(app: "Flask") -> Providers:
