@@ -27,11 +27,10 @@ each answer; `drip` (seconds per byte: the answer is sent a byte at a time);
 import base64
 import json
 import secrets
-import threading
-import time
-from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from .faulty_api import FaultyAPI
 
 CLIENT_ID = "AZstandInClientId0123456789"
 CLIENT_SECRET = "EKstandInSecret0123456789"
@@ -48,26 +47,13 @@ ERRORS = {
 }
 
 
-class PayPalStandIn:
+class PayPalStandIn(FaultyAPI):
     """PayPal's token and event endpoints on 127.0.0.1: add events (dicts, as PayPal sends them), then ask."""
 
     def __init__(self, client_id: str = CLIENT_ID, client_secret: str = CLIENT_SECRET) -> None:
-        self.credentials = f"{client_id}:{client_secret}"
+        super().__init__(f"{client_id}:{client_secret}")
         self._events: dict[str, bytes] = {}
         self._tokens: set[str] = set()
-        self._faults: deque[int] = deque()
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self.requests: list[tuple[str, str]] = []  # (method, path) of each request, in order
-        self.delay = 0.0
-        self.drip = 0.0
-        self.hang = False
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def api_key(self) -> str:
-        """The service's WEBHOOK_<NAME>_API_KEY for it: <client id>:<secret>."""
-        return self.credentials
 
     def add(self, *events: dict[str, Any]) -> None:
         """Keep each event, by its id, as PayPal's API will return it."""
@@ -75,87 +61,13 @@ class PayPalStandIn:
             for event in events:
                 self._events[event["id"]] = json.dumps(event).encode()
 
-    def reset(self) -> None:
-        """No event, no fault, no request seen; an answer held by `hang` or `drip` is let go."""
-        with self._lock:
-            self._events.clear()
-            self._faults.clear()
-            self.requests.clear()
-            self._closed.set()
-            self._closed = threading.Event()
-        self.delay, self.drip, self.hang = 0.0, 0.0, False
-
-    def fail_next(self, status: int, times: int = 1) -> None:
-        with self._lock:
-            self._faults.extend([status] * times)
+    def _forget(self) -> None:
+        self._events.clear()
 
     def revoke_tokens(self) -> None:
         """Forget every token issued, as PayPal does when an app's secret is rotated."""
         with self._lock:
             self._tokens.clear()
-
-    def count(self, path_prefix: str) -> int:
-        with self._lock:
-            return sum(path.startswith(path_prefix) for _, path in self.requests)
-
-    # -- the server --------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() it first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self, port: int = 0) -> "PayPalStandIn":
-        """Serve on 127.0.0.1:port (0: a free one)."""
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                stand_in._answer(self, "POST")
-
-            def do_GET(self) -> None:
-                stand_in._answer(self, "GET")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        self.reset()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def _answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
-        length = int(handler.headers.get("Content-Length") or 0)
-        form = handler.rfile.read(length) if length else b""
-        with self._lock:
-            self.requests.append((method, handler.path))
-            fault = self._faults.popleft() if self._faults else None
-        closed = self._closed
-        if self.hang:
-            closed.wait()
-            return
-        time.sleep(self.delay)
-        status, body = self._route(handler, method, form, fault)
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        if self.drip:
-            for byte in range(len(body)):
-                handler.wfile.write(body[byte:byte + 1])
-                handler.wfile.flush()
-                if closed.wait(self.drip):
-                    return
-        else:
-            handler.wfile.write(body)
 
     def _route(self, handler: BaseHTTPRequestHandler, method: str, form: bytes,
                fault: int | None) -> tuple[int, bytes]:

@@ -28,11 +28,10 @@ for 401, 404, 429 or 500 in Razorpay's error shape.
 
 import base64
 import json
-import threading
-import time
-from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from .faulty_api import FaultyAPI
 
 KEY_ID = "rzp_test_standInKeyId01"
 KEY_SECRET = "standInKeySecret0123456789"
@@ -47,26 +46,13 @@ ERRORS = {
 }
 
 
-class RazorpayStandIn:
+class RazorpayStandIn(FaultyAPI):
     """Razorpay's payment, refund and dispute endpoints on 127.0.0.1: add entities (dicts, as Razorpay's API
     returns them), then ask."""
 
     def __init__(self, key_id: str = KEY_ID, key_secret: str = KEY_SECRET) -> None:
-        self.credentials = f"{key_id}:{key_secret}"
+        super().__init__(f"{key_id}:{key_secret}")
         self._entities: dict[tuple[str, str], bytes] = {}  # (entity, id) -> its bytes
-        self._faults: deque[int] = deque()
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self.requests: list[str] = []  # the path of each request, in order
-        self.delay = 0.0
-        self.drip = 0.0
-        self.hang = False
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def api_key(self) -> str:
-        """The service's WEBHOOK_<NAME>_API_KEY for it: <key id>:<key secret>."""
-        return self.credentials
 
     def add(self, *entities: dict[str, Any]) -> None:
         """Keep each entity (or its newer state), by its kind and id, as Razorpay's API will return it."""
@@ -75,79 +61,18 @@ class RazorpayStandIn:
                 self._entities[entity["entity"], entity["id"]] = json.dumps(entity).encode()
 
     def reset(self) -> None:
-        """No entity, no fault, no request seen, the stand-in's own key; an answer held by `hang` or `drip` is
-        let go."""
-        with self._lock:
-            self._entities.clear()
-            self._faults.clear()
-            self.requests.clear()
-            self._closed.set()
-            self._closed = threading.Event()
-        self.delay, self.drip, self.hang = 0.0, 0.0, False
+        """FaultyAPI.reset, no entity, and the stand-in's own key."""
+        super().reset()
         self.credentials = f"{KEY_ID}:{KEY_SECRET}"
 
-    def fail_next(self, status: int, times: int = 1) -> None:
-        with self._lock:
-            self._faults.extend([status] * times)
+    def _forget(self) -> None:
+        self._entities.clear()
 
     def count(self, path_prefix: str = "/v1/") -> int:
-        with self._lock:
-            return sum(path.startswith(path_prefix) for path in self.requests)
+        return super().count(path_prefix)
 
-    # -- the server --------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() it first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> "RazorpayStandIn":
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                stand_in._answer(self)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="razorpay-stand-in", daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        self.reset()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
-        with self._lock:
-            self.requests.append(handler.path)
-            fault = self._faults.popleft() if self._faults else None
-        closed = self._closed
-        if self.hang:
-            closed.wait()
-            return
-        time.sleep(self.delay)
-        status, body = self._route(handler, fault)
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        if self.drip:
-            for byte in range(len(body)):
-                handler.wfile.write(body[byte:byte + 1])
-                handler.wfile.flush()
-                if closed.wait(self.drip):
-                    return
-        else:
-            handler.wfile.write(body)
-
-    def _route(self, handler: BaseHTTPRequestHandler, fault: int | None) -> tuple[int, bytes]:
+    def _route(self, handler: BaseHTTPRequestHandler, method: str, form: bytes,
+               fault: int | None) -> tuple[int, bytes]:
         expected = "Basic " + base64.b64encode(self.credentials.encode()).decode()
         if handler.headers.get("Authorization") != expected:
             return 401, _error(401)

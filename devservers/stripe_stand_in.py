@@ -221,15 +221,7 @@ class StripeStandIn:
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
             params = {"id": path.rsplit("/", 1)[1]}
-        with self._lock:
-            self.requests.append(params)
-            self.arrivals.append(time.monotonic())
-            number = len(self.requests)
-            fault = self._faults.popleft() if self._faults else None
-        if self.on_request is not None:
-            self.on_request(number)
-        if self.delay:
-            time.sleep(self.delay)
+        fault = self._arrive(params)
         if fault is not None:
             return fault, _error(*ERRORS[fault])
         if retrieve:
@@ -239,19 +231,24 @@ class StripeStandIn:
         except BadRequestError as exc:
             return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
 
-
-    def retrieve_object(self, kind: str, object_id: str, context: str | None) -> tuple[int, dict[str, Any]]:
-        """The answer to retrieving one object in context: it, or 404 resource_missing; counted as a request."""
+    def _arrive(self, request: dict[str, Any]) -> int | None:
+        """Count request (its on_request hook, its delay) and return the fault injected for it, if any."""
         with self._lock:
-            self.requests.append({"object": kind, "id": object_id, "context": context})
+            self.requests.append(request)
             self.arrivals.append(time.monotonic())
             number = len(self.requests)
             fault = self._faults.popleft() if self._faults else None
-            found = self._objects.get((context, kind, object_id))
         if self.on_request is not None:
             self.on_request(number)
         if self.delay:
             time.sleep(self.delay)
+        return fault
+
+    def retrieve_object(self, kind: str, object_id: str, context: str | None) -> tuple[int, dict[str, Any]]:
+        """The answer to retrieving one object in context: it, or 404 resource_missing; counted as a request."""
+        fault = self._arrive({"object": kind, "id": object_id, "context": context})
+        with self._lock:
+            found = self._objects.get((context, kind, object_id))
         if fault is not None:
             return fault, _error(*ERRORS[fault])
         if found is None:

@@ -82,7 +82,7 @@ def test_razorpays_own_client_fetches_a_payment_a_refund_and_a_dispute_from_the_
     assert client.payment.fetch(payment_id)["id"] == payment_id
     assert client.refund.fetch(refund_id)["amount"] == 300
     assert client.dispute.fetch(dispute_id)["status"] == "lost"
-    assert razorpay_api.requests == [f"/v1/payments/{payment_id}", f"/v1/refunds/{refund_id}",
+    assert razorpay_api.paths == [f"/v1/payments/{payment_id}", f"/v1/refunds/{refund_id}",
                                      f"/v1/disputes/{dispute_id}"]
     with pytest.raises(razorpay.errors.BadRequestError, match="The id provided does not exist"):
         client.payment.fetch(new_id("pay"))
@@ -126,13 +126,13 @@ def test_each_razorpay_movement_is_fetched_and_applied_once(client, db, razorpay
 def test_an_event_that_moves_no_money_asks_razorpay_nothing(client, db, razorpay_api):
     event = dispute_event("payment.dispute.created", new_id("disp"), new_id("pay"), 4000, "open")
     assert send_razorpay(client, event).json["status"] == "processed"
-    assert razorpay_api.requests == []
+    assert razorpay_api.paths == []
 
 
 def test_a_source_that_does_not_fetch_asks_razorpay_nothing(make_app, config, db, razorpay_api):
     client = make_app({**config, "WEBHOOK_RAZORPAY_FETCH": "false"}).test_client()
     assert send_razorpay(client, payment_captured(new_id("pay"), user=BOB, paise=400)).json["status"] == "processed"
-    assert razorpay_api.requests == []
+    assert razorpay_api.paths == []
     assert balance(db, BOB) == 400
 
 
