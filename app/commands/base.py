@@ -14,6 +14,7 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
 from ..settings.config import PROBLEMS, Needs, Settings
 from ..settings.parsers import ConfigError
 from ..store.db import unavailable_in_one_line
@@ -119,3 +120,22 @@ def progress(done_what: str, total: int | None = None) -> Iterator[Callable[[int
         if done // PROGRESS_EVERY > before // PROGRESS_EVERY:
             click.echo(f"{done_what}: {done}{of}", err=True)
     yield advance
+
+
+# The events a user's link or a payment's user may be waiting for, oldest first (unapplied reads their bytes).
+UNAPPLIED = """
+    SELECT event_id, event_type, status, body, payload_sha256, fetched, coalesce(user_metadata_key, 'user_id')
+    FROM webhook_events WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
+"""
+
+
+def unapplied(conn: Any, source: str) -> Iterator[tuple[str, str, Effect]]:
+    """(event id, status, effect) of each failed or ignored event of source, oldest first, read as it was decided
+    (by the metadata key recorded with it); an event whose stored bytes cannot be read is left out."""
+    for event_id, event_type, status, body, body_sha256, fetched, key in conn.execute(UNAPPLIED, [source]):
+        policy = Policy(users={source: Users(metadata_key=key)})
+        try:
+            yield event_id, status, effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256,
+                                                            fetched), policy)
+        except StoredBodyError:
+            continue

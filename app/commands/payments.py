@@ -7,42 +7,30 @@ from typing import Any
 import click
 from flask import Flask, current_app
 
-from ..intake.events import DEFAULT_SOURCE, Kind, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..intake.events import DEFAULT_SOURCE, Kind
 from ..settings.config import Needs, Settings
 from ..store import ledger
 from ..store.db import get_pool, transaction
 from ..store.outcome import Outcome
-from .base import Commands, os_user
+from .base import Commands, os_user, unapplied
 
 payments = Commands("payments", help="Give a payment that names no user its user, and apply its waiting events.")
 
-# The events that may wait for the payment (waiting_for reads their bytes), in the order they came.
-UNAPPLIED = """
-    SELECT event_id, event_type, body, payload_sha256, fetched, coalesce(user_metadata_key, 'user_id')
-    FROM webhook_events WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
-"""
 KNOWN_PAYMENT = "SELECT 1 FROM payments WHERE source = %s AND payment_id = %s"
 
 
-def waiting_for(rows: list[Any], source: str, payment_id: str) -> tuple[list[str], bool]:
-    """The ids of the rows whose bytes move payment_id (its credits naming no user first: a credit that names one
-    is not this command's), read by the key each was decided under, and whether there is such a credit."""
-    credits, others, unnamed = [], [], False
-    for event_id, event_type, body, body_sha256, fetched, key in rows:
-        policy = Policy(users={source: Users(metadata_key=key)})
-        try:
-            effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256, fetched), policy)
-        except StoredBodyError:
-            continue
+def waiting_for(conn: Any, source: str, payment_id: str) -> tuple[list[str], bool]:
+    """The ids of source's failed and ignored events that move payment_id (its credits naming no user first: a
+    credit that names one is not this command's), and whether there is such a credit."""
+    credits, others = [], []
+    for event_id, _, effect in unapplied(conn, source):
         if effect.payment_id != payment_id:
             continue
-        if effect.kind == Kind.CREDIT:
-            if effect.user_id is None and effect.problem is None:
-                credits.append(event_id)
-                unnamed = True
-        else:
+        if effect.kind != Kind.CREDIT:
             others.append(event_id)
-    return credits + others, unnamed
+        elif effect.user_id is None and effect.problem is None:
+            credits.append(event_id)
+    return credits + others, bool(credits)
 
 
 def init_app(app: Flask) -> None:
@@ -64,7 +52,7 @@ def assign_user(source: str, payment_id: str, user_id: uuid.UUID, actor: str | N
     actor = os_user() if actor is None else actor
     pool = get_pool(current_app)
     with transaction(pool) as conn:
-        waiting, unnamed = waiting_for(conn.execute(UNAPPLIED, [source]).fetchall(), source, payment_id)
+        waiting, unnamed = waiting_for(conn, source, payment_id)
         credited = conn.execute(KNOWN_PAYMENT, [source, payment_id]).fetchone() is not None
         if not unnamed and not credited:
             raise click.ClickException(f"no failed or ignored event of source {source} credits payment {payment_id} "

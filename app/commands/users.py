@@ -2,17 +2,16 @@
 (docs/operations.md, "Users and links")."""
 
 import uuid
-from typing import Any
 
 import click
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
-from ..intake.events import Kind, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..intake.events import Kind
 from ..settings.config import Needs
 from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
-from .base import CENTS, Commands, os_user, table, utc
+from .base import CENTS, Commands, os_user, table, unapplied, utc
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
@@ -34,28 +33,6 @@ LINKS_OF = """
     SELECT source, customer_id, linked_by, created_at FROM customer_links WHERE user_id = %s ORDER BY created_at
 """
 LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source = %s AND customer_id = %s"
-# The events that may have failed or been ignored for want of a customer's user (waiting_for reads their bytes).
-UNAPPLIED = """
-    SELECT event_id, event_type, status, body, coalesce(user_metadata_key, 'user_id') FROM webhook_events
-    WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
-"""
-
-
-def _waiting_for(rows: list[Any], source: str, customer_id: str) -> list[tuple[str, str]]:
-    """(event id, status) of the rows whose bytes are a credit naming customer_id and no user, read as decided
-    (by the metadata key recorded with each)."""
-    waiting = []
-    for event_id, event_type, status, body, key in rows:
-        policy = Policy(users={source: Users(metadata_key=key)})
-        try:
-            effect = effect_of(stored_event(source, event_id, event_type, bytes(body), None), policy)
-        except StoredBodyError:
-            continue
-        if effect.kind == Kind.CREDIT and effect.user_id is None and effect.customer_id == customer_id:
-            waiting.append((event_id, status))
-    return waiting
-
-
 def init_app(app: Flask) -> None:
     app.cli.add_command(users)
 
@@ -146,7 +123,8 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     with transaction(get_pool(current_app)) as conn:
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
-        waiting = _waiting_for(conn.execute(UNAPPLIED, [source]).fetchall(), source, customer_id)
+        waiting = [(event_id, status) for event_id, status, effect in unapplied(conn, source)
+                   if effect.kind == Kind.CREDIT and effect.user_id is None and effect.customer_id == customer_id]
     if link is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
     if link.user_id != user_id:
