@@ -58,6 +58,9 @@ def run(cleanup):
     # One folder for gunicorn's workers and the `flask` commands of the banner's
     # export block: what a replay applies reaches /metrics (docs/operations.md).
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(RUN_DIR / "metrics"))
+    # For `flask` commands in another terminal: every setting this service runs with (docs/operations.md).
+    # Written before gunicorn answers, so that a terminal that sees it answering reads this run's settings.
+    env_file = write_env(RUN_DIR / "env", config)
     log(f"starting gunicorn on {host}:{http_port}")
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     server = Gunicorn({}, workers=None, threads=None, log_path="-", port=http_port, host=url_host)
@@ -66,8 +69,6 @@ def run(cleanup):
         server.start()
     except (RuntimeError, TimeoutError) as exc:
         raise Failed(f"gunicorn did not come up ({exc}); see its log above") from None
-    # For `flask` commands in another terminal: every setting this service runs with (docs/operations.md).
-    env_file = write_env(RUN_DIR / "env", config)
     say(banner(server.base, event_id, balance, config, secret_from_env, external, env_file))
 
     status = server.proc.wait()
