@@ -75,7 +75,10 @@ CROSS JOIN LATERAL (
 --       a running total, or a movement's amount; currency;
 --   user_id: a credit's user (every other movement's is its payment's);
 --       customer: the provider's customer, whose link names the user when
---       user_id is NULL;
+--       user_id is NULL; account: a Stripe Connect event's connected
+--       account (acct_...), whose link names it when the customer's does
+--       not (payment, movement and customer are then keys in it:
+--       acct_X/pi_Y, acct_X/re_Y, acct_X/cus_Y);
 --   movement: a refund's or a dispute's id; state: what the event says of
 --       it, 'applied' or 'reversed';
 --   ledger_currency, test_events, user_key, no_user: the settings decided
@@ -92,7 +95,8 @@ BEGIN
         CREATE TYPE ledger_delivery AS (
             source text, event_id text, type text, body bytea, sha256 bytea, effect bytea, problem text,
             kind text, payment text, user_id uuid, amount bigint, currency text, movement text, state text,
-            ledger_currency text, test_events boolean, origin text, customer text, user_key text, no_user text);
+            ledger_currency text, test_events boolean, origin text, customer text, user_key text, no_user text,
+            account text);
     END IF;
 END
 $$;
@@ -238,31 +242,38 @@ END
 $$;
 
 -- A credit: its user (the event's, or its customer's link, or, when
--- neither names one, the user the payment was credited to already, or the
--- one an operator assigned to it: payment_users), then
--- the payment's key, then the user's balance and the journal. A payment
--- named again with the same user, amount and currency is a
--- 'payment_duplicate'; otherwise a mismatch. ignored: no user, under the
--- source's 'ignore'.
+-- neither names one, the user the payment was credited to already, or its
+-- connected account's link, or the one an operator assigned to it:
+-- payment_users), then the payment's key, then the user's balance and the
+-- journal; payments.customer_id records the customer (or account) whose
+-- link named the user. A payment named again with the same user, amount
+-- and currency is a 'payment_duplicate'; otherwise a mismatch. ignored: no
+-- user, under the source's 'ignore'.
 CREATE OR REPLACE FUNCTION credit_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
     OUT problem text, OUT ignored boolean, OUT mismatch boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_user uuid := d.user_id;
-    v_linked boolean := false;
+    v_link text;  -- the customer, or the account, whose link named the user
     v_payment payments%ROWTYPE;
 BEGIN
     ignored := false;
     mismatch := false;
     IF v_user IS NULL THEN
         -- The link is read, not locked: links are never changed nor deleted.
-        SELECT l.user_id INTO v_user FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
-        v_linked := v_user IS NOT NULL;
-        IF NOT v_linked THEN
+        SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
+        WHERE l.source = d.source AND l.customer_id = d.customer;
+        IF v_user IS NULL THEN
             -- A payment credited already (by another event that named its
             -- user: a Checkout Session) is this event's too: a duplicate.
-            -- Else the user an operator assigned to the payment.
+            -- Else its connected account's link (the account's whole
+            -- money: read after the payment's own user, which it must not
+            -- contradict), else the user an operator assigned to the payment.
             SELECT p.user_id INTO v_user FROM payments p WHERE p.source = d.source AND p.payment_id = d.payment;
+            IF v_user IS NULL AND d.account IS NOT NULL THEN
+                SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
+                WHERE l.source = d.source AND l.customer_id = d.account;
+            END IF;
             IF v_user IS NULL THEN
                 SELECT a.user_id INTO v_user FROM payment_users a
                 WHERE a.source = d.source AND a.payment_id = d.payment;
@@ -274,7 +285,10 @@ BEGIN
                                    ELSE '' END,
                               CASE WHEN d.customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
-                                               d.customer, d.source, d.customer) END);
+                                               d.customer, d.source, d.customer) END)
+                       || CASE WHEN d.account IS NULL THEN ''
+                               ELSE format(', and account %s is linked to no user (flask users link %s %s USER_ID)',
+                                           d.account, d.source, d.account) END;
             IF d.no_user = 'ignore' THEN
                 ignored := true;
                 INSERT INTO ignored_payments (source, payment_id, event_id) VALUES (d.source, d.payment, d.event_id)
@@ -286,7 +300,7 @@ BEGIN
     -- The payment's key first: a twin announcing the same payment waits on
     -- this insert, then finds it taken. Then the user's row.
     INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, event_id, customer_id)
-    SELECT d.source, d.payment, v_user, d.amount, d.currency, d.event_id, CASE WHEN v_linked THEN d.customer END
+    SELECT d.source, d.payment, v_user, d.amount, d.currency, d.event_id, v_link
     WHERE EXISTS (SELECT 1 FROM user_balances WHERE user_id = v_user)
     ON CONFLICT (source, payment_id) DO NOTHING;
     IF FOUND THEN
@@ -442,7 +456,10 @@ $$;
 -- application, as it calls `spend`). Neither changes a row that exists:
 -- add_user says whether it added the user and what opening balance the row
 -- has; link_customer returns when it linked, NULL when the customer was
--- linked before (to whichever user) or the user does not exist.
+-- linked before (to whichever user) or the user does not exist. A Stripe
+-- connected account's customer is p_customer 'acct_X/cus_Y', and the
+-- connected account itself, whose every payment naming no user (nor a
+-- linked customer) credits p_user, is 'acct_X'.
 CREATE OR REPLACE FUNCTION add_user(p_user uuid, p_opening bigint DEFAULT 0,
                                     OUT added boolean, OUT opening_balance_cents bigint)
 LANGUAGE plpgsql AS $$

@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by (events.EFFECT_VERSION):
     -- `flask init-db` recomputes, from the stored bytes, the effects of rows
     -- stored under another, so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 6,
+    effect_version   SMALLINT DEFAULT 7,
     -- The settings its outcome was decided under (LEDGER_CURRENCY,
     -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
     -- not by today's. No CHECK:
@@ -152,8 +152,10 @@ FROM webhook_events;
 -- payment_accounts computes it.
 CREATE TABLE IF NOT EXISTS payments (
     source         TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    -- The provider's payment: a Stripe PaymentIntent's id, a payment's
-    -- data.paymentId, or the id of the event that credited it.
+    -- The provider's payment: a Stripe PaymentIntent's id (a connected
+    -- account's as acct_X/pi_Y: Connect, keys of two accounts never
+    -- collide), a payment's data.paymentId, or the id of the event that
+    -- credited it.
     payment_id     TEXT NOT NULL CHECK (char_length(payment_id) BETWEEN 1 AND 128),
     user_id        UUID NOT NULL REFERENCES user_balances (user_id),
     amount_cents   BIGINT NOT NULL CHECK (amount_cents > 0),
@@ -163,14 +165,16 @@ CREATE TABLE IF NOT EXISTS payments (
     event_id       TEXT NOT NULL,             -- the event whose delivery credited it
     created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    -- The customer whose link (customer_links) named user_id; NULL: the
-    -- event's metadata named it.
+    -- The customer (or the Stripe connected account) whose link
+    -- (customer_links) named user_id; NULL: the event's metadata named it.
     customer_id    TEXT,
     PRIMARY KEY (source, payment_id)
 );
 
 -- A provider's customer -> the user its payments credit when their metadata
--- names none (`flask users link`). Never changed nor deleted once made, so
+-- names none (`flask users link`): Stripe's cus_Y, a connected account's
+-- customer acct_X/cus_Y, or a whole connected account acct_X (read after
+-- its customer's link). Never changed nor deleted once made, so
 -- that a credit made through a link is checked against it (`flask ledger
 -- verify`) and no link moves a payment already credited.
 CREATE TABLE IF NOT EXISTS customer_links (
@@ -208,8 +212,8 @@ CREATE TABLE IF NOT EXISTS ignored_payments (
 );
 
 -- One row per movement of a payment that has its own identity at the
--- provider: a refund object (kind 'refund', Stripe's re_...) or a dispute
--- (kind 'dispute'). Its primary key is what "each movement applies once"
+-- provider: a refund object (kind 'refund', Stripe's re_..., a connected
+-- account's acct_X/re_...) or a dispute (kind 'dispute'). Its primary key is what "each movement applies once"
 -- rests on. state only moves forward: 'applied' (a refund seen counted, a
 -- dispute's funds withdrawn) then 'reversed' (a refund seen failed or
 -- canceled, a dispute's funds reinstated); a movement first seen reversed is

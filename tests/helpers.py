@@ -305,6 +305,10 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
             link = effect.user_id is None and conn.execute(  # a customer's link names it (links never change)
                 "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
                 [source, effect.customer_id]).fetchone()
+            if effect.user_id is None and not link and effect.account and (source, effect.payment_id) not in credits:
+                link = conn.execute(  # its connected account's link, after the payment's own user
+                    "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
+                    [source, effect.account]).fetchone()
             assigned = effect.user_id is None and not link and conn.execute(  # an operator's (never changed)
                 "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s",
                 [source, effect.payment_id]).fetchone()

@@ -104,6 +104,9 @@ class Effect:
     # names its user, and what it gets if none does (money.sql decides).
     customer_id: str | None = None
     users: "Users | None" = None
+    # A Stripe Connect event's connected account (acct_...), whose link names the user when neither the
+    # metadata nor the customer's link does; its keys (payment_id, movement_id, customer_id) are in it.
+    account: str | None = None
 
 
 class NoUser(StrEnum):
@@ -211,6 +214,8 @@ class Fields(NamedTuple):
     movement_id: object = None  # a refund's or a dispute's id; None for a credit or a running total
     state: object = None  # a State for a refund or a dispute, or what was sent when it names none
     customer: object = None  # a PaymentIntent's customer (Stripe's cus_...), whose link may name its user
+    # The Stripe connected account the keys above are in (acct_...; None: the platform's own), hashed through them.
+    account: object = None
 
 
 class Metadata(dict[str, Any]):

@@ -51,7 +51,7 @@ PAYMENT_REFUNDED = "payment.refunded"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 6
+EFFECT_VERSION = 7
 
 
 def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = None,
@@ -67,6 +67,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
         return paypal.parse(document, body, source)
     if scheme == stripe.SCHEME and stripe.is_thin(document):
         return stripe.parse_thin(document, body, source)
+    if scheme == stripe.SCHEME:
+        stripe.check_account(document)
     if scheme == "standard-webhooks":
         event_id = text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
     else:
@@ -118,7 +120,8 @@ def _data_field(document: dict[str, Any]) -> dict[str, Any]:
 
 
 # Fields of the types _problem has just checked (for the type checker; built once, not per event).
-_CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | None, State | None, str | None]
+_CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | None, State | None, str | None,
+                       str | None]
 
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
@@ -152,11 +155,13 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     problem = fields if isinstance(fields, str) else _problem(rule, fields)
     # A refused effect never compares equal to one that applies, however
     # close their values (a null currency is refused, a missing one implied).
+    # A connected account is hashed through the keys it scopes: a platform event's hash is the one it always had.
     sha256 = _sha256([event.type, "refused" if problem else "applies",
-                      *([fields] if isinstance(fields, str) else fields)])
+                      *([fields] if isinstance(fields, str) else fields[:-1])])
     if problem:
         return Effect(None, problem=problem, sha256=sha256)
-    payment_id, user_id, amount, currency, livemode, movement_id, state, customer = cast(_CheckedFields, fields)
+    payment_id, user_id, amount, currency, livemode, movement_id, state, customer, account = \
+        cast(_CheckedFields, fields)
     setting, problem = _refused_by(rule, livemode, currency, policy)
     users, user = None, cast(object, user_id)
     if isinstance(user_id, Metadata):  # which key names the user is a setting: read after the hash
@@ -168,7 +173,7 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
             setting, problem = users.setting, f"{label} must be a user's UUID ({users.setting})"
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,
                   problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
-                  customer_id=customer, users=users)
+                  customer_id=customer, users=users, account=account)
 
 
 def _sha256(values: list[object]) -> bytes:
@@ -230,7 +235,7 @@ def _refused_by(rule: Rule, livemode: object, currency: str, policy: Policy) -> 
     return None, None
 
 
-def _read_either_refund(event: Event) -> Fields | None:
+def _read_either_refund(event: Event) -> Fields | str | None:
     """refund.created and refund.failed are Stripe's and Razorpay's names: read in the shape they came in."""
     return razorpay.read_refund(event) if razorpay.is_razorpay(event.document) else stripe.read_refund(event)
 

@@ -1,5 +1,5 @@
-"""Stripe: its signature scheme, its snapshot and thin events' money rules, and its API: an event by id, a thin
-event's related object (docs/providers.md, "stripe" and "Thin events")."""
+"""Stripe: its signature scheme, its snapshot and thin events' money rules (keyed in a Connect event's account), and
+its API: an event by id, a thin event's related object (docs/providers.md, "stripe", "Thin events" and "Connect")."""
 
 import hashlib
 import json
@@ -75,6 +75,52 @@ def sign(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) 
     return {SIGNATURE_HEADER: f"t={t},{v1}"}
 
 
+# -- Connect: a connected account's events (docs/providers.md, "Connect") ------------------------
+
+# A connected account's id: a Connect event's top-level `account` (https://docs.stripe.com/api/events/object).
+ACCOUNT = re.compile(r"acct_[A-Za-z0-9]+")
+
+
+def is_account(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_ID_CHARS and ACCOUNT.fullmatch(value) is not None
+
+
+def check_account(document: Mapping[str, Any]) -> None:
+    """InvalidEventError unless a snapshot event's `account`, when it has one, is a connected account's id."""
+    account = document.get("account")
+    if account is not None and not is_account(account):
+        raise InvalidEventError(f"'account' must be a connected account's id (acct_ and letters or digits), "
+                                f"1 to {MAX_ID_CHARS} characters")
+
+
+def account_of(event: Event) -> object:
+    """The connected account an event's object is in: a snapshot event's `account`, a thin event's context (the
+    last account of its path, the one that owns the object); None: the platform's own."""
+    if is_thin(event.document):
+        context = event.document.get("context")
+        return context.rsplit("/", 1)[-1] if isinstance(context, str) else None
+    return event.document.get("account")
+
+
+def _in_account(read: Callable[[Event], Fields | str | None]) -> Callable[[Event], Fields | str | None]:
+    """read, with the keys it reads in the event's connected account: acct_X/pi_Y, acct_X/re_Y, acct_X/du_Y and
+    the customer acct_X/cus_Y (a connected account's objects are its own); a platform event's keys as they are."""
+    def scoped(event: Event) -> Fields | str | None:
+        fields = read(event)
+        account = account_of(event)
+        if account is None or not isinstance(fields, Fields):
+            return fields
+        if not is_account(account):  # a relayed event's, unchecked by the stripe scheme's parse
+            return "account must be a connected account's id (acct_ and letters or digits)"
+        keys = [f"{account}/{key}" if isinstance(key, str) and key else key
+                for key in (fields.payment_id, fields.movement_id, fields.customer)]
+        longer = [key for key in keys if isinstance(key, str) and len(key) > MAX_ID_CHARS]
+        if longer:
+            return f"the key {longer[0]!r} in account {account} is over {MAX_ID_CHARS} characters"
+        return fields._replace(payment_id=keys[0], movement_id=keys[1], customer=keys[2], account=account)
+    return scoped
+
+
 # -- the rules ----------------------------------------------------------------------------------
 
 def _read_payment_intent(event: Event) -> Fields:
@@ -115,7 +161,7 @@ REFUND_STATES = {"pending": State.APPLIED, "requires_action": State.APPLIED, "su
                  "failed": State.REVERSED, "canceled": State.REVERSED}
 
 
-def read_refund(event: Event) -> Fields | None:
+def _read_refund(event: Event) -> Fields | None:
     """A Refund object, in any event that carries it."""
     refund = an_object(event.data.get("object"))
     if refund.get("reason") == "expired_uncaptured_charge":
@@ -124,6 +170,9 @@ def read_refund(event: Event) -> Fields | None:
     state = REFUND_STATES.get(status, status) if isinstance(status, str) else status
     return Fields(refund.get("payment_intent"), None, refund.get("amount"), lower(refund.get("currency")),
                   _livemode(event), refund.get("id"), state)
+
+
+read_refund = _in_account(_read_refund)  # app/intake/events.py's refund.created and refund.failed read it too
 
 
 def _read_dispute(state: State) -> Callable[[Event], Fields]:
@@ -188,15 +237,17 @@ CHECKOUT_SESSION_LABELS = Fields("data.object.payment_intent", "data.object.meta
 REFUND_LABELS = Fields("data.object.payment_intent", None, "data.object.amount", "data.object.currency",
                        "livemode", "data.object.id", "data.object.status")
 RULES = {
-    PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment_intent, Fields(
+    PAYMENT_INTENT_SUCCEEDED: Rule(Kind.CREDIT, _in_account(_read_payment_intent), Fields(
         "data.object.id", "data.object.metadata", "data.object.amount_received", "data.object.currency",
         "livemode", customer="data.object.customer")),
-    CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_charge_refunded, Fields(
+    CHARGE_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _in_account(_read_charge_refunded), Fields(
         "data.object.payment_intent", None, "data.object.amount_refunded", "data.object.currency", "livemode")),
     **{refund_event: Rule(Kind.REFUND, read_refund, REFUND_LABELS) for refund_event in REFUND_EVENTS},
-    DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _read_dispute(State.APPLIED), REFUND_LABELS._replace(state=None)),
-    DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _read_dispute(State.REVERSED), REFUND_LABELS._replace(state=None)),
-    **{session_event: Rule(Kind.CREDIT, _read_checkout_session, CHECKOUT_SESSION_LABELS)
+    DISPUTE_FUNDS_WITHDRAWN: Rule(Kind.DISPUTE, _in_account(_read_dispute(State.APPLIED)),
+                                  REFUND_LABELS._replace(state=None)),
+    DISPUTE_FUNDS_REINSTATED: Rule(Kind.DISPUTE, _in_account(_read_dispute(State.REVERSED)),
+                                   REFUND_LABELS._replace(state=None)),
+    **{session_event: Rule(Kind.CREDIT, _in_account(_read_checkout_session), CHECKOUT_SESSION_LABELS)
        for session_event in CHECKOUT_SESSION_EVENTS},
 }
 
@@ -293,10 +344,10 @@ def _thin_labels(labels: Fields) -> Fields:
 # that reads the object's current state. A thin dispute type takes whichever step the dispute has reached.
 _THIN = {
     "v1." + PAYMENT_INTENT_SUCCEEDED: ("payment_intent", RULES[PAYMENT_INTENT_SUCCEEDED]),
-    "v1." + CHARGE_REFUNDED: ("charge", RULES[CHARGE_REFUNDED]._replace(read=_read_thin_charge)),
+    "v1." + CHARGE_REFUNDED: ("charge", RULES[CHARGE_REFUNDED]._replace(read=_in_account(_read_thin_charge))),
     **{"v1." + refund_event: ("refund", Rule(Kind.REFUND, read_refund, REFUND_LABELS))
        for refund_event in REFUND_EVENTS},
-    **{"v1.charge.dispute." + name: ("dispute", Rule(Kind.DISPUTE, _read_thin_dispute(floor),
+    **{"v1.charge.dispute." + name: ("dispute", Rule(Kind.DISPUTE, _in_account(_read_thin_dispute(floor)),
                                                      REFUND_LABELS._replace(state=None)))
        for name, floor in (("created", None), ("updated", None), ("closed", None),
                            ("funds_withdrawn", State.APPLIED), ("funds_reinstated", State.REVERSED))},
@@ -320,12 +371,16 @@ class API:
     def __repr__(self) -> str:
         return f"API({self.base!r})"
 
-    def event(self, event_id: str) -> bytes | None:
-        """The event's bytes as Stripe's API returns them, or None when Stripe has no such event (404)."""
+    def event(self, event_id: str, account: str | None = None) -> bytes | None:
+        """The event's bytes as Stripe's API returns them, in a connected account (Stripe-Account) or the platform's
+        own (None), or None when Stripe has no such event there (404)."""
+        headers = {"Authorization": self._authorization}
+        if account is not None:
+            headers["Stripe-Account"] = account
         deadline = self.outbound.deadline()
         with self.outbound.slot(SCHEME):
             reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event_id, safe='')}",
-                                          deadline, headers={"Authorization": self._authorization})
+                                          deadline, headers=headers)
         return record(reply, NAME, "its event")
 
     def related(self, related: Related) -> bytes | None:

@@ -43,6 +43,9 @@ class ByEventId:
         return f"event {event.id}"
 
     def get(self, event: Event) -> bytes | None:
+        if isinstance(self.api, stripe.API):  # a Connect event is Stripe's in its connected account (Stripe-Account)
+            account = stripe.account_of(event)
+            return self.api.event(event.id, account if isinstance(account, str) else None)
         return self.api.event(event.id)
 
     def read(self, event: Event, body: bytes) -> Event:
@@ -97,7 +100,8 @@ class Providers:
                 f"applies it once {api.name} has it")))
         record = api.read(event, body)
         effect = effect_of(record, policy)
-        contradicts = effect.sha256 != said.sha256
+        # Another account is another record: its keys differ, and so would the money of a type that moves any.
+        contradicts = effect.sha256 != said.sha256 or record.document.get("account") != event.document.get("account")
         if contradicts:
             log.warning("%s's record of event %s (source %s) moves other money than its notification: it decides",
                         api.name, event.id, source.name)

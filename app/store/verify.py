@@ -99,8 +99,9 @@ COMPLETED_EFFECTS = """
 PAYMENT = """
     SELECT user_id, amount_cents, refunded_cents, customer_id FROM payments WHERE source = %s AND payment_id = %s
 """
-# A credit made through a link: links are never changed, so today's is the one it was made by.
-LINK = "SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s"
+# A credit made through a link (a customer's, or a connected account's): links are never changed, so today's is
+# the one it was made by.
+LINK = "SELECT user_id, customer_id FROM customer_links WHERE source = %s AND customer_id = %s"
 # A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
 ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
@@ -256,11 +257,13 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
 
 def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect: Effect, name: str) -> str | None:
     """Why a completed credit whose metadata names no user is neither its customer's link's, nor a duplicate of
-    the payment's credit, nor the operator's assigned user's, or None."""
+    the payment's credit, nor its connected account's link's, nor the operator's assigned user's, or None."""
     payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
     link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
     if not link and payment is not None and row.kind is None and payment.amount_cents == effect.amount_cents:
         return None  # a payment that another event credited to the user it named, announced again
+    if not link and effect.account:  # read after the payment's own user, as money.sql's credit_payment does
+        link = cur.execute(LINK, [row.source, effect.account]).fetchone()
     assigned = not link and cur.execute(ASSIGNED, [row.source, effect.payment_id]).fetchone()
     if assigned:
         if payment is None or (payment.user_id, payment.amount_cents) != (assigned.user_id, effect.amount_cents) \
@@ -271,14 +274,16 @@ def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect:
     if not link:
         return f"completed event {name}: its metadata names no user, and customer {effect.customer_id!r} is linked " \
                "to none"
-    # The event that credited it names the customer its row records; another event of it (a duplicate) need not.
-    through = payment is not None and (row.kind is None or payment.customer_id == effect.customer_id)
+    # The event that credited it names the customer (or account) its row records; another event of it (a duplicate)
+    # need not.
+    through = payment is not None and (row.kind is None or payment.customer_id == link.customer_id)
+    linked = f"{'account' if link.customer_id == effect.account else 'customer'} {link.customer_id!r}"
     if payment is None or not through or (payment.user_id, payment.amount_cents) != (link.user_id, effect.amount_cents):
         return f"completed event {name}: payment {effect.payment_id!r} is not {effect.amount_cents} cents credited " \
-               f"to {link.user_id} through customer {effect.customer_id!r}"
+               f"to {link.user_id} through {linked}"
     if row.kind is not None and (row.user_id, row.amount_cents) != (link.user_id, effect.amount_cents):
         return f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, its bytes and " \
-               f"customer {effect.customer_id!r}'s link say {effect.amount_cents} cents to {link.user_id}"
+               f"{linked}'s link say {effect.amount_cents} cents to {link.user_id}"
     return None
 
 
