@@ -7,7 +7,11 @@ https://docs.stripe.com/api/events/list, https://docs.stripe.com/api/events/retr
 https://docs.stripe.com/api/pagination.
 
 - retrieve: the Event object by id, whatever its age; an unknown id is 404
-  `resource_missing` ("No such event: 'evt_...'");
+  `resource_missing` ("No such event: 'evt_...'"), and so is an event of
+  another account: a connected account's event (its top-level `account`,
+  https://docs.stripe.com/connect/webhooks) is retrieved as that account, with
+  `Stripe-Account: acct_...` (https://docs.stripe.com/connect/authentication),
+  the platform's own without it;
 
 - newest first ("sorted by creation date, with the most recent appearing
   first"); events created in the same second keep the order they were added
@@ -170,12 +174,13 @@ class StripeStandIn:
             return {"object": "list", "url": "/v1/events", "has_more": False, "data": {"events": page["data"]}}
         return page
 
-    def retrieve_event(self, event_id: str) -> tuple[int, dict[str, Any]]:
-        """The answer to GET /v1/events/{id}: the Event, or 404 resource_missing."""
+    def retrieve_event(self, event_id: str, account: str | None = None) -> tuple[int, dict[str, Any]]:
+        """The answer to GET /v1/events/{id} as account (Stripe-Account; None: the platform's own): the Event, or 404
+        resource_missing, for an event of another account too."""
         with self._lock:
             key = self._keys.get(event_id)
             found = self._events[bisect.bisect_left(self._sorted, key)] if key is not None else None
-        if found is None:
+        if found is None or found.get("account") != account:
             return 404, _error("invalid_request_error", "resource_missing", f"No such event: '{event_id}'", "id")
         return 200, found
 
@@ -220,12 +225,12 @@ class StripeStandIn:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
-            params = {"id": path.rsplit("/", 1)[1]}
+            params = {"id": path.rsplit("/", 1)[1], "account": context}
         fault = self._arrive(params)
         if fault is not None:
             return fault, _error(*ERRORS[fault])
         if retrieve:
-            return self.retrieve_event(params["id"])
+            return self.retrieve_event(params["id"], context)
         try:
             return 200, self.list_events(params) if self.hostile is None else self.hostile_answer(params)
         except BadRequestError as exc:

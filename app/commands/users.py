@@ -8,6 +8,7 @@ from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
 from ..intake.events import Kind
+from ..providers import stripe
 from ..settings.config import Needs
 from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
@@ -71,11 +72,16 @@ def show_user(user_id: uuid.UUID) -> None:
     click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
     click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
     for link in links:
-        click.echo(f"linked:     customer {link.customer_id} of source {link.source} (by {link.linked_by}, "
+        click.echo(f"linked:     {_linked(link.customer_id)} of source {link.source} (by {link.linked_by}, "
                    f"{utc(link.created_at)})")
     if journal:
         table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
                [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
+
+
+def _linked(customer_id: str) -> str:
+    """What a link links, in words: a customer, or a Stripe connected account (acct_...)."""
+    return f"{'account' if stripe.is_account(customer_id) else 'customer'} {customer_id}"
 
 
 def _movement(row: NamedRow) -> str:
@@ -113,25 +119,34 @@ def list_users(limit: int) -> None:
 @click.argument("user_id", type=click.UUID)
 @click.option("--by", "actor", help="Who makes the link, recorded with it [default: the OS user].")
 def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str | None) -> None:
-    """Credit SOURCE's payments of CUSTOMER_ID (Stripe's cus_...) whose metadata names no user to USER_ID.
+    """Credit SOURCE's payments of CUSTOMER_ID whose metadata names no user to USER_ID.
 
+    CUSTOMER_ID is Stripe's cus_..., a connected account's customer acct_.../cus_..., or a connected account
+    acct_... itself: then each of its payments that neither its metadata nor a linked customer gives a user.
     A link is never changed: a payment credited before it is not moved.
     """
     actor = os_user() if actor is None else actor
     if not 1 <= len(customer_id) <= 128:
         raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
+    within, slash, _ = customer_id.partition("/")
+    if (slash or customer_id.startswith("acct_")) and not (stripe.is_account(within) and customer_id[-1] != "/"):
+        raise click.BadParameter("a connected account is acct_ and letters or digits, its customer acct_.../cus_...",
+                                 param_hint="CUSTOMER_ID")
+    account = customer_id if stripe.is_account(customer_id) else None
     with transaction(get_pool(current_app)) as conn:
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
         waiting = [(event_id, status) for event_id, status, effect in unapplied(conn, source)
-                   if effect.kind == Kind.CREDIT and effect.user_id is None and effect.customer_id == customer_id]
+                   if effect.kind == Kind.CREDIT and effect.user_id is None
+                   and (effect.customer_id == customer_id or account is not None and effect.account == account)]
     if link is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
+    linked = _linked(customer_id)
     if link.user_id != user_id:
-        raise click.ClickException(f"customer {customer_id} of source {source} is linked to user {link.user_id} "
+        raise click.ClickException(f"{linked} of source {source} is linked to user {link.user_id} "
                                    f"(by {link.linked_by}, {utc(link.created_at)}); a link is never changed")
-    click.echo(f"linked customer {customer_id} of source {source} to user {user_id}" if made else
-               f"customer {customer_id} of source {source} is linked to user {user_id} already: nothing changed")
+    click.echo(f"linked {linked} of source {source} to user {user_id}" if made else
+               f"{linked} of source {source} is linked to user {user_id} already: nothing changed")
     for event_id, status in waiting:
         replay = event_id if source == "default" else f"{event_id} --source {source}"
         click.echo(f"  event {event_id} is {status} for want of it: flask events replay {replay}")

@@ -1,0 +1,384 @@
+"""Stripe Connect (app/providers/stripe.py's keys in an account, money.sql's account link, migration 005): a
+connected account's events carry a top-level `account` (https://docs.stripe.com/connect/webhooks), a thin event
+its `context`; its money is keyed in that account (acct_X/pi_Y, acct_X/re_Y, acct_X/du_Y, acct_X/cus_Y), so
+that two accounts' ids never collide, and its event is fetched as that account (Stripe-Account, against
+devservers/stripe_stand_in.py). Events built and signed by stripe-python; real PostgreSQL and Redis."""
+
+import hashlib
+import json
+import uuid
+
+import pytest
+
+from app.intake import events
+from app.settings.config import Settings
+from app.store import ledger
+from app.store.db import apply_schema, get_pool
+from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+from .helpers import (
+    ALICE,
+    BOB,
+    OPENING,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    event_rows,
+    samples,
+    send,
+    source_secret,
+    sources_config,
+)
+from .stripe_events import checkout_session, dispute, intent_succeeded, refund, stripe_signed
+from .test_stripe_thin import deliver, thin, thin_signed
+
+pytestmark = pytest.mark.core
+
+ACCOUNT, OTHER = "acct_1ConnectA", "acct_1ConnectB"
+
+
+@pytest.fixture(scope="module")
+def stripe_api_server():
+    with StripeStandIn() as stand_in:
+        yield stand_in
+
+
+@pytest.fixture
+def stripe_api(stripe_api_server):
+    stripe_api_server._faults.clear()
+    stripe_api_server.delay = 0.0
+    return stripe_api_server
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, stripe_api):
+    return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
+            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url}
+
+
+@pytest.fixture
+def run(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def connected(evt, account=ACCOUNT):
+    """evt as a Connect endpoint receives it from the connected account: with its top-level `account`."""
+    evt["account"] = account
+    return evt
+
+
+def _pi():
+    return f"pi_{uuid.uuid4().hex[:24]}"
+
+
+def _obj(evt):
+    return evt.data.object.to_dict()
+
+
+def _payments(db):
+    return db.execute("SELECT payment_id, user_id, amount_cents, debited_cents, customer_id FROM payments"
+                      " ORDER BY payment_id").fetchall()
+
+
+def _movements(db):
+    return db.execute("SELECT kind, movement_id, payment_id, state FROM movements ORDER BY movement_id").fetchall()
+
+
+def _consistent(client, db):
+    assert_ledger_consistent(db, Settings.of(client.application).policy)
+
+
+# Each movement in a connected account: (events before, its snapshot event, its thin type, the object Stripe has
+# now, the balance change of all, the movement's row).
+def _movement(name, pi, account=ACCOUNT):
+    paid = connected(intent_succeeded(pi, cents=900), account)
+    if name == "payment":
+        return [], paid, "v1.payment_intent.succeeded", _obj(paid), 900, None
+    if name == "refund succeeded":  # pending (counted), then succeeded: taken once
+        pending = connected(refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created"), account)
+        snapshot = connected(refund(f"re_{pi}", pi, 300, status="succeeded"), account)
+        return [paid, pending], snapshot, "v1.refund.updated", _obj(snapshot), 600, ("refund", "applied")
+    if name == "refund failed":  # counted, then failed: given back once
+        pending = connected(refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created"), account)
+        snapshot = connected(refund(f"re_{pi}", pi, 300, status="failed"), account)
+        return [paid, pending], snapshot, "v1.refund.failed", _obj(snapshot), 900, ("refund", "reversed")
+    if name == "dispute withdrawn":
+        snapshot = connected(dispute(f"du_{pi}", pi, 400), account)
+        obj = {**_obj(snapshot), "balance_transactions": [{"id": f"txn_w{pi}", "amount": -400, "currency": "usd"}]}
+        return [paid], snapshot, "v1.charge.dispute.funds_withdrawn", obj, 500, ("dispute", "applied")
+    if name == "dispute reinstated":
+        withdrawn = connected(dispute(f"du_{pi}", pi, 400), account)
+        snapshot = connected(dispute(f"du_{pi}", pi, 400, event_type="charge.dispute.funds_reinstated",
+                                     status="won"), account)
+        obj = {**_obj(snapshot), "balance_transactions": [{"id": f"txn_w{pi}", "amount": -400, "currency": "usd"},
+                                                          {"id": f"txn_r{pi}", "amount": 400, "currency": "usd"}]}
+        return [paid, withdrawn], snapshot, "v1.charge.dispute.funds_reinstated", obj, 900, ("dispute", "reversed")
+    raise AssertionError(name)
+
+
+# What effect_of hashed that platform event to before Connect (main's rule, version 6).
+PLATFORM_SHA256 = "47395dd904b438a6ae10bfbb377d287bd1c98e7834db59246df0d7e57e105e48"
+MOVEMENTS = ["payment", "refund succeeded", "refund failed", "dispute withdrawn", "dispute reinstated"]
+PREFIX = {"refund": "re", "dispute": "du"}
+
+
+@pytest.mark.parametrize("name", MOVEMENTS)
+def test_each_movement_of_a_connected_account_moves_its_money_once_under_keys_in_its_account(client, db, name):
+    pi = _pi()
+    before, snapshot, _, _, change, movement = _movement(name, pi)
+    for evt in [*before, snapshot]:
+        assert deliver(client, evt).json["status"] == "processed"
+        assert deliver(client, evt).json["status"] == "duplicate"
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    assert _payments(db) == [(f"{ACCOUNT}/{pi}", ALICE, 900, 900 - change, None)]
+    if movement:
+        kind, state = movement
+        assert _movements(db) == [(kind, f"{ACCOUNT}/{PREFIX[kind]}_{pi}", f"{ACCOUNT}/{pi}", state)]
+    _consistent(client, db)
+
+
+@pytest.mark.parametrize("thin_first", [True, False], ids=["thin first", "snapshot first"])
+@pytest.mark.parametrize("name", MOVEMENTS)
+def test_a_connected_accounts_thin_event_and_its_snapshot_twin_move_the_money_once(client, db, stripe_api, name,
+                                                                                   thin_first):
+    """The thin event names the account in its context, its snapshot twin in `account`: one key, one movement."""
+    before, snapshot, thin_type, obj, change, _ = _movement(name, _pi())
+    for evt in before:
+        deliver(client, evt)
+    stripe_api.put(obj, context=ACCOUNT)
+    first, second = [thin(thin_type, obj, context=ACCOUNT, snapshot_event=snapshot.id), snapshot][
+        ::1 if thin_first else -1]
+    assert deliver(client, first).json["status"] == "processed"
+    assert deliver(client, second).json["status"] in ("processed", "duplicate")  # a credit's twin: duplicate
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    assert stripe_api.requests[-1]["context"] == ACCOUNT  # either way the thin one is fetched, in its account
+    _consistent(client, db)
+
+
+def test_a_thin_destination_moved_from_the_connect_endpoint_keys_the_account_alike(make_app, config, db, stripe_api):
+    """The thin destination on its own route, its events the Connect endpoint's (_MOVED_FROM): one movement."""
+    client = make_app(sources_config(config, {"thin": "stripe"}, WEBHOOK_THIN_MOVED_FROM="default",
+                                     WEBHOOK_THIN_API_KEY=API_KEY)).test_client()
+    before, snapshot, thin_type, obj, change, _ = _movement("refund succeeded", _pi())
+    for evt in before:
+        deliver(client, evt)
+    stripe_api.put(obj, context=ACCOUNT)
+    thin_evt = thin(thin_type, obj, context=ACCOUNT, snapshot_event=snapshot.id)
+    assert send(client, *thin_signed(thin_evt, source_secret("thin", "stripe")), source="thin").json[
+        "status"] == "processed"
+    assert deliver(client, snapshot).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + change
+    _consistent(client, db)
+
+
+def test_two_accounts_and_the_platform_with_the_same_ids_each_move_their_own_money(client, db):
+    pi = _pi()
+    for account, user, cents in ((ACCOUNT, ALICE, 900), (OTHER, BOB, 500), (None, BOB, 300)):
+        paid = intent_succeeded(pi, user=user, cents=cents)
+        pending = refund(f"re_{pi}", pi, 100, status="pending", event_type="refund.created")
+        for evt in (paid, pending):
+            assert deliver(client, evt if account is None else connected(evt, account)).json["status"] == "processed"
+    withdrawn = connected(dispute(f"du_{pi}", pi, 500), OTHER)  # the whole of OTHER's, nothing of the others'
+    assert deliver(client, withdrawn).json["status"] == "processed"
+    assert [row[:4] for row in _payments(db)] == [(f"{ACCOUNT}/{pi}", ALICE, 900, 100), (f"{OTHER}/{pi}", BOB, 500, 500),
+                                                  (pi, BOB, 300, 100)]
+    assert balance(db, ALICE) == OPENING[ALICE] + 800
+    assert balance(db, BOB) == OPENING[BOB] + 0 + 200
+    _consistent(client, db)
+
+
+def test_a_platform_event_keeps_the_keys_and_effect_it_always_had(client, db):
+    evt = intent_succeeded("pi_platform", cents=400, customer="cus_plain")
+    effect = events.effect_of(events.parse(str(evt).encode(), "stripe"))
+    assert (effect.payment_id, effect.customer_id, effect.account) == ("pi_platform", "cus_plain", None)
+    assert effect.sha256.hex() == PLATFORM_SHA256  # effect version 6's hash of it, as release 1.0 stored it
+    assert deliver(client, evt).json["status"] == "processed"
+    assert _payments(db) == [("pi_platform", ALICE, 400, 0, None)]
+
+
+# -- which user: the metadata, the customer's link, the payment's own, the account's link, the assignment ----------
+
+def test_an_account_link_credits_a_payment_whose_customer_has_no_link(client, db, run):
+    assert run("users", "link", "default", ACCOUNT, str(BOB), "--by", "ops").exit_code == 0
+    pi = _pi()
+    evt = connected(intent_succeeded(pi, cents=700, customer="cus_guest", metadata={}))
+    assert deliver(client, evt).json["status"] == "processed"
+    assert _payments(db) == [(f"{ACCOUNT}/{pi}", BOB, 700, 0, ACCOUNT)]
+    assert balance(db, BOB) == OPENING[BOB] + 700
+    _consistent(client, db)
+
+
+def test_the_metadata_then_the_customers_link_name_the_user_before_the_accounts_link(client, db, run):
+    run("users", "link", "default", ACCOUNT, str(BOB), "--by", "ops")
+    run("users", "link", "default", f"{ACCOUNT}/cus_known", str(ALICE), "--by", "ops")
+    run("users", "link", "default", "cus_known", str(BOB), "--by", "ops")  # the platform's cus_known: another one
+    named, known = _pi(), _pi()
+    deliver(client, connected(intent_succeeded(named, user=ALICE, cents=100, customer="cus_other")))
+    deliver(client, connected(intent_succeeded(known, cents=200, customer="cus_known", metadata={})))
+    assert _payments(db) == sorted([(f"{ACCOUNT}/{named}", ALICE, 100, 0, None),
+                                    (f"{ACCOUNT}/{known}", ALICE, 200, 0, f"{ACCOUNT}/cus_known")])
+    _consistent(client, db)
+
+
+def test_a_checkout_payment_credited_to_its_session_user_is_not_given_to_the_accounts_link(client, db, run):
+    run("users", "link", "default", ACCOUNT, str(BOB), "--by", "ops")
+    pi = _pi()
+    assert deliver(client, connected(checkout_session(pi, user=ALICE, cents=600))).json["status"] == "processed"
+    guest = connected(intent_succeeded(pi, cents=600, metadata={}))
+    assert deliver(client, guest).json["status"] == "duplicate"
+    assert _payments(db) == [(f"{ACCOUNT}/{pi}", ALICE, 600, 0, None)]
+    _consistent(client, db)
+
+
+def test_linking_an_account_names_the_events_waiting_for_it_and_the_retry_applies_them(client, db, run):
+    evt = connected(intent_succeeded(_pi(), cents=500, metadata={}))
+    answer = deliver(client, evt)
+    assert answer.status == 422
+    assert f"account {ACCOUNT} is linked to no user (flask users link default {ACCOUNT} USER_ID)" in \
+        answer.json["message"]
+    platform = intent_succeeded(_pi(), cents=500, metadata={})  # the platform's: not the account's to name
+    assert deliver(client, platform).status == 422
+    linked = run("users", "link", "default", ACCOUNT, str(BOB), "--by", "ops")
+    assert linked.exit_code == 0, linked.output
+    assert linked.output == (f"linked account {ACCOUNT} of source default to user {BOB}\n"
+                             f"  event {evt.id} is failed for want of it: flask events replay {evt.id}\n")
+    assert deliver(client, evt).json["status"] == "processed"  # Stripe's retry
+    assert balance(db, BOB) == OPENING[BOB] + 500
+    assert "account acct_1ConnectA of source default" in run("users", "show", str(BOB)).output
+    assert run("ledger", "verify").exit_code == 0
+
+
+@pytest.mark.parametrize("named", ["acct_", "acct_1/", "acct_x-y/cus_1", "cus_1/cus_2"])
+def test_a_link_of_something_that_is_no_account_nor_its_customer_is_refused(db, run, named):
+    refused = run("users", "link", "default", named, str(BOB), "--by", "ops")
+    assert refused.exit_code == 2 and "connected account" in refused.output
+    assert db.execute("SELECT count(*) FROM customer_links").fetchone() == (0,)
+
+
+# -- the account, checked; the event fetched in it ---------------------------------------------------------------
+
+@pytest.mark.parametrize("account", [42, "", "acct_", "acct_1-2", "cus_1", "acct_1/acct_2", "acct_" + "a" * 124])
+def test_an_event_whose_account_is_not_a_connected_accounts_id_is_400_and_writes_nothing(client, db, account):
+    document = {**json.loads(str(intent_succeeded(_pi(), cents=300))), "account": account}
+    answer = deliver(client, document)  # a dict: its JSON, signed by stripe-python's signer
+    assert (answer.status, answer.json["error"]) == (400, "invalid_event")
+    assert "'account' must be a connected account's id" in answer.json["message"]
+    assert event_rows(db) == 0 and balance(db, ALICE) == OPENING[ALICE]
+
+
+@pytest.fixture
+def fetching(make_app, config):
+    return make_app({**config, "WEBHOOK_FETCH": "true"}).test_client()
+
+
+def test_a_fetching_source_asks_stripe_for_a_connect_event_as_its_account(fetching, db, stripe_api):
+    evt, platform = connected(intent_succeeded(_pi(), cents=450)), intent_succeeded(_pi(), cents=50)
+    stripe_api.add(evt, platform)
+    assert deliver(fetching, evt).json["status"] == "processed"
+    assert stripe_api.requests[-1] == {"id": evt.id, "account": ACCOUNT}
+    assert deliver(fetching, platform).json["status"] == "processed"
+    assert stripe_api.requests[-1] == {"id": platform.id, "account": None}
+    assert balance(db, ALICE) == OPENING[ALICE] + 500
+    _consistent(fetching, db)
+
+
+def test_a_connect_event_delivered_as_another_accounts_is_one_stripe_does_not_have(fetching, db, stripe_api):
+    evt = connected(intent_succeeded(_pi(), cents=450))
+    stripe_api.add(evt)
+    answer = deliver(fetching, connected(intent_succeeded(evt.data.object.id, cents=450, event_id=evt.id), OTHER))
+    assert (answer.status, answer.json["error"]) == (422, "unprocessable")
+    assert f"Stripe's API has no event {evt.id}" in answer.json["message"]
+    assert balance(db, ALICE) == OPENING[ALICE]
+    assert deliver(fetching, evt).json["status"] == "processed"  # the genuine one replaces the unknown effect
+    assert balance(db, ALICE) == OPENING[ALICE] + 450
+
+
+class IgnoresStripeAccount(StripeStandIn):
+    """A Stripe that answers an event as its owner's (owners: id -> account) whatever account asks: what the fetch
+    step must not trust blindly."""
+
+    owners: dict[str, str] = {}
+
+    def retrieve_event(self, event_id, account=None):
+        return super().retrieve_event(event_id, self.owners.get(event_id, account))
+
+
+def test_an_event_fetched_in_another_account_than_delivered_contradicts_it_and_decides(make_app, config, db):
+    with IgnoresStripeAccount() as hostile:
+        client = make_app({**config, "WEBHOOK_FETCH": "true", "STRIPE_API_BASE": hostile.url}).test_client()
+        pi = _pi()
+        kept = connected(intent_succeeded(pi, cents=450), OTHER)
+        hostile.add(kept)
+        hostile.owners = {kept.id: OTHER}
+        delivered = connected(intent_succeeded(pi, cents=450, event_id=kept.id), ACCOUNT)
+        assert deliver(client, delivered).json["status"] == "processed"
+        assert hostile.requests[-1] == {"id": kept.id, "account": ACCOUNT}
+    assert [row[0] for row in _payments(db)] == [f"{OTHER}/{pi}"]  # Stripe's record of the event decides
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_contradictions_total", (("source", "default"),))] == 1
+    _consistent(client, db)
+
+
+# -- the upgrade: a 1.0 ledger held connected accounts' money under bare keys --------------------------------------
+
+def _as_1_0_applied_it(app, evt, policy):
+    """evt applied as release 1.0 did: its bytes of record (with `account`) stored, its money keyed bare."""
+    event = events.parse(str(evt).encode(), "stripe")
+    bare = json.loads(str(evt))
+    bare.pop("account", None)
+    effect = events.effect_of(events.parse(json.dumps(bare).encode(), "stripe"), policy)
+    result = ledger.apply_event(get_pool(app), event, effect, hashlib.sha256(event.body).digest(), policy)
+    assert result.outcome == "processed", result
+
+
+def _back_to_the_previous_migration(db):
+    """db as 004 left it: 005 not recorded, effects of version 6 (ledger_delivery's extra attribute is dropped by
+    005 itself, with every function that takes it)."""
+    db.execute("DELETE FROM schema_migrations WHERE name = '005_connect_accounts.sql'")
+    db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 6")
+    db.execute("UPDATE webhook_events SET effect_version = 6")
+
+
+def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dispute_debit_it_once(app, client, db,
+                                                                                                    run):
+    policy = Settings.of(app).policy
+    pi, linked = _pi(), _pi()
+    run("users", "link", "default", "cus_old", str(BOB), "--by", "ops")  # 1.0's bare link, read for acct's cus_old
+    paid = connected(intent_succeeded(pi, cents=900))
+    pending = connected(refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created"))
+    by_link = connected(intent_succeeded(linked, cents=200, customer="cus_old", metadata={}))
+    platform = intent_succeeded(_pi(), cents=100)
+    for evt in (paid, pending, by_link, platform):
+        _as_1_0_applied_it(app, evt, policy)
+    assert balance(db, ALICE) == OPENING[ALICE] + 600 + 100 and balance(db, BOB) == OPENING[BOB] + 200
+    _back_to_the_previous_migration(db)
+
+    assert run("init-db").exit_code == 0
+
+    assert _payments(db) == sorted([(f"{ACCOUNT}/{pi}", ALICE, 900, 300, None),
+                                    (f"{ACCOUNT}/{linked}", BOB, 200, 0, f"{ACCOUNT}/cus_old"),
+                                    (platform.data.object.id, ALICE, 100, 0, None)])
+    assert _movements(db) == [("refund", f"{ACCOUNT}/re_{pi}", f"{ACCOUNT}/{pi}", "applied")]
+    assert db.execute("SELECT payment_id, movement_id FROM ledger_journal WHERE kind = 'refund'").fetchall() == [
+        (f"{ACCOUNT}/{pi}", f"{ACCOUNT}/re_{pi}")]
+    assert run("ledger", "verify").exit_code == 0
+    # The refund's later states, and a dispute, arrive with `account`: each takes the payment's money once.
+    assert deliver(client, pending).json["status"] == "duplicate"
+    succeeded = connected(refund(f"re_{pi}", pi, 300, status="succeeded"))
+    assert deliver(client, succeeded).json["status"] == "processed"
+    assert deliver(client, connected(dispute(f"du_{pi}", pi, 400))).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400 + 100
+    assert _payments(db)[0][:4] == (f"{ACCOUNT}/{pi}", ALICE, 900, 700)
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+    _consistent(client, db)
+
+
+def test_migration_005_leaves_a_ledger_without_connected_accounts_as_it_was(app, client, db):
+    deliver(client, intent_succeeded("pi_platform_only", cents=100))
+    before = _payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    _back_to_the_previous_migration(db)
+    assert apply_schema(db)[1] == ["005_connect_accounts.sql"]
+    assert (_payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()) == before
