@@ -30,7 +30,7 @@ from .helpers import (
     source_secret,
     sources_config,
 )
-from .stripe_events import checkout_session, dispute, intent_succeeded, refund, stripe_signed
+from .stripe_events import checkout_session, dispute, intent_succeeded, refund
 from .test_stripe_thin import deliver, thin, thin_signed
 
 pytestmark = pytest.mark.core
@@ -182,8 +182,8 @@ def test_two_accounts_and_the_platform_with_the_same_ids_each_move_their_own_mon
             assert deliver(client, evt if account is None else connected(evt, account)).json["status"] == "processed"
     withdrawn = connected(dispute(f"du_{pi}", pi, 500), OTHER)  # the whole of OTHER's, nothing of the others'
     assert deliver(client, withdrawn).json["status"] == "processed"
-    assert [row[:4] for row in _payments(db)] == [(f"{ACCOUNT}/{pi}", ALICE, 900, 100), (f"{OTHER}/{pi}", BOB, 500, 500),
-                                                  (pi, BOB, 300, 100)]
+    assert [row[:4] for row in _payments(db)] == [
+        (f"{ACCOUNT}/{pi}", ALICE, 900, 100), (f"{OTHER}/{pi}", BOB, 500, 500), (pi, BOB, 300, 100)]
     assert balance(db, ALICE) == OPENING[ALICE] + 800
     assert balance(db, BOB) == OPENING[BOB] + 0 + 200
     _consistent(client, db)
