@@ -13,12 +13,15 @@
 DROP TYPE ledger_delivery CASCADE;
 ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 7;
 
--- What each stored Stripe event names: its account, its payment and its
--- customer, bare (a thin event's from its related object, kept as fetched).
+-- What each stored Stripe event names: its account (NULL: the platform's),
+-- its payment and its customer, bare (a thin event's from its related
+-- object, kept as fetched). Only bytes that name an account or a context
+-- are parsed.
 CREATE TEMPORARY TABLE connect_named ON COMMIT DROP AS
 SELECT
     e.id,
     e.source,
+    e.event_id,
     CASE WHEN e.doc ->> 'object' = 'v2.core.event' THEN substring(e.doc ->> 'context' FROM '([^/]+)$')
          ELSE e.doc ->> 'account' END AS account,
     CASE WHEN e.doc ->> 'object' = 'v2.core.event' AND e.doc -> 'related_object' ->> 'type' = 'payment_intent'
@@ -31,25 +34,38 @@ FROM (
     SELECT
         w.id,
         w.source,
+        w.event_id,
         w.event_type,
-        event_json(w.body) AS doc,
-        CASE WHEN event_json(w.body) ->> 'object' = 'v2.core.event' THEN event_json(w.fetched)
-             ELSE event_json(w.body) -> 'data' -> 'object' END AS obj
+        j.doc,
+        CASE WHEN j.doc ->> 'object' = 'v2.core.event' THEN event_json(w.fetched)
+             ELSE j.doc -> 'data' -> 'object' END AS obj
     FROM webhook_events AS w
+    CROSS JOIN LATERAL (SELECT event_json(w.body) AS doc) AS j
+    WHERE position('"account"'::bytea IN w.body) > 0 OR position('"context"'::bytea IN w.body) > 0
 ) AS e
 WHERE e.doc ->> 'object' IN ('event', 'v2.core.event');
-DELETE FROM connect_named
-WHERE account IS NULL OR account !~ '^acct_[A-Za-z0-9]+$';
+UPDATE connect_named SET account = NULL
+WHERE account !~ '^acct_[A-Za-z0-9]+$';
 
--- Each connected account's payment: its first stored event's account.
+-- Each connected account's payment: the account of the event that credited
+-- it, when stored (a platform's event: the payment stays the platform's),
+-- else of its first stored event.
 CREATE TEMPORARY TABLE connect_payments ON COMMIT DROP AS
-SELECT DISTINCT ON (source, payment_id)
+SELECT
     source,
     payment_id,
     account
-FROM connect_named
-WHERE char_length(payment_id) BETWEEN 1 AND 127 - char_length(account)
-ORDER BY source, payment_id, id;
+FROM (
+    SELECT DISTINCT ON (n.source, n.payment_id)
+        n.source,
+        n.payment_id,
+        n.account
+    FROM connect_named AS n
+    LEFT JOIN payments AS p ON (p.source, p.payment_id) = (n.source, n.payment_id)
+    WHERE n.payment_id IS NOT NULL
+    ORDER BY n.source ASC, n.payment_id ASC, n.event_id IS NOT DISTINCT FROM p.event_id DESC, n.id ASC
+) AS first_named
+WHERE char_length(payment_id) BETWEEN 1 AND 127 - char_length(account);
 
 -- A connected account's customers, linked bare: the link, copied in the
 -- account (1.0 read the bare link for them; it stays, for the platform's).
@@ -66,6 +82,7 @@ FROM (
         account,
         customer_id
     FROM connect_named
+    WHERE account IS NOT NULL
     UNION
     SELECT
         p.source,

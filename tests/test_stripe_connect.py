@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from app.intake import events
+from app.providers import stripe
 from app.settings.config import Settings
 from app.store import ledger
 from app.store.db import apply_schema, get_pool
@@ -334,6 +335,17 @@ def _as_1_0_applied_it(app, evt, policy):
     assert result.outcome == "processed", result
 
 
+def _thin_as_before_connect_applied_it(app, document, obj, policy):
+    """A thin event applied as the build before 005 did: its related object fetched in its context and kept, its
+    money keyed bare."""
+    event = events.parse(json.dumps(document).encode(), "stripe")
+    effect = events.effect_of(stripe.with_related(events.parse(json.dumps({**document, "context": None}).encode(),
+                                                               "stripe"), obj), policy)
+    result = ledger.apply_event(get_pool(app), stripe.with_related(event, obj), effect,
+                                hashlib.sha256(event.body).digest(), policy, fetched=json.dumps(obj).encode())
+    assert result.outcome == "processed", result
+
+
 def _back_to_the_previous_migration(db):
     """db as 004 left it: 005 not recorded, effects of version 6 (ledger_delivery's extra attribute is dropped by
     005 itself, with every function that takes it)."""
@@ -345,7 +357,7 @@ def _back_to_the_previous_migration(db):
 def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dispute_debit_it_once(app, client, db,
                                                                                                     run):
     policy = Settings.of(app).policy
-    pi, linked = _pi(), _pi()
+    pi, linked, thin_paid = _pi(), _pi(), _pi()
     run("users", "link", "default", "cus_old", str(BOB), "--by", "ops")  # 1.0's bare link, read for acct's cus_old
     paid = connected(intent_succeeded(pi, cents=900))
     pending = connected(refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created"))
@@ -353,13 +365,17 @@ def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dis
     platform = intent_succeeded(_pi(), cents=100)
     for evt in (paid, pending, by_link, platform):
         _as_1_0_applied_it(app, evt, policy)
-    assert balance(db, ALICE) == OPENING[ALICE] + 600 + 100 and balance(db, BOB) == OPENING[BOB] + 200
+    paid_thin = _obj(intent_succeeded(thin_paid, cents=50))
+    _thin_as_before_connect_applied_it(app, thin("v1.payment_intent.succeeded", paid_thin, context=ACCOUNT),
+                                       paid_thin, policy)
+    assert balance(db, ALICE) == OPENING[ALICE] + 600 + 100 + 50 and balance(db, BOB) == OPENING[BOB] + 200
     _back_to_the_previous_migration(db)
 
     assert run("init-db").exit_code == 0
 
     assert _payments(db) == sorted([(f"{ACCOUNT}/{pi}", ALICE, 900, 300, None),
                                     (f"{ACCOUNT}/{linked}", BOB, 200, 0, f"{ACCOUNT}/cus_old"),
+                                    (f"{ACCOUNT}/{thin_paid}", ALICE, 50, 0, None),
                                     (platform.data.object.id, ALICE, 100, 0, None)])
     assert _movements(db) == [("refund", f"{ACCOUNT}/re_{pi}", f"{ACCOUNT}/{pi}", "applied")]
     assert db.execute("SELECT payment_id, movement_id FROM ledger_journal WHERE kind = 'refund'").fetchall() == [
@@ -370,6 +386,8 @@ def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dis
     succeeded = connected(refund(f"re_{pi}", pi, 300, status="succeeded"))
     assert deliver(client, succeeded).json["status"] == "processed"
     assert deliver(client, connected(dispute(f"du_{pi}", pi, 400))).json["status"] == "processed"
+    thin_refund = connected(refund(f"re_{thin_paid}", thin_paid, 50, status="succeeded"))
+    assert deliver(client, thin_refund).json["status"] == "processed"  # the thin-credited payment found too
     assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400 + 100
     assert (f"{ACCOUNT}/{pi}", ALICE, 900, 700, None) in _payments(db)
     verified = run("ledger", "verify")
