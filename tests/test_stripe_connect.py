@@ -9,6 +9,7 @@ import json
 import uuid
 
 import pytest
+import stripe as stripe_sdk
 
 from app.intake import events
 from app.providers import stripe
@@ -268,6 +269,21 @@ def test_an_event_whose_account_is_not_a_connected_accounts_id_is_400_and_writes
     assert (answer.status, answer.json["error"]) == (400, "invalid_event")
     assert "'account' must be a connected account's id" in answer.json["message"]
     assert event_rows(db) == 0 and balance(db, ALICE) == OPENING[ALICE]
+
+
+def test_stripe_python_retrieves_a_connect_event_and_object_from_the_stand_in_only_as_their_account(stripe_api):
+    evt = connected(intent_succeeded(_pi(), cents=450))
+    stripe_api.add(evt)
+    stripe_api.put(_obj(evt), context=ACCOUNT)
+    client = stripe_sdk.StripeClient(API_KEY, base_addresses={"api": stripe_api.url})
+    as_account = {"stripe_account": ACCOUNT}
+    assert client.v1.events.retrieve(evt.id, options=as_account).account == ACCOUNT
+    assert client.v1.payment_intents.retrieve(evt.data.object.id, options=as_account).amount_received == 450
+    for options in ({"stripe_account": OTHER}, None):  # another account's, and the platform's own: Stripe's 404
+        with pytest.raises(stripe_sdk.InvalidRequestError, match="No such"):
+            client.v1.events.retrieve(evt.id, options=options)
+        with pytest.raises(stripe_sdk.InvalidRequestError, match="No such"):
+            client.v1.payment_intents.retrieve(evt.data.object.id, options=options)
 
 
 @pytest.fixture
