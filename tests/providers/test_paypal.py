@@ -256,8 +256,6 @@ def test_an_event_its_shape_refuses_names_the_field(document, policy, problem):
 
 # PayPal's Refund statuses: CANCELLED, FAILED, PENDING, COMPLETED (Payments v2, the refund's `status`,
 # https://developer.paypal.com/docs/api/payments/v2/).
-@pytest.mark.xfail(strict=True, reason="the 422 of a refund's status lists Stripe's statuses, whatever its provider "
-                   "(app/intake/events.py, _problem)")
 def test_a_refund_status_paypal_does_not_send_is_refused_naming_paypals_statuses():
     problem = seen(effect(refund_event("PAYMENT.CAPTURE.REFUNDED", "REF1", "CAP1", "5.00", "DECLINED")))["problem"]
     label, _, statuses = problem.partition(" must be one of ")

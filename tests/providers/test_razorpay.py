@@ -169,8 +169,6 @@ def test_an_event_its_shape_refuses_names_the_field(document, problem):
 
 
 # Razorpay's Refund statuses: pending, processed, failed (https://razorpay.com/docs/api/refunds/entity).
-@pytest.mark.xfail(strict=True, reason="the 422 of a refund's status lists Stripe's statuses, whatever its provider "
-                   "(app/intake/events.py, _problem)")
 def test_a_refund_status_razorpay_does_not_send_is_refused_naming_razorpays_statuses():
     problem = seen(effect(refund_event("refund.processed", "rfnd_1", "pay_1", 4000, "reversed")))["problem"]
     label, _, statuses = problem.partition(" must be one of ")
