@@ -7,6 +7,7 @@ payment's key (which may come to name its account)."""
 import time
 from datetime import UTC
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,7 +15,7 @@ from app.commands import stripe_list
 from app.store.db import apply_schema
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
-from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance
+from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, db_url
 from .stripe_events import intent_succeeded, refund, send_stripe
 
 pytestmark = pytest.mark.core
@@ -153,6 +154,42 @@ def test_an_accounts_run_leaves_the_platforms_watermark_alone(app, db, stand_in)
     second = run(app, "--account", ALPHA)
     assert f"(the watermark {alpha[0].astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')}" in second.output, second.output
     assert watermarks(db)[""] == platform
+
+
+def _held(db, account):
+    """A connection holding the watermark row of the default source's account, as a running run does."""
+    holder = psycopg.connect(db_url(db))
+    holder.execute("INSERT INTO reconcile_watermarks (source, account) VALUES ('default', %s) ON CONFLICT DO NOTHING",
+                   [account])
+    holder.execute("SELECT 1 FROM reconcile_watermarks WHERE source = 'default' AND account = %s FOR UPDATE",
+                   [account])
+    return holder
+
+
+def test_a_run_of_the_platform_does_not_hold_back_an_accounts_run(app, db, stand_in):
+    stand_in.add(of(ALPHA, intent_succeeded("pi_a", cents=70)))
+    with _held(db, ""):
+        result = run(app, "--account", ALPHA)
+    assert result.exit_code == 0, result.output
+    assert balance(db) == OPENING[ALICE] + 70
+
+
+def test_a_second_run_of_one_account_yields(app, db, stand_in):
+    with _held(db, ALPHA):
+        result = run(app, "--account", ALPHA)
+    assert result.exit_code == 75, result.output
+    assert result.output.splitlines()[-1] == (f"another reconcile of account {ALPHA} of this source is running (it "
+                                              "holds the watermark row): this one yields")
+    assert [row[:2] for row in runs(db)] == [(ALPHA, "yielded")]
+
+
+def test_an_accounts_dry_run_reads_its_own_watermark(app, db, stand_in):
+    stand_in.add(of(ALPHA, intent_succeeded("pi_a", cents=70), 7200))
+    assert run(app).exit_code == 0  # the platform's watermark: now
+    result = run(app, "--account", ALPHA, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "(the watermark " not in result.output
+    assert "1 listed: 1 not stored (would be applied)" in result.output
 
 
 @pytest.mark.parametrize("account", ["acct_", "acct_1-x", "cus_1Alpha", "acct_1 2", "ACCT_1Alpha", "acct_1\nx",
