@@ -111,6 +111,18 @@ def test_all_accounts_reports_an_account_that_refuses_the_key_and_still_runs_the
     assert sorted(row[:2] for row in runs(db)) == [(ALPHA, "completed"), (BETA, "failed"), (GAMMA, "completed")]
 
 
+def test_all_accounts_does_not_run_an_account_listed_with_an_id_that_is_none(app, db, stand_in):
+    stand_in.add_account("acct_1Bad-Id")
+    stand_in.add(of(ALPHA, intent_succeeded("pi_a", cents=70)))
+    result = run(app, "--all-accounts")
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[0] == ("acct_1Bad-Id: failed: Stripe listed it as an account, but it is no "
+                                             "account id (acct_ then letters and digits): not reconciled")
+    assert result.output.splitlines()[-1] == "4 connected accounts: 3 completed, 1 failed"
+    assert balance(db) == OPENING[ALICE] + 70
+    assert "acct_1Bad-Id" not in {row[0] for row in runs(db)}
+
+
 def test_all_accounts_stops_in_one_line_when_the_platform_cannot_list_its_accounts(make_app, config, db):
     result = run(make_app({**config, "WEBHOOK_API_KEY": "rk_test_notTheKeyStripeKnows0123456789"}), "--all-accounts")
     assert (result.exit_code, result.output) == (1, "Error: Stripe refused the key in WEBHOOK_API_KEY (401): it "

@@ -78,19 +78,20 @@ class StripeAccounts(StripeAPI):
     """A Connect platform's connected accounts (https://docs.stripe.com/api/accounts/list)."""
 
     def ids(self) -> list[str]:
-        """The id of every account listed, all pages, as listed ("?" for one that is not a string).
+        """The id of every account listed, all pages, once each, as listed ("?" for one that is not a string).
 
         Raises ProviderError as StripeEvents.pages does when a page cannot be followed.
         """
-        ids: list[str] = []
+        ids: dict[str, None] = {}  # in the list's order, an account listed twice once
         cursors: set[str] = set()
         params: dict[str, Any] = {"limit": PAGE_LIMIT}
         while True:
             data, has_more = self._list_page("/v1/accounts", "accounts", params)
-            ids += [found if isinstance(found := account.get("id") if isinstance(account, dict) else None, str)
-                    else "?" for account in data]
+            for account in data:
+                account_id = account.get("id") if isinstance(account, dict) else None
+                ids[account_id if isinstance(account_id, str) else "?"] = None
             if not has_more:
-                return ids
+                return list(ids)
             params = {"limit": PAGE_LIMIT, "starting_after": _cursor(data[-1], cursors, "an account")}
 
 
