@@ -292,11 +292,14 @@ CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal
 -- One row per `flask reconcile` run: the window it listed ([since, until),
 -- by the events' own creation time at the provider), what it found, and how
 -- it ended. 'running' only while it runs: a run killed midway is marked
--- 'interrupted' by the next run of its source, which holds the source's
+-- 'interrupted' by the next run of its source and account, which holds their
 -- watermark row, so none can be running. A dry run records nothing.
 CREATE TABLE IF NOT EXISTS reconcile_runs (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    -- Whose events it listed: a Stripe Connect account (`--account`), or ''
+    -- for the platform's own (the API key's) account.
+    account     TEXT NOT NULL DEFAULT '' CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'),
     since       TIMESTAMPTZ NOT NULL,
     until       TIMESTAMPTZ NOT NULL,
     -- 'completed': every event of the window listed and applied (or refused,
@@ -315,19 +318,23 @@ CREATE TABLE IF NOT EXISTS reconcile_runs (
     started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     finished_at TIMESTAMPTZ
 );
--- The metrics read each source's last successful run.
-CREATE INDEX IF NOT EXISTS reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at);
+-- The metrics read each source's and account's last successful run.
+CREATE INDEX IF NOT EXISTS reconcile_runs_source_idx ON reconcile_runs (source, account, status, finished_at);
 
--- Per source, where the last complete run got to: the next run without
--- --since starts there, minus an overlap. Its row is also the source's run
--- lock: a run holds it FOR UPDATE for as long as it runs (one transaction
--- left open), so a second run at the same time yields, and a killed run
--- frees it with its connection.
+-- Per source and account (reconcile_runs.account), where the last complete
+-- run got to: the next run without --since starts there, minus an overlap.
+-- Its row is also the run lock of the source's account: a run holds it FOR
+-- UPDATE for as long as it runs (one transaction left open), so a second run
+-- at the same time yields, and a killed run frees it with its connection.
+-- The metrics' last success of a source is that of its account reconciled
+-- least recently among those with a row here.
 CREATE TABLE IF NOT EXISTS reconcile_watermarks (
-    source           TEXT PRIMARY KEY CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    source           TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    account          TEXT NOT NULL DEFAULT '' CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'),
     reconciled_until TIMESTAMPTZ,              -- NULL until a run completes
     run_id           BIGINT REFERENCES reconcile_runs (id),
-    updated_at       TIMESTAMPTZ NOT NULL DEFAULT now()
+    updated_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, account)
 );
 
 -- A user row's opening balance is its balance at insert, unless given.

@@ -119,13 +119,17 @@ def write_env(path, config):
     """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source.
 
     Secrets included: the file is the developer's own, as the terminal is; the banner names the file, not them.
+    The settings this run leaves at their default are unset, so that a terminal that sourced an earlier run's file
+    (another LEDGER_CURRENCY, say) runs its commands with this run's settings alone.
     """
     settings = {name: value for name, value in os.environ.items() if _is_setting(name, config)}
     settings["DATABASE_URL"], settings["REDIS_URL"] = config.database_url, config.redis_url
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         settings["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
+    unset = sorted(name for name in SETTINGS if name not in settings)
     lines = [f"export {word}" for word in
              [*_flask_shell(), *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
+    lines += [f"unset {' '.join(unset)}"] if unset else []
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)  # created anew, mode 600 from the start
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:

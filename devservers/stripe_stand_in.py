@@ -24,6 +24,14 @@ https://docs.stripe.com/api/pagination.
 - `{"object": "list", "url": "/v1/events", "has_more": ..., "data": [...]}`;
 - only the last 30 days are listed ("List events, going back up to 30 days");
 - `Authorization: Bearer <key>` (stripe-python's way): any other key is 401;
+- Connect (https://docs.stripe.com/connect/authentication, https://docs.stripe.com/connect/webhooks): List
+  Events with `Stripe-Account: acct_...` lists that connected account's events alone, each carrying its
+  `account` ("The connected account that originates the event": https://docs.stripe.com/api/events/object);
+  without the header, the key's own account's (those with no `account`); an account `add_account` did not add,
+  or `disconnect`ed, is 403 `account_invalid`, as Stripe answers a platform that cannot act as it;
+- List all connected accounts (`GET /v1/accounts`: https://docs.stripe.com/api/accounts/list), newest first,
+  paginated as every list (`limit`, `starting_after`, `ending_before`), each an Account object
+  (https://docs.stripe.com/api/accounts/object: `id`, `object` "account", `created`, ...);
 - retrieve a PaymentIntent, Charge, Refund or Dispute (`GET /v1/payment_intents/{id}`, `/v1/charges/{id}`,
   `/v1/refunds/{id}`, `/v1/disputes/{id}`: https://docs.stripe.com/api/payment_intents/retrieve and its
   siblings) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
@@ -33,8 +41,9 @@ https://docs.stripe.com/api/pagination.
 - injected answers: `fail_next(429)` or `fail_next(500, times=3)`, Stripe's
   error shape; `delay` per answer and `on_request` let a test act mid-run;
 - hostile answers, which Stripe's contract rules out, for reconcile's
-  defences: `hostile` set to one of HOSTILE's modes, and `add_as_created`
-  for an event whose own `created` is not a Unix time.
+  defences: `hostile` set to one of HOSTILE's modes, `add_as_created`
+  for an event whose own `created` is not a Unix time, and `add_listed_under`
+  for an event listed in an account other than the one it names.
 """
 
 import bisect
@@ -94,30 +103,60 @@ class StripeStandIn:
         self.hostile: str | None = None  # one of HOSTILE's modes, for every list request
         self._server: ThreadingHTTPServer | None = None
         self._objects: dict[tuple[str | None, str, str], dict[str, Any]] = {}  # (context, object, id) -> it
+        self._listed_under: dict[str, str | None] = {}  # event id -> the account whose list it is in (None: the key's)
+        self._accounts: list[dict[str, Any]] = []  # connected accounts, oldest first
+        self._disconnected: set[str] = set()  # listed, but refused as a Stripe-Account
 
     # -- the data ---------------------------------------------------------------
 
     def add(self, *events: Any) -> None:
-        """Add Event objects (a dict, or a stripe-python StripeObject); each keeps its own `created`."""
-        with self._lock:
-            for event in events:
-                document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
-                key = (int(document["created"]), len(self._keys))
-                self._keys[document["id"]] = key
-                index = bisect.bisect(self._sorted, key)
-                self._sorted.insert(index, key)
-                self._events.insert(index, document)
+        """Add Event objects (a dict, or a stripe-python StripeObject); each keeps its own `created`, and is listed
+        in the account its `account` names (none: the key's own)."""
+        for event in events:
+            document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+            self._insert(int(document["created"]), document.get("account"), document)
 
     def add_as_created(self, created: int, *events: Any) -> None:
         """Add events listed as created at `created` (Unix seconds), whatever their own `created` says."""
+        for event in events:
+            document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+            self._insert(created, document.get("account"), document)
+
+    def add_listed_under(self, account: str | None, *events: Any) -> None:
+        """Add events listed in account's List Events (None: the key's own), whatever their own `account` says."""
+        for event in events:
+            document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
+            self._insert(int(document["created"]), account, document)
+
+    def _insert(self, created: int, account: str | None, document: dict[str, Any]) -> None:
         with self._lock:
-            for event in events:
-                document = event.to_dict() if hasattr(event, "to_dict") else dict(event)
-                key = (created, len(self._keys))
-                self._keys[document["id"]] = key
-                index = bisect.bisect(self._sorted, key)
-                self._sorted.insert(index, key)
-                self._events.insert(index, document)
+            key = (created, len(self._keys))
+            self._keys[document["id"]] = key
+            self._listed_under[document["id"]] = account
+            index = bisect.bisect(self._sorted, key)
+            self._sorted.insert(index, key)
+            self._events.insert(index, document)
+
+    def add_account(self, *account_ids: str) -> None:
+        """Connect accounts to the platform (each an Account object in GET /v1/accounts, created in order)."""
+        with self._lock:
+            for account_id in account_ids:
+                self._accounts.append({
+                    "id": account_id, "object": "account", "business_profile": {"name": None, "url": None},
+                    "business_type": None, "capabilities": {}, "charges_enabled": True, "country": "US",
+                    "created": int(self.clock()) - 86400 + len(self._accounts), "default_currency": "usd",
+                    "details_submitted": True, "email": None, "metadata": {}, "payouts_enabled": True,
+                    "type": "express"})
+
+    def disconnect(self, account_id: str) -> None:
+        """Refuse account_id as a Stripe-Account from now on (403), while GET /v1/accounts still lists it."""
+        with self._lock:
+            self._disconnected.add(account_id)
+
+    def reconnect(self, account_id: str) -> None:
+        """Accept account_id as a Stripe-Account again."""
+        with self._lock:
+            self._disconnected.discard(account_id)
 
     def put(self, obj: Any, context: str | None = None) -> None:
         """Add an object (a PaymentIntent, Charge, Refund, Dispute or thin event), or replace it by its current
@@ -132,8 +171,9 @@ class StripeStandIn:
 
     # -- the list ---------------------------------------------------------------
 
-    def list_events(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The answer to GET /v1/events with params (parsed as stripe-python encodes them); raise BadRequestError."""
+    def list_events(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any]:
+        """The answer to GET /v1/events with params (parsed as stripe-python encodes them) in account's context (its
+        Stripe-Account; None: the key's own account); raise BadRequestError."""
         limit = _limit(params.get("limit"))
         if "type" in params and "types" in params:
             raise BadRequestError("types", "You may pass either `type` or `types`, but not both.")
@@ -152,7 +192,8 @@ class StripeStandIn:
             found = []
             indexes = range(start, end) if before is not None and after is None else range(end - 1, start - 1, -1)
             for index in indexes:
-                if wanted(self._events[index]["type"]):
+                event = self._events[index]
+                if wanted(event["type"]) and self._listed_under[event["id"]] == account:
                     found.append(self._events[index])
                     if len(found) > limit:
                         break
@@ -161,18 +202,37 @@ class StripeStandIn:
             page.reverse()  # the events just newer than the cursor, newest first
         return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
 
-    def hostile_answer(self, params: Mapping[str, Any]) -> dict[str, Any] | bytes:
+    def hostile_answer(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any] | bytes:
         """The answer to GET /v1/events in the mode `hostile` names (HOSTILE)."""
         mode = self.hostile
         if mode == "empty_with_more":
             return {"object": "list", "url": "/v1/events", "has_more": True, "data": []}
         ignored = {"ignore_cursor": ("starting_after", "ending_before"), "ignore_ending_before": ("ending_before",)}
-        page = self.list_events({name: value for name, value in params.items() if name not in ignored.get(mode, ())})
+        page = self.list_events({name: value for name, value in params.items() if name not in ignored.get(mode, ())},
+                                account)
         if mode == "cut_short":
             return json.dumps(page).encode()[:-1]
         if mode == "not_a_page":
             return {"object": "list", "url": "/v1/events", "has_more": False, "data": {"events": page["data"]}}
         return page
+
+    def list_accounts(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer to GET /v1/accounts with params: the connected accounts, newest first; raise BadRequestError."""
+        limit = _limit(params.get("limit"))
+        after, before = params.get("starting_after"), params.get("ending_before")
+        with self._lock:
+            newest_first = self._accounts[::-1]
+        ids = [account["id"] for account in newest_first]
+        for param, cursor in (("starting_after", after), ("ending_before", before)):
+            if cursor is not None and cursor not in ids:
+                raise BadRequestError(param, f"No such account: '{cursor}'", "resource_missing")
+        if before is not None:
+            newer = newest_first[:ids.index(before)]
+            page, has_more = newer[-limit:], len(newer) > limit
+        else:
+            rest = newest_first[ids.index(after) + 1:] if after is not None else newest_first
+            page, has_more = rest[:limit], len(rest) > limit
+        return {"object": "list", "url": "/v1/accounts", "has_more": has_more, "data": page}
 
     def retrieve_event(self, event_id: str, account: str | None = None) -> tuple[int, dict[str, Any]]:
         """The answer to GET /v1/events/{id} as account (Stripe-Account; None: the platform's own): the Event, or 404
@@ -221,7 +281,8 @@ class StripeStandIn:
         if retrieved:
             return self.retrieve_object(_OBJECTS[retrieved[1]], retrieved[2], context)
         retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
-        if path.rstrip("/") != "/v1/events" and not retrieve:
+        accounts = path.rstrip("/") == "/v1/accounts"
+        if path.rstrip("/") != "/v1/events" and not retrieve and not accounts:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
@@ -231,10 +292,23 @@ class StripeStandIn:
             return fault, _error(*ERRORS[fault])
         if retrieve:
             return self.retrieve_event(params["id"], context)
+        if not accounts and self._refuses(context):
+            return 403, _error("invalid_request_error", "account_invalid",
+                               f"The provided key does not have access to account '{context}' (or that account "
+                               "does not exist). Application access may have been revoked.")
         try:
-            return 200, self.list_events(params) if self.hostile is None else self.hostile_answer(params)
+            if accounts:
+                return 200, self.list_accounts(params)
+            return 200, (self.list_events(params, context) if self.hostile is None else
+                         self.hostile_answer(params, context))
         except BadRequestError as exc:
             return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
+
+    def _refuses(self, account: str | None) -> bool:
+        """Whether List Events as account (its Stripe-Account) is refused: not connected, or disconnected."""
+        with self._lock:
+            return account is not None and (account in self._disconnected or
+                                            account not in {known["id"] for known in self._accounts})
 
     def _arrive(self, request: dict[str, Any]) -> int | None:
         """Count request (its on_request hook, its delay) and return the fault injected for it, if any."""

@@ -3,10 +3,11 @@ resource_type, event_type, summary, resource, links) and each resource with the 
 sample events, those the ledger reads among them: a Capture (PAYMENT.CAPTURE.COMPLETED, with custom_id
 and its links), a Refund (PAYMENT.CAPTURE.REFUNDED and .REVERSED, whose `up` link is
 /v2/payments/captures/<capture id>) and a Dispute (CUSTOMER.DISPUTE.*: dispute_id,
-disputed_transactions[].seller_transaction_id, dispute_amount, dispute_outcome; fields as
-https://developer.paypal.com/docs/disputes/webhooks/ lists them). Event names and what triggers each:
-https://docs.paypal.ai/reference/webhook-events/payments-v2. Amounts are PayPal's Money objects,
-{"currency_code": "USD", "value": "21.00"}."""
+disputed_transactions[].seller_transaction_id, dispute_amount, dispute_outcome with its amount_refunded,
+money_movements; fields as https://developer.paypal.com/docs/disputes/webhooks/ lists them, and as the
+Disputes API's dispute object, https://developer.paypal.com/docs/api/customer-disputes/v1/, defines them).
+Event names and what triggers each: https://docs.paypal.ai/reference/webhook-events/payments-v2. Amounts are
+PayPal's Money objects, {"currency_code": "USD", "value": "21.00"}."""
 
 import random
 import string
@@ -76,8 +77,17 @@ def refund_event(event_type, refund_id, capture_id, value, status="COMPLETED", c
     return envelope(event_type, "refund", refund, f"A {value} {currency} capture payment was refunded")
 
 
-def dispute_event(event_type, dispute_id, capture_id, value, status="OPEN", outcome=None, currency="USD"):
-    """CUSTOMER.DISPUTE.CREATED, .UPDATED or .RESOLVED (with dispute_outcome) on the capture's transaction."""
+# The outcomes in which the buyer is refunded (PayPal's sample of a dispute RESOLVED_BUYER_FAVOUR carries
+# dispute_outcome.amount_refunded and the money_movements that moved it); the others refund nothing.
+REFUNDED_OUTCOMES = ("RESOLVED_BUYER_FAVOUR", "ACCEPTED")
+_ALL = object()
+
+
+def dispute_event(event_type, dispute_id, capture_id, value, status="OPEN", outcome=None, currency="USD",
+                  refunded=_ALL):
+    """CUSTOMER.DISPUTE.CREATED, .UPDATED or .RESOLVED (with dispute_outcome) on the capture's transaction, for
+    value disputed (dispute_amount). Resolved for the buyer, the outcome's amount_refunded is what the buyer got
+    back: all of value unless refunded says otherwise (None: PayPal's record says nothing of it)."""
     dispute = {"dispute_id": dispute_id, "create_time": _stamp(), "update_time": _stamp(),
                "disputed_transactions": [{"seller_transaction_id": capture_id,
                                           "seller": {"merchant_id": "RD465XN5VS364", "name": "Test Store"},
@@ -87,7 +97,14 @@ def dispute_event(event_type, dispute_id, capture_id, value, status="OPEN", outc
                "dispute_channel": "INTERNAL",
                "links": [{"href": f"{API}/v1/customer/disputes/{dispute_id}", "rel": "self", "method": "GET"}]}
     if outcome is not None:
-        dispute["dispute_outcome"] = {"outcome_code": outcome, "amount_refunded": money(value, currency)}
+        dispute["dispute_outcome"] = {"outcome_code": outcome}
+        refunded = (value if outcome in REFUNDED_OUTCOMES else None) if refunded is _ALL else refunded
+        if refunded is not None:
+            dispute["dispute_outcome"]["amount_refunded"] = money(refunded, currency)
+            dispute["money_movements"] = [
+                {"affected_party": party, "amount": money(refunded, currency), "initiated_time": _stamp(),
+                 "type": kind, "reason": "DISPUTE_SETTLEMENT"} for party, kind in (("BUYER", "CREDIT"),
+                                                                                   ("SELLER", "DEBIT"))]
     return envelope(event_type, "dispute", dispute, f"Dispute {dispute_id}")
 
 

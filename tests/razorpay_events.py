@@ -58,8 +58,11 @@ def refund_event(event_type, refund_id, payment_id, paise, status):
                     payment=payment_entity(payment_id, status="captured"))
 
 
-def dispute_event(event_type, dispute_id, payment_id, paise, status, deducted=0):
-    """payment.dispute.<status>: the Dispute entity (amount_deducted is 0 unless it was lost), with its payment."""
+def dispute_event(event_type, dispute_id, payment_id, paise, status, deducted=None):
+    """payment.dispute.<status>: the Dispute entity for paise disputed (amount), with its payment. amount_deducted
+    is what Razorpay deducted from the merchant: 0 unless the dispute is lost (the Disputes entity's page), then all
+    of it unless deducted says otherwise; deducted also stands for a deduction at onset (Deduct at Onset)."""
+    deducted = (paise if status == "lost" else 0) if deducted is None else deducted
     dispute = {"id": dispute_id, "entity": "dispute", "payment_id": payment_id, "amount": paise,
                "currency": CURRENCY, "amount_deducted": deducted, "reason_code": "chargeback",
                "respond_by": int(time.time()) + 86400 * 7, "status": status, "phase": "chargeback",

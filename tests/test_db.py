@@ -365,6 +365,11 @@ def _as_1_0_made_it(db):
     db.execute("DROP FUNCTION ledger_journal_notify()")
     db.execute("ALTER TABLE ledger_journal DROP COLUMN xid")  # its index with it
     db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 5")
+    db.execute("DROP INDEX reconcile_runs_source_idx")  # 006: reconcile's runs and watermarks of one account
+    db.execute("ALTER TABLE reconcile_watermarks DROP CONSTRAINT reconcile_watermarks_pkey, DROP COLUMN account,"
+               " ADD PRIMARY KEY (source)")
+    db.execute("ALTER TABLE reconcile_runs DROP COLUMN account")
+    db.execute("CREATE INDEX reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at)")
     db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
 
 

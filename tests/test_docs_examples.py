@@ -3,8 +3,8 @@
 A page is one terminal session against a real stack: a fresh database, the
 tests' Redis, and `make run`'s own script serving on a free port, which the
 blocks' `127.0.0.1:8000` is replaced with (as devservers/readme.py does for
-the README's curl; PayPal's local stand-ins' ports and folder likewise). A
-block `NAME=value ... make run` (re)starts it with those settings, on the
+the README's curl; the ports and folders of PayPal's and Stripe's local
+stand-ins likewise). A block `NAME=value ... make run` (re)starts it with those settings, on the
 page's database (a new one after `rm -rf .run/pg`), with an empty Redis as
 make run's; a page's first other block starts it as plain `make run` does.
 The other blocks run in bash, one after the other, keeping the variables and
@@ -42,10 +42,12 @@ pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
 
 PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
 MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`
-# Where the docs' PayPal recipe finds devservers/paypal_local.py's stand-ins and files, and the variables that move
-# them: each page's are its own, so that pages and checkouts tested at once do not share them.
-PAYPAL_LOCAL = {"localhost:8443": "PAYPAL_LOCAL_CERT_PORT", "127.0.0.1:8088": "PAYPAL_LOCAL_API_PORT",
-                ".run/paypal": "PAYPAL_LOCAL_DIR"}
+# Where the docs' PayPal and Stripe recipes find devservers/paypal_local.py's and stripe_local.py's stand-ins and
+# files, and the variables that move them: each page's are its own, so that pages and checkouts tested at once do
+# not share them.
+STAND_INS = {"localhost:8443": "PAYPAL_LOCAL_CERT_PORT", "127.0.0.1:8088": "PAYPAL_LOCAL_API_PORT",
+             ".run/paypal": "PAYPAL_LOCAL_DIR", "127.0.0.1:12111": "STRIPE_LOCAL_PORT",
+             ".run/stripe": "STRIPE_LOCAL_DIR"}
 BLOCK_TIMEOUT = 60  # a block is a few commands on loopback
 # Settings of the test process that are not the page's: the service gets those its blocks give.
 NOT_INHERITED = ("WEBHOOK_", "DATABASE_URL", "REDIS_", "STRIPE_", "LEDGER_", "FLASK_", "PROMETHEUS_", "PORT",
@@ -83,10 +85,11 @@ class Session:
         self.databases = [db_url(postgresql)]  # the page's, then one per `rm -rf .run/pg`
         self.servers = {"DATABASE_URL": self.databases[0], "REDIS_URL": redis_url}
         self.places = {MAKE_RUN_PORT: f"127.0.0.1:{self.port}", "localhost:8000": f"localhost:{self.port}"}
-        for place, variable in PAYPAL_LOCAL.items():
-            value = str(workdir / "paypal") if variable == "PAYPAL_LOCAL_DIR" else str(free_port())
+        for place, variable in STAND_INS.items():
+            folder = variable.endswith("_DIR")
+            value = str(workdir / place.rsplit("/", 1)[1]) if folder else str(free_port())
             self.base_env[variable] = value
-            self.places[place] = value if variable == "PAYPAL_LOCAL_DIR" else f"{place.split(':')[0]}:{value}"
+            self.places[place] = value if folder else f"{place.split(':')[0]}:{value}"
         self.groups = []  # the process group of each block run: what it left running is stopped at the end
         self.dir = workdir
         self.state = workdir / "state.sh"

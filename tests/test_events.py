@@ -256,8 +256,7 @@ def _razorpay_refund_without(event_type, field):
     return encode(document)
 
 
-# The 422 of a type both providers send names both providers' fields: Stripe's, and Razorpay's beside it. (The
-# status, whose 422 lists Stripe's statuses alone: tests/providers/test_razorpay.py.)
+# The 422 of a type both providers send names both providers' fields: Stripe's, and Razorpay's beside it.
 BOTH = {"payment_intent": "payment_id", "amount": "amount", "currency": "currency", "id": "id"}
 PROBLEM = {"payment_intent": "must be a payment id of 1 to 128 characters", "amount": "must be a positive integer",
            "currency": "must be a currency's three-letter code", "id": "must be an id of 1 to 128 characters"}
@@ -272,6 +271,28 @@ def test_a_refund_event_both_providers_send_names_both_fields_in_its_422(event_t
     event = parse(body, provider, {"x-razorpay-event-id": "HQ9tqtn9mNxM5C"})
     assert seen(effect_of(event, Policy("inr"))) == refused(
         f"data.object.{stripes} (Stripe) or payload.refund.entity.{BOTH[stripes]} (Razorpay) {PROBLEM[stripes]}")
+
+
+# The 422 of a status the provider does not send lists that provider's statuses: the provider whose shape it came in.
+@pytest.mark.parametrize("event_type", ["refund.created", "refund.failed"])
+@pytest.mark.parametrize("provider, statuses", [
+    ("stripe", {"pending", "requires_action", "succeeded", "failed", "canceled"}),
+    ("razorpay", {"pending", "processed", "failed"}),
+])
+def test_a_refund_status_of_a_type_both_providers_send_is_refused_naming_its_own_providers_statuses(
+        event_type, provider, statuses):
+    if provider == "stripe":
+        evt = stripe_refund("re_1", "pi_1", 300, status="succeeded", event_type=event_type)
+        evt.data.object["status"] = "reversed"
+        body = str(evt).encode()
+    else:
+        document = razorpay_refund(event_type, "rfnd_1", "pay_1", 4000, "reversed")
+        body = encode(document)
+    event = parse(body, provider, {"x-razorpay-event-id": "HQ9tqtn9mNxM5C"})
+    problem = seen(effect_of(event, Policy("inr")))["problem"]
+    label, _, named = problem.partition(" must be one of ")
+    assert (label, set(named.split(", "))) == (
+        "data.object.status (Stripe) or payload.refund.entity.status (Razorpay)", statuses)
 
 
 # -- what two deliveries of one event are compared by ---------------------------------------------------------------

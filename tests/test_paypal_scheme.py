@@ -639,6 +639,33 @@ def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send_p
     assert_ledger_consistent(db, USD)
 
 
+def test_a_dispute_the_buyer_won_in_part_takes_only_what_the_buyer_was_refunded(send_paypal, db, paid):
+    dispute_id = new_dispute_id()
+    lost = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR",
+                         refunded="15.00")
+    assert send_paypal(lost).json["status"] == "processed"
+    assert balance(db, BOB) == 8500
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -1500)]
+    assert_ledger_consistent(db, USD)
+
+
+def test_what_a_buyers_win_takes_is_read_from_paypals_record_of_the_event(client, db, pki, cert_host, paypal_api,
+                                                                           paid):
+    """The delivered body says the buyer was refunded all 40.00; PayPal's record of the event, 15.00: the record
+    decides, as for every PayPal event."""
+    dispute_id, event_id = new_dispute_id(), new_event_id()
+    record = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "40.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR",
+                           refunded="15.00")
+    paypal_api.add({**record, "id": event_id})
+    delivered = encode({**record, "id": event_id, "resource": {
+        **record["resource"], "dispute_outcome": {"outcome_code": "RESOLVED_BUYER_FAVOUR",
+                                                  "amount_refunded": {"currency_code": "USD", "value": "40.00"}}}})
+    assert send(client, delivered, paypal_headers(delivered, pki, cert_host), source=SOURCE).status == 200
+    assert balance(db, BOB) == 8500
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -1500)]
+    assert_ledger_consistent(db, USD)
+
+
 def _refund_before_its_capture(send_paypal, refund_value="1.00"):
     """A refund of a capture not credited yet: the capture's id, the refund event and its answer."""
     capture_id = new_id()
@@ -677,6 +704,9 @@ CANNOT_APPLY = pytest.mark.parametrize("event, problem", [
      "resource.links[rel=up] (the capture's URL) must be a payment id"),
     (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-1", "C8", "1.00", "RESOLVED", "NONE"),
      "resource.dispute_outcome.outcome_code must be one of"),
+    (dispute_event("CUSTOMER.DISPUTE.RESOLVED", "PP-D-2", "C10", "1.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR",
+                   refunded=None),
+     "resource.dispute_outcome.amount_refunded is missing"),
 ])
 
 

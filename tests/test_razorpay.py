@@ -349,12 +349,64 @@ def test_a_lost_dispute_withdraws_once(client, db, paid):
     assert_ledger_consistent(db, INR)
 
 
+def test_a_lost_dispute_withdraws_what_razorpay_deducted_not_what_was_disputed(client, db, paid):
+    dispute_id = new_id("disp")
+    _dispute(client, "payment.dispute.lost", dispute_id, paid, "lost", deliveries=2, deducted=2500)
+    assert balance(db, BOB) == 7500
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -2500)]
+    assert_ledger_consistent(db, INR)
+
+
 def test_a_won_dispute_reinstates_what_its_loss_withdrew(client, db, paid):
     dispute_id = new_id("disp")
-    _lose(client, dispute_id, paid)
+    _dispute(client, "payment.dispute.lost", dispute_id, paid, "lost", deducted=2500)
+    _dispute(client, "payment.dispute.won", dispute_id, paid, "won", deducted=2500)  # what it gives back
+    assert balance(db, BOB) == 10000
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -2500), ("dispute_reinstated", dispute_id, 2500)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_dispute_won_then_lost_in_pre_arbitration_withdraws_what_the_loss_deducted(client, db, paid):
+    """Razorpay's pre-arbitration: a chargeback the merchant won, challenged again and lost. The win deducted
+    nothing, so it gives nothing back and leaves the loss to withdraw."""
+    dispute_id = new_id("disp")
     _dispute(client, "payment.dispute.won", dispute_id, paid, "won")
     assert balance(db, BOB) == 10000
-    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000), ("dispute_reinstated", dispute_id, 4000)]
+    _dispute(client, "payment.dispute.lost", dispute_id, paid, "lost")
+    assert balance(db, BOB) == 6000
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_dispute_deducted_at_onset_withdraws_once_when_it_is_lost(client, db, paid):
+    """Deduct at Onset: Razorpay deducts the disputed amount when the dispute is raised. The ledger follows the
+    outcome: nothing while it is open, the deduction once when it is lost."""
+    dispute_id = new_id("disp")
+    for event_type, status in (("payment.dispute.created", "open"), ("payment.dispute.under_review", "under_review"),
+                               ("payment.dispute.action_required", "open")):
+        _dispute(client, event_type, dispute_id, paid, status, deducted=4000)
+    assert balance(db, BOB) == 10000
+    _dispute(client, "payment.dispute.lost", dispute_id, paid, "lost", deliveries=2, deducted=4000)
+    assert balance(db, BOB) == 6000
+    assert _journal(db) == [("dispute_withdrawn", dispute_id, -4000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_dispute_deducted_at_onset_and_won_moves_nothing(client, db, paid):
+    dispute_id = new_id("disp")
+    _dispute(client, "payment.dispute.created", dispute_id, paid, "open", deducted=4000)
+    _dispute(client, "payment.dispute.won", dispute_id, paid, "won", deducted=4000)
+    assert balance(db, BOB) == 10000
+    assert _journal(db) == []
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_lost_dispute_that_does_not_say_what_was_deducted_is_422_and_moves_nothing(client, db, paid):
+    event = dispute_event("payment.dispute.lost", new_id("disp"), paid, 4000, "lost", deducted=0)
+    response = send_razorpay(client, event)
+    assert (response.status, response.json["message"]) == (
+        422, "payload.dispute.entity.amount_deducted must be a positive integer")
+    assert balance(db, BOB) == 10000
     assert_ledger_consistent(db, INR)
 
 
@@ -394,7 +446,9 @@ def test_for_any_set_of_razorpay_events_in_any_order_the_balance_moves_by_what_t
     for n in range(data.draw(st.integers(0, 2), label="disputes")):
         dispute_id, dispute_paise = new_id("disp"), data.draw(paise, label=f"dispute {n}")
         outcomes = data.draw(st.sets(st.sampled_from(["lost", "won"]), min_size=1), label=f"dispute {n}'s")
-        sent += [dispute_event(f"payment.dispute.{outcome}", dispute_id, payment_id, dispute_paise, outcome)
+        # A win after a loss gives back what the loss deducted; a win alone deducted nothing.
+        sent += [dispute_event(f"payment.dispute.{outcome}", dispute_id, payment_id, dispute_paise, outcome,
+                               deducted=dispute_paise if "lost" in outcomes else 0)
                  for outcome in outcomes]
         disputes[dispute_id] = (dispute_paise, outcomes)
     taken = min(amount, sum(cents for cents, statuses in refunds.values() if "failed" not in statuses)

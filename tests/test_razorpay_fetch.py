@@ -100,7 +100,7 @@ def _movements(payment_id, refund_id, failed_id, dispute_id):
             refund_event("refund.created", failed_id, payment_id, 5000, "pending"),
             refund_event("refund.failed", failed_id, payment_id, 5000, "failed"),
             dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost", deducted=20000),
-            dispute_event("payment.dispute.won", dispute_id, payment_id, 20000, "won")]
+            dispute_event("payment.dispute.won", dispute_id, payment_id, 20000, "won", deducted=20000)]
 
 
 def test_each_razorpay_movement_is_fetched_and_applied_once(client, db, razorpay_api):
@@ -120,6 +120,20 @@ def test_each_razorpay_movement_is_fetched_and_applied_once(client, db, razorpay
     assert [row for row in _journal(db) if row[0] != "credit"] == [
         ("refund", refund_id, -10000), ("dispute_withdrawn", dispute_id, -20000),
         ("dispute_reinstated", dispute_id, 20000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_what_a_lost_dispute_withdraws_is_what_razorpays_record_says_it_deducted(client, db, razorpay_api):
+    """The delivered entity says 200 rupees deducted; Razorpay's record of the dispute, 150: the record decides."""
+    payment_id, dispute_id = new_id("pay"), new_id("disp")
+    paid = payment_captured(payment_id, user=BOB, paise=100000)
+    record = dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost", deducted=15000)
+    razorpay_api.add(*_entities(paid), *_entities(record))
+    assert send_razorpay(client, paid).status == 200
+    delivered = dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost", deducted=20000)
+    assert send_razorpay(client, delivered).json["status"] == "processed"
+    assert balance(db, BOB) == 85000
+    assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -15000)]
     assert_ledger_consistent(db, INR)
 
 

@@ -17,7 +17,8 @@ SETTINGS_TABLE = (ROOT / "docs" / "configuration.md").read_text()
 
 
 def _table_defaults():
-    rows = re.findall(r"^\| `([A-Z_]+)` \| .* \| (.*) \|$", SETTINGS_TABLE, re.M)
+    """Each setting's default, from the groups' tables: | setting | default | what it does |."""
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \| .* \|$", SETTINGS_TABLE, re.M)
     return {name: default for name, default in rows}
 
 

@@ -63,6 +63,10 @@ def test_the_banner_gives_each_route_and_one_line_after_which_the_docs_commands_
         assert replayed.stdout == "replayed 0 failed events: 0 completed, 0 still failed\ntrue app\n"
         # The docs' relative form, from the checkout.
         assert _in_a_fresh_shell(". .run/env && flask users list").returncode == 0
+        # A terminal that sourced an earlier run's file keeps none of the settings this run leaves at their default.
+        again = _in_a_fresh_shell("export LEDGER_CURRENCY=inr WEBHOOK_FETCH=true; . .run/env && "
+                                  "echo ${LEDGER_CURRENCY-unset} ${WEBHOOK_FETCH-unset} $STRIPE_ACCEPT_TEST_EVENTS")
+        assert again.stdout == "unset unset true\n", again
     finally:
         proc.send_signal(signal.SIGINT)
         status = proc.wait(60)

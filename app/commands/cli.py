@@ -466,15 +466,19 @@ YIELDED_EXIT = 75
 
 @click.command("reconcile")
 @click.argument("source_name", metavar="SOURCE")
+@click.option("--account", metavar="ACCT", help="A Stripe Connect account's id (acct_...): reconcile its events, not "
+                                                "the platform's own.")
+@click.option("--all-accounts", is_flag=True, help="Reconcile, in turn, each connected account the platform lists.")
 @click.option("--since", type=When(), help="Events created at or after WHEN [default: the watermark minus "
                                            f"{int(reconcile.OVERLAP.total_seconds() // 60)} min].")
 @click.option("--until", type=When(), help="Events created before WHEN [default: now].")
 @click.option("--dry-run", is_flag=True, help="List the window and say what would be applied; write nothing.")
 @with_appcontext
 @needs(Needs.SERVICE)
-def reconcile_command(source_name: str, since: datetime | None, until: datetime | None, dry_run: bool) -> None:
+def reconcile_command(source_name: str, account: str | None, all_accounts: bool, since: datetime | None,
+                      until: datetime | None, dry_run: bool) -> None:
     """Recover the events of SOURCE whose deliveries were lost, from the provider's event list (Stripe's)."""
-    from .stripe_list import StripeEvents  # stripe-python is imported by this command alone
+    from .stripe_list import StripeAccounts, StripeEvents  # stripe-python is imported by this command alone
 
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)
@@ -483,20 +487,34 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
     if source.scheme != "stripe":
         raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe source's events "
                                "can be listed")
-    key_setting = api_key_setting(source.name)
-    if source.api_key is None:
+    if account is not None and all_accounts:
+        raise click.ClickException("--account and --all-accounts: give one or the other")
+    if account is not None and not reconcile.ACCOUNT_ID.fullmatch(account):
+        raise click.ClickException(f"--account '{reconcile.excerpt(account, 64)}' is not a Stripe account id (acct_ "
+                                   "then letters and digits)")
+    key_setting, api_key = api_key_setting(source.name), source.api_key
+    if api_key is None:
         raise ConfigError(f"{key_setting} is not set: reconcile needs a Stripe restricted key that may read Events")
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be before --until")
     _in_the_ledgers_currency()
-    listing = StripeEvents(source.api_key, settings.stripe_api_base, key_setting)
+
+    def run(of: str | None, counts: metrics.CommandCounts, advance: Callable[[int], None]) -> reconcile.Summary:
+        listing = StripeEvents(api_key, settings.stripe_api_base, key_setting, of)
+        return reconcile.reconcile(get_pool(current_app), source.event_source, Counted(listing, advance),
+                                   settings.policy, since, until, dry_run,
+                                   on_result=lambda result: counts.observe(source.event_source, result),
+                                   max_body_bytes=settings.max_body_bytes)
+
+    if all_accounts:
+        try:
+            accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting).ids()
+        except reconcile.ProviderError as exc:
+            raise click.ClickException(str(exc)) from None
+        raise click.exceptions.Exit(_reconcile_accounts(accounts, run))
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         try:
-            summary = reconcile.reconcile(get_pool(current_app), source.event_source, Counted(listing, advance),
-                                          settings.policy,
-                                          since, until, dry_run,
-                                          on_result=lambda result: counts.observe(source.event_source, result),
-                                          max_body_bytes=settings.max_body_bytes)
+            summary = run(account, counts, advance)
         except reconcile.ProviderError as exc:
             raise click.ClickException(str(exc)) from None
     for line in summary_lines(summary):
@@ -507,11 +525,41 @@ def reconcile_command(source_name: str, since: datetime | None, until: datetime 
         raise click.exceptions.Exit(1)
 
 
+def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summary]) -> int:
+    """Reconcile each account in turn, one line each (and its refusals); return the exit status: 1 if any did not
+    complete, else YIELDED_EXIT if one yielded to another run, else 0."""
+    ended: list[reconcile.RunStatus] = []
+    with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
+        for account in accounts:
+            if not reconcile.ACCOUNT_ID.fullmatch(account):
+                click.echo(f"{reconcile.excerpt(account, 64)}: failed: Stripe listed it as an account, but it is no "
+                           "account id (acct_ then letters and digits): not reconciled")
+                ended.append(reconcile.RunStatus.FAILED)
+                continue
+            try:
+                summary = run(account, counts, advance)
+            except reconcile.ProviderError as exc:
+                click.echo(f"{account}: failed: {exc}")
+                ended.append(reconcile.RunStatus.FAILED)
+                continue
+            click.echo(account_line(summary))
+            for refused in summary.tally.refused:
+                click.echo(f"  refused {refused.event_id} ({refused.event_type}): {refused.reason}")
+            if summary.tally.refused_unnamed:
+                click.echo(f"  and {summary.tally.refused_unnamed} more refused, not named here")
+            ended.append(summary.status)
+    tally = ", ".join(f"{ended.count(status)} {status}" for status in reconcile.RunStatus if status in ended)
+    click.echo(f"{_count(len(accounts), 'connected account')}{': ' if tally else ''}{tally}")
+    if any(status not in (reconcile.RunStatus.COMPLETED, reconcile.RunStatus.YIELDED) for status in ended):
+        return 1
+    return YIELDED_EXIT if reconcile.RunStatus.YIELDED in ended else 0
+
+
 class Counted:
     """A provider's event list that tells advance of each page it lists (the run's progress)."""
 
     def __init__(self, listing: reconcile.EventList, advance: Callable[[int], None]) -> None:
-        self.name, self.horizon_days = listing.name, listing.horizon_days
+        self.name, self.horizon_days, self.account = listing.name, listing.horizon_days, listing.account
         self._listing, self._advance = listing, advance
 
     def pages(self, since: int, until: int) -> Iterator[list[reconcile.ListedEvent]]:
@@ -524,12 +572,29 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def account_line(summary: reconcile.Summary) -> str:
+    """A connected account's run in one line, as `flask reconcile --all-accounts` prints it."""
+    head = f"{summary.account}: {'dry run' if summary.dry_run else f'run {summary.run_id}'} {summary.status}"
+    if summary.status == reconcile.RunStatus.YIELDED:
+        return f"{head}: {summary.message}"
+    tally = summary.tally
+    counts = (f"{tally.applied} not stored, {tally.retried} stored failed, {tally.duplicates} already applied"
+              if summary.dry_run else
+              f"{tally.applied} applied, {tally.duplicates} duplicates, {tally.refused_count} refused")
+    if summary.unprovable:
+        end = f"; NOT PROVABLE: {summary.message}"
+    else:
+        end = f"; watermark {utc(summary.watermark)}" if summary.watermark else ""
+    return f"{head}: {_count(tally.pages, 'page')}, {tally.listed} listed: {counts}{end}"
+
+
 def summary_lines(summary: reconcile.Summary) -> list[str]:
     """A run's summary, as `flask reconcile` prints it."""
     run = "dry run, nothing written" if summary.dry_run else f"run {summary.run_id}"
     start = (f" (the watermark {utc(summary.from_watermark)} minus {reconcile.OVERLAP})"
              if summary.from_watermark else "")
-    lines = [f"reconcile {summary.source} from {summary.provider}'s event list, {run}: "
+    whose = f" (connected account {summary.account})" if summary.account else ""
+    lines = [f"reconcile {summary.source}{whose} from {summary.provider}'s event list, {run}: "
              f"events created {utc(summary.since)} to {utc(summary.until)}{start}"]
     if summary.status == reconcile.RunStatus.YIELDED:
         return [*lines, summary.message]

@@ -2,6 +2,8 @@
 (an `EventList`) and applied as live deliveries are (docs/design.md, "Reconciliation")."""
 
 import hashlib
+import json
+import re
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -46,6 +48,10 @@ REFUSED_KEPT = 1000
 # What an error or a refusal quotes of what the provider sent: enough to
 # recognise it by, not a page of customer data in a log line.
 EXCERPT_CHARS = 200
+# reconcile_runs.account and reconcile_watermarks.account of the platform's own (the API key's) account.
+PLATFORM = ""
+# A Stripe Connect account's id (https://docs.stripe.com/api/accounts/object: "acct_..."), bounded as an event id is.
+ACCOUNT_ID = re.compile(r"acct_[A-Za-z0-9]{1,123}")
 TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
              psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
@@ -71,6 +77,7 @@ class EventList(Protocol):
 
     name: str  # for the summary: "Stripe"
     horizon_days: int  # how far back the provider lists
+    account: str | None  # whose events: a connected account's id, or None for the key's own account
 
     def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
         """The events created in [since, until) (Unix seconds), oldest first, a page at a time."""
@@ -84,8 +91,8 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"  # every event of the window listed, and applied or refused (counted)
     INCOMPLETE = "incomplete"  # part of the window was beyond the provider's horizon: not provable
     FAILED = "failed"  # the provider refused the key or stayed unavailable
-    INTERRUPTED = "interrupted"  # killed midway; marked by the next run of its source
-    YIELDED = "yielded"  # another run of the source held it
+    INTERRUPTED = "interrupted"  # killed midway; marked by the next run of its source and account
+    YIELDED = "yielded"  # another run of the source (and account) held it
 
 
 class Refused(NamedTuple):
@@ -129,22 +136,28 @@ class Summary:
     message: str = ""
     from_watermark: datetime | None = None  # the watermark a window without --since started from
     unprovable: tuple[datetime, datetime] | None = None  # the part of the window beyond the horizon
-    watermark: datetime | None = None  # where the source's watermark is after the run
+    watermark: datetime | None = None  # where the source's (account's) watermark is after the run
     dry_run: bool = False
+    account: str | None = None  # the connected account whose events were listed; None: the platform's own
 
 
 LOCK_WATERMARK = """
-    INSERT INTO reconcile_watermarks (source) VALUES (%(source)s) ON CONFLICT (source) DO NOTHING;
+    INSERT INTO reconcile_watermarks (source, account) VALUES (%(source)s, %(account)s)
+    ON CONFLICT (source, account) DO NOTHING;
 """
-HOLD_WATERMARK = "SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s FOR UPDATE NOWAIT"
-READ_WATERMARK = "SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s"
+HOLD_WATERMARK = """
+    SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s AND account = %(account)s
+    FOR UPDATE NOWAIT
+"""
+READ_WATERMARK = "SELECT reconciled_until FROM reconcile_watermarks WHERE source = %(source)s AND account = %(account)s"
 INTERRUPTED = """
     UPDATE reconcile_runs SET status = 'interrupted', finished_at = now(),
            message = 'ended before it finished (killed, or its connection lost): the next run lists its window again'
-    WHERE source = %(source)s AND status = 'running'
+    WHERE source = %(source)s AND account = %(account)s AND status = 'running'
 """
 START_RUN = """
-    INSERT INTO reconcile_runs (source, since, until, status) VALUES (%(source)s, %(since)s, %(until)s, %(status)s)
+    INSERT INTO reconcile_runs (source, account, since, until, status)
+    VALUES (%(source)s, %(account)s, %(since)s, %(until)s, %(status)s)
     RETURNING id
 """
 PROGRESS = """
@@ -159,7 +172,7 @@ FINISH_RUN = """
 """
 MOVE_WATERMARK = """
     UPDATE reconcile_watermarks SET reconciled_until = %(until)s, run_id = %(id)s, updated_at = now()
-    WHERE source = %(source)s
+    WHERE source = %(source)s AND account = %(account)s
 """
 # For a dry run: what is stored of a page's events (a purged one that moved money: its journal row).
 STORED = """
@@ -170,7 +183,7 @@ STORED = """
 
 
 class RunLockedError(RuntimeError):
-    """Another run of the source holds its watermark row."""
+    """Another run of the source's account holds its watermark row."""
 
 
 def _seconds(moment: datetime) -> int:
@@ -199,29 +212,32 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
               on_result: Callable[[Result], object] = lambda result: None, *, max_body_bytes: int) -> Summary:
     """List source's events of the window and apply each as a live delivery would; return the run's Summary.
 
-    source is the name its events are stored under (Source.event_source); max_body_bytes the largest body a delivery
+    source is the name its events are stored under (Source.event_source); listing.account the connected account
+    whose events, run and watermark these are (None: the platform's own); max_body_bytes the largest body a delivery
     may have (MAX_BODY_BYTES); on_result is told what applying each event came to (for /metrics). Raises
     ProviderError (the run recorded failed) when the provider cannot list the window or answers a page that cannot
     be followed, psycopg's errors when PostgreSQL is unavailable (the next run marks this one interrupted).
     """
     now = (now or datetime.now(UTC)).replace(microsecond=0)
+    key = _key(source, listing)
     if dry_run:
         with transaction(pool) as conn:
-            row = conn.execute(READ_WATERMARK, {"source": source}).fetchone()
+            row = conn.execute(READ_WATERMARK, key).fetchone()
         return _dry_run(pool, source, listing, row[0] if row else None, since, until, now, max_body_bytes)
     failure: ProviderError | None = None
     try:
-        # The run's lock: the source's watermark row, held FOR UPDATE by one
-        # transaction left open for the whole run. A killed run's connection
-        # closes, and PostgreSQL ends the transaction and frees the row.
+        # The run's lock: the watermark row of the source's account, held FOR
+        # UPDATE by one transaction left open for the whole run. A killed
+        # run's connection closes, and PostgreSQL ends the transaction and frees the row.
         with transaction(pool, idle_in_transaction_session_timeout=0) as holder:
-            watermark = _hold(holder, source)
+            watermark = _hold(holder, key)
             first, last, unprovable = window(listing, watermark, since, until, now)
             summary = Summary(source, listing.name, first, last, RunStatus.RUNNING, Tally(),
-                              from_watermark=watermark if since is None else None, unprovable=unprovable)
-            holder.execute(INTERRUPTED, {"source": source})
+                              from_watermark=watermark if since is None else None, unprovable=unprovable,
+                              account=listing.account)
+            holder.execute(INTERRUPTED, key)
             with transaction(pool) as conn:  # committed now: the run is seen while it runs
-                summary.run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
+                summary.run_id = conn.execute(START_RUN, {**key, "since": first, "until": last,
                                                           "status": RunStatus.RUNNING}).fetchone()[0]  # type: ignore
             try:
                 _apply_window(pool, source, listing, policy, summary, on_result, max_body_bytes)
@@ -230,7 +246,7 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
                 summary.watermark, failure = watermark, exc
                 _finish(holder, summary)  # committed with the holder, the watermark as it was
             else:
-                _complete(holder, source, listing, summary, watermark)
+                _complete(holder, key, listing, summary, watermark)
         if failure is not None:
             raise failure
         return summary
@@ -238,7 +254,12 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
         return _yielded(pool, source, listing, since, until, now)
 
 
-def _complete(holder: psycopg.Connection, source: str, listing: EventList, summary: Summary,
+def _key(source: str, listing: EventList) -> dict[str, str]:
+    """The source and account that name a run's records and its watermark."""
+    return {"source": source, "account": listing.account or PLATFORM}
+
+
+def _complete(holder: psycopg.Connection, key: dict[str, str], listing: EventList, summary: Summary,
               watermark: datetime | None) -> None:
     """Record the run's end and, when its window started at or before the watermark, move the watermark."""
     first, last, unprovable = summary.since, summary.until, summary.unprovable
@@ -253,21 +274,22 @@ def _complete(holder: psycopg.Connection, source: str, listing: EventList, summa
         summary.message = f"{summary.tally.applied} recovered, {summary.tally.refused_count} refused"
     _finish(holder, summary)
     if summary.watermark != watermark:
-        holder.execute(MOVE_WATERMARK, {"source": source, "until": summary.watermark, "id": summary.run_id})
+        holder.execute(MOVE_WATERMARK, {**key, "until": summary.watermark, "id": summary.run_id})
 
 
 def _yielded(pool: Pool, source: str, listing: EventList, since: datetime | None, until: datetime | None,
              now: datetime) -> Summary:
     """Record a run that found another running, and say so."""
     first, last, _ = window(listing, None, since, until, now)
+    whose = f"account {listing.account} of this source" if listing.account else "this source"
     with transaction(pool) as conn:
-        run_id = conn.execute(START_RUN, {"source": source, "since": first, "until": last,
+        run_id = conn.execute(START_RUN, {**_key(source, listing), "since": first, "until": last,
                                           "status": RunStatus.YIELDED}).fetchone()[0]  # type: ignore[index]
         conn.execute("UPDATE reconcile_runs SET finished_at = now(), message = %s WHERE id = %s",
-                     ["another run of this source was running", run_id])
+                     [f"another run of {whose} was running", run_id])
     return Summary(source, listing.name, first, last, RunStatus.YIELDED, Tally(), run_id,
-                   "another reconcile of this source is running (it holds the source's watermark row): "
-                   "this one yields")
+                   f"another reconcile of {whose} is running (it holds the watermark row): this one yields",
+                   account=listing.account)
 
 
 def _listed_since(summary: Summary) -> int:
@@ -275,13 +297,14 @@ def _listed_since(summary: Summary) -> int:
     return _seconds(summary.unprovable[1] if summary.unprovable else summary.since)
 
 
-def _hold(holder: psycopg.Connection, source: str) -> datetime | None:
-    """Lock the source's watermark row (made if new) for this run; return the watermark. RunLockedError if held."""
+def _hold(holder: psycopg.Connection, key: dict[str, str]) -> datetime | None:
+    """Lock the watermark row of key's source and account (made if new) for this run; return the watermark.
+    RunLockedError if held."""
     try:
-        holder.execute(LOCK_WATERMARK, {"source": source})  # waits at most lock_timeout on a twin's new row
-        row = holder.execute(HOLD_WATERMARK, {"source": source}).fetchone()
+        holder.execute(LOCK_WATERMARK, key)  # waits at most lock_timeout on a twin's new row
+        row = holder.execute(HOLD_WATERMARK, key).fetchone()
     except psycopg.errors.LockNotAvailable:
-        raise RunLockedError(source) from None
+        raise RunLockedError(key["source"]) from None
     assert row is not None
     watermark: datetime | None = row[0]
     return watermark
@@ -310,7 +333,7 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.listed += len(page)
             lanes: dict[int, list[tuple[Event, Effect, ListedEvent]]] = {}
             for listed in page:
-                event = _read(listed, source, max_body_bytes, tally)
+                event = _read(listed, source, listing.account, max_body_bytes, tally)
                 if event is not None:
                     effect = effect_of(event, policy)
                     lane = zlib.crc32((effect.payment_id or event.id).encode()) % APPLIERS
@@ -338,16 +361,25 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.refuse(refusal)
 
 
-def _read(listed: ListedEvent, source: str, max_body_bytes: int, tally: Tally) -> Event | None:
+def _read(listed: ListedEvent, source: str, account: str | None, max_body_bytes: int, tally: Tally) -> Event | None:
     """The listed event read as a delivery's body is (its size, then events.parse); None, refused and counted but
-    not stored, where a delivery of it would be refused 413 or 400."""
+    not stored, where a delivery of it would be refused 413 or 400, or where it is not of the account listed (its
+    `account` other than account's, or, listed as the platform's own, any)."""
     if len(listed.body) > max_body_bytes:
         problem = too_large(max_body_bytes)
     else:
         try:
-            return parse(listed.body, "stripe", None, source)
+            event = parse(listed.body, "stripe", None, source)
         except (InvalidJSONError, InvalidEventError) as exc:
             problem = str(exc)
+        else:
+            named = event.document.get("account")
+            if named == account:
+                return event
+            whose = f"account {account}" if account else "the platform's own account"
+            names = "no account" if named is None else \
+                f"the account {excerpt(named if isinstance(named, str) else json.dumps(named), MAX_ID_CHARS)}"
+            problem = f"listed as an event of {whose}, it names {names}"
     tally.refuse(Refused(excerpt(listed.id, MAX_ID_CHARS), _type_of(listed.body), f"not stored: {problem}"))
     return None
 
@@ -407,12 +439,13 @@ def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | 
     first, last, unprovable = window(listing, watermark, since, until, now)
     summary = Summary(source, listing.name, first, last, RunStatus.COMPLETED, Tally(), dry_run=True,
                       from_watermark=watermark if since is None else None, unprovable=unprovable,
-                      watermark=watermark)
+                      watermark=watermark, account=listing.account)
     tally = summary.tally
     for page in listing.pages(_listed_since(summary), _seconds(last)):
         tally.pages += 1
         tally.listed += len(page)
-        events = [event for listed in page if (event := _read(listed, source, max_body_bytes, tally)) is not None]
+        events = [event for listed in page
+                  if (event := _read(listed, source, listing.account, max_body_bytes, tally)) is not None]
         with transaction(pool) as conn:
             stored = dict(conn.execute(STORED, {"source": source, "ids": [event.id for event in events]}).fetchall())
         for event in events:

@@ -1,5 +1,6 @@
-"""Stripe's List Events, oldest first, a page at a time, through stripe-python's `raw_request`: the provider part
-of `flask reconcile` (docs/design.md, "Reconciliation")."""
+"""Stripe's List Events, oldest first, a page at a time, in the platform's account or a connected one's, and a
+platform's connected accounts, through stripe-python's `raw_request`: the provider part of `flask reconcile`
+(docs/design.md, "Reconciliation")."""
 
 import json
 import logging
@@ -24,18 +25,88 @@ RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
 _KEY = re.compile(r"\b(sk|rk|pk)_(live|test)_\S*")
 
 
-class StripeEvents:
-    """One Stripe account's events, listed with a restricted key that may read Events."""
-
-    name = NAME
-    horizon_days = HORIZON_DAYS
+class StripeAPI:
+    """Stripe's API with a restricted key: a list's pages, Stripe's failures as ProviderError in one line."""
 
     def __init__(self, api_key: str, api_base: str, key_setting: str) -> None:
         self._client = stripe.StripeClient(api_key, base_addresses={"api": api_base},
                                            max_network_retries=NETWORK_RETRIES)
         self._key_setting = key_setting  # named in a refusal, never the key itself
+        self._context: dict[str, str] = {}  # a connected account's: {"stripe_account": "acct_..."}
         # stripe-python logs each request at INFO: one line per page would drown the run's summary.
         logging.getLogger("stripe").setLevel(logging.WARNING)
+
+    def _list_page(self, path: str, what: str, params: dict[str, Any]) -> tuple[list[Any], bool]:
+        """One page of a list (StripeClient.raw_request: the client's requests, retries): its data and has_more."""
+        answer = self._call(lambda: self._client.raw_request("get", path, **params), what)
+        page = answer.data
+        if not (isinstance(page, dict) and isinstance(page.get("data"), list) and
+                isinstance(page.get("has_more"), bool)):
+            raise ProviderError(f"{NAME} answered a page that is not a list of {what}: {_quoted(answer.body)}")
+        if page["has_more"] and not page["data"]:
+            raise ProviderError(f"{NAME} answered an empty page that says it has more (has_more: true): the run "
+                                "cannot go on from it")
+        return page["data"], page["has_more"]
+
+    def _call(self, request: Any, what: str) -> Any:
+        delay = RATE_LIMIT_FIRST_DELAY
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            try:
+                return request()
+            except stripe.RateLimitError:
+                if attempt == RATE_LIMIT_RETRIES:
+                    raise ProviderError(f"{NAME} kept answering 429 (rate limited) after {attempt} retries") from None
+                time.sleep(delay)
+                delay = min(delay * 2, RATE_LIMIT_MAX_DELAY)
+            except (stripe.AuthenticationError, stripe.PermissionError) as exc:
+                account = self._context.get("stripe_account")
+                where, whose = (f" in account {account}", ", of a platform connected to it") if account else ("", "")
+                raise ProviderRefusedError(
+                    f"{NAME} refused the key in {self._key_setting} ({exc.http_status}){where}: it must be a "
+                    f"restricted key with read access to {what.capitalize()}{whose}") from None
+            except stripe.StripeError as exc:
+                if exc.http_status is not None and 200 <= exc.http_status < 300:  # its body did not parse
+                    raise ProviderError(f"{NAME} answered a page that is not JSON ({exc.http_status}): "
+                                        f"{_quoted(exc.http_body or '')}") from None
+                status = f"{exc.http_status}: " if exc.http_status else ""
+                message = _quoted(exc.user_message or type(exc).__name__)
+                raise ProviderError(f"{NAME} failed after its retries ({status}{message})") from None
+        raise AssertionError("unreachable")
+
+
+class StripeAccounts(StripeAPI):
+    """A Connect platform's connected accounts (https://docs.stripe.com/api/accounts/list)."""
+
+    def ids(self) -> list[str]:
+        """The id of every account listed, all pages, once each, as listed ("?" for one that is not a string).
+
+        Raises ProviderError as StripeEvents.pages does when a page cannot be followed.
+        """
+        ids: dict[str, None] = {}  # in the list's order, an account listed twice once
+        cursors: set[str] = set()
+        params: dict[str, Any] = {"limit": PAGE_LIMIT}
+        while True:
+            data, has_more = self._list_page("/v1/accounts", "accounts", params)
+            for account in data:
+                account_id = account.get("id") if isinstance(account, dict) else None
+                ids[account_id if isinstance(account_id, str) else "?"] = None
+            if not has_more:
+                return list(ids)
+            params = {"limit": PAGE_LIMIT, "starting_after": _cursor(data[-1], cursors, "an account")}
+
+
+class StripeEvents(StripeAPI):
+    """One Stripe account's events, listed with a restricted key that may read Events: the platform's own, or,
+    with account, a connected account's (its `Stripe-Account` header: https://docs.stripe.com/connect/authentication)."""
+
+    name = NAME
+    horizon_days = HORIZON_DAYS
+
+    def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None) -> None:
+        super().__init__(api_key, api_base, key_setting)
+        self.account = account
+        if account:
+            self._context = {"stripe_account": account}
 
     def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
         """The events created in [since, until) (Unix seconds), oldest first, a page at a time.
@@ -48,13 +119,13 @@ class StripeEvents:
         if oldest is None:
             return
         cursors: set[str] = set()  # the pass's cursors: one id a page
-        newer_than = _cursor(oldest, cursors)
+        newer_than = _cursor(oldest, cursors, "an event")
         first = [_listed(oldest)]  # the oldest comes first, with the page of those just after it
         while True:
             # ListObject.previous_page's request: the page just newer than the cursor, newest first.
             data, has_more = self._page({**window, "ending_before": newer_than})
             if has_more:
-                newer_than = _cursor(data[0], cursors)
+                newer_than = _cursor(data[0], cursors, "an event")
             yield first + [_listed(document) for document in reversed(data)]
             first = []
             if not has_more:
@@ -71,42 +142,11 @@ class StripeEvents:
                 oldest = data[-1]
             if not has_more:
                 return oldest
-            older_than = _cursor(data[-1], cursors)
+            older_than = _cursor(data[-1], cursors, "an event")
 
     def _page(self, params: dict[str, Any]) -> tuple[list[Any], bool]:
-        """One page of List Events (StripeClient.raw_request: the client's requests, retries): its data and has_more."""
-        answer = self._call(lambda: self._client.raw_request("get", "/v1/events", **params))
-        page = answer.data
-        if not (isinstance(page, dict) and isinstance(page.get("data"), list) and
-                isinstance(page.get("has_more"), bool)):
-            raise ProviderError(f"{NAME} answered a page that is not a list of events: {_quoted(answer.body)}")
-        if page["has_more"] and not page["data"]:
-            raise ProviderError(f"{NAME} answered an empty page that says it has more (has_more: true): the run "
-                                "cannot go on from it")
-        return page["data"], page["has_more"]
-
-    def _call(self, request: Any) -> Any:
-        delay = RATE_LIMIT_FIRST_DELAY
-        for attempt in range(RATE_LIMIT_RETRIES + 1):
-            try:
-                return request()
-            except stripe.RateLimitError:
-                if attempt == RATE_LIMIT_RETRIES:
-                    raise ProviderError(f"{NAME} kept answering 429 (rate limited) after {attempt} retries") from None
-                time.sleep(delay)
-                delay = min(delay * 2, RATE_LIMIT_MAX_DELAY)
-            except (stripe.AuthenticationError, stripe.PermissionError) as exc:
-                raise ProviderRefusedError(
-                    f"{NAME} refused the key in {self._key_setting} ({exc.http_status}): it must be a restricted "
-                    "key with read access to Events") from None
-            except stripe.StripeError as exc:
-                if exc.http_status is not None and 200 <= exc.http_status < 300:  # its body did not parse
-                    raise ProviderError(f"{NAME} answered a page that is not JSON ({exc.http_status}): "
-                                        f"{_quoted(exc.http_body or '')}") from None
-                status = f"{exc.http_status}: " if exc.http_status else ""
-                message = _quoted(exc.user_message or type(exc).__name__)
-                raise ProviderError(f"{NAME} failed after its retries ({status}{message})") from None
-        raise AssertionError("unreachable")
+        """One page of List Events, in the account's context."""
+        return self._list_page("/v1/events", "events", {**params, **self._context})
 
 
 def _listed(document: Any) -> ListedEvent:
@@ -117,17 +157,18 @@ def _listed(document: Any) -> ListedEvent:
     return ListedEvent(event_id if isinstance(event_id, str) else "?", body)
 
 
-def _cursor(document: Any, cursors: set[str]) -> str:
-    """The id of document, the next request's cursor, added to the pass's cursors; ProviderError if it cannot be."""
-    event_id = document.get("id") if isinstance(document, dict) else None
-    if not (isinstance(event_id, str) and is_id(event_id)):
-        raise ProviderError(f"{NAME} listed an event whose id cannot be a cursor, so the run cannot page past it: "
+def _cursor(document: Any, cursors: set[str], what: str) -> str:
+    """The id of document (what: "an event"), the next request's cursor, added to the pass's cursors; ProviderError
+    if it cannot be."""
+    object_id = document.get("id") if isinstance(document, dict) else None
+    if not (isinstance(object_id, str) and is_id(object_id)):
+        raise ProviderError(f"{NAME} listed {what} whose id cannot be a cursor, so the run cannot page past it: "
                             f"{_quoted(json.dumps(document))}")
-    if event_id in cursors:
-        raise ProviderError(f"{NAME} answered a page it answered before (its cursor {excerpt(event_id)} again): "
+    if object_id in cursors:
+        raise ProviderError(f"{NAME} answered a page it answered before (its cursor {excerpt(object_id)} again): "
                             "the list does not follow its cursor; the run stops")
-    cursors.add(event_id)
-    return event_id
+    cursors.add(object_id)
+    return object_id
 
 
 def _quoted(received: str | bytes) -> str:

@@ -230,6 +230,9 @@ class Rule(NamedTuple):
     # alone do not say (the 422's message).
     read: Callable[[Event], Fields | str | None]
     labels: Fields  # where each field is read from, for the 422's message
+    # A refund rule's statuses as its provider spells them, and what each says: the 422 of a status the provider
+    # does not send lists these. None where the state is not read from a status.
+    statuses: Mapping[str, State] | None = None
 
 
 def uuid_text(value: object) -> object:

@@ -145,7 +145,7 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     them. (A currency the event leaves implied is the policy's, as if named:
     the only value of the policy in a hash, and one no setting refuses.)
     """
-    rule = RULES.get(event.type)
+    rule = _rule_of(event)
     fields = rule.read(event) if rule else None
     if rule is None or fields is None:  # a type, or an event, that moves no money
         return Effect(None, sha256=_sha256([event.type]))
@@ -218,7 +218,7 @@ def _problem(rule: Rule, fields: Fields) -> str | None:
         if not is_id(fields.movement_id):
             return f"{labels.movement_id} must be an id of 1 to {MAX_ID_CHARS} characters"
         if not isinstance(fields.state, State):
-            return f"{labels.state} must be one of {', '.join(stripe.REFUND_STATES)}"
+            return f"{labels.state} must be one of {', '.join(rule.statuses or State)}"
     return None
 
 
@@ -240,6 +240,22 @@ def _read_either_refund(event: Event) -> Fields | str | None:
     return razorpay.read_refund(event) if razorpay.is_razorpay(event.document) else stripe.read_refund(event)
 
 
+def _rule_of(event: Event) -> Rule | None:
+    """event's rule, by its type; refund.created and refund.failed with the statuses of the provider whose shape
+    they came in, for the 422 of one it does not send."""
+    rule = RULES.get(event.type)
+    if rule is not None and event.type in EITHER_REFUND_EVENTS:
+        return rule._replace(statuses=razorpay.REFUND_STATES if razorpay.is_razorpay(event.document)
+                             else stripe.REFUND_STATES)
+    return rule
+
+
+def _stating(rules: dict[str, Rule], statuses: dict[str, State]) -> dict[str, Rule]:
+    """rules, each refund rule naming statuses, its provider's (app/providers/stripe.py's rules name none)."""
+    return {name: rule._replace(statuses=statuses) if rule.kind == Kind.REFUND else rule
+            for name, rule in rules.items()}
+
+
 EITHER_REFUND_EVENTS = ("refund.created", "refund.failed")  # Stripe's names and Razorpay's
 # Both providers' fields, each named in a 422.
 _EITHER_REFUND = Fields(*(f"{s} (Stripe) or {r} (Razorpay)" if s and r else s
@@ -253,9 +269,9 @@ RULES = {
         "data.paymentId", "data.userId", "data.amountCents", "data.currency", None)),
     PAYMENT_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_payment_refunded, Fields(
         "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
-    **stripe.RULES,
-    **stripe.THIN_RULES,
-    **razorpay.RULES,
-    **paypal.RULES,
+    **_stating(stripe.RULES, stripe.REFUND_STATES),
+    **_stating(stripe.THIN_RULES, stripe.REFUND_STATES),
+    **_stating(razorpay.RULES, razorpay.REFUND_STATES),
+    **_stating(paypal.RULES, paypal.REFUND_STATES),
     **{refund: Rule(Kind.REFUND, _read_either_refund, _EITHER_REFUND) for refund in EITHER_REFUND_EVENTS},
 }

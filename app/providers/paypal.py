@@ -210,25 +210,33 @@ def _read_refund(event: Event) -> Fields | str:
     return Fields(capture[1] if capture else None, None, amount, currency, None, refund.get("id"), state)
 
 
-# A resolved Dispute's outcome -> what it does to its funds (Disputes v1, dispute_outcome.outcome_code): the
-# buyer's win takes the disputed amount, the seller's (or none taken from the seller) gives back what was taken.
+# A resolved Dispute's outcome -> what it does to the merchant's funds (Disputes v1, dispute_outcome.outcome_code):
+# the buyer's win (the merchant accepting the claim among them) takes what the buyer was refunded; the seller's,
+# the buyer's cancelling, a claim denied, or PayPal paying out itself, gives back what a loss took. NONE, no
+# outcome, is refused: the ledger does not guess one.
 DISPUTE_OUTCOMES = {"RESOLVED_BUYER_FAVOUR": State.APPLIED, "ACCEPTED": State.APPLIED,
                            "RESOLVED_SELLER_FAVOUR": State.REVERSED, "DENIED": State.REVERSED,
                            "CANCELED_BY_BUYER": State.REVERSED, "RESOLVED_WITH_PAYOUT": State.REVERSED}
 
 
 def _read_dispute(event: Event) -> Fields | str:
-    """CUSTOMER.DISPUTE.RESOLVED: lost, it takes dispute_amount from its transaction's payment once; won, nothing,
-    or back what a loss took. Created and updated move nothing, as Razorpay's disputes before they are lost."""
+    """CUSTOMER.DISPUTE.RESOLVED: the buyer's win takes dispute_outcome.amount_refunded (what the buyer got back,
+    which may be part of dispute_amount) from its transaction's payment once; the seller's gives back what a loss
+    took, the dispute named by its dispute_amount. Created and updated move nothing: the ledger follows the outcome."""
     dispute = _resource(event)
-    outcome = an_object(dispute.get("dispute_outcome")).get("outcome_code")
-    state = DISPUTE_OUTCOMES.get(outcome) if isinstance(outcome, str) else None
+    outcome = an_object(dispute.get("dispute_outcome"))
+    code = outcome.get("outcome_code")
+    state = DISPUTE_OUTCOMES.get(code) if isinstance(code, str) else None
     if state is None:
         return f"resource.dispute_outcome.outcome_code must be one of {', '.join(DISPUTE_OUTCOMES)}"
     transactions = dispute.get("disputed_transactions")
     if not isinstance(transactions, list) or len(transactions) != 1:
         return "resource.disputed_transactions must name exactly one transaction"
-    amount, currency, problem = _money(dispute.get("dispute_amount"), "resource.dispute_amount")
+    if state == State.APPLIED and outcome.get("amount_refunded") is None:
+        return ("resource.dispute_outcome.amount_refunded is missing: a dispute resolved for the buyer takes what "
+                "the buyer was refunded, and PayPal's record does not say")
+    amount, currency, problem = _money(outcome.get("amount_refunded"), "resource.dispute_outcome.amount_refunded") \
+        if state == State.APPLIED else _money(dispute.get("dispute_amount"), "resource.dispute_amount")
     return problem or Fields(an_object(transactions[0]).get("seller_transaction_id"), None, amount, currency, None,
                              dispute.get("dispute_id"), state)
 
@@ -240,7 +248,9 @@ RULES = {
         "resource.links[rel=up] (the capture's URL)", None, "resource.amount.value", "resource.amount.currency_code",
         None, "resource.id", "resource.status")) for refund in REFUND_EVENTS},
     DISPUTE_RESOLVED: Rule(Kind.DISPUTE, _read_dispute, Fields(
-        "resource.disputed_transactions[0].seller_transaction_id", None, "resource.dispute_amount.value",
+        "resource.disputed_transactions[0].seller_transaction_id", None,
+        "resource.dispute_outcome.amount_refunded.value (the buyer's win) or resource.dispute_amount.value",
+        "resource.dispute_outcome.amount_refunded.currency_code (the buyer's win) or "
         "resource.dispute_amount.currency_code", None, "resource.dispute_id", "resource.dispute_outcome")),
 }
 

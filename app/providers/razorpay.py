@@ -104,11 +104,16 @@ def read_refund(event: Event) -> Fields:
                   refund.get("id"), state)
 
 
-def _read_dispute(state: State) -> Callable[[Event], Fields]:
-    """Razorpay deducts a dispute's amount when it is lost (amount_deducted), and gives nothing back before."""
-    def read(event: Event) -> Fields:
+def _read_dispute(state: State) -> Callable[[Event], Fields | None]:
+    """A Dispute entity moves what Razorpay deducted from the merchant (amount_deducted), not what was disputed
+    (amount): lost, it takes that; won, it gives that back, and nothing when nothing was deducted (0, as for any
+    dispute not lost: a win then gives nothing back, and leaves a later loss, in pre-arbitration, to take)."""
+    def read(event: Event) -> Fields | None:
         dispute = _entity(event, "dispute")
-        return Fields(dispute.get("payment_id"), None, dispute.get("amount"), lower(dispute.get("currency")), None,
+        deducted = dispute.get("amount_deducted")
+        if state == State.REVERSED and type(deducted) is int and deducted == 0:  # not False, not 0.0
+            return None
+        return Fields(dispute.get("payment_id"), None, deducted, lower(dispute.get("currency")), None,
                       dispute.get("id"), state)
     return read
 
@@ -117,7 +122,7 @@ def _read_dispute(state: State) -> Callable[[Event], Fields]:
 REFUND_LABELS = Fields("payload.refund.entity.payment_id", None, "payload.refund.entity.amount",
                        "payload.refund.entity.currency", None, "payload.refund.entity.id",
                        "payload.refund.entity.status")
-_DISPUTE_LABELS = Fields("payload.dispute.entity.payment_id", None, "payload.dispute.entity.amount",
+_DISPUTE_LABELS = Fields("payload.dispute.entity.payment_id", None, "payload.dispute.entity.amount_deducted",
                          "payload.dispute.entity.currency", None, "payload.dispute.entity.id", None)
 RULES = {
     **{paid: Rule(Kind.CREDIT, _read_payment, Fields(

@@ -175,8 +175,17 @@ class Metrics:
 # `flask reconcile` runs outside gunicorn (a timer): its figures are read
 # from its records in PostgreSQL at each scrape, whichever host answers it.
 RECONCILE_RUNS = """
-    SELECT source, status, count(*), sum(applied), extract(epoch FROM max(finished_at))
+    SELECT source, status, count(*), sum(applied)
     FROM reconcile_runs WHERE status <> 'running' GROUP BY source, status
+"""
+# A source's last success is that of its account reconciled least recently (0: one never was), among those with a
+# watermark row: the platform's own and each connected account a run has listed (`--account`, `--all-accounts`).
+RECONCILE_LAST_SUCCESS = """
+    SELECT w.source, min(coalesce(extract(epoch FROM last.finished_at), 0))
+    FROM reconcile_watermarks w CROSS JOIN LATERAL (
+        SELECT max(r.finished_at) AS finished_at FROM reconcile_runs r
+        WHERE r.source = w.source AND r.account = w.account AND r.status = 'completed') last
+    GROUP BY w.source
 """
 
 
@@ -187,7 +196,8 @@ SCRAPE_DB_MS = 500
 
 
 class ReconcileCollector(Collector):
-    """Per source: the last successful reconcile, the events it recovered, its runs by how they ended."""
+    """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
+    how they ended."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -195,7 +205,8 @@ class ReconcileCollector(Collector):
     def collect(self) -> "list[GaugeMetricFamily | CounterMetricFamily]":
         settings = Settings.of(self.app)
         last = GaugeMetricFamily("webhook_ledger_reconcile_last_success_timestamp_seconds",
-                                 "When the last successful flask reconcile of the source ended (0: never)",
+                                 "When the last successful flask reconcile of the source ended, of its account "
+                                 "(the platform's own, each connected one) reconciled least recently (0: never)",
                                  labels=["source"])
         max_age = GaugeMetricFamily("webhook_ledger_reconcile_max_age_seconds",
                                     "RECONCILE_MAX_AGE_SECONDS: the longest time without a successful reconcile",
@@ -213,18 +224,19 @@ class ReconcileCollector(Collector):
                     statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
                 conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
+                lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
         except psycopg.Error:
-            rows = None  # PostgreSQL unavailable: the delivery metrics still answer
+            rows, lasts = None, []  # PostgreSQL unavailable: the delivery metrics still answer
         keyed = {source.event_source for source in settings.sources.values() if source.api_key}
         successes: dict[str, float] = dict.fromkeys(keyed, 0.0)
         totals: dict[str, int] = dict.fromkeys(keyed, 0)
         # Every ended status of a keyed source from 0, so that increase() sees its first run.
         counts = {(source, status): 0 for source in keyed for status in ENDED}
-        for source, status, count, applied, finished in rows or []:
+        for source, status, count, applied in rows or []:
             counts[source, status] = count
             totals[source] = totals.get(source, 0) + int(applied or 0)
-            if status == "completed":
-                successes[source] = float(finished)
+        for source, finished in lasts:
+            successes[source] = float(finished)
         if rows is not None:
             for (source, status), count in sorted(counts.items()):
                 runs.add_metric([source, status], count)
