@@ -1,5 +1,6 @@
-"""Stripe: its signature scheme, its snapshot and thin events' money rules (keyed in a Connect event's account), and
-its API: an event by id, a thin event's related object (docs/providers.md, "stripe", "Thin events" and "Connect")."""
+"""Stripe: its signature scheme, its snapshot and thin events' money rules (keyed in a Connect event's account),
+and its API: an event by id, a thin event's related object (docs/providers.md, "stripe", "Thin events", "Stripe
+Connect")."""
 
 import hashlib
 import json
@@ -75,7 +76,7 @@ def sign(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) 
     return {SIGNATURE_HEADER: f"t={t},{v1}"}
 
 
-# -- Connect: a connected account's events (docs/providers.md, "Connect") ------------------------
+# -- Connect: a connected account's events (docs/providers.md, "Stripe Connect") ------------------
 
 # A connected account's id: a Connect event's top-level `account` (https://docs.stripe.com/api/events/object).
 ACCOUNT = re.compile(r"acct_[A-Za-z0-9]+")
