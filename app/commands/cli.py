@@ -16,6 +16,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from ..locking import lock
 from ..locking.redis_client import reason_of
+from ..providers import stripe
 from ..providers.outbound import ProviderUnavailableError
 from ..receiver import fetch, metrics
 from ..settings import parsers
@@ -489,7 +490,7 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
                                "can be listed")
     if account is not None and all_accounts:
         raise click.ClickException("--account and --all-accounts: give one or the other")
-    if account is not None and not reconcile.ACCOUNT_ID.fullmatch(account):
+    if account is not None and not stripe.is_account(account):
         raise click.ClickException(f"--account '{reconcile.excerpt(account, 64)}' is not a Stripe account id (acct_ "
                                    "then letters and digits)")
     key_setting, api_key = api_key_setting(source.name), source.api_key
@@ -531,7 +532,7 @@ def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summar
     ended: list[reconcile.RunStatus] = []
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         for account in accounts:
-            if not reconcile.ACCOUNT_ID.fullmatch(account):
+            if not stripe.is_account(account):
                 click.echo(f"{reconcile.excerpt(account, 64)}: failed: Stripe listed it as an account, but it is no "
                            "account id (acct_ then letters and digits): not reconciled")
                 ended.append(reconcile.RunStatus.FAILED)

@@ -3,7 +3,6 @@
 
 import hashlib
 import json
-import re
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -50,8 +49,6 @@ REFUSED_KEPT = 1000
 EXCERPT_CHARS = 200
 # reconcile_runs.account and reconcile_watermarks.account of the platform's own (the API key's) account.
 PLATFORM = ""
-# A Stripe Connect account's id (https://docs.stripe.com/api/accounts/object: "acct_..."), bounded as an event id is.
-ACCOUNT_ID = re.compile(r"acct_[A-Za-z0-9]{1,123}")
 TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
              psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
