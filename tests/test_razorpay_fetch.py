@@ -115,11 +115,9 @@ def test_each_razorpay_movement_is_fetched_and_applied_once(client, db, razorpay
     assert razorpay_api.count("/v1/payments/") == 2  # each delivery asks; the duplicate's answer is the row's
     assert razorpay_api.count("/v1/refunds/") == 6 and razorpay_api.count("/v1/disputes/") == 4
     # 1000 - 100 (refund); the refund created is read failed (Razorpay's record now): it takes nothing; the
-    # dispute lost takes 200, won gives it back.
+    # dispute's lost and won are both read won (Razorpay's record now): it takes nothing either.
     assert balance(db, BOB) == 90000
-    assert [row for row in _journal(db) if row[0] != "credit"] == [
-        ("refund", refund_id, -10000), ("dispute_withdrawn", dispute_id, -20000),
-        ("dispute_reinstated", dispute_id, 20000)]
+    assert [row for row in _journal(db) if row[0] != "credit"] == [("refund", refund_id, -10000)]
     assert_ledger_consistent(db, INR)
 
 
@@ -135,6 +133,56 @@ def test_what_a_lost_dispute_withdraws_is_what_razorpays_record_says_it_deducted
     assert balance(db, BOB) == 85000
     assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -15000)]
     assert_ledger_consistent(db, INR)
+
+
+@pytest.mark.parametrize("won_first", [False, True], ids=["won-after-lost", "won-before-lost"])
+def test_a_late_won_of_a_dispute_lost_in_pre_arbitration_does_what_razorpays_record_says(
+        client, db, razorpay_api, won_first):
+    """Won in the chargeback phase (nothing deducted), then lost in pre-arbitration (150 rupees deducted): Razorpay's
+    record says lost. The won's delivery comes late, before or after the loss's: read from the record, it is a loss
+    of 150 too, and the dispute withdraws 150 once; it never gives back what the loss took."""
+    payment_id, dispute_id = new_id("pay"), new_id("disp")
+    paid = payment_captured(payment_id, user=BOB, paise=100000)
+    won = dispute_event("payment.dispute.won", dispute_id, payment_id, 20000, "won")
+    lost = dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost", deducted=15000)
+    lost["payload"]["dispute"]["entity"]["phase"] = "pre_arbitration"
+    razorpay_api.add(*_entities(paid), *_entities(lost))  # the record now: lost, in pre-arbitration
+    assert send_razorpay(client, paid).status == 200
+    for event in ([won, lost] if won_first else [lost, won]):
+        assert send_razorpay(client, event).json["status"] == "processed"
+    assert balance(db, BOB) == 85000
+    assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -15000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_dispute_razorpay_has_not_decided_moves_nothing_whatever_its_event(client, db, razorpay_api):
+    """A won delivered while Razorpay's record has the dispute open again (pre-arbitration after the win): the record
+    has no outcome, so nothing moves; the outcome's own event moves the money when it comes."""
+    payment_id, dispute_id = new_id("pay"), new_id("disp")
+    paid = payment_captured(payment_id, user=BOB, paise=100000)
+    reopened = dispute_event("payment.dispute.created", dispute_id, payment_id, 20000, "open")
+    razorpay_api.add(*_entities(paid), *_entities(reopened))
+    assert send_razorpay(client, paid).status == 200
+    won = dispute_event("payment.dispute.won", dispute_id, payment_id, 20000, "won")
+    assert send_razorpay(client, won).json["status"] == "processed"
+    razorpay_api.add(*_entities(dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost")))
+    lost = dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost")
+    assert send_razorpay(client, lost).json["status"] == "processed"
+    assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -20000)]
+    assert_ledger_consistent(db, INR)
+
+
+def test_a_dispute_whose_record_names_no_status_razorpay_sends_is_422(client, db, razorpay_api):
+    payment_id, dispute_id = new_id("pay"), new_id("disp")
+    paid = payment_captured(payment_id, user=BOB, paise=100000)
+    record = dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "settled")
+    razorpay_api.add(*_entities(paid), *_entities(record))
+    assert send_razorpay(client, paid).status == 200
+    answer = send_razorpay(client, dispute_event("payment.dispute.lost", dispute_id, payment_id, 20000, "lost"))
+    assert answer.status == 422
+    assert answer.json["message"] == ("payload.dispute.entity.status must be one of open, under_review, won, lost, "
+                                      "closed (Razorpay's record of the dispute)")
+    assert balance(db, BOB) == 100000
 
 
 def test_an_event_that_moves_no_money_asks_razorpay_nothing(client, db, razorpay_api):

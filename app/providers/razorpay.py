@@ -104,12 +104,28 @@ def read_refund(event: Event) -> Fields:
                   refund.get("id"), state)
 
 
-def _read_dispute(state: State) -> Callable[[Event], Fields | None]:
+# A Dispute's status (Razorpay's Disputes entity, in its order) -> what it says of the dispute: lost takes what Razorpay
+# deducted, won gives it back; open, under_review and closed have no outcome, and move nothing.
+DISPUTE_STATUSES = ("open", "under_review", "won", "lost", "closed")
+DISPUTE_STATES = {"won": State.REVERSED, "lost": State.APPLIED}
+
+
+def _read_dispute(said: State) -> Callable[[Event], Fields | str | None]:
     """A Dispute entity moves what Razorpay deducted from the merchant (amount_deducted), not what was disputed
     (amount): lost, it takes that; won, it gives that back, and nothing when nothing was deducted (0, as for any
-    dispute not lost: a win then gives nothing back, and leaves a later loss, in pre-arbitration, to take)."""
-    def read(event: Event) -> Fields | None:
+    dispute not lost: a win then gives nothing back, and leaves a later loss, in pre-arbitration, to take).
+    Delivered, its state is the event's (said); fetched, its record's status now, as a refund's."""
+    def read(event: Event) -> Fields | str | None:
         dispute = _entity(event, "dispute")
+        state = said
+        if is_fetched(event.document):
+            status = dispute.get("status")
+            if not (isinstance(status, str) and status in DISPUTE_STATUSES):
+                return (f"payload.dispute.entity.status must be one of {', '.join(DISPUTE_STATUSES)} (Razorpay's "
+                        "record of the dispute)")
+            if status not in DISPUTE_STATES:  # no outcome now: the outcome's own event moves the money
+                return None
+            state = DISPUTE_STATES[status]
         deducted = dispute.get("amount_deducted")
         if state == State.REVERSED and type(deducted) is int and deducted == 0:  # not False, not 0.0
             return None
@@ -137,6 +153,8 @@ RULES = {
 # -- the API ------------------------------------------------------------------------------------
 
 API_BASE = "https://api.razorpay.com"  # razorpay.Client's own
+# Where with_entity marks a document fetched: a key of ours, in no body Razorpay sends.
+_FETCHED = "_webhook_ledger_fetched"
 # The entity each event's money is read from (payload.<entity>.entity): the one fetched. Razorpay's API has no
 # event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers.md).
 ENTITIES = {**{paid: "payment" for paid in PAYMENT_EVENTS},
@@ -150,9 +168,15 @@ def is_entity(document: dict[str, Any]) -> bool:
 
 
 def with_entity(document: dict[str, Any], entity: dict[str, Any]) -> dict[str, Any]:
-    """The delivered event's document with the entity Razorpay's API returned in its place: what the money is read
-    from, on receipt and from the stored bytes alike."""
-    return {**document, "payload": {**an_object(document.get("payload")), entity["entity"]: {"entity": entity}}}
+    """The delivered event's document with the entity Razorpay's API returned in its place, marked fetched: what the
+    money is read from, on receipt and from the stored bytes alike."""
+    return {**document, "payload": {**an_object(document.get("payload")), entity["entity"]: {"entity": entity}},
+            _FETCHED: True}
+
+
+def is_fetched(document: dict[str, Any]) -> bool:
+    """Whether a document's entity is Razorpay's record now (with_entity), not the one delivered."""
+    return document.get(_FETCHED) is True
 
 
 class API:

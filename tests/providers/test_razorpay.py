@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from app.intake.events import InvalidEventError, Policy, State, effect_of, parse
+from app.intake.events import Event, InvalidEventError, Policy, State, effect_of, parse
 from app.providers import razorpay
 
 from ..helpers import ALICE
@@ -186,3 +186,49 @@ def test_a_refund_status_razorpay_does_not_send_is_refused_naming_razorpays_stat
     problem = seen(effect(refund_event("refund.processed", "rfnd_1", "pay_1", 4000, "reversed")))["problem"]
     label, _, statuses = problem.partition(" must be one of ")
     assert (label, set(statuses.split(", "))) == ("payload.refund.entity.status", {"pending", "processed", "failed"})
+
+
+# -- fetched: a dispute's state is its record's status now ----------------------------------------------------------
+
+def fetched(document, record):
+    """The effect of document's event read with record, Razorpay's dispute now, in place of the delivered one (as
+    razorpay.API.read and a stored event's fetched bytes put it: razorpay.with_entity)."""
+    event = parse(encode(document), "razorpay", {"x-razorpay-event-id": HEADER})
+    read = razorpay.with_entity(event.document, record)
+    return effect_of(Event(event.id, event.type, read["payload"], read, event.body, event.source), INR)
+
+
+def record(status, deducted=None):
+    """Razorpay's dispute disp_1 of 40 rupees, as its API returns it now."""
+    return dispute_event("payment.dispute.created", "disp_1", "pay_1", 4000, status, deducted)["payload"]["dispute"][
+        "entity"]
+
+
+@pytest.mark.parametrize("event_type", ["payment.dispute.lost", "payment.dispute.won"])
+@pytest.mark.parametrize("now, expected", [
+    # Lost (in pre-arbitration, say, after a win): a late won takes what the loss deducted, as the lost does.
+    pytest.param(record("lost", 2500), disputed("pay_1", "disp_1", 2500, "inr", APPLIED), id="lost"),
+    # Won: what was deducted comes back; nothing was (0, Razorpay's won): nothing moves, a late lost included.
+    pytest.param(record("won", 2500), disputed("pay_1", "disp_1", 2500, "inr", REVERSED), id="won-giving-back"),
+    pytest.param(record("won"), NOTHING, id="won-nothing-deducted"),
+    # No outcome now (open again for pre-arbitration, under review, closed): nothing moves, also when Razorpay
+    # deducted at onset; the outcome's own event moves the money.
+    *(pytest.param(record(status, deducted), NOTHING, id=f"{status}-deducted-{deducted}")
+      for status in ("open", "under_review", "closed") for deducted in (0, 4000)),
+    pytest.param(record("reversed", 4000), refused(
+        "payload.dispute.entity.status must be one of open, under_review, won, lost, closed (Razorpay's record of "
+        "the dispute)"), id="a-status-razorpay-does-not-send"),
+    pytest.param({k: v for k, v in record("lost", 4000).items() if k != "status"}, refused(
+        "payload.dispute.entity.status must be one of open, under_review, won, lost, closed (Razorpay's record of "
+        "the dispute)"), id="no-status"),
+])
+def test_a_fetched_dispute_moves_what_its_records_status_says_whatever_its_events_type(event_type, now, expected):
+    delivered = dispute_event(event_type, "disp_1", "pay_1", 4000, event_type.rpartition(".")[2])
+    assert seen(fetched(delivered, now)) == expected
+
+
+def test_a_delivered_dispute_takes_its_state_from_its_events_type():
+    """Not fetched, the entity is the one delivered with the event: its type says lost or won, as Razorpay sends it."""
+    won = entity(dispute_event("payment.dispute.won", "disp_1", "pay_1", 4000, "won", 2500), "dispute",
+                 status="lost")
+    assert seen(effect(won)) == disputed("pay_1", "disp_1", 2500, "inr", REVERSED)
