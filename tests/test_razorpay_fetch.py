@@ -4,6 +4,7 @@ talking to devservers/razorpay_stand_in.py over HTTP) and the money read from Ra
 Redis."""
 
 import random
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +12,7 @@ import pytest
 import razorpay
 
 from app.settings import config as app_config
+from devservers import ROOT
 from devservers.razorpay_stand_in import RazorpayStandIn
 
 from .helpers import (
@@ -153,6 +155,10 @@ def test_a_late_won_of_a_dispute_lost_in_pre_arbitration_does_what_razorpays_rec
     assert balance(db, BOB) == 85000
     assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -15000)]
     assert_ledger_consistent(db, INR)
+    # docs/providers.md's query lists the won read from the lost record, for a person to check what it did before.
+    page = (ROOT / "docs" / "providers.md").read_text().partition("**Fetching, the record decides the state too.**")[2]
+    query = re.search(r"```sql\n(.*?)```", page, re.S).group(1)
+    assert [(row[2], row[3]) for row in db.execute(query).fetchall()] == [("payment.dispute.won", "lost")]
 
 
 def test_a_dispute_razorpay_has_not_decided_moves_nothing_whatever_its_event(client, db, razorpay_api):
