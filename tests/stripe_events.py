@@ -2,6 +2,7 @@
 its own signer. Each object carries the fields Stripe's API reference shows for it (PaymentIntent, Charge,
 Refund, Dispute, Checkout Session: https://docs.stripe.com/api), those the ledger reads among them."""
 
+import json
 import time
 import uuid
 
@@ -117,3 +118,32 @@ def stripe_signed(evt):
 def send_stripe(to, evt):
     """POST evt, signed by Stripe's signer, to to (helpers.send's: the app's scheme must be stripe)."""
     return send(to, *stripe_signed(evt))
+
+
+# Thin events (https://docs.stripe.com/api/v2/core/events/object): what each related object is retrieved by.
+PATHS = {"payment_intent": "payment_intents", "charge": "charges", "refund": "refunds", "dispute": "disputes"}
+
+
+def thin(event_type, obj=None, context=None, snapshot_event=None):
+    """A thin event of event_type naming obj (a dict with object and id; None: no related object)."""
+    document = {"id": f"evt_test_{uuid.uuid4().hex}", "object": "v2.core.event", "type": event_type,
+                "created": "2026-12-03T14:00:00.000Z", "livemode": True, "context": context,
+                "reason": {"type": "request", "request": {"id": "req_v2test", "idempotency_key": None}}}
+    if obj is not None:
+        document["related_object"] = {"id": obj["id"], "type": obj["object"],
+                                      "url": f"/v1/{PATHS[obj['object']]}/{obj['id']}"}
+    if snapshot_event is not None:
+        document["snapshot_event"] = snapshot_event
+    return document
+
+
+def thin_signed(document, secret=SECRETS["stripe"]):
+    """The thin event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
+    body = json.dumps(document).encode()
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, int(time.time()))
+    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
+
+
+def deliver(to, evt):
+    """POST a snapshot event (a stripe.Event) or a thin event (a dict), signed as Stripe signs it."""
+    return send(to, *(thin_signed(evt) if isinstance(evt, dict) else stripe_signed(evt)))

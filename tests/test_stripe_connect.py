@@ -32,8 +32,7 @@ from .helpers import (
     source_secret,
     sources_config,
 )
-from .stripe_events import checkout_session, dispute, intent_succeeded, refund
-from .test_stripe_thin import deliver, thin, thin_signed
+from .stripe_events import checkout_session, deliver, dispute, intent_succeeded, refund, thin, thin_signed
 
 pytestmark = pytest.mark.core
 

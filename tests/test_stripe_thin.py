@@ -4,7 +4,6 @@ in the event's account context, and the money read from its current state, keyed
 Thin bodies as https://docs.stripe.com/api/v2/core/events/object shows them, signed by stripe-python's signer.
 Real PostgreSQL and Redis."""
 
-import json
 import shlex
 import time
 import uuid
@@ -34,12 +33,9 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
-from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, stripe_signed
+from .stripe_events import charge_refunded, deliver, dispute, intent_succeeded, refund, stripe_signed, thin, thin_signed
 
 pytestmark = pytest.mark.core
-
-PATHS = {"payment_intent": "payment_intents", "charge": "charges", "refund": "refunds", "dispute": "disputes"}
-
 
 @pytest.fixture(scope="module")
 def stripe_api_server():
@@ -58,31 +54,6 @@ def stripe_api(stripe_api_server):
 def config(db, redis_server, redis_client, stripe_api):
     return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
             "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url}
-
-
-def thin(event_type, obj=None, context=None, snapshot_event=None):
-    """A thin event of event_type naming obj (a dict with object and id; None: no related object)."""
-    document = {"id": f"evt_test_{uuid.uuid4().hex}", "object": "v2.core.event", "type": event_type,
-                "created": "2026-12-03T14:00:00.000Z", "livemode": True, "context": context,
-                "reason": {"type": "request", "request": {"id": "req_v2test", "idempotency_key": None}}}
-    if obj is not None:
-        document["related_object"] = {"id": obj["id"], "type": obj["object"],
-                                      "url": f"/v1/{PATHS[obj['object']]}/{obj['id']}"}
-    if snapshot_event is not None:
-        document["snapshot_event"] = snapshot_event
-    return document
-
-
-def thin_signed(document, secret=SECRETS["stripe"]):
-    """The thin event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
-    body = json.dumps(document).encode()
-    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, int(time.time()))
-    return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
-
-
-def deliver(to, evt):
-    """POST a snapshot event (a stripe.Event) or a thin event (a dict), signed as Stripe signs it."""
-    return send(to, *(thin_signed(evt) if isinstance(evt, dict) else stripe_signed(evt)))
 
 
 def _obj(evt):
@@ -426,12 +397,18 @@ def _deliver_until_applied(client, deliveries):
 @given(data=st.data())
 def test_any_interleaving_of_snapshot_and_thin_events_gives_the_snapshot_only_ledger(client, db, stripe_api, data):
     """Every snapshot event and some of their thin twins, in any order, each thin one fetched in any state its
-    object reaches at or after its event: the same debit and movements as the snapshot events alone, in order."""
+    object reaches at or after its event, on the platform's account or a connected one (snapshot events with
+    `account`, thin ones with that `context`): the same debit and movements as the platform's snapshot events
+    alone, in order."""
     alone, pi = _pi(), _pi()
     before = balance(db, ALICE)
     _deliver_until_applied(client, [stripe_signed(evt) for evt in _history(alone)[0]])
     expected = _payment_ledger(db, alone), balance(db, ALICE) - before
+    account = data.draw(st.sampled_from([None, "acct_1Interleaved"]), label="account")
     steps, objects = _history(pi)
+    if account is not None:  # as a Connect endpoint receives them (docs.stripe.com/connect/webhooks)
+        for evt in steps:
+            evt["account"] = account
     twins = data.draw(st.lists(st.integers(0, len(steps) - 1), unique=True), label="thin twins")
     seen = {i: data.draw(st.integers(i, len(steps) - 1), label=f"state of twin {i}") for i in twins}
     order = data.draw(st.permutations([("snapshot", i) for i in range(len(steps))] + [("thin", i) for i in twins]))
@@ -441,14 +418,15 @@ def test_any_interleaving_of_snapshot_and_thin_events_gives_the_snapshot_only_le
         delivery = stripe_signed(steps[i])
         if kind == "thin":
             obj = _state_at(objects, i, seen[i])
-            stripe_api.put(obj)  # Stripe's object when this thin event is fetched
+            stripe_api.put(obj, account)  # Stripe's object, in its account, when this thin event is fetched
             delivery = thin_signed(thin(_THIN_TYPES.get(steps[i].type, "v1." + steps[i].type), obj,
-                                        snapshot_event=steps[i].id))
+                                        context=account, snapshot_event=steps[i].id))
         status = send(client, *delivery).status
         assert status in (200, 422)
         if status == 422:  # a movement before its payment: Stripe retries it later
             waiting.append(delivery)
     for obj in objects:  # by the retries, every object has reached its last state
-        stripe_api.put(obj)
+        stripe_api.put(obj, account)
     _deliver_until_applied(client, waiting)
-    assert (_payment_ledger(db, pi), balance(db, ALICE) - before) == expected
+    key = pi if account is None else f"{account}/{pi}"
+    assert (_payment_ledger(db, key), balance(db, ALICE) - before) == expected
