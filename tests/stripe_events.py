@@ -108,10 +108,10 @@ def checkout_session(intent_id, event_type=SESSION_COMPLETED, user=ALICE, cents=
         "success_url": "https://example.com/done"}, event_id, api_version=api_version)
 
 
-def stripe_signed(evt):
-    """The event's bytes and the headers Stripe sends with them (stripe-python's signer)."""
+def stripe_signed(evt, secret=SECRETS["stripe"]):
+    """The event's bytes and the headers Stripe sends with them (stripe-python's signer), signed with secret."""
     body = str(evt).encode()
-    header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["stripe"], int(time.time()))
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), secret, int(time.time()))
     return body, {"Content-Type": "application/json; charset=utf-8", "Stripe-Signature": header}
 
 

@@ -9,11 +9,19 @@ import pytest
 from app.intake.events import State, effect_of, parse
 from app.providers import stripe
 
-from .helpers import ALICE, balance, stored_event_row
+from .helpers import ALICE, SECRETS, assert_ledger_consistent, balance, send, stored_event_row
 from .providers.effects import NOTHING, credit, running_total, seen
 from .providers.effects import dispute as disputed
 from .providers.effects import refund as refunded
-from .stripe_events import charge_refunded, checkout_session, dispute, intent_succeeded, refund, send_stripe
+from .stripe_events import (
+    charge_refunded,
+    checkout_session,
+    dispute,
+    intent_succeeded,
+    refund,
+    send_stripe,
+    stripe_signed,
+)
 
 pytestmark = pytest.mark.core  # one test needs PostgreSQL and Redis; the others are marked unit
 
@@ -158,3 +166,54 @@ def test_a_prevented_disputes_events_are_answered_200_and_an_appealed_ones_funds
     send_stripe(client, dispute("dp_appealed", "pi_disputed", 300, "charge.dispute.funds_reinstated", "won",
                                 api_version=version, balance_transactions=_withdrawn(300, reinstated=True)))
     assert balance(db) == credited
+
+
+# Stripe's API upgrade run side by side (https://docs.stripe.com/webhooks/versioning): a
+# second endpoint on the same URL with the new version (?version=..., its own signing secret) beside the old one,
+# each event sent once to each, in its endpoint's version's shape. Both secrets are the route's list.
+OLD_VERSION, NEW_VERSION, NEW_SECRET = "2024-06-20", "2026-11-18.endive", "whsec_new_endpoint_endive"
+
+
+def _one_payment_in(version):
+    """One payment's events, ids fixed, as an endpoint of version renders them: a partial capture (6000 of 10000)
+    with a refund of 1500 (before basil, amount_refunded also counts the 4000 released), a refund object, and a
+    dispute withdrawn then reinstated; each version's own added fields on the newer shapes."""
+    newer = version == NEW_VERSION
+    paid = intent_succeeded("pi_upgrade", cents=6000, authorized=10000, event_id="evt_up_paid", api_version=version)
+    total = charge_refunded("pi_upgrade", 1500 if newer else 5500, cents=10000, captured=6000,
+                           event_id="evt_up_total", api_version=version)
+    refunded = refund("re_upgrade", "pi_upgrade", 1500, event_id="evt_up_refund", api_version=version)
+    withdrawn = dispute("dp_upgrade", "pi_upgrade", 2000, event_id="evt_up_withdrawn", api_version=version,
+                        balance_transactions=_withdrawn(2000))
+    reinstated = dispute("dp_upgrade", "pi_upgrade", 2000, "charge.dispute.funds_reinstated", "won",
+                         event_id="evt_up_reinstated", api_version=version,
+                         balance_transactions=_withdrawn(2000, reinstated=True))
+    events = [paid, total, refunded, withdrawn, reinstated]
+    return [_with(evt, **SHOWN_IN_EUR) for evt in events[:2]] + events[2:] if newer else events
+
+
+@pytest.mark.parametrize("scheme", ["stripe"])
+@pytest.mark.parametrize("new_first", [False, True], ids=["old-first", "new-first"])
+def test_an_api_upgrade_run_side_by_side_moves_each_movement_once(make_app, config, db, new_first):
+    """Each event arrives twice, once per endpoint, in its version's shape, under its secret, on ?version= of the
+    same URL: the first copy applies, the second is a duplicate (the same effect in other bytes), whichever
+    version comes first; the ledger is what one delivery of each gives."""
+    client = make_app({**config, "WEBHOOK_SECRET": f"{SECRETS['stripe']},{NEW_SECRET}"}).test_client()
+    copies = [[stripe_signed(evt) for evt in _one_payment_in(OLD_VERSION)],
+              [stripe_signed(evt, NEW_SECRET) for evt in _one_payment_in(NEW_VERSION)]]
+    first, second = copies[::-1] if new_first else copies
+    before = balance(db)
+    for (body, headers), twin in zip(first, second, strict=True):
+        answer = send(client, body, headers, path="/api/webhooks?version=" + (OLD_VERSION, NEW_VERSION)[new_first])
+        assert (answer.status, answer.json["status"]) == (200, "processed")
+        answer = send(client, *twin, path="/api/webhooks?version=" + (NEW_VERSION, OLD_VERSION)[new_first])
+        assert (answer.status, answer.json["status"]) == (200, "duplicate")
+    assert balance(db) == before + 6000 - 1500
+    payment = db.execute("SELECT amount_cents, refunded_cents, debited_cents FROM payments WHERE payment_id = %s",
+                         ["pi_upgrade"]).fetchone()
+    assert tuple(payment) == (6000, 1500, 1500)
+    journal = db.execute("SELECT kind, amount_cents FROM ledger_journal WHERE payment_id = 'pi_upgrade' ORDER BY id")
+    # The refund object is the running total's 1500 explained, not another 1500.
+    assert [tuple(row) for row in journal] == [("credit", 6000), ("refund", -1500), ("dispute_withdrawn", -2000),
+                                               ("dispute_reinstated", 2000)]
+    assert_ledger_consistent(db)
