@@ -94,16 +94,18 @@ ASYNC_FAILED = "checkout.session.async_payment_failed"
 
 def checkout_session(intent_id, event_type=SESSION_COMPLETED, user=ALICE, cents=250, payment_status="paid",
                      mode="payment", metadata=None, customer=None, event_id=None, currency="usd",
-                     api_version=API_VERSION):
+                     api_version=API_VERSION, subscription=None):
     """A Checkout Session (https://docs.stripe.com/api/checkout/sessions/object) in one of its events; user is its
-    client_reference_id (None: none), intent_id its payment_intent in payment mode."""
+    client_reference_id (None: none), intent_id its payment_intent in payment mode, subscription its sub_... in
+    subscription mode (where Stripe always creates the customer: customer_creation is null)."""
     return event(event_type, {
         "id": _id("cs_live"), "object": "checkout.session", "mode": mode, "status": "complete",
         "payment_status": payment_status, "amount_subtotal": cents, "amount_total": cents, "currency": currency,
         "client_reference_id": None if user is None else str(user), "customer": customer,
-        "customer_creation": "if_required", "customer_details": {"email": "buyer@example.com"},
-        "metadata": {} if metadata is None else metadata,
-        "payment_intent": intent_id if mode == "payment" else None, "setup_intent": None, "subscription": None,
+        "customer_creation": "if_required" if mode == "payment" else None,
+        "customer_details": {"email": "buyer@example.com"}, "metadata": {} if metadata is None else metadata,
+        "payment_intent": intent_id if mode == "payment" else None, "setup_intent": None,
+        "subscription": subscription or (_id("sub") if mode == "subscription" else None),
         "created": int(time.time()), "expires_at": int(time.time()) + 86400, "url": None,
         "success_url": "https://example.com/done"}, event_id, api_version=api_version)
 

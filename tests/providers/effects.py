@@ -26,6 +26,11 @@ def credit(payment_id, user, cents, currency, customer=None):
                 customer_id=customer)
 
 
+def link(customer, user):
+    """A customer linked to user (a subscription's Checkout Session), no money: apply_event links it unless it is."""
+    return _row(kind=Kind.LINK, customer_id=customer, user_id=user)
+
+
 def running_total(payment_id, cents, currency):
     """A payment's total refunded so far (charge.refunded, payment.refunded): the highest one counts."""
     return _row(kind=Kind.REFUNDED_TOTAL, payment_id=payment_id, amount_cents=cents, currency=currency)

@@ -20,7 +20,7 @@ from ..stripe_events import (
     invoice_intent_succeeded,
     refund,
 )
-from .effects import NOTHING, credit, refused, refused_by, running_total, seen
+from .effects import NOTHING, credit, link, refused, refused_by, running_total, seen
 from .effects import dispute as disputed
 from .effects import refund as refunded
 
@@ -149,6 +149,21 @@ MOVES = [
                                        ("checkout.session.completed", "subscription", "paid"),
                                        ("checkout.session.completed", "setup", "no_payment_required"),
                                        (ASYNC_FAILED, "payment", "unpaid")]),
+    # A completed subscription Session, paid or with nothing to pay (a trial): its customer linked to its user, no
+    # money (its invoices' PaymentIntents are the money); unpaid, or naming no customer or no user, nothing.
+    *(pytest.param(checkout_session(None, event_type, payment_status=status, mode="subscription", customer="cus_1"),
+                   link("cus_1", ALICE), id=f"{event_type}-subscription-{status}-links")
+      for event_type, status in [("checkout.session.completed", "paid"),
+                                 ("checkout.session.completed", "no_payment_required"), (ASYNC_SUCCEEDED, "paid")]),
+    pytest.param(checkout_session(None, mode="subscription", user=None, metadata={"user_id": str(BOB)},
+                                  customer="cus_1"), link("cus_1", BOB), id="subscription-session-metadata-links"),
+    *(pytest.param(checkout_session(None, payment_status=status, mode="subscription", user=user, customer="cus_1"),
+                   NOTHING, id=f"subscription-session-{status}-{user}")
+      for status, user in [("unpaid", ALICE), ("paid", None)]),
+    pytest.param(checkout_session(None, mode="subscription", user="order_7", customer="cus_1"), refused_by(
+        "WEBHOOK_USER_METADATA_KEY",
+        "data.object.client_reference_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)",
+        link("cus_1", None)), id="subscription-session-client-reference-id-not-a-uuid"),
     # Types no rule knows.
     *(pytest.param(event(event_type, obj), NOTHING, id=event_type) for event_type, obj in [
         ("payment_intent.created", {"id": "pi_1", "object": "payment_intent", "amount": 250, "currency": "usd"}),
