@@ -71,7 +71,8 @@ CROSS JOIN LATERAL (
 --       SHA-256, app/core/vocabulary.py): the event and its bytes of record;
 --   problem: why it cannot apply (NULL: it can);
 --   kind: what it moves, 'credit', 'refunded_total', 'refund', 'dispute',
---       or NULL (nothing); payment: its payment; amount: a credit's amount,
+--       'link' (no money: a customer linked to user_id, link_session), or
+--       NULL (nothing); payment: its payment; amount: a credit's amount,
 --       a running total, or a movement's amount; currency;
 --   user_id: a credit's user (every other movement's is its payment's);
 --       customer: the provider's customer, whose link names the user when
@@ -137,6 +138,9 @@ BEGIN
     END IF;
     IF problem IS NULL AND d.kind = 'credit' THEN
         m := credit_payment(d);
+        v_moved := true;
+    ELSIF problem IS NULL AND d.kind = 'link' THEN
+        m := link_session(d);
         v_moved := true;
     ELSIF problem IS NULL AND d.state = 'reversed' THEN
         BEGIN  -- a subtransaction: a balance that cannot hold the reversal undoes the movement's change too
@@ -327,6 +331,35 @@ BEGIN
         mismatch := true;
         problem := format('payment %s was credited by event %s with another user, amount or currency',
                           d.payment, v_payment.event_id);
+    END IF;
+END
+$$;
+
+-- A link (a subscription's Checkout Session): the customer linked to the
+-- user the event names, as `flask users link` links it (link_customer), by
+-- the event; no money. Linked already to that user: nothing to do. A link is
+-- never changed: linked to another user, or the user unknown, it is refused
+-- (failed, 422), naming both users. Locks the link's key only, after the
+-- event's row: no balance, no payment.
+CREATE OR REPLACE FUNCTION link_session(d ledger_delivery, OUT change text, OUT balance_after bigint,
+    OUT problem text, OUT ignored boolean, OUT mismatch boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_link customer_links%ROWTYPE;
+BEGIN
+    ignored := false;
+    mismatch := false;
+    IF link_customer(p_source => d.source, p_customer => d.customer, p_user => d.user_id,
+                     p_by => left('event ' || d.event_id, 128)) IS NOT NULL THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_link FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
+    IF NOT FOUND THEN
+        problem := 'unknown user ' || d.user_id;
+    ELSIF v_link.user_id <> d.user_id THEN
+        problem := format('customer %s is linked to user %s (by %s, %s); this Session names user %s: '
+                          'a link is never changed', d.customer, v_link.user_id, v_link.linked_by,
+                          to_char(v_link.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), d.user_id);
     END IF;
 END
 $$;

@@ -156,6 +156,27 @@ def test_a_session_naming_an_unknown_user_is_refused_until_the_user_exists(clien
     _clean(client, db, run)
 
 
+def test_a_replay_of_a_session_refused_for_an_unknown_user_links_once_the_user_exists(client, db, run):
+    evt = subscribed("cus_later", user=UNKNOWN_USER)
+    assert send_stripe(client, evt).status == 422
+    run("users", "add", str(UNKNOWN_USER))
+    replayed = run("events", "replay", evt.id)
+    assert replayed.exit_code == 0, replayed.output
+    assert _links(db) == [("cus_later", UNKNOWN_USER)]
+    assert run("events", "replay", evt.id).exit_code == 0  # completed: left as it is
+    _clean(client, db, run)
+
+
+def test_verify_flags_a_completed_session_whose_customer_is_not_linked_to_its_user(client, db, run):
+    evt = subscribed("cus_moved")
+    send_stripe(client, evt)
+    db.execute("UPDATE customer_links SET user_id = %s WHERE customer_id = 'cus_moved'", [ALICE])  # never done
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 1
+    assert f"completed event {evt.id!r}: customer 'cus_moved' is linked to {ALICE}, its bytes link it to {BOB}" \
+        in verified.output
+
+
 def test_a_payment_mode_session_does_not_link_its_customer(client, db, run):
     evt = session("pi_once", user=BOB, customer="cus_once", cents=500)
     assert send_stripe(client, evt).json["status"] == "processed"

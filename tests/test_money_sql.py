@@ -11,7 +11,7 @@ import pytest
 from app.store.ledger import APPLY_EVENT, DELIVERY
 from devservers import wait_until
 
-from .helpers import ALICE, BOB, balance, db_url
+from .helpers import ALICE, BOB, UNKNOWN_USER, balance, db_url
 
 pytestmark = pytest.mark.core
 
@@ -123,6 +123,37 @@ def test_a_credit_through_a_customers_link_names_the_customer(db):
                " 'test')", [BOB])
     assert apply(db, delivery("evt_1", user_id=None, customer="cus_1"))["change"] == "credit"
     assert db.execute("SELECT user_id, customer_id FROM payments").fetchone() == (BOB, "cus_1")
+
+
+# -- link_session -----------------------------------------------------------------------
+
+def link(event_id, user, customer="cus_1"):
+    """A subscription Session's link of customer to user: no payment, no amount."""
+    return delivery(event_id, kind="link", payment=None, amount=None, currency=None, user_id=user, customer=customer)
+
+
+@pytest.mark.parametrize("user, customer, problem", [
+    (BOB, "cus_1", None),  # linked to that user already: nothing to do
+    (ALICE, "cus_1", f"customer cus_1 is linked to user {BOB} (by event evt_1, "),  # to another: never changed
+    (UNKNOWN_USER, "cus_2", f"unknown user {UNKNOWN_USER}"),
+])
+def test_link_session_links_a_customer_once_and_never_changes_a_link(db, user, customer, problem):
+    assert call(db, "link_session", link("evt_1", BOB)) == {"change": None, "balance_after": None, "problem": None,
+                                                            "ignored": False, "mismatch": False}
+    linked = call(db, "link_session", link("evt_2", user, customer))
+    assert (linked["problem"] or "").startswith(problem or "") and bool(linked["problem"]) == bool(problem)
+    assert db.execute("SELECT customer_id, user_id, linked_by FROM customer_links").fetchall() == \
+        [("cus_1", BOB, "event evt_1")]
+    assert journal(db) == []
+
+
+def test_apply_event_of_a_link_moves_no_money_and_records_its_refusal(db):
+    assert apply(db, link("evt_1", BOB))["outcome"] == "processed"
+    refused = apply(db, link("evt_2", ALICE))
+    assert refused["outcome"] == "failed" and "a link is never changed" in refused["problem"]
+    assert db.execute("SELECT event_id, status FROM webhook_events ORDER BY id").fetchall() == \
+        [("evt_1", "completed"), ("evt_2", "failed")]
+    assert journal(db) == [] and db.execute("SELECT count(*) FROM payments").fetchone() == (0,)
 
 
 # -- move_payment and debit_payment --------------------------------------------------

@@ -62,12 +62,13 @@ class Event:
 
 
 class Kind(StrEnum):
-    """What an event moves (ledger_delivery's kind); REFUND and DISPUTE are also movements.kind."""
+    """What an event moves (ledger_delivery's kind); REFUND and DISPUTE are also movements.kind, LINK moves no money."""
 
     CREDIT = "credit"  # credits a payment to its user, once per payment
     REFUNDED_TOTAL = "refunded_total"  # a running total of the payment's refunds: the highest one counts
     REFUND = "refund"  # a refund object: taken once when counted, given back once when it failed
     DISPUTE = "dispute"  # a dispute: its funds withdrawn once, reinstated once
+    LINK = "link"  # links a customer to a user (a subscription's Checkout Session), as `flask users link`: no money
 
 
 class State(StrEnum):
@@ -88,7 +89,7 @@ class Effect:
 
     kind: Kind | None
     payment_id: str | None = None
-    user_id: uuid.UUID | None = None  # a credit's; every other movement's user is its payment's
+    user_id: uuid.UUID | None = None  # a credit's or a link's; every other movement's user is its payment's
     amount_cents: int | None = None  # a credit's amount, a running total, or a refund's or dispute's amount
     currency: str | None = None
     problem: str | None = None
@@ -101,7 +102,7 @@ class Effect:
     # setting allows.
     setting: str | None = None
     # A credit whose user_id is None: the customer whose link (customer_links)
-    # names its user, and what it gets if none does (money.sql decides).
+    # names its user, and what it gets if none does (money.sql decides); a link's: the customer it links.
     customer_id: str | None = None
     users: "Users | None" = None
     # A Stripe Connect event's connected account (acct_...), whose link names the user when neither the

@@ -171,6 +171,8 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
             label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
                 else f"data.object.metadata.{users.metadata_key}"
             setting, problem = users.setting, f"{label} must be a user's UUID ({users.setting})"
+    if rule.kind == Kind.LINK and user is None and not problem:  # a Session that names no user: nothing to link
+        return Effect(None, sha256=sha256)
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,
                   problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
                   customer_id=customer, users=users, account=account)
@@ -202,6 +204,9 @@ def _read_payment_refunded(event: Event) -> Fields:
 def _problem(rule: Rule, fields: Fields) -> str | None:
     """Why an effect with these fields cannot apply whatever the settings (a 422's message), or None."""
     labels = rule.labels
+    if rule.kind == Kind.LINK:  # no money: a customer, and a user the metadata names
+        return None if is_id(fields.customer) else \
+            f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not (isinstance(fields.currency, str) and CURRENCY.fullmatch(fields.currency)):
         return f"{labels.currency} must be a currency's three-letter code"
     if not is_id(fields.payment_id):
@@ -241,9 +246,12 @@ def _read_either_refund(event: Event) -> Fields | str | None:
 
 
 def _rule_of(event: Event) -> Rule | None:
-    """event's rule, by its type; refund.created and refund.failed with the statuses of the provider whose shape
-    they came in, for the 422 of one it does not send."""
+    """event's rule, by its type; a Stripe Checkout Session's by its mode too (a subscription's links, a payment's
+    credits); refund.created and refund.failed with the statuses of the provider whose shape they came in, for the
+    422 of one it does not send."""
     rule = RULES.get(event.type)
+    if stripe.is_subscription_session(event):
+        return stripe.SUBSCRIPTION_SESSION
     if rule is not None and event.type in EITHER_REFUND_EVENTS:
         return rule._replace(statuses=razorpay.REFUND_STATES if razorpay.is_razorpay(event.document)
                              else stripe.REFUND_STATES)

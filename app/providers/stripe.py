@@ -219,8 +219,8 @@ class SessionMetadata(Metadata):
 
 def _read_checkout_session(event: Event) -> Fields | None:
     """A paid Session in payment mode credits its PaymentIntent (the key payment_intent.succeeded credits too)
-    with its amount_total; unpaid (a delayed payment method), no_payment_required, setup and subscription
-    Sessions move nothing (a subscription's money is its invoices' PaymentIntents)."""
+    with its amount_total; unpaid (a delayed payment method), no_payment_required and setup Sessions move nothing,
+    and subscription Sessions are SUBSCRIPTION_SESSION's (a subscription's money is its invoices' PaymentIntents)."""
     session = an_object(event.data.get("object"))
     if session.get("mode") != "payment" or session.get("payment_status") != "paid":
         return None
@@ -229,9 +229,32 @@ def _read_checkout_session(event: Event) -> Fields | None:
                   _livemode(event), customer=session.get("customer"))
 
 
+# A subscription Session's payment_status that says its subscription started: paid, or nothing to pay (a trial, a
+# 100% discount). unpaid (a delayed payment method) waits for async_payment_succeeded.
+SUBSCRIPTION_STARTED = ("paid", "no_payment_required")
+
+
+def is_subscription_session(event: Event) -> bool:
+    return event.type in CHECKOUT_SESSION_EVENTS and an_object(event.data.get("object")).get("mode") == "subscription"
+
+
+def _read_subscription_session(event: Event) -> Fields | None:
+    """A completed subscription Session links its customer to its user (the metadata's key, else the
+    client_reference_id, as a payment Session's credit): no money, and nothing when it names no customer."""
+    session = an_object(event.data.get("object"))
+    if session.get("status") != "complete" or session.get("payment_status") not in SUBSCRIPTION_STARTED \
+            or session.get("customer") is None:
+        return None
+    metadata = SessionMetadata(an_object(session.get("metadata")), session.get("client_reference_id"))
+    return Fields(None, metadata, None, None, _livemode(event), customer=session.get("customer"))
+
+
 CHECKOUT_SESSION_LABELS = Fields("data.object.payment_intent", "data.object.metadata or client_reference_id",
                                  "data.object.amount_total", "data.object.currency", "livemode",
                                  customer="data.object.customer")
+# The rule of a subscription Session (app/intake/events.py's _rule_of picks it by the Session's mode).
+SUBSCRIPTION_SESSION = Rule(Kind.LINK, _in_account(_read_subscription_session),
+                            CHECKOUT_SESSION_LABELS._replace(payment_id=None, amount=None, currency=None))
 
 
 # Where a Refund's fields are read, for a 422's message (app/intake/events.py's refund.created reads either shape).

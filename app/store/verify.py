@@ -219,6 +219,8 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
         return f"completed event {name}: {effect.problem}"
     if effect.kind is None:  # its bytes say it moves no money
         return f"completed event {name}: journal has a {row.kind}, its bytes move no money" if row.kind else None
+    if effect.kind == Kind.LINK:
+        return _link_problem(cur, row, effect, name)
     if row.kind is not None and (row.kind not in CHANGES_OF[effect.kind] or row.payment_id != effect.payment_id
                                  or row.movement_id != effect.movement_id):
         return f"completed event {name}: journal has a {row.kind} of payment {row.payment_id!r}, its bytes say " \
@@ -284,6 +286,19 @@ def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect:
     if row.kind is not None and (row.user_id, row.amount_cents) != (link.user_id, effect.amount_cents):
         return f"completed event {name}: credit of {row.amount_cents} cents to {row.user_id}, its bytes and " \
                f"{linked}'s link say {effect.amount_cents} cents to {link.user_id}"
+    return None
+
+
+def _link_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect: Effect, name: str) -> str | None:
+    """Why a completed link (a subscription's Checkout Session) moved money, or its customer is not linked to the
+    user its bytes name (links are never changed: today's is the one it found or made), or None."""
+    if row.kind is not None:
+        return f"completed event {name}: journal has a {row.kind}, its bytes link customer " \
+               f"{effect.customer_id!r} and move no money"
+    link = cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
+    if link is None or link.user_id != effect.user_id:
+        return f"completed event {name}: customer {effect.customer_id!r} is linked to " \
+               f"{link.user_id if link else 'no user'}, its bytes link it to {effect.user_id}"
     return None
 
 
