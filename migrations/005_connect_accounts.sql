@@ -49,7 +49,10 @@ WHERE account !~ '^acct_[A-Za-z0-9]+$';
 
 -- Each connected account's payment: the account of the event that credited
 -- it, when stored (a platform's event: the payment stays the platform's),
--- else of its first stored event.
+-- else of its first stored event. A payment whose key, or one of whose
+-- movements' keys, would be over 128 characters in its account keeps its
+-- bare keys, whole: the live rule refuses such a key (422), and a CHECK
+-- would stop the upgrade.
 CREATE TEMPORARY TABLE connect_payments ON COMMIT DROP AS
 SELECT
     source,
@@ -65,7 +68,14 @@ FROM (
     WHERE n.payment_id IS NOT NULL
     ORDER BY n.source ASC, n.payment_id ASC, n.event_id IS NOT DISTINCT FROM p.event_id DESC, n.id ASC
 ) AS first_named
-WHERE char_length(payment_id) BETWEEN 1 AND 127 - char_length(account);
+WHERE account IS NOT NULL
+    AND char_length(payment_id) BETWEEN 1 AND 127 - char_length(account)
+    AND NOT EXISTS (
+        SELECT FROM movements AS m
+        WHERE
+            (m.source, m.payment_id) = (first_named.source, first_named.payment_id)
+            AND char_length(m.movement_id) > 127 - char_length(first_named.account)
+    );
 
 -- A connected account's customers, linked bare: the link, copied in the
 -- account (1.0 read the bare link for them; it stays, for the platform's).

@@ -410,6 +410,22 @@ def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dis
     _consistent(client, db)
 
 
+def test_migration_005_keeps_bare_a_payment_whose_movements_key_would_be_over_128_characters_in_its_account(
+        app, db, run):
+    """The live rule refuses such a key (422); the upgrade keeps the payment and its movements bare, whole, and
+    completes (a CHECK on movements would stop it)."""
+    policy = Settings.of(app).policy
+    pi, long_refund = _pi(), "re_" + "x" * (128 - len(ACCOUNT))  # 117 characters; 132 in the account
+    for evt in (connected(intent_succeeded(pi, cents=900)),
+                connected(refund(long_refund, pi, 300, status="pending", event_type="refund.created"))):
+        _as_1_0_applied_it(app, evt, policy)
+    _back_to_the_previous_migration(db)
+    upgraded = run("init-db")
+    assert upgraded.exit_code == 0, upgraded.output
+    assert _payments(db) == [(pi, ALICE, 900, 300, None)]
+    assert _movements(db) == [("refund", long_refund, pi, "applied")]
+
+
 def test_migration_005_leaves_a_ledger_without_connected_accounts_as_it_was(app, client, db):
     deliver(client, intent_succeeded("pi_platform_only", cents=100))
     before = _payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
