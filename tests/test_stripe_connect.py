@@ -270,6 +270,16 @@ def test_an_event_whose_account_is_not_a_connected_accounts_id_is_400_and_writes
     assert event_rows(db) == 0 and balance(db, ALICE) == OPENING[ALICE]
 
 
+@pytest.mark.parametrize("context", ["foo", "acct_", "cus_1", "acct_1/foo", "foo/acct_1"])
+def test_a_thin_event_whose_context_is_not_a_path_of_accounts_ids_is_400_and_asks_stripe_nothing(client, db, stripe_api,
+                                                                                                 context):
+    asked = len(stripe_api.requests)
+    answer = deliver(client, thin("v1.payment_intent.succeeded", _obj(intent_succeeded(_pi())), context=context))
+    assert (answer.status, answer.json["error"]) == (400, "invalid_event")
+    assert "'context' must be an account context" in answer.json["message"]
+    assert event_rows(db) == 0 and len(stripe_api.requests) == asked
+
+
 def test_stripe_python_retrieves_a_connect_event_and_object_from_the_stand_in_only_as_their_account(stripe_api):
     evt = connected(intent_succeeded(_pi(), cents=450))
     stripe_api.add(evt)

@@ -285,7 +285,8 @@ THIN_FETCH_VERSION = "2025-03-31.basil"
 THIN_OBJECTS = {"payment_intent": "/v1/payment_intents/", "charge": "/v1/charges/", "refund": "/v1/refunds/",
                 "dispute": "/v1/disputes/"}
 # Stripe-Context's value: account ids, a path of them for an account below a connected one (docs.stripe.com/context).
-_CONTEXT = re.compile(r"[A-Za-z0-9_]{1,64}(/[A-Za-z0-9_]{1,64}){0,3}")
+# Each an account id, as ACCOUNT: the last is the account the keys are in (account_of).
+_CONTEXT = re.compile(r"acct_[A-Za-z0-9]{1,59}(/acct_[A-Za-z0-9]{1,59}){0,3}")
 
 
 class Related(NamedTuple):
