@@ -119,7 +119,7 @@ def _movement(name, pi, account=ACCOUNT):
     raise AssertionError(name)
 
 
-# What effect_of hashed that platform event to before Connect (main's rule, version 6).
+# That platform event's effect hash under effect version 6, release 1.0's: accounts leave it unchanged.
 PLATFORM_SHA256 = "47395dd904b438a6ae10bfbb377d287bd1c98e7834db59246df0d7e57e105e48"
 MOVEMENTS = ["payment", "refund succeeded", "refund failed", "dispute withdrawn", "dispute reinstated"]
 PREFIX = {"refund": "re", "dispute": "du"}
@@ -361,7 +361,7 @@ def _as_1_0_applied_it(app, evt, policy):
 
 
 def _thin_as_before_connect_applied_it(app, document, obj, policy):
-    """A thin event applied as the build before 005 did: its related object fetched in its context and kept, its
+    """A thin event applied as a ledger before 005 held it: its related object fetched in its context and kept, its
     money keyed bare."""
     event = events.parse(json.dumps(document).encode(), "stripe")
     effect = events.effect_of(stripe.with_related(events.parse(json.dumps({**document, "context": None}).encode(),
