@@ -252,7 +252,8 @@ def test_linking_an_account_names_the_events_waiting_for_it_and_the_retry_applie
     assert run("ledger", "verify").exit_code == 0
 
 
-@pytest.mark.parametrize("named", ["acct_", "acct_1/", "acct_x-y/cus_1", "cus_1/cus_2"])
+@pytest.mark.parametrize("named", ["acct_", "acct_1/", "acct_x-y/cus_1", "cus_1/cus_2", "acct_1//cus_1",
+                                   "acct_1/cus_1/cus_2", "acct_1/ cus_1"])
 def test_a_link_of_something_that_is_no_account_nor_its_customer_is_refused(db, run, named):
     refused = run("users", "link", "default", named, str(BOB), "--by", "ops")
     assert refused.exit_code == 2 and "connected account" in refused.output

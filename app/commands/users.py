@@ -1,6 +1,7 @@
 """Users and their links to a provider's customers: `flask users add|show|list|link`
 (docs/operations.md, "Users and links")."""
 
+import re
 import uuid
 
 import click
@@ -79,6 +80,10 @@ def show_user(user_id: uuid.UUID) -> None:
                [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
 
 
+# A connected account's customer's id, after acct_X/: a Stripe id (cus_...), as its events' keys end.
+_STRIPE_ID = re.compile(r"[A-Za-z0-9_]+")
+
+
 def _linked(customer_id: str) -> str:
     """What a link links, in words: a customer, or a Stripe connected account (acct_...)."""
     return f"{'account' if stripe.is_account(customer_id) else 'customer'} {customer_id}"
@@ -128,8 +133,9 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     actor = os_user() if actor is None else actor
     if not 1 <= len(customer_id) <= 128:
         raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
-    within, slash, _ = customer_id.partition("/")
-    if (slash or customer_id.startswith("acct_")) and not (stripe.is_account(within) and customer_id[-1] != "/"):
+    within, slash, customer = customer_id.partition("/")
+    if (slash or customer_id.startswith("acct_")) and not (
+            stripe.is_account(within) and (not slash or _STRIPE_ID.fullmatch(customer))):
         raise click.BadParameter("a connected account is acct_ and letters or digits, its customer acct_.../cus_...",
                                  param_hint="CUSTOMER_ID")
     account = customer_id if stripe.is_account(customer_id) else None
