@@ -19,6 +19,7 @@ from app.settings.config import DEFAULT_SOURCE
 from app.store.db import apply_schema
 from devservers import Gunicorn, Postgres, Redis
 from devservers.paypal_stand_in import PayPalStandIn
+from devservers.stripe_stand_in import StripeStandIn
 
 from . import tiers
 from .helpers import (
@@ -225,3 +226,18 @@ def paypal_api(paypal_api_server):
     """PayPal's REST API (token, events) on loopback, holding no event and failing nothing: this test's alone."""
     paypal_api_server.reset()
     return paypal_api_server
+
+
+@pytest.fixture(scope="module")
+def stripe_api_server():
+    with StripeStandIn() as stand_in:
+        yield stand_in
+
+
+@pytest.fixture
+def stripe_api(stripe_api_server):
+    """Stripe's API on loopback (devservers/stripe_stand_in.py), shared by a module's tests, failing nothing and
+    answering at once."""
+    stripe_api_server._faults.clear()
+    stripe_api_server.delay = 0.0
+    return stripe_api_server

@@ -39,19 +39,6 @@ pytestmark = pytest.mark.core
 ACCOUNT, OTHER = "acct_1ConnectA", "acct_1ConnectB"
 
 
-@pytest.fixture(scope="module")
-def stripe_api_server():
-    with StripeStandIn() as stand_in:
-        yield stand_in
-
-
-@pytest.fixture
-def stripe_api(stripe_api_server):
-    stripe_api_server._faults.clear()
-    stripe_api_server.delay = 0.0
-    return stripe_api_server
-
-
 @pytest.fixture
 def config(db, redis_server, redis_client, stripe_api):
     return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",

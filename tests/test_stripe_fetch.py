@@ -6,25 +6,12 @@ Real PostgreSQL and Redis."""
 import pytest
 import stripe
 
-from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from devservers.stripe_stand_in import API_KEY
 
 from .helpers import ALICE, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, event_rows, samples, send
 from .stripe_events import intent_succeeded, stripe_signed
 
 pytestmark = pytest.mark.core
-
-
-@pytest.fixture(scope="module")
-def stripe_api_server():
-    with StripeStandIn() as stand_in:
-        yield stand_in
-
-
-@pytest.fixture
-def stripe_api(stripe_api_server):
-    stripe_api_server._faults.clear()
-    stripe_api_server.delay = 0.0
-    return stripe_api_server
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from app.providers.stripe import THIN_RULES
 from devservers import ROOT, readme
-from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from devservers.stripe_stand_in import API_KEY
 
 from .helpers import (
     ALICE,
@@ -36,19 +36,6 @@ from .helpers import (
 from .stripe_events import charge_refunded, deliver, dispute, intent_succeeded, refund, stripe_signed, thin, thin_signed
 
 pytestmark = pytest.mark.core
-
-@pytest.fixture(scope="module")
-def stripe_api_server():
-    with StripeStandIn() as stand_in:
-        yield stand_in
-
-
-@pytest.fixture
-def stripe_api(stripe_api_server):
-    stripe_api_server._faults.clear()
-    stripe_api_server.delay = 0.0
-    return stripe_api_server
-
 
 @pytest.fixture
 def config(db, redis_server, redis_client, stripe_api):
