@@ -464,13 +464,13 @@ class API:
     def __repr__(self) -> str:
         return f"API({self.base!r})"
 
-    def event(self, event_id: str) -> bytes | None:
+    def event(self, event: Event) -> bytes | None:
         """The event's bytes as PayPal's API returns them, or None when PayPal has no such event (404).
 
         ProviderUnavailableError when PayPal cannot answer now, ProviderRefusedError when it refuses our
         credentials; both within the process's deadline and one slot.
         """
-        deadline, path = self.outbound.deadline(), f"/v1/notifications/webhooks-events/{quote(event_id, safe='')}"
+        deadline, path = self.outbound.deadline(), f"/v1/notifications/webhooks-events/{quote(event.id, safe='')}"
         with self.outbound.slot(SCHEME):
             reply = self._get(path, deadline)
             if reply.status == 401:  # a token PayPal revoked before its time: one more, once

@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 from urllib.parse import quote
 
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
@@ -82,7 +82,7 @@ def sign(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) 
 ACCOUNT = re.compile(r"acct_[A-Za-z0-9]+")
 
 
-def is_account(value: object) -> bool:
+def is_account(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= MAX_ID_CHARS and ACCOUNT.fullmatch(value) is not None
 
 
@@ -396,15 +396,16 @@ class API:
     def __repr__(self) -> str:
         return f"API({self.base!r})"
 
-    def event(self, event_id: str, account: str | None = None) -> bytes | None:
-        """The event's bytes as Stripe's API returns them, in a connected account (Stripe-Account) or the platform's
-        own (None), or None when Stripe has no such event there (404)."""
+    def event(self, event: Event) -> bytes | None:
+        """The event's bytes as Stripe's API returns them, in the connected account it names (Stripe-Account) or the
+        platform's own, or None when Stripe has no such event there (404)."""
         headers = {"Authorization": self._authorization}
-        if account is not None:
+        account = account_of(event)
+        if is_account(account):  # parse checked a delivery's; a stored one's, replayed, is checked here
             headers["Stripe-Account"] = account
         deadline = self.outbound.deadline()
         with self.outbound.slot(SCHEME):
-            reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event_id, safe='')}",
+            reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event.id, safe='')}",
                                           deadline, headers=headers)
         return record(reply, NAME, "its event")
 

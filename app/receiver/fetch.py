@@ -43,10 +43,7 @@ class ByEventId:
         return f"event {event.id}"
 
     def get(self, event: Event) -> bytes | None:
-        if isinstance(self.api, stripe.API):  # a Connect event is Stripe's in its connected account (Stripe-Account)
-            account = stripe.account_of(event)
-            return self.api.event(event.id, account if isinstance(account, str) else None)
-        return self.api.event(event.id)
+        return self.api.event(event)
 
     def read(self, event: Event, body: bytes) -> Event:
         return as_fetched(event, body, self.scheme, self.name)
