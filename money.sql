@@ -384,6 +384,15 @@ BEGIN
         IF EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = d.source AND i.payment_id = d.payment) THEN
             ignored := true;  -- a payment that is not ours: nobody's to debit
             problem := format('payment %s is not ours: it named no user, and was ignored', d.payment);
+        ELSIF d.account IS NOT NULL AND EXISTS (
+                SELECT 1 FROM payments p
+                WHERE p.source = d.source AND p.payment_id = substr(d.payment, char_length(d.account) + 2)) THEN
+            -- A connected account's payment keyed in no account (its events purged before migration 005 could
+            -- read its account): a refusal, never a delivery that applies, pays for this lookup.
+            problem := format('%s; payment %s is keyed in no account: if it is %s''s, flask payments '
+                              'move-to-account %s %s %s moves it there', problem,
+                              substr(d.payment, char_length(d.account) + 2), d.account, d.source,
+                              substr(d.payment, char_length(d.account) + 2), d.account);
         END IF;
         RETURN;
     ELSIF v_payment.currency <> d.currency THEN
@@ -526,6 +535,87 @@ BEGIN
     ON CONFLICT (source, payment_id) DO NOTHING;
     assigned := FOUND;
     SELECT a.user_id INTO user_now FROM payment_users a WHERE a.source = p_source AND a.payment_id = p_payment;
+END
+$$;
+
+-- A payment keyed in no account that is p_account's, a Stripe connected
+-- account's (`flask payments move-to-account`): migration 005 keys such a
+-- payment in its account, read from its stored events, and keeps one none
+-- of whose events is stored any more. Rewrites what 005 rewrites for a
+-- payment, p_payment -> p_account/p_payment: its row (and customer_id), its
+-- movements' payment and movement keys, its journal rows' (they are its
+-- user's alone: `ledger verify` checks it, and the user's index finds them),
+-- its assignment and its ignored row; its customer's link is copied into
+-- the account, as 005 copies it. The movements' foreign key holds
+-- throughout: the row under the new key first, the old one deleted last.
+-- Refuses by raising, nothing changed: an unknown payment (P0002
+-- no_data_found; moved already: says so), one whose key in the account
+-- exists already (23505 unique_violation: two rows of one payment), a key
+-- over p_max_chars in the account (22023 invalid_parameter_value). Locks
+-- the payment's row first, as every movement of it does. Returns the new
+-- key and how many movements and journal rows moved.
+CREATE OR REPLACE FUNCTION move_payment_to_account(p_source text, p_payment text, p_account text,
+                                                   p_max_chars integer, OUT payment_key text,
+                                                   OUT movements_moved integer, OUT journal_moved integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_payment payments%ROWTYPE;
+    v_key text := p_account || '/' || p_payment;
+    v_longest text;
+BEGIN
+    payment_key := v_key;
+    movements_moved := 0;
+    journal_moved := 0;
+    SELECT * INTO v_payment FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment FOR UPDATE;
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = p_payment)
+       AND NOT EXISTS (SELECT 1 FROM payment_users a WHERE a.source = p_source AND a.payment_id = p_payment) THEN
+        IF EXISTS (SELECT 1 FROM payments p WHERE p.source = p_source AND p.payment_id = v_key) THEN
+            RAISE EXCEPTION 'payment % of source % is in account % already (%)', p_payment, p_source, p_account, v_key
+                USING ERRCODE = 'no_data_found';
+        END IF;
+        RAISE EXCEPTION 'unknown payment % of source %', p_payment, p_source USING ERRCODE = 'no_data_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM payments p WHERE p.source = p_source AND p.payment_id = v_key)
+       OR EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = v_key)
+       OR EXISTS (SELECT 1 FROM payment_users a WHERE a.source = p_source AND a.payment_id = v_key) THEN
+        RAISE EXCEPTION 'payment % of source % exists already: it and % would be one payment credited twice',
+                        v_key, p_source, p_payment USING ERRCODE = 'unique_violation';
+    END IF;
+    SELECT m.movement_id INTO v_longest FROM movements m
+    WHERE m.source = p_source AND m.payment_id = p_payment ORDER BY char_length(m.movement_id) DESC LIMIT 1;
+    IF char_length(v_key) > p_max_chars OR char_length(p_account || '/' || v_longest) > p_max_chars THEN
+        RAISE EXCEPTION 'the key % in account % would be over % characters, which no event of it may name',
+                        CASE WHEN char_length(v_key) > p_max_chars THEN v_key ELSE p_account || '/' || v_longest END,
+                        p_account, p_max_chars USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM movements m JOIN movements t
+                   ON (t.source, t.kind, t.movement_id) = (m.source, m.kind, p_account || '/' || m.movement_id)
+               WHERE m.source = p_source AND m.payment_id = p_payment) THEN
+        RAISE EXCEPTION 'a movement of payment % of source % exists already in account %', p_payment, p_source,
+                        p_account USING ERRCODE = 'unique_violation';
+    END IF;
+    IF v_payment.payment_id IS NOT NULL THEN
+        INSERT INTO payments (source, payment_id, user_id, amount_cents, currency, refunded_cents, debited_cents,
+                              event_id, created_at, updated_at, customer_id)
+        VALUES (p_source, v_key, v_payment.user_id, v_payment.amount_cents, v_payment.currency,
+                v_payment.refunded_cents, v_payment.debited_cents, v_payment.event_id, v_payment.created_at,
+                v_payment.updated_at, p_account || '/' || v_payment.customer_id);
+        INSERT INTO customer_links (source, customer_id, user_id, linked_by, created_at)
+        SELECT l.source, p_account || '/' || l.customer_id, l.user_id, l.linked_by, l.created_at
+        FROM customer_links l
+        WHERE l.source = p_source AND l.customer_id = v_payment.customer_id
+            AND char_length(p_account || '/' || l.customer_id) <= p_max_chars
+        ON CONFLICT (source, customer_id) DO NOTHING;
+        UPDATE movements m SET payment_id = v_key, movement_id = p_account || '/' || m.movement_id
+        WHERE m.source = p_source AND m.payment_id = p_payment;
+        GET DIAGNOSTICS movements_moved = ROW_COUNT;
+        UPDATE ledger_journal j SET payment_id = v_key, movement_id = p_account || '/' || j.movement_id
+        WHERE j.user_id = v_payment.user_id AND j.source = p_source AND j.payment_id = p_payment;
+        GET DIAGNOSTICS journal_moved = ROW_COUNT;
+        DELETE FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment;
+    END IF;
+    UPDATE payment_users a SET payment_id = v_key WHERE a.source = p_source AND a.payment_id = p_payment;
+    UPDATE ignored_payments i SET payment_id = v_key WHERE i.source = p_source AND i.payment_id = p_payment;
 END
 $$;
 

@@ -430,3 +430,108 @@ def test_migration_005_leaves_a_ledger_without_connected_accounts_as_it_was(app,
     _back_to_the_previous_migration(db)
     assert apply_schema(db)[1] == ["005_connect_accounts.sql"]
     assert (_payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()) == before
+
+
+# -- flask payments move-to-account: a payment the upgrade could not place (its events purged) ---------------------
+
+MONEY_TABLES = ("payments", "movements", "ledger_journal", "payment_users", "ignored_payments", "customer_links",
+                "user_balances", "webhook_events")
+
+
+def _tables(db):
+    return {table: db.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in MONEY_TABLES}
+
+
+def _left_bare_by_the_upgrade(app, db, run, pi=None):
+    """A 1.0 ledger's connected payment (900 cents to ALICE, a pending refund of 300 taken), its events purged
+    (retention) before the upgrade: migration 005 cannot read its account and keeps it bare, pi."""
+    pi = pi or _pi()
+    policy = Settings.of(app).policy
+    for evt in (connected(intent_succeeded(pi, cents=900)),
+                connected(refund(f"re_{pi}", pi, 300, status="pending", event_type="refund.created"))):
+        _as_1_0_applied_it(app, evt, policy)
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    assert "purged 2 completed events" in run("events", "purge").output
+    _back_to_the_previous_migration(db)
+    assert run("init-db").exit_code == 0
+    assert _payments(db) == [(pi, ALICE, 900, 300, None)]
+    return pi
+
+
+def test_a_payment_the_upgrade_left_bare_is_moved_into_its_account_and_its_waiting_movements_debit_it_once(
+        app, client, db, run):
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    succeeded = connected(refund(f"re_{pi}", pi, 300, status="succeeded"))
+    withdrawn = connected(dispute(f"du_{pi}", pi, 400))
+    for evt in (succeeded, withdrawn):
+        answer = deliver(client, evt)
+        assert (answer.status, answer.json["message"].split(";")[0]) == (422, f"unknown payment {ACCOUNT}/{pi}")
+        assert f"flask payments move-to-account default {pi} {ACCOUNT}" in answer.json["message"]
+    moved = run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops")
+    assert moved.exit_code == 0, moved.output
+    assert moved.output == (f"moved payment {pi} of source default into account {ACCOUNT}: {ACCOUNT}/{pi}, "
+                            "with 1 movement and 2 journal rows (by ops)\n"
+                            f"  event {succeeded.id}: processed\n  event {withdrawn.id}: processed\n")
+    assert _payments(db) == [(f"{ACCOUNT}/{pi}", ALICE, 900, 700, None)]
+    assert _movements(db) == [("dispute", f"{ACCOUNT}/du_{pi}", f"{ACCOUNT}/{pi}", "applied"),
+                              ("refund", f"{ACCOUNT}/re_{pi}", f"{ACCOUNT}/{pi}", "applied")]
+    assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+    for evt in (succeeded, withdrawn):
+        assert deliver(client, evt).json["status"] == "duplicate"
+    assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400  # (_consistent reads credits of stored events)
+
+
+def test_moving_a_payment_twice_refuses_the_second_changing_nothing(app, db, run):
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    assert run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops").exit_code == 0
+    before = _tables(db)
+    again = run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops")
+    assert again.exit_code == 1
+    assert f"payment {pi} of source default is in account {ACCOUNT} already ({ACCOUNT}/{pi})" in again.output
+    assert _tables(db) == before
+
+
+def _stored_elsewhere(client, pi, account):
+    """An event of pi stored with another account than ACCOUNT (None: the platform's own)."""
+    evt = dispute(f"du_{pi}", pi, 100)
+    deliver(client, evt if account is None else connected(evt, account))
+    return evt.id
+
+
+@pytest.mark.parametrize("case, says", [
+    ("unknown", "unknown payment pi_nope of source default"),
+    ("in an account", f"payment {ACCOUNT}/PI is keyed in account {ACCOUNT} already"),
+    ("exists in the account", f"payment {ACCOUNT}/PI of source default exists already: it and PI would be one "
+                              "payment credited twice"),
+    ("an event of another account", f"event EVT of payment PI names account {OTHER}, not {ACCOUNT}"),
+    ("an event of no account", "event EVT of payment PI names no account (the platform's own)"),
+    ("over the limit", f"over {events.MAX_ID_CHARS} characters"),
+])
+def test_move_to_account_refuses_in_one_line_changing_nothing(app, client, db, run, case, says):
+    long_pi = "pi_" + "x" * (events.MAX_ID_CHARS - 6)  # it and its refund re_pi fit bare, not in the account
+    pi = _left_bare_by_the_upgrade(app, db, run, long_pi if case == "over the limit" else None)
+    evt_id = ""
+    if case == "exists in the account":  # a credit of it, in its account, by an event that was never purged
+        deliver(client, connected(intent_succeeded(pi, cents=900, event_id="evt_session_credit")))
+    elif case == "an event of another account":
+        evt_id = _stored_elsewhere(client, pi, OTHER)
+    elif case == "an event of no account":
+        evt_id = _stored_elsewhere(client, pi, None)
+    payment_id = {"unknown": "pi_nope", "in an account": f"{ACCOUNT}/{pi}"}.get(case, pi)
+    before = _tables(db)
+    refused = run("payments", "move-to-account", "default", payment_id, ACCOUNT, "--by", "ops")
+    assert refused.exit_code == 1, refused.output
+    assert says.replace("EVT", evt_id).replace("PI", pi) in refused.output and "nothing moved" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    assert _tables(db) == before
+
+
+@pytest.mark.parametrize("account", ["acct_", "cus_1", "acct_1/acct_2", "acct_1-2"])
+def test_move_to_account_refuses_what_is_not_a_connected_accounts_id(app, db, run, account):
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    before = _tables(db)
+    refused = run("payments", "move-to-account", "default", pi, account, "--by", "ops")
+    assert refused.exit_code == 2 and "connected account" in refused.output
+    assert _tables(db) == before

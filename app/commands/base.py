@@ -122,20 +122,35 @@ def progress(done_what: str, total: int | None = None) -> Iterator[Callable[[int
     yield advance
 
 
-# The events a user's link or a payment's user may be waiting for, oldest first (unapplied reads their bytes).
-UNAPPLIED = """
+# A source's stored events of some statuses, oldest first, those whose bytes (or the provider's, kept with them) hold
+# %(naming)s when given (stored_effects reads their bytes). The byte filter only spares the reading of the others.
+STORED_EVENTS = """
     SELECT event_id, event_type, status, body, payload_sha256, fetched, coalesce(user_metadata_key, 'user_id')
-    FROM webhook_events WHERE source = %s AND status IN ('failed', 'ignored') ORDER BY created_at, id
+    FROM webhook_events
+    WHERE source = %(source)s AND status = ANY(%(statuses)s)
+      AND (%(naming)s::bytea IS NULL OR position(%(naming)s IN body) > 0 OR position(%(naming)s IN fetched) > 0)
+    ORDER BY created_at, id
 """
+# The statuses of the events a user's link or a payment's user or key may be waiting for.
+UNAPPLIED = ("failed", "ignored")
+EVERY_STATUS = ("completed", "failed", "ignored", "dismissed")
 
 
-def unapplied(conn: Any, source: str) -> Iterator[tuple[str, str, Effect]]:
-    """(event id, status, effect) of each failed or ignored event of source, oldest first, read as it was decided
-    (by the metadata key recorded with it); an event whose stored bytes cannot be read is left out."""
-    for event_id, event_type, status, body, body_sha256, fetched, key in conn.execute(UNAPPLIED, [source]):
+def stored_effects(conn: Any, source: str, statuses: Sequence[str], naming: str | None = None
+                   ) -> Iterator[tuple[str, str, Effect]]:
+    """(event id, status, effect) of each stored event of source in statuses (whose bytes name naming, when given),
+    oldest first, read as it was decided (by the metadata key recorded with it); one whose stored bytes cannot be
+    read is left out."""
+    params = {"source": source, "statuses": list(statuses), "naming": None if naming is None else naming.encode()}
+    for event_id, event_type, status, body, body_sha256, fetched, key in conn.execute(STORED_EVENTS, params):
         policy = Policy(users={source: Users(metadata_key=key)})
         try:
             yield event_id, status, effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256,
                                                             fetched), policy)
         except StoredBodyError:
             continue
+
+
+def unapplied(conn: Any, source: str) -> Iterator[tuple[str, str, Effect]]:
+    """(event id, status, effect) of each failed or ignored event of source, oldest first."""
+    return stored_effects(conn, source, UNAPPLIED)

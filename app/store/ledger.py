@@ -11,6 +11,7 @@ import psycopg
 from ..intake.events import (
     DEFAULT_POLICY,
     EFFECT_VERSION,
+    MAX_ID_CHARS,
     Effect,
     Event,
     Policy,
@@ -281,6 +282,36 @@ def assign_payment_user(conn: psycopg.Connection[Any], source: str, payment_id: 
                                              "by": actor}).fetchone()
     assert row is not None  # a SELECT of a function returning one row
     return Assignment(*row)
+
+
+MOVE_PAYMENT_TO_ACCOUNT = ("SELECT * FROM move_payment_to_account(p_source => %(source)s, p_payment => %(payment)s,"
+                           " p_account => %(account)s, p_max_chars => %(max_chars)s)")
+# The SQLSTATEs money.sql's move_payment_to_account refuses with, changing nothing (its header lists them).
+MOVE_REFUSALS = (psycopg.errors.NoDataFound, psycopg.errors.UniqueViolation, psycopg.errors.InvalidParameterValue)
+
+
+class MoveRefusedError(ValueError):
+    """money.sql's move_payment_to_account refused, for the reason its message gives: nothing was changed."""
+
+
+class Moved(NamedTuple):
+    """A payment keyed in its connected account: its new key, and how many movements and journal rows moved."""
+
+    payment_id: str
+    movements: int
+    journal_rows: int
+
+
+def move_payment_to_account(conn: psycopg.Connection[Any], source: str, payment_id: str, account: str) -> Moved:
+    """Key source's payment_id, keyed in no account, in the Stripe connected account (money.sql's
+    move_payment_to_account), in conn's transaction; MoveRefusedError when it is refused."""
+    params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_ID_CHARS}
+    try:
+        row = conn.execute(MOVE_PAYMENT_TO_ACCOUNT, params).fetchone()
+    except MOVE_REFUSALS as exc:
+        raise MoveRefusedError(exc.diag.message_primary) from None
+    assert row is not None  # a SELECT of a function returning one row
+    return Moved(*row)
 
 
 def link_customer(conn: psycopg.Connection[Any], source: str, customer_id: str, user_id: uuid.UUID,
