@@ -483,6 +483,26 @@ def test_a_payment_the_upgrade_left_bare_is_moved_into_its_account_and_its_waiti
     assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400  # (_consistent reads credits of stored events)
 
 
+def test_a_moved_payment_credited_through_its_customers_bare_link_keeps_it_in_the_account(app, client, db, run):
+    """As migration 005 does: customer_id in the account, and the bare link copied there; verify clean."""
+    run("users", "link", "default", "cus_old", str(BOB), "--by", "ops")
+    pi = _pi()
+    _as_1_0_applied_it(app, connected(intent_succeeded(pi, cents=200, customer="cus_old", metadata={})),
+                       Settings.of(app).policy)
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    run("events", "purge")
+    _back_to_the_previous_migration(db)
+    assert run("init-db").exit_code == 0
+    assert run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops").exit_code == 0
+    assert _payments(db) == [(f"{ACCOUNT}/{pi}", BOB, 200, 0, f"{ACCOUNT}/cus_old")]
+    assert db.execute("SELECT customer_id, user_id FROM customer_links ORDER BY 1").fetchall() == [
+        (f"{ACCOUNT}/cus_old", BOB), ("cus_old", BOB)]
+    assert deliver(client, connected(refund(f"re_{pi}", pi, 50))).json["status"] == "processed"
+    assert balance(db, BOB) == OPENING[BOB] + 150
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+
+
 def test_moving_a_payment_twice_refuses_the_second_changing_nothing(app, db, run):
     pi = _left_bare_by_the_upgrade(app, db, run)
     assert run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops").exit_code == 0
