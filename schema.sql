@@ -11,6 +11,12 @@
 -- the previous version to it (a migration, once released, never changes); a
 -- change to the rule is made once, in money.sql. tests/test_db.py checks that
 -- both ways end in the same tables, constraints, indexes and functions.
+--
+-- Ids: a provider's (an event's, a Stripe account's) is 1 to 255 characters,
+-- Stripe's documented bound for the ids it generates; a payment's, a
+-- movement's or a customer's key 1 to 511, room for a Stripe connected
+-- account's acct_X/pi_Y (app/core/vocabulary.py's MAX_ID_CHARS and
+-- MAX_KEY_CHARS). The CHECKs on them are named: migrations replace them.
 
 -- The ledger's currency: the one row that the first `flask init-db` records
 -- (its LEDGER_CURRENCY). Every balance and every credited payment is in it;
@@ -47,7 +53,8 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- 'default' for POST /api/webhooks, else a name from WEBHOOK_SOURCES.
     source           TEXT NOT NULL DEFAULT 'default' CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    event_id         TEXT NOT NULL CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    event_id         TEXT NOT NULL CONSTRAINT webhook_events_event_id_check
+                          CHECK (char_length(event_id) BETWEEN 1 AND 255),
     event_type       TEXT NOT NULL CHECK (char_length(event_type) BETWEEN 1 AND 64),
     -- 'ignored': a payment that names no user (no metadata, no linked
     -- customer) under its source's WEBHOOK_<NAME>_NO_USER=ignore, or a refund
@@ -156,7 +163,8 @@ CREATE TABLE IF NOT EXISTS payments (
     -- account's as acct_X/pi_Y: Connect, keys of two accounts never
     -- collide), a payment's data.paymentId, or the id of the event that
     -- credited it.
-    payment_id     TEXT NOT NULL CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    payment_id     TEXT NOT NULL CONSTRAINT payments_payment_id_check
+                        CHECK (char_length(payment_id) BETWEEN 1 AND 511),
     user_id        UUID NOT NULL REFERENCES user_balances (user_id),
     amount_cents   BIGINT NOT NULL CHECK (amount_cents > 0),
     currency       TEXT NOT NULL CHECK (currency ~ '^[a-z]{3}$'),
@@ -179,7 +187,8 @@ CREATE TABLE IF NOT EXISTS payments (
 -- verify`) and no link moves a payment already credited.
 CREATE TABLE IF NOT EXISTS customer_links (
     source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    customer_id TEXT NOT NULL CHECK (char_length(customer_id) BETWEEN 1 AND 128),
+    customer_id TEXT NOT NULL CONSTRAINT customer_links_customer_id_check
+                     CHECK (char_length(customer_id) BETWEEN 1 AND 511),
     user_id     UUID NOT NULL REFERENCES user_balances (user_id),
     linked_by   TEXT NOT NULL CHECK (char_length(linked_by) BETWEEN 1 AND 128),
     created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
@@ -193,7 +202,8 @@ CREATE INDEX IF NOT EXISTS customer_links_user_idx ON customer_links (user_id);
 -- changed nor deleted, as a link: a payment credited before it is not moved.
 CREATE TABLE IF NOT EXISTS payment_users (
     source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    payment_id  TEXT NOT NULL CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+    payment_id  TEXT NOT NULL CONSTRAINT payment_users_payment_id_check
+                     CHECK (char_length(payment_id) BETWEEN 1 AND 511),
     user_id     UUID NOT NULL REFERENCES user_balances (user_id),
     assigned_by TEXT NOT NULL CHECK (char_length(assigned_by) BETWEEN 1 AND 128),
     created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
@@ -221,7 +231,8 @@ CREATE TABLE IF NOT EXISTS ignored_payments (
 CREATE TABLE IF NOT EXISTS movements (
     source       TEXT NOT NULL,
     kind         TEXT NOT NULL CHECK (kind IN ('refund', 'dispute')),
-    movement_id  TEXT NOT NULL CHECK (char_length(movement_id) BETWEEN 1 AND 128),
+    movement_id  TEXT NOT NULL CONSTRAINT movements_movement_id_check
+                      CHECK (char_length(movement_id) BETWEEN 1 AND 511),
     payment_id   TEXT NOT NULL,
     amount_cents BIGINT NOT NULL CHECK (amount_cents > 0),
     state        TEXT NOT NULL CHECK (state IN ('applied', 'reversed')),
@@ -255,13 +266,14 @@ CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_i
 CREATE TABLE IF NOT EXISTS ledger_journal (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source       TEXT CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    event_id     TEXT CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    event_id     TEXT CONSTRAINT ledger_journal_event_id_check
+                      CHECK (char_length(event_id) BETWEEN 1 AND 255),
     user_id      UUID NOT NULL REFERENCES user_balances (user_id),
     amount_cents BIGINT NOT NULL,
     created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     kind         TEXT NOT NULL,
     payment_id   TEXT CONSTRAINT ledger_journal_payment_id_check
-                      CHECK (char_length(payment_id) BETWEEN 1 AND 128),
+                      CHECK (char_length(payment_id) BETWEEN 1 AND 511),
     movement_id  TEXT,
     reference    TEXT CHECK (char_length(reference) BETWEEN 1 AND 128),  -- a spend's, given by the application
     reason       TEXT CHECK (reason ~ '\S' AND char_length(reason) <= 500),  -- why an adjustment was made
@@ -299,7 +311,8 @@ CREATE TABLE IF NOT EXISTS reconcile_runs (
     source      TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
     -- Whose events it listed: a Stripe Connect account (`--account`), or ''
     -- for the platform's own (the API key's) account.
-    account     TEXT NOT NULL DEFAULT '' CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'),
+    account     TEXT NOT NULL DEFAULT '' CONSTRAINT reconcile_runs_account_check
+                     CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,250}$'),
     since       TIMESTAMPTZ NOT NULL,
     until       TIMESTAMPTZ NOT NULL,
     -- 'completed': every event of the window listed and applied (or refused,
@@ -330,7 +343,8 @@ CREATE INDEX IF NOT EXISTS reconcile_runs_source_idx ON reconcile_runs (source, 
 -- least recently among those with a row here.
 CREATE TABLE IF NOT EXISTS reconcile_watermarks (
     source           TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
-    account          TEXT NOT NULL DEFAULT '' CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'),
+    account          TEXT NOT NULL DEFAULT '' CONSTRAINT reconcile_watermarks_account_check
+                          CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,250}$'),
     reconciled_until TIMESTAMPTZ,              -- NULL until a run completes
     run_id           BIGINT REFERENCES reconcile_runs (id),
     updated_at       TIMESTAMPTZ NOT NULL DEFAULT now(),

@@ -7,6 +7,7 @@ out."""
 
 import gc
 import hashlib
+import json
 import logging
 import os
 import resource
@@ -38,6 +39,7 @@ from .helpers import (
     payment,
     send,
 )
+from .stripe_events import refund
 
 pytestmark = pytest.mark.core
 
@@ -155,7 +157,7 @@ def _drop_schema(db):
 
 
 
-@pytest.mark.parametrize("column, value", [("event_id", ""), ("event_id", "e" * 129),
+@pytest.mark.parametrize("column, value", [("event_id", ""), ("event_id", "e" * 256),
                                            ("event_type", "t" * 65), ("status", "done"),
                                            ("status", "processing")])
 def test_schema_checks_lengths_and_statuses(db, column, value):
@@ -358,8 +360,32 @@ def _currency(db):
     return db.execute("SELECT currency FROM ledger_currency").fetchone()[0]
 
 
+# 007's CHECKs as 006 left them: ids and keys of 1 to 128 characters, reconciled accounts acct_ and 1 to 123 more.
+AT_006 = {
+    "webhook_events": {"webhook_events_event_id_check": "char_length(event_id) BETWEEN 1 AND 128"},
+    "payments": {"payments_payment_id_check": "char_length(payment_id) BETWEEN 1 AND 128"},
+    "movements": {"movements_movement_id_check": "char_length(movement_id) BETWEEN 1 AND 128"},
+    "ledger_journal": {"ledger_journal_event_id_check": "char_length(event_id) BETWEEN 1 AND 128",
+                       "ledger_journal_payment_id_check": "char_length(payment_id) BETWEEN 1 AND 128"},
+    "customer_links": {"customer_links_customer_id_check": "char_length(customer_id) BETWEEN 1 AND 128"},
+    "payment_users": {"payment_users_payment_id_check": "char_length(payment_id) BETWEEN 1 AND 128"},
+    "reconcile_runs": {"reconcile_runs_account_check": "account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'"},
+    "reconcile_watermarks": {
+        "reconcile_watermarks_account_check": "account = '' OR account ~ '^acct_[A-Za-z0-9]{1,123}$'"},
+}
+
+
+def _as_006_made_it(db):
+    """db as migration 006 left it: 007's CHECKs at 128 characters, and 007 not recorded."""
+    for table, checks in AT_006.items():
+        db.execute(f"ALTER TABLE {table} " + ", ".join(f"DROP CONSTRAINT {name}, ADD CONSTRAINT {name} CHECK ({check})"
+                                                      for name, check in checks.items()))
+    db.execute("DELETE FROM schema_migrations WHERE name = '007_longer_ids.sql'")
+
+
 def _as_1_0_made_it(db):
     """db as release 1.0.0 made it: neither migration since (no ledger_currency, no journal xid) nor their records."""
+    _as_006_made_it(db)
     db.execute("DROP TABLE ledger_currency")
     db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
     db.execute("DROP FUNCTION ledger_journal_notify()")
@@ -371,6 +397,43 @@ def _as_1_0_made_it(db):
     db.execute("ALTER TABLE reconcile_runs DROP COLUMN account")
     db.execute("CREATE INDEX reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at)")
     db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
+
+
+def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_characters(app, db):
+    """The constraints come out as schema.sql makes them (007 adds the big tables' NOT VALID, init-db validates them
+    after its commit), the ledger verifies, and ids of 128 to 255 characters refused before are taken."""
+    fresh = _catalog(db)
+    client, runner = app.test_client(), app.test_cli_runner()
+    assert send(client, payment("evt_before", cents=300, paymentId="pay_before")).json["status"] == "processed"
+    relayed = json.loads(str(refund("re_before", "pay_before", 50)))  # a Stripe refund, relayed: a movement
+    assert send(client, relayed).json["status"] == "processed"
+    assert runner.invoke(args=["users", "link", "default", "cus_before", str(BOB), "--by", "ops"]).exit_code == 0
+    rows = {table: db.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in (
+        "webhook_events", "payments", "movements", "ledger_journal", "customer_links", "user_balances")}
+    _as_006_made_it(db)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("INSERT INTO customer_links (source, customer_id, user_id, linked_by) VALUES ('default', %s, %s,"
+                   " 'ops')", ["c" * 129, ALICE])
+
+    assert apply_schema(db) == (False, ["007_longer_ids.sql"])
+
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []
+    assert {table: db.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in rows} == rows
+    assert send(client, payment("e" * 255, cents=5, paymentId="p" * 255)).json["status"] == "processed"
+    assert send(client, payment("e" * 256, cents=5)).status == 400
+    assert balance(db) == OPENING[ALICE] + 300 - 50 + 5
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+
+
+def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
+    """As when init-db stopped between its commit and the validation (the constraint enforced on new rows only)."""
+    db.execute("ALTER TABLE payments DROP CONSTRAINT payments_payment_id_check,"
+               " ADD CONSTRAINT payments_payment_id_check CHECK (char_length(payment_id) BETWEEN 1 AND 511) NOT VALID")
+    assert apply_schema(db) == (False, [])
+    assert db.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'payments_payment_id_check'"
+                      ).fetchone() == (True,)
 
 
 def test_init_db_records_the_ledger_currency(app, db):

@@ -113,8 +113,8 @@ def _event(**fields):
     pytest.param("hmac-sha256", _event(id=MISSING), {}, "'id' is missing", id="id-missing"),
     pytest.param("hmac-sha256", _event(id=None), {}, "'id' is missing", id="id-null"),
     pytest.param("hmac-sha256", _event(id=42), {}, "'id' must be a string", id="id-a-number"),
-    pytest.param("hmac-sha256", _event(id=""), {}, "'id' must be 1 to 128 characters", id="id-empty"),
-    pytest.param("hmac-sha256", _event(id="e" * 129), {}, "'id' must be 1 to 128 characters", id="id-129"),
+    pytest.param("hmac-sha256", _event(id=""), {}, "'id' must be 1 to 255 characters", id="id-empty"),
+    pytest.param("hmac-sha256", _event(id="e" * 256), {}, "'id' must be 1 to 255 characters", id="id-256"),
     pytest.param("hmac-sha256", _event(id="e\u0000"), {}, "'id' contains characters that cannot be stored",
                  id="id-nul"),
     pytest.param("hmac-sha256", _event(id="e\udc00"), {}, "'id' contains characters that cannot be stored",
@@ -134,8 +134,8 @@ def _event(**fields):
                  id="github-no-event-header"),
     pytest.param("github", PING, {"X-GitHub-Event": "ping"}, "the X-GitHub-Delivery header is missing",
                  id="github-no-delivery-header"),
-    pytest.param("github", PING, {"X-GitHub-Event": "ping", "X-GitHub-Delivery": "d" * 129},
-                 "the X-GitHub-Delivery header must be 1 to 128 characters", id="github-delivery-129"),
+    pytest.param("github", PING, {"X-GitHub-Event": "ping", "X-GitHub-Delivery": "d" * 256},
+                 "the X-GitHub-Delivery header must be 1 to 255 characters", id="github-delivery-256"),
     pytest.param("github", PING, {"X-GitHub-Event": "e" * 65, "X-GitHub-Delivery": "d-1"},
                  "the X-GitHub-Event header must be 1 to 64 characters", id="github-event-65"),
     # Those headers are not signed: they never name a payment.
@@ -175,7 +175,7 @@ def _paid(**fields):
     pytest.param(PAID, Policy("eur"), credit("pay_1", ALICE, 250, "eur"), id="implied-is-the-policys"),
     pytest.param(_paid(paymentId=MISSING), USD, credit("evt_1", ALICE, 250, "usd"),
                  id="no-payment-id-its-own-payment"),
-    pytest.param(_paid(paymentId="p" * 128), USD, credit("p" * 128, ALICE, 250, "usd"), id="a-payment-id-of-128"),
+    pytest.param(_paid(paymentId="p" * 255), USD, credit("p" * 255, ALICE, 250, "usd"), id="a-payment-id-of-255"),
     pytest.param(_paid(userId=str(ALICE).upper()), USD, credit("pay_1", ALICE, 250, "usd"), id="a-uuid-in-capitals"),
     pytest.param(_paid(userId=f"{{{ALICE}}}"), USD, credit("pay_1", ALICE, 250, "usd"), id="a-uuid-in-braces"),
     pytest.param(_paid(userId=ALICE.hex), USD, credit("pay_1", ALICE, 250, "usd"), id="a-uuid-without-hyphens"),
@@ -191,7 +191,7 @@ def test_payment_succeeded_credits_its_user(data, policy, expected):
 
 
 CURRENCY = "data.currency must be a currency's three-letter code"
-PAYMENT_ID = "data.paymentId must be a payment id of 1 to 128 characters"
+PAYMENT_ID = "data.paymentId must be a payment id of 1 to 255 characters"
 USER = "data.userId must be a user's UUID"
 AMOUNT = "data.amountCents must be a positive integer"
 
@@ -199,7 +199,7 @@ AMOUNT = "data.amountCents must be a positive integer"
 @pytest.mark.parametrize("field, value, problem", [
     ("currency", None, CURRENCY), ("currency", "", CURRENCY), ("currency", "us", CURRENCY),
     ("currency", "dollars", CURRENCY), ("currency", 840, CURRENCY),
-    ("paymentId", None, PAYMENT_ID), ("paymentId", "", PAYMENT_ID), ("paymentId", "p" * 129, PAYMENT_ID),
+    ("paymentId", None, PAYMENT_ID), ("paymentId", "", PAYMENT_ID), ("paymentId", "p" * 256, PAYMENT_ID),
     ("paymentId", 42, PAYMENT_ID), ("paymentId", "pay\u0000", PAYMENT_ID),
     ("userId", MISSING, USER), ("userId", None, USER), ("userId", "alice", USER), ("userId", 7, USER),
     ("amountCents", MISSING, AMOUNT), ("amountCents", None, AMOUNT), ("amountCents", 0, AMOUNT),
@@ -219,7 +219,7 @@ def test_a_payment_its_shape_refuses_names_the_field(field, value, problem):
     pytest.param({**REFUNDED, "userId": str(BOB)}, USD, running_total("pay_1", 100, "usd"),
                  id="a-user-is-its-payments-not-its-own"),
     pytest.param({"amountRefundedCents": 100}, USD,
-                 refused("data.paymentId must be a payment id of 1 to 128 characters"), id="no-payment-id"),
+                 refused("data.paymentId must be a payment id of 1 to 255 characters"), id="no-payment-id"),
     pytest.param({"paymentId": "pay_1"}, USD, refused("data.amountRefundedCents must be a positive integer"),
                  id="no-total"),
     pytest.param({**REFUNDED, "amountRefundedCents": 0}, USD,
@@ -258,8 +258,8 @@ def _razorpay_refund_without(event_type, field):
 
 # The 422 of a type both providers send names both providers' fields: Stripe's, and Razorpay's beside it.
 BOTH = {"payment_intent": "payment_id", "amount": "amount", "currency": "currency", "id": "id"}
-PROBLEM = {"payment_intent": "must be a payment id of 1 to 128 characters", "amount": "must be a positive integer",
-           "currency": "must be a currency's three-letter code", "id": "must be an id of 1 to 128 characters"}
+PROBLEM = {"payment_intent": "must be a payment id of 1 to 255 characters", "amount": "must be a positive integer",
+           "currency": "must be a currency's three-letter code", "id": "must be an id of 1 to 255 characters"}
 
 
 @pytest.mark.parametrize("event_type", ["refund.created", "refund.failed"])

@@ -135,7 +135,7 @@ def test_events_without_a_payment_id_each_credit(client, db):
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("payment_id", [7, "", "p" * 129, "pay\u0000"])
+@pytest.mark.parametrize("payment_id", [7, "", "p" * 256, "pay\u0000"])
 def test_a_payment_id_that_cannot_name_a_payment_is_422(client, db, payment_id):
     response = send(client, payment("evt_bad_pid", paymentId=payment_id))
     assert (response.status, response.json["error"]) == (422, "unprocessable")

@@ -248,7 +248,7 @@ def test_github_event_in_the_services_own_shape_replayed_under_a_new_delivery_id
 @GITHUB
 @pytest.mark.parametrize("change, document, message", [
     ({"X-GitHub-Delivery": None}, PING, "X-GitHub-Delivery header is missing"),
-    ({"X-GitHub-Delivery": "d" * 129}, PING, "X-GitHub-Delivery header must be 1 to 128"),
+    ({"X-GitHub-Delivery": "d" * 256}, PING, "X-GitHub-Delivery header must be 1 to 255"),
     ({"X-GitHub-Event": None}, PING, "X-GitHub-Event header is missing"),
     ({"X-GitHub-Event": "e" * 65}, PING, "X-GitHub-Event header must be 1 to 64"),
     # Unsigned headers cannot turn an authentic body into a payment.
@@ -286,7 +286,7 @@ def test_github_documented_example_passes_the_signature_check(make_app, config, 
     ("stripe", {"Stripe-Signature": "t=9" + "9" * 4000 + ",v1=" + "0" * 64}, "in Unix seconds"),
     ("standard-webhooks", {"webhook-id": "msg_1", "webhook-timestamp": "1", "webhook-signature": "v1,=="},
      "malformed webhook-signature header"),
-    ("standard-webhooks", {"webhook-id": "m" * 129, "webhook-timestamp": "1",
+    ("standard-webhooks", {"webhook-id": "m" * 256, "webhook-timestamp": "1",
                            "webhook-signature": "v1," + "A" * 43 + "="}, "malformed webhook-id header"),
     ("github", {"X-Hub-Signature-256": "sha1=" + "0" * 40}, "malformed X-Hub-Signature-256 header"),
     ("github", {"X-Signature": "0" * 64}, "missing X-Hub-Signature-256 header"),

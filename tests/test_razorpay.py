@@ -220,8 +220,8 @@ def test_a_payment_that_cannot_apply_is_422(client, db, change, problem):
 
 @pytest.mark.parametrize("change, message", [
     ({"x-razorpay-event-id": None}, "the x-razorpay-event-id header is missing"),
-    # 95: the header, a dot and 32 hex digits make an id of 128 characters, the most a stored id has.
-    ({"x-razorpay-event-id": "x" * 96}, "the x-razorpay-event-id header must be 1 to 95 characters"),
+    # 222: the header, a dot and 32 hex digits make an id of 255 characters, the most a stored id has.
+    ({"x-razorpay-event-id": "x" * 223}, "the x-razorpay-event-id header must be 1 to 222 characters"),
 ])
 def test_a_delivery_without_a_usable_event_id_is_400(client, db, change, message):
     body = encode(payment_captured(new_id("pay")))
@@ -239,11 +239,11 @@ def test_the_event_id_is_the_header_and_the_bodys_digest(client, db):
     assert stored_event_row(db, event_id).source == SOURCE
 
 
-def test_the_longest_header_makes_an_id_of_128_characters(client, db):
+def test_the_longest_header_makes_an_id_of_255_characters(client, db):
     body = encode(payment_captured(new_id("pay"), user=BOB))
-    answer = send_razorpay(client, body, "x" * 95)
-    assert answer.json == {"status": "processed", "event_id": razorpay_event_id("x" * 95, body)}
-    assert len(answer.json["event_id"]) == 128
+    answer = send_razorpay(client, body, "x" * 222)
+    assert answer.json == {"status": "processed", "event_id": razorpay_event_id("x" * 222, body)}
+    assert len(answer.json["event_id"]) == 255
 
 
 def test_razorpays_retry_of_an_event_is_a_duplicate(client, db):

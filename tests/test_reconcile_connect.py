@@ -205,7 +205,7 @@ def test_an_accounts_dry_run_reads_its_own_watermark(app, db, stand_in):
 
 
 @pytest.mark.parametrize("account", ["acct_", "acct_1-x", "cus_1Alpha", "acct_1 2", "ACCT_1Alpha", "acct_1\nx",
-                                     "acct_" + "a" * 124])
+                                     "acct_" + "a" * 251])
 def test_a_bad_account_id_is_one_line_and_runs_nothing(app, db, stand_in, account):
     result = run(app, "--account", account)
     assert result.exit_code == 1

@@ -278,9 +278,9 @@ GOOD_V1 = "v1," + base64.b64encode(b"\0" * 32).decode()
 
 @pytest.mark.parametrize("name, value, message", [
     ("webhook-id", "", "missing webhook-id"),
-    ("webhook-id", "m" * 129, "1 to 128 visible ASCII"),
-    ("webhook-id", "msg 1", "1 to 128 visible ASCII"),
-    ("webhook-id", "msg_é", "1 to 128 visible ASCII"),
+    ("webhook-id", "m" * 256, "1 to 255 visible ASCII"),
+    ("webhook-id", "msg 1", "1 to 255 visible ASCII"),
+    ("webhook-id", "msg_é", "1 to 255 visible ASCII"),
     ("webhook-timestamp", "", "missing webhook-timestamp"),
     ("webhook-timestamp", "1e9", "in Unix seconds"),
     ("webhook-timestamp", "2024-01-01T00:00:00Z", "in Unix seconds"),

@@ -249,7 +249,7 @@ def test_a_link_of_something_that_is_no_account_nor_its_customer_is_refused(db, 
 
 # -- the account, checked; the event fetched in it ---------------------------------------------------------------
 
-@pytest.mark.parametrize("account", [42, "", "acct_", "acct_1-2", "cus_1", "acct_1/acct_2", "acct_" + "a" * 124])
+@pytest.mark.parametrize("account", [42, "", "acct_", "acct_1-2", "cus_1", "acct_1/acct_2", "acct_" + "a" * 251])
 def test_an_event_whose_account_is_not_a_connected_accounts_id_is_400_and_writes_nothing(client, db, account):
     document = {**json.loads(str(intent_succeeded(_pi(), cents=300))), "account": account}
     answer = deliver(client, document)  # a dict: its JSON, signed by stripe-python's signer

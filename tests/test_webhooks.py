@@ -179,7 +179,7 @@ MALFORMED_BODIES = [
     (b'{"id": "e", "type": "t", "data": "x"}', "invalid_event"),
     (b'{"id": "e\\u0000", "type": "t", "data": {}}', "invalid_event"),
     (b'{"id": "e\\udc00", "type": "t", "data": {}}', "invalid_event"),
-    (json.dumps({"id": "e" * 129, "type": "t", "data": {}}).encode(), "invalid_event"),
+    (json.dumps({"id": "e" * 256, "type": "t", "data": {}}).encode(), "invalid_event"),
     (json.dumps({"id": "e", "type": "t" * 65, "data": {}}).encode(), "invalid_event"),
 ]
 
@@ -192,8 +192,8 @@ def test_a_malformed_body_is_400_naming_its_error(client, db, body, error):
     assert response.json["message"]
 
 
-def test_id_of_128_characters_is_accepted(client, db):
-    assert send(client, payment("e" * 128, paymentId=None)).status == 200
+def test_id_of_255_characters_is_accepted(client, db):
+    assert send(client, payment("e" * 255, paymentId=None)).status == 200
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None,

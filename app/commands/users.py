@@ -8,6 +8,7 @@ import click
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
+from ..core.vocabulary import MAX_ID_CHARS
 from ..intake.events import Kind
 from ..providers import stripe
 from ..settings.config import Needs
@@ -131,13 +132,14 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     A link is never changed: a payment credited before it is not moved.
     """
     actor = os_user() if actor is None else actor
-    if not 1 <= len(customer_id) <= 128:
-        raise click.BadParameter("a customer id is 1 to 128 characters", param_hint="CUSTOMER_ID")
     within, slash, customer = customer_id.partition("/")
     if (slash or customer_id.startswith("acct_")) and not (
             stripe.is_account(within) and (not slash or _STRIPE_ID.fullmatch(customer))):
-        raise click.BadParameter("a connected account is acct_ and letters or digits, its customer acct_.../cus_...",
-                                 param_hint="CUSTOMER_ID")
+        raise click.BadParameter(f"a connected account is acct_ and letters or digits ({MAX_ID_CHARS} characters at "
+                                 "most), its customer acct_.../cus_...", param_hint="CUSTOMER_ID")
+    # A provider's id, the customer's; in a connected account, after the account's (a key of MAX_KEY_CHARS at most).
+    if not 1 <= len(customer if slash else customer_id) <= MAX_ID_CHARS:
+        raise click.BadParameter(f"a customer id is 1 to {MAX_ID_CHARS} characters", param_hint="CUSTOMER_ID")
     account = customer_id if stripe.is_account(customer_id) else None
     with transaction(get_pool(current_app)) as conn:
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)

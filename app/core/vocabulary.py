@@ -12,7 +12,12 @@ from typing import Any, NamedTuple, NoReturn, Protocol, TypeGuard
 
 # The source of POST /api/webhooks; named sources are served on /api/webhooks/<name>.
 DEFAULT_SOURCE = "default"
-MAX_ID_CHARS = 128
+# A provider's id (an event's, a payment's, a refund's, a dispute's, a customer's, a Stripe account's): Stripe's
+# bound, the longest any provider documents ("Stripe-generated object IDs, which can contain up to 255
+# characters": https://docs.stripe.com/upgrades).
+MAX_ID_CHARS = 255
+# A key in a Stripe connected account (acct_X/pi_Y, acct_X/re_Y, acct_X/cus_Y): two ids and the "/" between.
+MAX_KEY_CHARS = MAX_ID_CHARS + 1 + MAX_ID_CHARS
 
 
 MAX_TYPE_CHARS = 64
@@ -298,8 +303,8 @@ def is_cents(value: object, zero: bool = False) -> TypeGuard[int]:
 CURRENCY = re.compile(r"[a-z]{3}")
 
 
-def is_id(value: object) -> bool:
-    return isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS and storable(value)
+def is_id(value: object, max_chars: int = MAX_ID_CHARS) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= max_chars and storable(value)
 
 
 def is_uuid(value: object) -> TypeGuard[str]:

@@ -14,6 +14,7 @@ from ..core.vocabulary import (
     LEDGERS_CURRENCY,
     MAX_CENTS,
     MAX_ID_CHARS,
+    MAX_KEY_CHARS,
     MAX_TYPE_CHARS,
     Effect,
     Event,
@@ -205,23 +206,25 @@ def _read_payment_refunded(event: Event) -> Fields:
 def _problem(rule: Rule, fields: Fields) -> str | None:
     """Why an effect with these fields cannot apply whatever the settings (a 422's message), or None."""
     labels = rule.labels
+    # A connected account's keys are its id, "/" and the object's id, which stripe._in_account bounded.
+    key_chars = MAX_ID_CHARS if fields.account is None else MAX_KEY_CHARS
     if rule.kind == Kind.LINK:  # no money: a customer, and a user the metadata names
-        return None if is_id(fields.customer) else \
+        return None if is_id(fields.customer, key_chars) else \
             f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not (isinstance(fields.currency, str) and CURRENCY.fullmatch(fields.currency)):
         return f"{labels.currency} must be a currency's three-letter code"
-    if not is_id(fields.payment_id):
+    if not is_id(fields.payment_id, key_chars):
         return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
     if rule.kind == Kind.CREDIT and not (isinstance(fields.user_id, Metadata) or is_uuid(fields.user_id)):
         return f"{labels.user_id} must be a user's UUID"
-    if fields.customer is not None and not is_id(fields.customer):
+    if fields.customer is not None and not is_id(fields.customer, key_chars):
         return f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not is_cents(fields.amount):
         if isinstance(fields.amount, int) and not isinstance(fields.amount, bool) and fields.amount > MAX_CENTS:
             return f"{labels.amount} must be at most {MAX_CENTS} (a balance's BIGINT)"
         return f"{labels.amount} must be a positive integer"
     if rule.kind in (Kind.REFUND, Kind.DISPUTE):
-        if not is_id(fields.movement_id):
+        if not is_id(fields.movement_id, key_chars):
             return f"{labels.movement_id} must be an id of 1 to {MAX_ID_CHARS} characters"
         if not isinstance(fields.state, State):
             return f"{labels.state} must be one of {', '.join(rule.statuses or State)}"

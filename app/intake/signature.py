@@ -20,13 +20,14 @@ from ..core.signing import (
     match,
     required,
 )
+from ..core.vocabulary import MAX_ID_CHARS
 from ..providers import paypal, razorpay, stripe
 
 __all__ = ["HMAC_SCHEMES", "SCHEMES", "Certificates", "SignatureError", "sign", "verify"]
 
 _BASE64_DIGEST = re.compile(r"[A-Za-z0-9+/]{43}=")  # 32 bytes, standard alphabet
-# webhook-id is signed material and becomes the event id (at most 128 chars).
-_WEBHOOK_ID = re.compile(r"[\x21-\x7e]{1,128}")
+# webhook-id is signed material and becomes the event id (MAX_ID_CHARS at most).
+_WEBHOOK_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_ID_CHARS}}}")
 
 
 class Headers(Protocol):
@@ -58,7 +59,7 @@ def _standard_webhooks(body: bytes, headers: Mapping[str, str], secrets: Sequenc
                        now: float, certificates: Certificates | None) -> int:
     msg_id = required(headers, "webhook-id")
     if not _WEBHOOK_ID.fullmatch(msg_id):
-        raise SignatureError("malformed webhook-id header: expected 1 to 128 visible ASCII characters")
+        raise SignatureError(f"malformed webhook-id header: expected 1 to {MAX_ID_CHARS} visible ASCII characters")
     stamp = required(headers, "webhook-timestamp").strip()
     signatures = []
     for item in required(headers, "webhook-signature").split():

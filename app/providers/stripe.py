@@ -113,11 +113,11 @@ def _in_account(read: Callable[[Event], Fields | str | None]) -> Callable[[Event
             return fields
         if not is_account(account):  # a relayed event's, unchecked by the stripe scheme's parse
             return "account must be a connected account's id (acct_ and letters or digits)"
-        keys = [f"{account}/{key}" if isinstance(key, str) and key else key
-                for key in (fields.payment_id, fields.movement_id, fields.customer)]
-        longer = [key for key in keys if isinstance(key, str) and len(key) > MAX_ID_CHARS]
+        ids = (fields.payment_id, fields.movement_id, fields.customer)
+        longer = [key for key in ids if isinstance(key, str) and len(key) > MAX_ID_CHARS]
         if longer:
-            return f"the key {longer[0]!r} in account {account} is over {MAX_ID_CHARS} characters"
+            return f"the id {longer[0]!r} in account {account} is over {MAX_ID_CHARS} characters"
+        keys = [f"{account}/{key}" if isinstance(key, str) and key else key for key in ids]  # MAX_KEY_CHARS at most
         return fields._replace(payment_id=keys[0], movement_id=keys[1], customer=keys[2], account=account)
     return scoped
 
@@ -285,8 +285,9 @@ THIN_FETCH_VERSION = "2025-03-31.basil"
 THIN_OBJECTS = {"payment_intent": "/v1/payment_intents/", "charge": "/v1/charges/", "refund": "/v1/refunds/",
                 "dispute": "/v1/disputes/"}
 # Stripe-Context's value: account ids, a path of them for an account below a connected one (docs.stripe.com/context).
-# Each an account id, as ACCOUNT: the last is the account the keys are in (account_of).
-_CONTEXT = re.compile(r"acct_[A-Za-z0-9]{1,59}(/acct_[A-Za-z0-9]{1,59}){0,3}")
+# Each an account id, as ACCOUNT (Stripe-generated: MAX_ID_CHARS at most): the last is the account the keys are in
+# (account_of).
+_CONTEXT = re.compile(rf"acct_[A-Za-z0-9]{{1,{MAX_ID_CHARS - 5}}}(/acct_[A-Za-z0-9]{{1,{MAX_ID_CHARS - 5}}}){{0,3}}")
 
 
 class Related(NamedTuple):

@@ -48,7 +48,8 @@ class Applied(NamedTuple):
 
 
 def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> Applied:
-    """Bring conn's database to schema_path's schema, under the lock, in one transaction; return what was done.
+    """Bring conn's database to schema_path's schema, under the lock, in one transaction (then validate what it
+    added NOT VALID); return what was done.
 
     The migrations are the folder `migrations` beside schema_path, the rule its `money.sql`; currency is
     LEDGER_CURRENCY, which a migration may read as `webhook_ledger.currency`. Raises SchemaError, changing
@@ -89,7 +90,27 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
         conn.execute(money.decode())
         conn.execute(RECORD_MONEY, [MONEY, hashlib.sha256(money).digest(), True])  # what why_not_at_release reads
         _record_currency(conn, currency)
+    _validate_constraints(conn)
     return Applied(created, ran)
+
+
+# The CHECKs and foreign keys a migration added NOT VALID (or an init-db stopped before it validated).
+NOT_VALIDATED = """
+    SELECT conrelid::regclass::text, conname FROM pg_constraint
+    WHERE NOT convalidated AND connamespace = 'public'::regnamespace ORDER BY 1, 2
+"""
+
+
+def _validate_constraints(conn: psycopg.Connection[Any]) -> None:
+    """Validate, after migrate's commit and each in its own transaction, what a migration added NOT VALID: a scan
+    under a SHARE UPDATE EXCLUSIVE lock, which blocks neither reads nor writes (migrate's transaction, holding the
+    table's ACCESS EXCLUSIVE lock, would block both for the scan)."""
+    with conn.transaction():
+        pending = conn.execute(NOT_VALIDATED).fetchall()
+    for table, name in pending:
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(table),
+                                                                                sql.Identifier(name)))
 
 
 def other_currency(configured: str, recorded: str) -> str:

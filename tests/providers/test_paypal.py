@@ -105,7 +105,7 @@ def test_the_event_is_its_id_its_event_type_and_its_resource():
 
 @pytest.mark.parametrize("field, value, message", [
     ("id", None, "'id' is missing"),
-    ("id", "W" * 129, "'id' must be 1 to 128 characters"),
+    ("id", "W" * 256, "'id' must be 1 to 255 characters"),
     ("event_type", None, "'event_type' is missing"),
     ("event_type", "E" * 65, "'event_type' must be 1 to 64 characters"),
     ("resource", None, "'resource' must be an object"),
@@ -211,7 +211,7 @@ def _refund_linked(*links):
                     links=[{"href": href, "rel": rel, "method": "GET"} for rel, href in links])
 
 
-NO_CAPTURE = "resource.links[rel=up] (the capture's URL) must be a payment id of 1 to 128 characters"
+NO_CAPTURE = "resource.links[rel=up] (the capture's URL) must be a payment id of 1 to 255 characters"
 OUTCOMES = "RESOLVED_BUYER_FAVOUR, ACCEPTED, RESOLVED_SELLER_FAVOUR, DENIED, CANCELED_BY_BUYER, RESOLVED_WITH_PAYOUT"
 NOT_REFUNDED = ("resource.dispute_outcome.amount_refunded is missing: a dispute resolved for the buyer takes what "
                 "the buyer was refunded, and PayPal's record does not say")
@@ -237,7 +237,7 @@ POSITIVE = ("resource.dispute_outcome.amount_refunded.value (the buyer's win) or
                  id="capture-no-custom-id"),
     pytest.param(capture_completed("CAP1", custom_id="order-1234"), USD, "resource.custom_id must be a user's UUID",
                  id="capture-custom-id-not-a-user"),
-    pytest.param(capture_completed(None), USD, "resource.id must be a payment id of 1 to 128 characters",
+    pytest.param(capture_completed(None), USD, "resource.id must be a payment id of 1 to 255 characters",
                  id="capture-no-id"),
     # A Refund whose up link is missing or names no capture.
     pytest.param(_refund_linked(("self", "https://api.paypal.com/v2/payments/refunds/REF1")), USD, NO_CAPTURE,
@@ -251,7 +251,7 @@ POSITIVE = ("resource.dispute_outcome.amount_refunded.value (the buyer's win) or
     pytest.param(refund_event("PAYMENT.CAPTURE.REFUNDED", "REF1", "CAP1", "5.001"), USD,
                  _inexact("resource.amount", "USD", 2, "5.001"), id="refund-inexact"),
     pytest.param(refund_event("PAYMENT.CAPTURE.REFUNDED", None, "CAP1", "5.00"), USD,
-                 "resource.id must be an id of 1 to 128 characters", id="refund-no-id"),
+                 "resource.id must be an id of 1 to 255 characters", id="refund-no-id"),
     # A dispute of another outcome, or of more than one transaction.
     pytest.param(dispute_event("CUSTOMER.DISPUTE.RESOLVED", DISPUTE, "CAP1", "21.00", "RESOLVED"), USD,
                  f"resource.dispute_outcome.outcome_code must be one of {OUTCOMES}", id="resolved-no-outcome"),

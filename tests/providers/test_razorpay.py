@@ -54,15 +54,15 @@ def test_one_header_with_another_body_is_another_event_and_so_is_one_body_under_
     assert len(ids) == 4
 
 
-def test_the_longest_header_makes_an_id_of_128_characters():
-    event = parse(encode(payment_captured("pay_1")), "razorpay", {"x-razorpay-event-id": "h" * 95})
-    assert len(event.id) == 128
+def test_the_longest_header_makes_an_id_of_255_characters():
+    event = parse(encode(payment_captured("pay_1")), "razorpay", {"x-razorpay-event-id": "h" * 222})
+    assert len(event.id) == 255
 
 
 @pytest.mark.parametrize("document, headers, message", [
     pytest.param(payment_captured("pay_1"), {}, "the x-razorpay-event-id header is missing", id="no-header"),
-    pytest.param(payment_captured("pay_1"), {"x-razorpay-event-id": "h" * 96},
-                 "the x-razorpay-event-id header must be 1 to 95 characters", id="a-header-of-96"),
+    pytest.param(payment_captured("pay_1"), {"x-razorpay-event-id": "h" * 223},
+                 "the x-razorpay-event-id header must be 1 to 222 characters", id="a-header-of-223"),
     pytest.param({**payment_captured("pay_1"), "event": None}, {"x-razorpay-event-id": HEADER}, "'event' is missing",
                  id="no-event"),
     pytest.param({**payment_captured("pay_1"), "payload": []}, {"x-razorpay-event-id": HEADER},
@@ -156,17 +156,17 @@ NO_USER = "payload.payment.entity.notes.user_id must be a user's UUID"
     pytest.param(entity(payment_captured("pay_1"), "payment", currency=None),
                  "payload.payment.entity.currency must be a currency's three-letter code", id="payment-currency-null"),
     pytest.param(entity(payment_captured("pay_1"), "payment", id=None),
-                 "payload.payment.entity.id must be a payment id of 1 to 128 characters", id="payment-id-null"),
+                 "payload.payment.entity.id must be a payment id of 1 to 255 characters", id="payment-id-null"),
     pytest.param(entity(refund_event("refund.processed", "rfnd_1", "pay_1", 4000, "processed"), "refund",
                         payment_id=None),
-                 "payload.refund.entity.payment_id must be a payment id of 1 to 128 characters",
+                 "payload.refund.entity.payment_id must be a payment id of 1 to 255 characters",
                  id="refund-no-payment"),
     pytest.param(refund_event("refund.processed", None, "pay_1", 4000, "processed"),
-                 "payload.refund.entity.id must be an id of 1 to 128 characters", id="refund-no-id"),
+                 "payload.refund.entity.id must be an id of 1 to 255 characters", id="refund-no-id"),
     pytest.param(dispute_event("payment.dispute.lost", None, "pay_1", 4000, "lost"),
-                 "payload.dispute.entity.id must be an id of 1 to 128 characters", id="dispute-no-id"),
+                 "payload.dispute.entity.id must be an id of 1 to 255 characters", id="dispute-no-id"),
     pytest.param(dispute_event("payment.dispute.lost", "disp_1", None, 4000, "lost"),
-                 "payload.dispute.entity.payment_id must be a payment id of 1 to 128 characters",
+                 "payload.dispute.entity.payment_id must be a payment id of 1 to 255 characters",
                  id="dispute-no-payment"),
     # A lost dispute must say what Razorpay deducted.
     *(pytest.param(entity(dispute_event("payment.dispute.lost", "disp_1", "pay_1", 4000, "lost"), "dispute",
