@@ -14,7 +14,15 @@
 -- SHARE UPDATE EXCLUSIVE lock, which blocks neither reads nor writes, and
 -- until then every new row is checked all the same. The small tables'
 -- (links, assignments, reconcile's runs and watermarks) are checked here.
+--
+-- Effect version 8: an event refused before for an id of 129 to 255
+-- characters was stored failed with a refusal's effect, which a retry that
+-- now applies would contradict (409 payload_mismatch). `flask init-db`
+-- recomputes, after this, the stored effects of rows of another version
+-- (every stored event read once, in batches of their own transactions), so
+-- that the provider's retry or `flask events replay` applies it.
 ALTER TABLE webhook_events
+    ALTER COLUMN effect_version SET DEFAULT 8,
     DROP CONSTRAINT webhook_events_event_id_check,
     ADD CONSTRAINT webhook_events_event_id_check CHECK (char_length(event_id) BETWEEN 1 AND 255) NOT VALID;
 ALTER TABLE payments

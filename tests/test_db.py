@@ -376,10 +376,11 @@ AT_006 = {
 
 
 def _as_006_made_it(db):
-    """db as migration 006 left it: 007's CHECKs at 128 characters, and 007 not recorded."""
+    """db as migration 006 left it: 007's CHECKs at 128 characters, effect version 7, and 007 not recorded."""
     for table, checks in AT_006.items():
         db.execute(f"ALTER TABLE {table} " + ", ".join(f"DROP CONSTRAINT {name}, ADD CONSTRAINT {name} CHECK ({check})"
                                                       for name, check in checks.items()))
+    db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 7")
     db.execute("DELETE FROM schema_migrations WHERE name = '007_longer_ids.sql'")
 
 

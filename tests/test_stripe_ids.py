@@ -7,6 +7,7 @@ and Redis."""
 
 import pytest
 
+from app.intake import events
 from app.settings.config import Settings
 
 from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, event_rows
@@ -77,6 +78,25 @@ def test_a_link_of_an_id_over_255_characters_is_refused(db, run, named):
     refused = run("users", "link", "default", named, str(ALICE), "--by", "ops")
     assert refused.exit_code == 2, refused.output
     assert db.execute("SELECT count(*) FROM customer_links").fetchone() == (0,)
+
+
+def test_an_event_refused_before_for_its_long_id_is_applied_by_the_retry_after_init_db(client, db, run, monkeypatch):
+    """As the previous release stored it: failed (422: its PaymentIntent's id over 128 characters), with a refusal's
+    effect, of effect version 7. init-db recomputes that effect from the bytes, so Stripe's retry is no 409
+    payload_mismatch: it credits once."""
+    paid = intent_succeeded(long_id("pi", 200), cents=700)
+    with monkeypatch.context() as before:
+        before.setattr(events, "_problem", lambda rule, fields: "data.object.id must be a payment id of 1 to 128"
+                       " characters")
+        assert deliver(client, paid).status == 422
+    db.execute("UPDATE webhook_events SET effect_version = 7")
+    recomputed = run("init-db")
+    assert "recomputed the effects of 1 stored events" in recomputed.output, recomputed.output
+    assert deliver(client, paid).json["status"] == "processed"
+    assert deliver(client, paid).json["status"] == "duplicate"
+    assert balance(db, ALICE) == OPENING[ALICE] + 700
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
 
 
 def _over(what):

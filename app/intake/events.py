@@ -52,7 +52,7 @@ PAYMENT_REFUNDED = "payment.refunded"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 7
+EFFECT_VERSION = 8
 
 
 def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = None,
