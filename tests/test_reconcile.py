@@ -165,6 +165,19 @@ def test_a_refund_of_a_payment_outside_the_window_is_refused(app, db, stand_in):
     assert [row[5] for row in runs(db)] == [1]  # refused
 
 
+def test_a_listed_event_with_ids_of_255_characters_is_applied_and_one_of_256_is_not_stored(app, db, stand_in):
+    """Stripe's ids may be 255 characters long (docs/providers.md): a delivery of one over is refused 400, and so the
+    run does not store it."""
+    longest = at(intent_succeeded("pi_" + "7" * 252, cents=40, event_id="evt_" + "7" * 251), 600)
+    over = at(intent_succeeded("pi_over", cents=50, event_id="evt_" + "8" * 252), 500)
+    stand_in.add(longest, over)
+    result = run(app)
+    assert "'id' must be 1 to 255 characters" in result.output, result.output
+    assert balance(db) == OPENING[ALICE] + 40
+    assert db.execute("SELECT event_id FROM webhook_events").fetchall() == [(longest.id,)]
+    assert [row[3:] for row in runs(db)] == [(1, 0, 1)]  # applied, duplicates, refused
+
+
 def test_a_listed_event_stored_before_with_another_effect_is_refused_and_kept_as_stored(app, client, db, stand_in):
     """A payload mismatch leaves the stored event completed: the summary says so, not 'recorded failed'."""
     delivered = intent_succeeded("pi_kept", cents=300)
