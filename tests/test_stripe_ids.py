@@ -11,7 +11,7 @@ from app.intake import events
 from app.settings.config import Settings
 
 from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, event_rows
-from .stripe_events import deliver, intent_succeeded, refund, thin
+from .stripe_events import checkout_session, deliver, intent_succeeded, refund, thin
 
 pytestmark = pytest.mark.core
 
@@ -70,6 +70,18 @@ def test_a_customer_of_255_characters_in_an_account_of_255_is_linked_and_names_t
     paid = in_account(intent_succeeded(long_id("pi"), cents=400, customer=customer, metadata={}), account)
     assert deliver(client, paid).json["status"] == "processed"
     assert balance(db, ALICE) == OPENING[ALICE] + 400
+
+
+def test_a_subscription_sessions_link_of_a_255_character_customer_in_a_255_character_account_names_the_user(
+        client, db):
+    account, customer = long_id("acct"), long_id("cus")
+    subscribed = in_account(checkout_session(None, mode="subscription", customer=customer), account)
+    assert deliver(client, subscribed).json["status"] == "processed"
+    assert db.execute("SELECT customer_id, user_id FROM customer_links").fetchall() == [(f"{account}/{customer}",
+                                                                                         ALICE)]
+    invoice = in_account(intent_succeeded(long_id("pi"), cents=600, customer=customer, metadata={}), account)
+    assert deliver(client, invoice).json["status"] == "processed"
+    assert balance(db, ALICE) == OPENING[ALICE] + 600
 
 
 @pytest.mark.parametrize("named", [long_id("cus", LONGEST + 1), f"acct_1ConnectA/{long_id('cus', LONGEST + 1)}",
