@@ -43,9 +43,10 @@ from ..core.vocabulary import (
 from ..providers import paypal, razorpay, stripe
 
 # Re-exported: what the rest of the app and the tests read from here.
-__all__ = ["DEFAULT_POLICY", "DEFAULT_SOURCE", "EFFECT_VERSION", "MAX_CENTS", "MAX_ID_CHARS", "PAYMENT_SUCCEEDED",
-           "RULES", "Effect", "Event", "InvalidEventError", "InvalidJSONError", "Kind", "NoUser", "Policy", "State",
-           "StoredBodyError", "UnprocessableError", "Users", "effect_of", "minor_units", "parse", "stored_event"]
+__all__ = ["DEFAULT_POLICY", "DEFAULT_SOURCE", "EFFECT_VERSION", "MAX_CENTS", "MAX_ID_CHARS", "MAX_KEY_CHARS",
+           "PAYMENT_SUCCEEDED", "RULES", "Effect", "Event", "InvalidEventError", "InvalidJSONError", "Kind", "NoUser",
+           "Policy", "State", "StoredBodyError", "UnprocessableError", "Users", "effect_of", "minor_units", "parse",
+           "stored_event"]
 
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_REFUNDED = "payment.refunded"

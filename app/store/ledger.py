@@ -11,7 +11,7 @@ import psycopg
 from ..intake.events import (
     DEFAULT_POLICY,
     EFFECT_VERSION,
-    MAX_ID_CHARS,
+    MAX_KEY_CHARS,
     Effect,
     Event,
     Policy,
@@ -305,8 +305,9 @@ class Moved(NamedTuple):
 def move_payment_to_account(conn: psycopg.Connection[Any], source: str, payment_id: str, account: str) -> Moved:
     """Key source's payment_id, keyed in no account, in the Stripe connected account (money.sql's
     move_payment_to_account), in conn's transaction; MoveRefusedError when it is refused."""
-    # A key in an account is held to what the live rule holds it to (app/providers/stripe.py's _in_account).
-    params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_ID_CHARS}
+    # A key in an account is held to what the live rule holds it to (app/providers/stripe.py's _in_account): an
+    # account id, "/" and an id, each MAX_ID_CHARS at most.
+    params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_KEY_CHARS}
     try:
         row = conn.execute(MOVE_PAYMENT_TO_ACCOUNT, params).fetchone()
     except MOVE_REFUSALS as exc:
