@@ -9,12 +9,9 @@ their ports 8443 and 8088 (PAYPAL_LOCAL_CERT_PORT, PAYPAL_LOCAL_API_PORT)."""
 import datetime
 import json
 import os
-import signal
 import ssl
-import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from . import ROOT, answers_tcp
+from .background import Background, shown, wait_for_signal
 from .paypal_stand_in import EVENTS_PATH, PayPalStandIn
 
 DIR = Path(os.environ.get("PAYPAL_LOCAL_DIR") or ROOT / ".run" / "paypal")
@@ -36,12 +34,7 @@ PAYPAL_NAME = "messageverificationcerts.paypal.com"  # the subject (and SAN) of 
 WEBHOOK_ID = "1JE4291016473214C"  # the form of the webhook id in PayPal's samples
 CERT_URL = f"https://{CERT_HOST}:{CERT_PORT}/v1/notifications/certs/{CERT_NAME}"
 API_URL = f"http://127.0.0.1:{API_PORT}"
-START_SECONDS = 30
-
-
-def _shown(path):
-    """path as the settings name it: relative to the checkout (where `make run` runs) when it is under it."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+BACKGROUND = Background("devservers.paypal_local", DIR, "PayPal's stand-ins", plural=True)
 
 
 def settings():
@@ -49,7 +42,7 @@ def settings():
     stand_in = PayPalStandIn()
     return (f"WEBHOOK_SOURCES=paypal WEBHOOK_PAYPAL_SECRET={WEBHOOK_ID} WEBHOOK_PAYPAL_API_KEY={stand_in.api_key} "
             f"WEBHOOK_PAYPAL_API_BASE={API_URL} PAYPAL_CERT_HOSTS={CERT_HOST}:{CERT_PORT} "
-            f"PAYPAL_CA_FILE={_shown(DIR / 'ca.pem')} make run")
+            f"PAYPAL_CA_FILE={shown(DIR / 'ca.pem')} make run")
 
 
 def publish(event):
@@ -162,37 +155,16 @@ def serve():
     """Run both stand-ins until SIGTERM or SIGINT."""
     cert_host = _cert_host()
     api = LocalPayPal().start(API_PORT)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     threading.Thread(target=cert_host.serve_forever, daemon=True).start()
-    stop.wait()
+    wait_for_signal()
     cert_host.shutdown()
     api.close()
 
 
 # -- start and stop -----------------------------------------------------------------------------------
 
-def _running():
-    """The pid of the stand-ins started from DIR, if they still run."""
-    try:
-        pid = int((DIR / "pid").read_text())
-        running = "devservers.paypal_local" in Path(f"/proc/{pid}/cmdline").read_text()
-    except (OSError, ValueError):
-        return None
-    return pid if running else None
-
-
 def stop():
-    pid = _running()
-    if pid is None:
-        return "PayPal's stand-ins are not running"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + START_SECONDS
-    while _running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (DIR / "pid").unlink(missing_ok=True)
-    return "stopped PayPal's stand-ins"
+    return BACKGROUND.stop()
 
 
 def start():
@@ -202,22 +174,13 @@ def start():
         if answers_tcp(port):
             raise SystemExit(f"port {port} is in use: stop what uses it, or set {what}=<another port>")
     make_certificates()
-    with open(DIR / "log", "ab") as log:
-        server = subprocess.Popen([sys.executable, "-m", "devservers.paypal_local", "serve"], cwd=ROOT,
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    deadline = time.monotonic() + START_SECONDS
-    while not (answers_tcp(CERT_PORT) and answers_tcp(API_PORT)):
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise SystemExit(f"PayPal's stand-ins did not start; their log: {_shown(DIR / 'log')}")
-        time.sleep(0.05)
-    (DIR / "pid").write_text(f"{server.pid}\n")
-    return [f"PayPal's certificate host: {CERT_URL} (under the CA {_shown(DIR / 'ca.pem')})",
+    BACKGROUND.spawn([CERT_PORT, API_PORT])
+    return [f"PayPal's certificate host: {CERT_URL} (under the CA {shown(DIR / 'ca.pem')})",
             f"PayPal's API: {API_URL}",
-            f"The certificate's signing key: {_shown(DIR / 'paypal.key')}; the webhook id: {WEBHOOK_ID}",
+            f"The certificate's signing key: {shown(DIR / 'paypal.key')}; the webhook id: {WEBHOOK_ID}",
             "The service's settings:",
             settings(),
-            f"Stop the stand-ins with: {_shown(Path(sys.executable))} -m devservers.paypal_local stop"]
+            f"Stop the stand-ins with: {shown(Path(sys.executable))} -m devservers.paypal_local stop"]
 
 
 def main(argv):

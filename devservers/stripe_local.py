@@ -8,27 +8,21 @@ file and log are in .run/stripe/ (STRIPE_LOCAL_DIR), its port 12111 (STRIPE_LOCA
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from . import ROOT, answers_tcp
+from .background import Background, shown, wait_for_signal
 from .stripe_stand_in import API_KEY, StripeStandIn, _handler
 
 DIR = Path(os.environ.get("STRIPE_LOCAL_DIR") or ROOT / ".run" / "stripe")
 PORT = int(os.environ.get("STRIPE_LOCAL_PORT") or 12111)
 API_URL = f"http://127.0.0.1:{PORT}"
 PUT_PATH = "/_stand_in/put"  # the stand-in's own call: Stripe's API has no such one
-START_SECONDS = 30
-
-
-def _shown(path):
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+BACKGROUND = Background("devservers.stripe_local", DIR, "Stripe's stand-in")
 
 
 def put(document):
@@ -56,54 +50,23 @@ def serve():
 
     server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
     server.daemon_threads = True
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    stop.wait()
+    wait_for_signal()
     server.shutdown()
 
 
-def _running():
-    """The pid of the stand-in started from DIR, if it still runs."""
-    try:
-        pid = int((DIR / "pid").read_text())
-        running = "devservers.stripe_local" in Path(f"/proc/{pid}/cmdline").read_text()
-    except (OSError, ValueError):
-        return None
-    return pid if running else None
-
-
 def stop():
-    pid = _running()
-    if pid is None:
-        return "Stripe's stand-in is not running"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + START_SECONDS
-    while _running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (DIR / "pid").unlink(missing_ok=True)
-    return "stopped Stripe's stand-in"
+    return BACKGROUND.stop()
 
 
 def start():
     """Start the stand-in in the background (stopping that of an earlier start); the lines to print."""
-    stop()
+    BACKGROUND.stop()
     if answers_tcp(PORT):
         raise SystemExit(f"port {PORT} is in use: stop what uses it, or set STRIPE_LOCAL_PORT=<another port>")
-    DIR.mkdir(parents=True, exist_ok=True)
-    with open(DIR / "log", "ab") as log:
-        server = subprocess.Popen([sys.executable, "-m", "devservers.stripe_local", "serve"], cwd=ROOT,
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    deadline = time.monotonic() + START_SECONDS
-    while not answers_tcp(PORT):
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise SystemExit(f"Stripe's stand-in did not start; its log: {_shown(DIR / 'log')}")
-        time.sleep(0.05)
-    (DIR / "pid").write_text(f"{server.pid}\n")
+    BACKGROUND.spawn([PORT])
     return [f"Stripe's API: {API_URL}, with the restricted key {API_KEY}",
-            f"Stop it with: {_shown(Path(sys.executable))} -m devservers.stripe_local stop"]
+            f"Stop it with: {shown(Path(sys.executable))} -m devservers.stripe_local stop"]
 
 
 def main(argv):
