@@ -351,6 +351,35 @@ CREATE TABLE IF NOT EXISTS reconcile_watermarks (
     PRIMARY KEY (source, account)
 );
 
+-- Notifications whose money must be read from the provider's API, recorded
+-- as received while the provider cannot be asked (no slot, over the shared
+-- budget, unavailable, 429) and answered 2xx `accepted` (docs/design.md,
+-- "The provider's pace"). The drain (app/receiver/drain.py) claims the
+-- oldest due rows FOR UPDATE SKIP LOCKED, pushing not_before past the claim
+-- (a host that dies mid-claim leaves them due again when it passes), reads
+-- the provider's record, applies it through apply_event and deletes the row
+-- in the same statement. 'unknown': the provider has no record of the event;
+-- a bounded row (no body) that no alert counts and no replay asks again, and
+-- that a genuine delivery of the id later replaces.
+CREATE TABLE IF NOT EXISTS waiting_notifications (
+    id             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source         TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    event_id       TEXT NOT NULL CHECK (char_length(event_id) BETWEEN 1 AND 255),
+    event_type     TEXT NOT NULL CHECK (char_length(event_type) BETWEEN 1 AND 64),
+    state          TEXT NOT NULL DEFAULT 'waiting' CHECK (state IN ('waiting', 'unknown')),
+    -- The exact bytes received while waiting; none once 'unknown'.
+    body           BYTEA CHECK ((body IS NULL) = (state = 'unknown')),
+    payload_sha256 BYTEA NOT NULL CHECK (octet_length(payload_sha256) = 32),
+    attempts       INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    last_error     TEXT CHECK (char_length(last_error) <= 1000),  -- why it waits, or why it is unknown
+    received_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- When the drain may claim it next: now at receipt, a claim's expiry, or a backoff's end.
+    not_before     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    CONSTRAINT waiting_notifications_source_event_id_key UNIQUE (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS waiting_notifications_due_idx
+    ON waiting_notifications (not_before, id) WHERE state = 'waiting';
+
 -- A user row's opening balance is its balance at insert, unless given.
 CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS TRIGGER
 LANGUAGE plpgsql AS $$

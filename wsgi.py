@@ -3,6 +3,7 @@
 import sys
 
 from app import create_app
+from app.receiver import drain
 from app.settings.config import ConfigError, Needs
 
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker that exits with it makes the
@@ -18,3 +19,8 @@ except ConfigError as exc:
     sys.stderr.write(f"webhook-ledger: {exc.format_message()}\n")
     sys.stderr.flush()
     sys.exit(WORKER_BOOT_ERROR)
+
+# The drain applies accepted notifications (app/receiver/drain.py): a thread of this worker, started here because
+# gunicorn imports this module in each worker after the fork (preload_app is off), so every shipped way to run the
+# service (make run, the image, compose, systemd: all gunicorn -c gunicorn.conf.py wsgi:app) runs it.
+drain.start(app)

@@ -182,6 +182,19 @@ class EventLock:
             self.fault = reason  # logged (at most once a minute) by the link, counted with the delivery
 
 
+def is_done(app: Flask, event: Event) -> bool:
+    """Whether Redis remembers event committed (any effect); False when Redis cannot say (PostgreSQL decides)."""
+    link: RedisLink = app.extensions["redis"]
+    try:
+        return bool(link.run(IS_DONE, [done_key(event.id, event.source)], []))
+    except UnusableError:
+        return False
+
+
+# KEYS: done marker. 1 when it exists.
+IS_DONE = "return redis.call('exists', KEYS[1])"
+
+
 def probe(link: RedisLink) -> str | None:
     """Return None if Redis runs the lock script now, else why not (UNAVAILABLE or a fault's reason)."""
     keys = [lock_key(PROBE_EVENT_ID), done_key(PROBE_EVENT_ID)]

@@ -23,6 +23,18 @@ class ProviderUnavailableError(Exception):
     """The provider could not answer in time (no slot, unreachable, past the deadline, 429, 5xx): 503, retry."""
 
 
+class NoSlotError(ProviderUnavailableError):
+    """Every one of the process's slots is in flight."""
+
+
+class OverBudgetError(ProviderUnavailableError):
+    """The provider account's shared budget has no request to give now (app/providers/budget.py)."""
+
+    def __init__(self, message: str, wait_seconds: float) -> None:
+        super().__init__(message)
+        self.wait_seconds = wait_seconds  # until the budget may give one
+
+
 class DeadlinePassedError(ProviderUnavailableError):
     """The call's deadline passed before its answer ended."""
 
@@ -73,7 +85,7 @@ class Outbound:
         """Hold one of the process's slots, or ProviderUnavailableError at once when none is free."""
         if not self._free.acquire(blocking=False):
             self.observe(provider, "no_slot", 0.0)
-            raise ProviderUnavailableError(f"all {self.slots} calls to providers are in flight")
+            raise NoSlotError(f"all {self.slots} calls to providers are in flight")
         try:
             yield
         finally:

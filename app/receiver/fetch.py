@@ -2,6 +2,7 @@
 (docs/providers.md, "What is signed and what is fetched")."""
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..core.vocabulary import load
@@ -67,11 +68,25 @@ class Providers:
     """The process's calls to providers: the PayPal certificates and each fetching source's API."""
 
     def __init__(self, outbound: Outbound, certificates: paypal.Certificates, fetchers: dict[str, Fetcher],
-                 stripe_apis: dict[str, stripe.API]) -> None:
+                 stripe_apis: dict[str, stripe.API], sources: "Mapping[str, Source]") -> None:
+        self.sources = sources
         self.outbound = outbound
         self.certificates = certificates
         self.fetchers = fetchers  # by source name: the sources that fetch each event
         self.stripe_apis = stripe_apis  # by source name: the stripe sources with an API key (thin events' objects)
+
+    def serving(self, event_source: str) -> Source | None:
+        """A served source of event_source's events that can ask its provider (its settings are the service's)."""
+        return next((s for s in self.sources.values()
+                     if s.event_source == event_source and (s.name in self.fetchers or s.name in self.stripe_apis)),
+                    None)
+
+    def asks(self, source: Source, event: Event) -> bool:
+        """Whether fetch asks event's provider (a thin event's object, or a fetching source's record)."""
+        if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
+            return stripe.related_object(event) is not None
+        api = self.fetchers.get(source.name)
+        return api is not None and api.names(event) is not None
 
     def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
         """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
@@ -141,13 +156,12 @@ def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None"
     """How `flask events replay` asks again for an event of event_source that its provider had no record of;
     None unless a served source of those events fetches (its settings are the service's)."""
     calls = of(app)
-    served = [s for s in Settings.of(app).sources.values()
-              if s.event_source == event_source and (s.name in calls.fetchers or s.name in calls.stripe_apis)]
-    if not served:
+    served = calls.serving(event_source)
+    if served is None:
         return None
 
     def ask(event: Event) -> tuple[Event, Effect, bytes | None]:
-        return calls.fetch(served[0], event, policy)[:3]
+        return calls.fetch(served, event, policy)[:3]
     return ask
 
 
@@ -188,7 +202,7 @@ def init_app(app: "Flask") -> None:
         if not source.fetch:
             fetchers.pop(source.name, None)
     certificates = paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
-    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis)
+    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis, settings.sources)
 
 
 def of(app: "Flask") -> Providers:

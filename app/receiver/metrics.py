@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from ..locking.lock import LockState
 from ..settings.config import Settings
+from ..store import waiting
 from ..store.db import Pool, get_pool, statement_timeout
 from ..store.ledger import Change, Result
 from ..store.outcome import Outcome
@@ -134,6 +135,10 @@ class Metrics:
             "webhook_ledger_provider_contradictions",
             "Events whose provider's record moved other money than the notification said: the record decided",
             ["source"], registry=registry)
+        self.drained = Counter(
+            "webhook_ledger_drained_notifications",
+            "Accepted notifications the drain ended, by outcome (processed, duplicate, failed, unknown: the provider "
+            "had no record of it, ...)", ["source", "outcome"], registry=registry)
         self.pool = {key: Gauge(name, text, registry=registry, multiprocess_mode="livesum")
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
@@ -248,6 +253,33 @@ class ReconcileCollector(Collector):
         return [last, max_age, recovered, runs]
 
 
+class WaitingCollector(Collector):
+    """Per source that asks its provider: the notifications waiting for the provider's record, and the oldest's age
+    (invariant 7: none waits unseen)."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily]":
+        count = GaugeMetricFamily("webhook_ledger_waiting_notifications",
+                                  "Notifications answered accepted whose provider's record is not read yet",
+                                  labels=["source"])
+        oldest = GaugeMetricFamily("webhook_ledger_waiting_oldest_seconds",
+                                   "Age of the oldest notification waiting for its provider's record (0: none)",
+                                   labels=["source"])
+        try:
+            rows = waiting.backlog(get_pool(self.app), SCRAPE_DB_MS)
+        except psycopg.Error:
+            return []  # PostgreSQL unavailable: the delivery metrics still answer
+        asking = {source.event_source: (0, 0.0) for source in Settings.of(self.app).sources.values()
+                  if source.api_key}
+        asking.update({row.source: (row.waiting, row.oldest_seconds) for row in rows})
+        for source, (waiting_now, age) in sorted(asking.items()):
+            count.add_metric([source], waiting_now)
+            oldest.add_metric([source], age)
+        return [count, oldest]
+
+
 _made = threading.Lock()
 
 
@@ -255,6 +287,8 @@ def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
     app.extensions["metrics_reconcile"] = collector = ReconcileCollector(app)
     registry.register(collector)
+    app.extensions["metrics_waiting"] = waiting_collector = WaitingCollector(app)
+    registry.register(waiting_collector)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
@@ -291,6 +325,7 @@ def scrape() -> Response:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
+        registry.register(current_app.extensions["metrics_waiting"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -15,8 +15,9 @@ from ..settings.config import Settings
 from ..settings.sources import Source
 from ..store import ledger
 from ..store.db import get_pool
+from ..store.outcome import Outcome
 from ..version import __version__
-from . import fetch
+from . import fetch, pace
 from .delivery import current_delivery
 from .release import ReleaseCheck
 
@@ -35,7 +36,7 @@ class UnknownSourceError(LookupError):
 # any other method is a 405, logged and counted like every answer here.
 @bp.post("/api/webhooks", defaults={"name": None}, strict_slashes=False, provide_automatic_options=False)
 @bp.post("/api/webhooks/<name>", strict_slashes=False, provide_automatic_options=False)
-def receive(name: str | None) -> dict[str, str]:
+def receive(name: str | None) -> tuple[dict[str, str], int]:
     """Verify, parse, fetch (a fetching source), lock, apply in one statement, answer (docs/design.md). Errors raise."""
     settings, delivery = Settings.of(current_app), current_delivery()
     assert delivery is not None  # every request under delivery.PREFIX is one
@@ -46,22 +47,33 @@ def receive(name: str | None) -> dict[str, str]:
     delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
                                              certificates=calls.certificates)
     delivery.event = parse(body, source.scheme, request.headers, source.event_source)
-    fetched = delivery.fetched = calls.fetch(source, delivery.event, settings.policy)
+    body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
+    step = pace.fetch_or_wait(current_app, source, delivery.event, body_sha256, settings.policy)
+    if step.answered is not None:  # a duplicate, or accepted to wait for the provider: nothing fetched
+        delivery.outcome = step.answered
+        return {"status": step.answered, "event_id": delivery.event.id}, ANSWERED[step.answered]
+    fetched = delivery.fetched = step.fetched
+    assert fetched is not None
     event, effect = fetched.event, fetched.effect
     delivery.effect = effect  # what the money is decided by: the provider's record, for a fetching source
-    body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
     delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
+    ends_wait = fetched.body is not None  # a fetched event may have waited too (accepted by a twin meanwhile)
 
     def apply() -> ledger.Result:
         # 503, nothing written, while the database is not at this release: a clock comparison per delivery,
         # a query once the process's answer is RECHECK_SECONDS old (release.py).
         ReleaseCheck.of(current_app).require(current_app)
         return ledger.apply_event(get_pool(current_app), event, effect, body_sha256, settings.policy,
-                                  fetched=fetched.body)
+                                  fetched=fetched.body, ends_wait=ends_wait)
 
     delivery.result = delivery.lock.apply_once(apply)
     delivery.outcome = delivery.result.raise_for_outcome().outcome
-    return {"status": delivery.outcome, "event_id": event.id}
+    return {"status": delivery.outcome, "event_id": event.id}, 200
+
+
+# 202 for accepted: recorded, its processing not done (RFC 9110, 15.3.3); every provider here stops retrying on any
+# 2xx (Stripe, PayPal, Razorpay: docs/providers.md).
+ANSWERED = {Outcome.DUPLICATE: 200, Outcome.ACCEPTED: 202}
 
 
 def _source(settings: Settings, name: str | None) -> Source:

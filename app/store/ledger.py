@@ -20,6 +20,7 @@ from ..intake.events import (
     effect_of,
     stored_event,
 )
+from . import waiting
 from .db import Pool, one_query, transaction
 from .outcome import Outcome
 
@@ -126,7 +127,8 @@ KEEP_FETCHED = """;
 
 
 def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
-                origin: Origin | None = Origin.DELIVERY, fetched: bytes | None = None) -> Result:
+                origin: Origin | None = Origin.DELIVERY, fetched: bytes | None = None,
+                ends_wait: bool = False) -> Result:
     """Record event (whose effect is effect_of(event, policy)) and apply its effect atomically; return a Result.
 
     body_sha256 is the SHA-256 of the bytes received; policy is recorded with
@@ -134,11 +136,13 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
     keeps the row's); fetched, the provider's bytes that event was read from
     (app/providers/), with them. A failure is committed (attempts, last_error)
     with no balance change, a payload mismatch as a count and nothing else.
+    ends_wait: the event's waiting notification, if any, is deleted in the same statement (app/store/waiting.py).
     """
     params = apply_event_params(event, effect, body_sha256, policy, origin)
     if fetched is not None:
         params["fetched"] = fetched
-    row = one_query(pool, APPLY_EVENT + (KEEP_FETCHED if fetched is not None else ""), params)
+    statement = APPLY_EVENT + (KEEP_FETCHED if fetched is not None else "") + (waiting.DONE if ends_wait else "")
+    row = one_query(pool, statement, params)
     assert row is not None  # a SELECT of a function returning one row
     outcome, problem, stored_sha256, change, balance_after = row
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)

@@ -9,6 +9,7 @@ class Outcome(StrEnum):
 
     PROCESSED = "processed"  # effects committed by this delivery
     DUPLICATE = "duplicate"  # committed before; nothing changed
+    ACCEPTED = "accepted"  # recorded as received; its money moves when the provider's record is read (202)
     FAILED = "failed"  # recorded as failed: the effect cannot apply (422)
     IGNORED = "ignored"  # a payment that names no user, or a movement of one, under NO_USER=ignore (200)
     PAYLOAD_MISMATCH = "payload_mismatch"  # this id was stored with a different effect (409)

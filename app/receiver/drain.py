@@ -1,0 +1,139 @@
+"""The drain: applies the notifications that wait for their provider's record, oldest first, on every host at once,
+through the ledger's own apply_event (docs/design.md, "The provider's pace"). A thread in each gunicorn worker."""
+
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from ..intake.events import Event, StoredBodyError, stored_event
+from ..providers.outbound import NoSlotError, OverBudgetError, ProviderUnavailableError
+from ..settings.config import Settings
+from ..store import ledger, waiting
+from ..store.db import get_pool
+from ..store.outcome import Outcome
+from . import fetch, metrics
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+log = logging.getLogger(__name__)
+
+# Claimed at once by one drain: few enough that a host dying mid-batch delays few, enough to keep a drain busy
+# between two claims.
+BATCH = 10
+# A batch's claim: BATCH calls at the provider's deadline each would take longer, but the budget paces a drain
+# well below that; a claim that expires while its drain still works is only a wasted call (the ledger's unique keys
+# decide), and a host that died frees its rows after this.
+CLAIM_SECONDS = 30.0
+# Between two looks when nothing is due: one indexed query a second per worker. No LISTEN: a transaction pooler
+# (PgBouncer) cannot hold one.
+IDLE_SECONDS = 1.0
+# A notification whose provider could not answer is tried again after 2, 4, 8 ... s, never more than this apart:
+# once the provider answers again, everything that waits is tried within it.
+MAX_BACKOFF_SECONDS = 30.0
+
+
+class Drain:
+    """One process's drain: its thread, and one round that any caller (a test, a command) may run."""
+
+    def __init__(self, app: "Flask") -> None:
+        self.app = app
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.pause = 0.0  # seconds the whole drain waits before its next claim (the provider is down)
+
+    def start(self) -> None:
+        """Run rounds in a daemon thread until stop(); call it after gunicorn forked the worker."""
+        self._thread = threading.Thread(target=self._run, name="drain", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.round()
+            except psycopg.Error as exc:  # PostgreSQL unavailable: the rows wait in it, nothing is lost
+                log.warning("drain: the database is unavailable (%s); trying again", type(exc).__name__)
+                done = 0
+            except Exception:  # a bug must not end the drain for the life of the worker
+                log.exception("drain: a round failed")
+                done = 0
+            wait = self.pause or (0.0 if done else IDLE_SECONDS * random.uniform(0.5, 1.5))
+            self._stop.wait(wait)
+
+    def round(self) -> int:
+        """Claim due notifications and apply each; return how many ended (applied, failed or unknown)."""
+        pool = get_pool(self.app)
+        claimed = waiting.claim(pool, BATCH, CLAIM_SECONDS)
+        started, ended, self.pause = time.monotonic(), 0, 0.0
+        for index, item in enumerate(claimed):
+            if time.monotonic() - started > CLAIM_SECONDS / 2:
+                break  # the rest's claim is running out: another round (or host) takes them
+            try:
+                ended += self.apply(item)
+            except ProviderUnavailableError as exc:
+                seconds = min(MAX_BACKOFF_SECONDS, 2.0 ** item.attempts)
+                waiting.back_off(pool, item, seconds, str(exc))
+                # The provider is down (or refuses us): the rest of the batch waits with it, and so does this drain.
+                for rest in claimed[index + 1:]:
+                    waiting.back_off(pool, rest, seconds, f"waiting with {item.event_id}: {exc}")
+                self.pause = seconds
+                break
+        return ended
+
+    def apply(self, item: waiting.Claimed) -> int:
+        """Fetch item's record and apply it (1), or record that its provider has none (1); raise
+        ProviderUnavailableError when the provider cannot answer, waiting for a slot or the budget first."""
+        settings, calls, pool = Settings.of(self.app), fetch.of(self.app), get_pool(self.app)
+        source = calls.serving(item.source)
+        try:
+            event = stored_event(item.source, item.event_id, item.event_type, item.body, item.payload_sha256)
+        except StoredBodyError as exc:  # not bytes this service stored: say so, bounded, and stop asking
+            waiting.unknown(pool, _event_of(item), item.payload_sha256, f"not applied: {exc}")
+            return 1
+        if source is None:
+            raise ProviderUnavailableError(f"no source serves {item.source}'s events with an API key on this host")
+        while True:
+            try:
+                fetched = calls.fetch(source, event, settings.policy)
+                break
+            except OverBudgetError as exc:  # the shared budget: wait for it, as long as it says
+                time.sleep(exc.wait_seconds)
+            except NoSlotError:  # the process's inline fetches hold every slot: they end within the deadline
+                time.sleep(0.05)
+        if fetched.effect.sha256 == ledger.UNKNOWN_EFFECT:
+            waiting.unknown(pool, event, item.payload_sha256, fetched.effect.problem or "the provider has no record")
+            self._count(item.source, "unknown")
+            return 1
+        result = ledger.apply_event(pool, fetched.event, fetched.effect, item.payload_sha256, settings.policy,
+                                    fetched=fetched.body, ends_wait=True)
+        self._count(item.source, result.outcome)
+        if result.outcome not in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.IGNORED):
+            log.warning("drain: event %s (source %s) ended %s: %s", item.event_id, item.source, result.outcome,
+                        result.problem)
+        return 1
+
+    def _count(self, source: str, outcome: str) -> None:
+        metrics.of(self.app).drained.labels(source=source, outcome=outcome).inc()
+
+
+def _event_of(item: waiting.Claimed) -> Event:
+    return Event(item.event_id, item.event_type, {}, {}, b"", item.source)
+
+
+EXTENSION = "drain"
+
+
+def start(app: "Flask") -> Drain:
+    """Start the app's drain in this process (wsgi.py: each gunicorn worker, after the fork)."""
+    drain = app.extensions[EXTENSION] = Drain(app)
+    drain.start()
+    return drain
