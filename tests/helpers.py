@@ -395,3 +395,39 @@ def debian_program(name):
 def record_currency(db, currency):
     """Make currency the ledger's, as the first init-db under LEDGER_CURRENCY=currency records it."""
     db.execute("UPDATE ledger_currency SET currency = %s", [currency.lower()])
+
+
+def waiting_row(conn, event_id):
+    """event_id's row of waiting_notifications (state, body, attempts, last_error, ...); None if none."""
+    return conn.cursor(row_factory=namedtuple_row).execute(
+        "SELECT source, event_id, event_type, state, body, attempts, last_error, received_at, not_before"
+        " FROM waiting_notifications WHERE event_id = %s", [event_id]).fetchone()
+
+
+def waiting_rows(conn, state="waiting"):
+    """How many notifications are in state ('waiting' or 'unknown')."""
+    return conn.execute("SELECT count(*) FROM waiting_notifications WHERE state = %s", [state]).fetchone()[0]
+
+
+def drain(app, conn):
+    """Run app's drain (app/receiver/drain.py) until nothing waits that is due, each backoff made due at once (the
+    provider answers now); return how many notifications it ended."""
+    from app.receiver.drain import Drain
+
+    ended, rounds = 0, Drain(app)
+    for _ in range(1000):
+        conn.execute("UPDATE waiting_notifications SET not_before = now() WHERE state = 'waiting'")
+        done = rounds.round()
+        ended += done
+        if waiting_rows(conn) == 0:
+            return ended
+    raise AssertionError(f"the drain left {waiting_rows(conn)} notifications waiting")
+
+
+def wait_drained(conn, within=60.0):
+    """Wait until the served hosts' drains leave nothing waiting (a liveness bound, not a speed check)."""
+    deadline = time.monotonic() + within
+    while waiting_rows(conn):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{waiting_rows(conn)} notifications still wait after {within:g} s")
+        time.sleep(0.1)

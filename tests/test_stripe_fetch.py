@@ -8,7 +8,18 @@ import stripe
 
 from devservers.stripe_stand_in import API_KEY
 
-from .helpers import ALICE, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, event_rows, samples, send
+from .helpers import (
+    ALICE,
+    OPENING,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    drain,
+    event_rows,
+    samples,
+    send,
+)
 from .stripe_events import intent_succeeded, stripe_signed
 
 pytestmark = pytest.mark.core
@@ -51,14 +62,28 @@ def test_an_event_stripe_does_not_have_is_422_and_moves_nothing(client, db, stri
     assert balance(db, ALICE) == OPENING[ALICE]
 
 
-def test_stripe_unavailable_is_503_with_nothing_written(client, db, stripe_api):
+def test_stripe_unavailable_is_accepted_and_the_drain_applies_it(app, client, db, stripe_api):
     evt = intent_succeeded("pi_later", cents=300)
     stripe_api.add(evt)
     stripe_api.fail_next(500)
     response = _send(client, evt)
-    assert (response.status, response.json["error"]) == (503, "unavailable")
+    assert (response.status, response.json["status"]) == (202, "accepted")
     assert event_rows(db) == 0
+    assert drain(app, db) == 1
+    assert balance(db, ALICE) == OPENING[ALICE] + 300
+
+
+def test_a_completed_event_delivered_again_is_a_duplicate_without_asking_stripe(client, db, stripe_api,
+                                                                               redis_client):
+    evt = intent_succeeded("pi_again", cents=300)
+    stripe_api.add(evt)
     assert _send(client, evt).json["status"] == "processed"
+    asked = len(stripe_api.requests)
+    assert _send(client, evt).json["status"] == "duplicate"  # the done marker decides
+    redis_client.flushall()
+    assert _send(client, evt).json["status"] == "duplicate"  # the stored row decides
+    assert len(stripe_api.requests) == asked
+    assert balance(db, ALICE) == OPENING[ALICE] + 300
 
 
 def test_a_source_that_does_not_fetch_asks_stripe_nothing(make_app, config, db, stripe_api):

@@ -26,12 +26,16 @@ from .helpers import (
     assert_ledger_consistent,
     balance,
     db_url,
+    drain,
     event_rows,
     samples,
     send,
     source_secret,
     sources_config,
     stored_event_row,
+    wait_drained,
+    waiting_row,
+    waiting_rows,
 )
 from .stripe_events import charge_refunded, deliver, dispute, intent_succeeded, refund, stripe_signed, thin, thin_signed
 
@@ -220,7 +224,8 @@ def test_a_thin_event_and_its_snapshot_twin_sent_at_once_on_many_threads_credit_
         return answer.status
 
     with ThreadPoolExecutor(len(deliveries)) as pool:
-        assert set(pool.map(post, deliveries)) == {200}
+        assert set(pool.map(post, deliveries)) <= {200, 202}  # 202: accepted, every provider slot busy
+    wait_drained(db)  # the hosts' drains apply what was accepted
     assert balance(db, ALICE) == OPENING[ALICE] + 900
     assert event_rows(db) == 2
     assert_ledger_consistent(db)
@@ -249,40 +254,67 @@ def test_a_thin_event_is_fetched_in_its_account_context(client, db, stripe_api):
     assert balance(db, ALICE) == OPENING[ALICE] + 500
 
 
-def test_a_thin_event_whose_object_stripe_does_not_have_is_422_recorded_and_replay_applies_it(
-        app, client, db, stripe_api):
+def test_a_thin_event_whose_object_stripe_does_not_have_is_422_kept_without_its_body_and_a_genuine_one_applies(
+        client, db, stripe_api):
     pi = _pi()
     obj = _obj(intent_succeeded(pi, cents=800))
     evt = thin("v1.payment_intent.succeeded", obj)
     answer = deliver(client, evt)
     assert (answer.status, answer.json["error"]) == (422, "unprocessable")
     assert f"Stripe's API has no payment_intent {pi}" in answer.json["message"]
-    assert stored_event_row(db, evt["id"]).status == "failed"
+    kept = waiting_row(db, evt["id"])
+    assert (kept.state, kept.body) == ("unknown", None) and f"no payment_intent {pi}" in kept.last_error
+    assert event_rows(db) == 0  # no failed event: no alert, nothing for `events replay --all-failed` to ask again
     assert balance(db, ALICE) == OPENING[ALICE]
     stripe_api.put(obj)
-    result = app.test_cli_runner().invoke(args=["events", "replay", "--source", "default", evt["id"]])
-    assert result.exit_code == 0, result.output
+    assert deliver(client, evt).json["status"] == "processed"
     assert balance(db, ALICE) == OPENING[ALICE] + 800
+    assert waiting_row(db, evt["id"]) is None
     assert db.execute("SELECT fetched FROM webhook_events WHERE event_id = %s", [evt["id"]]).fetchone()[0]
     assert_ledger_consistent(db)
 
 
-@pytest.mark.parametrize("fault", ["500", "hang"])
-def test_stripe_unavailable_for_a_thin_event_is_503_with_nothing_written(make_app, config, db, stripe_api, fault):
-    client = make_app({**config, "PROVIDER_DEADLINE_MS": "300"}).test_client()
+@pytest.mark.parametrize("fault", ["500", "hang", "429"])
+def test_stripe_unavailable_for_a_thin_event_is_accepted_and_the_drain_applies_it_once(make_app, config, db,
+                                                                                      stripe_api, fault):
+    app = make_app({**config, "PROVIDER_DEADLINE_MS": "300"})
+    client = app.test_client()
     obj = _obj(intent_succeeded(_pi(), cents=300))
     stripe_api.put(obj)
-    if fault == "500":
-        stripe_api.fail_next(500)
-    else:
+    if fault == "hang":
         stripe_api.delay = 2.0
+    else:
+        stripe_api.fail_next(int(fault))
+    evt = thin("v1.payment_intent.succeeded", obj)
+    body, headers = thin_signed(evt)
+    answer = send(client, body, headers)
+    assert (answer.status, answer.json) == (202, {"status": "accepted", "event_id": evt["id"]})
+    assert event_rows(db) == 0 and waiting_row(db, evt["id"]).body == body  # the exact bytes, committed
+    stripe_api.delay = 0.0
+    asked = len(stripe_api.requests)
+    assert deliver(client, evt).json["status"] == "accepted"  # a re-delivery while it waits asks nothing
+    assert len(stripe_api.requests) == asked
+    assert drain(app, db) == 1
+    assert balance(db, ALICE) == OPENING[ALICE] + 300
+    assert stored_event_row(db, evt["id"]).status == "completed" and waiting_rows(db) == 0
+    assert deliver(client, evt).json["status"] == "duplicate"
+    assert len(stripe_api.requests) == asked + 1  # the drain's one fetch; the duplicate asked nothing
+    assert_ledger_consistent(db)
+
+
+def test_a_thin_event_that_moves_money_on_a_source_without_an_api_key_is_accepted_and_counted(make_app, config, db,
+                                                                                              stripe_api):
+    client = make_app({k: v for k, v in config.items() if k != "WEBHOOK_API_KEY"}).test_client()
+    obj = _obj(intent_succeeded(_pi(), cents=300))
+    stripe_api.put(obj)
     evt = thin("v1.payment_intent.succeeded", obj)
     answer = deliver(client, evt)
-    assert (answer.status, answer.json["error"]) == (503, "unavailable")
+    assert (answer.status, answer.json["status"]) == (202, "accepted")
     assert event_rows(db) == 0
-    stripe_api.delay = 0.0
-    assert deliver(client, evt).json["status"] == "processed"
-    assert balance(db, ALICE) == OPENING[ALICE] + 300
+    assert "set WEBHOOK_API_KEY" in waiting_row(db, evt["id"]).last_error
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_calls_total", (("provider", "stripe"), ("result", "no_api_key")))] == 1
+    assert deliver(client, thin("v2.core.account.updated")).json["status"] == "processed"
 
 
 @pytest.mark.parametrize("event_type", ["v2.core.account.updated", "v1.billing.meter.error_report_triggered",
@@ -296,20 +328,6 @@ def test_a_thin_event_that_moves_no_money_is_stored_and_acknowledged_without_a_f
     assert stored_event_row(db, evt["id"]).status == "completed"
     assert len(stripe_api.requests) == asked
     assert balance(db, ALICE) == OPENING[ALICE]
-
-
-def test_a_thin_event_that_moves_money_on_a_source_without_an_api_key_is_503_and_counted(make_app, config, db,
-                                                                                         stripe_api, caplog):
-    client = make_app({k: v for k, v in config.items() if k != "WEBHOOK_API_KEY"}).test_client()
-    obj = _obj(intent_succeeded(_pi(), cents=300))
-    stripe_api.put(obj)
-    answer = deliver(client, thin("v1.payment_intent.succeeded", obj))
-    assert (answer.status, answer.json["error"]) == (503, "unavailable")
-    assert event_rows(db) == 0
-    assert "set WEBHOOK_API_KEY" in caplog.text
-    assert samples(client.get("/metrics").text)[
-        ("webhook_ledger_provider_calls_total", (("provider", "stripe"), ("result", "no_api_key")))] == 1
-    assert deliver(client, thin("v2.core.account.updated")).json["status"] == "processed"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -417,3 +435,17 @@ def test_any_interleaving_of_snapshot_and_thin_events_gives_the_snapshot_only_le
     _deliver_until_applied(client, waiting)
     key = pi if account is None else f"{account}/{pi}"
     assert (_payment_ledger(db, key), balance(db, ALICE) - before) == expected
+
+
+def test_a_completed_thin_event_delivered_again_is_a_duplicate_without_asking_stripe(client, db, stripe_api,
+                                                                                     redis_client):
+    obj = _obj(intent_succeeded(_pi(), cents=400))
+    stripe_api.put(obj)
+    evt = thin("v1.payment_intent.succeeded", obj)
+    assert deliver(client, evt).json["status"] == "processed"
+    asked = len(stripe_api.requests)
+    assert deliver(client, evt).json["status"] == "duplicate"  # the done marker decides
+    redis_client.flushall()
+    assert deliver(client, evt).json["status"] == "duplicate"  # the stored row decides
+    assert len(stripe_api.requests) == asked
+    assert balance(db, ALICE) == OPENING[ALICE] + 400

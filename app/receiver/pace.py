@@ -1,11 +1,12 @@
 """The fetch step at the provider's pace: a completed event is a duplicate before any fetch, and a notification the
 provider cannot be asked about now is recorded and accepted (docs/design.md, "The provider's pace")."""
 
+import logging
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..intake.events import Event, Policy, UnprocessableError
 from ..locking import lock
-from ..providers.outbound import ProviderUnavailableError
+from ..providers.outbound import ProviderRefusedError, ProviderUnavailableError
 from ..settings.sources import Source
 from ..store import ledger, waiting
 from ..store.db import get_pool
@@ -14,6 +15,8 @@ from . import fetch
 
 if TYPE_CHECKING:
     from flask import Flask
+
+log = logging.getLogger(__name__)
 
 
 class Step(NamedTuple):
@@ -46,6 +49,8 @@ def fetch_or_wait(app: "Flask", source: Source, event: Event, body_sha256: bytes
     try:
         fetched = calls.fetch(source, event, policy)
     except ProviderUnavailableError as exc:
+        if isinstance(exc, ProviderRefusedError):  # our misconfiguration: said here, counted (the alert), not told
+            log.warning("%s; event %s (source %s) waits for it", exc, event.id, source.name)
         waiting.accept(pool, event, body_sha256, str(exc))  # why it waits: `flask events show`
         return Step(Outcome.ACCEPTED)
     if fetched.effect.sha256 == ledger.UNKNOWN_EFFECT:
