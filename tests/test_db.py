@@ -71,7 +71,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users"}
+                      "ledger_currency", "payment_users", "waiting_notifications"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time

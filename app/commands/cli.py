@@ -34,16 +34,41 @@ events = Commands("events", help="Inspect, replay and purge stored webhook event
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
 redis_group = Commands("redis", help="Redis's copies of what PostgreSQL knows.")
 
+# waiting_notifications.state: what `events show` says of each.
+WAITING_STATES = {
+    "waiting": "accepted: waits for its provider's record, which the drain reads",
+    "unknown": "its provider had no record of it: kept without its body; a genuine delivery of it applies",
+}
+
+
+# Stored events and, beside them, the notifications that wait for their provider's record (status 'waiting', or
+# 'unknown': the provider had none): each table newest first by its primary key, then merged.
 LIST_EVENTS = """
-    SELECT source, event_id, event_type, status, attempts, mismatches, created_at,
-           coalesce('dismissed by ' || dismissed_by || ': ' || dismissed_reason, last_error) AS last_error
-    FROM webhook_events
-    WHERE (%(sources)s::text[] IS NULL OR source = ANY(%(sources)s))
-      AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
-      AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
-      AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
-    ORDER BY id DESC  -- newest first: ids grow with arrival (the primary key, not an index of created_at)
-    LIMIT %(limit)s
+    SELECT * FROM (
+        (SELECT source, event_id, event_type, status, attempts, mismatches, created_at,
+                coalesce('dismissed by ' || dismissed_by || ': ' || dismissed_reason, last_error) AS last_error
+         FROM webhook_events
+         WHERE (%(sources)s::text[] IS NULL OR source = ANY(%(sources)s))
+           AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s))
+           AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
+           AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+         ORDER BY id DESC  -- newest first: ids grow with arrival (the primary key, not an index of created_at)
+         LIMIT %(limit)s)
+        UNION ALL
+        (SELECT source, event_id, event_type, state, attempts, 0, received_at, last_error
+         FROM waiting_notifications
+         WHERE (%(sources)s::text[] IS NULL OR source = ANY(%(sources)s))
+           AND (%(statuses)s::text[] IS NULL OR state = ANY(%(statuses)s))
+           AND (%(types)s::text[] IS NULL OR event_type = ANY(%(types)s))
+           AND (%(since)s::timestamptz IS NULL OR received_at >= %(since)s)
+         ORDER BY id DESC
+         LIMIT %(limit)s)
+    ) listed ORDER BY created_at DESC LIMIT %(limit)s
+"""
+SHOW_WAITING = """
+    SELECT source, event_id, event_type, state, attempts, last_error, payload_sha256 AS body_sha256, received_at,
+           not_before, body
+    FROM waiting_notifications WHERE source = %s AND event_id = %s
 """
 SHOW_EVENT = """
     SELECT e.source, e.event_id, e.event_type, e.status, e.attempts, e.last_error, e.mismatches,
@@ -105,8 +130,8 @@ def init_db_command() -> None:
 @events.command("list", needs=Needs.DATABASE)
 @click.option("--source", "sources", multiple=True, help="Source name; repeatable.")
 # The values, not the members: click (8.2+) matches an Enum's members by their names (FAILED).
-@click.option("--status", "statuses", multiple=True, type=click.Choice([status.value for status in ledger.Status]),
-              help="Repeatable.")
+@click.option("--status", "statuses", multiple=True,
+              type=click.Choice([status.value for status in ledger.Status] + list(WAITING_STATES)), help="Repeatable.")
 @click.option("--type", "types", multiple=True, help="Event type; repeatable.")
 @click.option("--since", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               help="Received at or after this UTC date or time.")
@@ -136,11 +161,12 @@ def _one_line(text: str) -> str:
 @SOURCE
 def show_event(event_id: str, source: str) -> None:
     """Show one stored event: the bytes received, status, attempts, last error, times."""
-    effect, movement, account, elsewhere = None, None, None, []
+    effect, movement, account, elsewhere, waits = None, None, None, [], None
     with transaction(get_pool(current_app)) as conn:
         cursor = conn.cursor(row_factory=namedtuple_row)
         row: NamedRow | None = cursor.execute(SHOW_EVENT, [source, event_id]).fetchone()
         if row is None:
+            waits = cursor.execute(SHOW_WAITING, [source, event_id]).fetchone()
             elsewhere = [name for (name,) in conn.execute(SOURCES_OF_EVENT, [event_id]).fetchall()]
         else:
             effect = _stored_effect(row, _decided_under(row, Settings.of(current_app).policy))
@@ -148,6 +174,9 @@ def show_event(event_id: str, source: str) -> None:
             if effect.movement_id is not None:
                 movement = cursor.execute(SHOW_MOVEMENT, [source, effect.kind, effect.movement_id]).fetchone()
             account = cursor.execute(SHOW_ACCOUNT, [source, effect.payment_id]).fetchone()
+    if row is None and waits is not None:
+        _show_waiting(waits)
+        return
     if row is None:
         hint = f"; it is stored under {', '.join(f'--source {name}' for name in elsewhere)}" if elsewhere else ""
         raise click.ClickException(f"no stored event {event_id!r} of source {source!r}{hint}")
@@ -177,6 +206,20 @@ def show_event(event_id: str, source: str) -> None:
         click.echo(f"fetched ({len(row.fetched)} bytes, as the provider's API returned them; the money is read "
                    f"from these):")
         click.echo(bytes(row.fetched).decode("utf-8", errors="backslashreplace"))
+
+
+def _show_waiting(row: NamedRow) -> None:
+    """A notification that waits for its provider's record (or was not found there), and why."""
+    fields = [("source", row.source), ("event id", row.event_id), ("type", row.event_type),
+              ("status", f"{row.state} ({WAITING_STATES[row.state]})"), ("attempts", row.attempts),
+              ("why", row.last_error or "-"), ("body sha256", row.body_sha256.hex()),
+              ("received", utc(row.received_at)),
+              ("next try", utc(row.not_before) if row.state == "waiting" else "-")]
+    for name, value in fields:
+        click.echo(f"{name + ':':<16}{value}")
+    if row.body is not None:
+        click.echo(f"body ({len(row.body)} bytes, as received):")
+        click.echo(bytes(row.body).decode("utf-8", errors="backslashreplace"))
 
 
 def _replay(pool: Pool, source: str, event_id: str, policy: Policy) -> ledger.Result | None:
@@ -380,7 +423,7 @@ def verify_ledger() -> None:
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
         report = verify.check(conn, Settings.of(current_app).policy, advance)
-    for line in report.problems + report.below_zero + report.settings_changed:
+    for line in report.problems + report.below_zero + report.settings_changed + report.waiting:
         click.echo(line)
     users, events_, payments, journal = report.counts
     counts = f"{users} users, {events_} stored events, {payments} payments, {journal} journal rows"

@@ -35,6 +35,10 @@ IDLE_SECONDS = 1.0
 # A notification whose provider could not answer is tried again after 2, 4, 8 ... s, never more than this apart:
 # once the provider answers again, everything that waits is tried within it.
 MAX_BACKOFF_SECONDS = 30.0
+# A notification the ledger records failed (a refund before its payment's credit) is tried again this many times
+# in all (about three and a half minutes with the backoff above), then ends failed, as a 422 delivery does: the
+# failed-events count, `flask events replay`.
+FAILED_ATTEMPTS = 10
 
 
 class Drain:
@@ -80,7 +84,7 @@ class Drain:
             try:
                 ended += self.apply(item)
             except ProviderUnavailableError as exc:
-                seconds = min(MAX_BACKOFF_SECONDS, 2.0 ** item.attempts)
+                seconds = _backoff(item.attempts)
                 waiting.back_off(pool, item, seconds, str(exc))
                 # The provider is down (or refuses us): the rest of the batch waits with it, and so does this drain.
                 for rest in claimed[index + 1:]:
@@ -114,7 +118,13 @@ class Drain:
             self._count(item.source, "unknown")
             return 1
         result = ledger.apply_event(pool, fetched.event, fetched.effect, item.payload_sha256, settings.policy,
-                                    fetched=fetched.body, ends_wait=True)
+                                    fetched=fetched.body)
+        if result.outcome == Outcome.FAILED and item.attempts < FAILED_ATTEMPTS:
+            # Recorded failed (a refund before its payment's credit, say): tried again as the provider would have
+            # retried a 422, had it not been answered 202.
+            waiting.back_off(pool, item, _backoff(item.attempts), result.problem or "failed")
+            return 0
+        waiting.end(pool, item)  # a crash before this: the next claim fetches again, and the ledger says duplicate
         self._count(item.source, result.outcome)
         if result.outcome not in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.IGNORED):
             log.warning("drain: event %s (source %s) ended %s: %s", item.event_id, item.source, result.outcome,
@@ -127,6 +137,10 @@ class Drain:
 
 def _event_of(item: waiting.Claimed) -> Event:
     return Event(item.event_id, item.event_type, {}, {}, b"", item.source)
+
+
+def _backoff(attempts: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, 2.0 ** attempts)
 
 
 EXTENSION = "drain"

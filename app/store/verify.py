@@ -111,6 +111,17 @@ COUNTS = """
 """
 
 
+# Notifications accepted and not applied yet (app/store/waiting.py): by state, how many, the oldest's age; and those
+# whose bytes of record no longer match their SHA-256 (a problem: the drain would apply other bytes than received).
+WAITING = """
+    SELECT state, count(*) AS n, coalesce(extract(epoch FROM now() - min(received_at)), 0)::bigint AS oldest
+    FROM waiting_notifications GROUP BY state ORDER BY state
+"""
+WAITING_CORRUPT = """
+    SELECT source, event_id FROM waiting_notifications WHERE state = 'waiting' AND sha256(body) <> payload_sha256
+"""
+
+
 class Counts(NamedTuple):
     users: int
     events: int
@@ -124,6 +135,8 @@ class Report(NamedTuple):
     counts: Counts
     # One line per completed event that today's settings would refuse, decided under others: not a problem.
     settings_changed: list[str] = []
+    # One line per state of the notifications that wait for (or were not found at) their provider: not a problem.
+    waiting: list[str] = []
 
 
 def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
@@ -157,10 +170,21 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
                 on_row(1)
         below_zero = [f"balance of user {r.user_id} is below zero: {r.balance_cents} cents"
                       for r in cur.execute(BELOW_ZERO)]
+        problems += [f"waiting notification {_name(r.source, r.event_id)}: its stored bytes do not match their "
+                     f"SHA-256" for r in cur.execute(WAITING_CORRUPT)]
+        waiting = [WAITING_LINES[r.state].format(n=r.n, oldest=r.oldest) for r in cur.execute(WAITING)]
         row = conn.execute(COUNTS).fetchone()
         assert row is not None  # a SELECT without FROM returns one row
         counts = Counts(*row)
-    return Report(problems, below_zero, counts, settings_changed)
+    return Report(problems, below_zero, counts, settings_changed, waiting)
+
+
+WAITING_LINES = {
+    "waiting": "{n} notifications accepted wait for their provider's record (the oldest {oldest} s): the drain "
+               "applies them",
+    "unknown": "{n} notifications were not found at their provider: kept without their bodies, applied if a genuine "
+               "delivery comes",
+}
 
 
 def _name(source: str, event_id: str) -> str:

@@ -130,6 +130,14 @@ def back_off(pool: Pool, claimed: Claimed, seconds: float, reason: str) -> None:
     one_query(pool, BACK_OFF, {"id": claimed.id, "seconds": seconds, "reason": reason[:MAX_REASON_CHARS]})
 
 
+END = "DELETE FROM waiting_notifications WHERE id = %(id)s RETURNING id"
+
+
+def end(pool: Pool, claimed: Claimed) -> None:
+    """The wait of claimed is over: its event was applied (or ended failed)."""
+    one_query(pool, END, {"id": claimed.id})
+
+
 class Backlog(NamedTuple):
     """The notifications waiting for one source: how many, and the oldest one's age."""
 
