@@ -20,6 +20,7 @@ from .helpers import (
     ALICE,
     OPENING,
     SECRETS,
+    UNMETERED,
     assert_ledger_consistent,
     balance,
     db_url,
@@ -39,7 +40,8 @@ pytestmark = pytest.mark.core
 @pytest.fixture
 def config(db, redis_server, redis_client, stripe_api):
     return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
-            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url}
+            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url,
+            **UNMETERED}
 
 
 def _paid(cents=500):
@@ -166,6 +168,7 @@ def test_inline_and_drained_applications_in_any_interleaving_give_the_snapshot_o
         if data.draw(st.booleans(), label=f"accept {evt['type']}"):
             stripe_api.fail_next(503)
         answer = send(client, *thin_signed(evt))
+        stripe_api._faults.clear()  # unspent when this copy asked nothing (a duplicate, or one that waits)
         assert answer.status in (200, 202, 422), answer.json
         if data.draw(st.booleans(), label="drain now"):
             db.execute("UPDATE waiting_notifications SET not_before = now() WHERE state = 'waiting'")

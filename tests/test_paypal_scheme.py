@@ -38,6 +38,7 @@ from .helpers import (
     ALICE,
     BOB,
     OPENING,
+    UNMETERED,
     assert_ledger_consistent,
     balance,
     db_url,
@@ -232,7 +233,7 @@ def seen(cert_host):
 def config(db, redis_server, redis_client, pki, cert_host, paypal_api):
     """PayPal on its own route, its webhook id the source's secret; the stand-ins the one certificate host and
     PayPal's REST API."""
-    base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url}
+    base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, **UNMETERED}
     return sources_config(base, {SOURCE: None}, **{"WEBHOOK_PAYPAL_SECRET": WEBHOOK_ID, "LEDGER_CURRENCY": "usd",
                                                    "PAYPAL_CERT_HOSTS": f"localhost:{cert_host.port}",
                                                    "PAYPAL_CA_FILE": str(pki.ca_file),

@@ -23,6 +23,7 @@ from .helpers import (
     ALICE,
     OPENING,
     SECRETS,
+    UNMETERED,
     assert_ledger_consistent,
     balance,
     db_url,
@@ -44,7 +45,8 @@ pytestmark = pytest.mark.core
 @pytest.fixture
 def config(db, redis_server, redis_client, stripe_api):
     return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
-            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url}
+            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url,
+            **UNMETERED}
 
 
 def _obj(evt):

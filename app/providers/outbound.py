@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 # An answer past this is refused, whatever the provider: an event or an object is a few kilobytes.
@@ -51,6 +51,15 @@ class ProviderRefusedError(ProviderUnavailableError):
 class Reply(NamedTuple):
     status: int
     body: bytes
+    headers: Mapping[str, str] = {}
+
+
+class Spend(Protocol):
+    """What a call spends of its provider account's shared budget (app/providers/budget.py)."""
+
+    def take(self) -> None: ...  # OverBudgetError when none is left now
+
+    def slow_down(self, headers: Mapping[str, str]) -> None: ...  # the provider answered 429
 
 
 class Deadline:
@@ -93,18 +102,28 @@ class Outbound:
 
     def request(self, provider: str, method: str, url: str, deadline: Deadline, *,
                 headers: Mapping[str, str] | None = None, body: bytes | None = None,
-                context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES) -> Reply:
+                context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES,
+                spend: Spend | None = None) -> Reply:
         """The status and body of one HTTP call made within deadline; no redirect is followed.
 
-        The caller holds a slot. ProviderUnavailableError when the call
+        The caller holds a slot. spend, if any, is taken first (OverBudgetError:
+        no call) and told of a 429. ProviderUnavailableError when the call
         cannot end in an answer by the deadline, or the answer is larger
         than max_bytes; any status is returned as it came.
         """
+        if spend is not None:
+            try:
+                spend.take()
+            except OverBudgetError:
+                self.observe(provider, "over_budget", 0.0)
+                raise
         started = time.perf_counter()
         result = "unreachable"
         try:
             reply = self._call(method, url, deadline, headers or {}, body, context, max_bytes)
             result = str(reply.status)
+            if reply.status == 429 and spend is not None:
+                spend.slow_down(reply.headers)
             return reply
         except ProviderUnavailableError as exc:
             result = "timeout" if isinstance(exc, DeadlinePassedError) else result
@@ -146,7 +165,7 @@ class Outbound:
             raise DeadlinePassedError(f"no answer within {deadline.seconds:g} s")
         if len(data) > max_bytes:
             raise AnswerTooLargeError(f"an answer larger than {max_bytes} bytes")
-        return Reply(answer.status, data)
+        return Reply(answer.status, data, dict(answer.getheaders()))
 
 
 def record(reply: Reply, provider: str, what: str) -> bytes | None:

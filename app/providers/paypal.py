@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import certifi
@@ -53,6 +53,9 @@ from ..core.vocabulary import (
     uuid_text,
 )
 from .outbound import AnswerTooLargeError, Deadline, Outbound, ProviderUnavailableError, Reply, record
+
+if TYPE_CHECKING:
+    from .budget import Budget
 
 # PayPal's certificates are served under this path (PAYPAL-CERT-URL, e.g.
 # https://api.sandbox.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77 in PayPal's
@@ -454,10 +457,11 @@ class API:
 
     name = NAME
 
-    def __init__(self, base: str, credentials: str, outbound: Outbound) -> None:
+    def __init__(self, base: str, credentials: str, outbound: Outbound, budget: "Budget | None" = None) -> None:
         self.base = base
         self._basic = "Basic " + base64.b64encode(credentials.encode()).decode()
         self.outbound = outbound
+        self.budget = budget  # the account's shared budget (app/providers/budget.py); None: unmetered
         self._token: tuple[str, float] | None = None  # the access token and when to stop using it
         self._lock = threading.Lock()
 
@@ -480,7 +484,8 @@ class API:
 
     def _get(self, path: str, deadline: Deadline) -> Reply:
         return self.outbound.request(SCHEME, "GET", self.base + path, deadline, headers={
-            "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"})
+            "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"},
+            spend=None if self.budget is None else self.budget.on("webhooks-events"))
 
     def _access_token(self, deadline: Deadline) -> str:
         with self._lock:
@@ -488,7 +493,8 @@ class API:
                 return self._token[0]
         reply = self.outbound.request(SCHEME, "POST", self.base + "/v1/oauth2/token", deadline, headers={
             "Authorization": self._basic, "Accept": "application/json",
-            "Content-Type": "application/x-www-form-urlencoded"}, body=b"grant_type=client_credentials")
+            "Content-Type": "application/x-www-form-urlencoded"}, body=b"grant_type=client_credentials",
+            spend=None if self.budget is None else self.budget.on("oauth2-token"))
         try:
             answer = load(record(reply, NAME, "an access token") or b"")
             token, lifetime = answer["access_token"], answer["expires_in"]

@@ -3,7 +3,7 @@ An event's id is its unsigned header bound to the body's digest (docs/providers.
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import requests
@@ -29,6 +29,9 @@ from ..core.vocabulary import (
     uuid_text,
 )
 from .outbound import Deadline, Outbound, ProviderUnavailableError, record
+
+if TYPE_CHECKING:
+    from .budget import Budget, Spend
 
 SCHEME = "razorpay"  # also the name its calls are counted under (app/receiver/metrics.py)
 NAME = "Razorpay"
@@ -185,11 +188,12 @@ class API:
 
     name = NAME
 
-    def __init__(self, base: str, credentials: str, outbound: Outbound) -> None:
+    def __init__(self, base: str, credentials: str, outbound: Outbound, budget: "Budget | None" = None) -> None:
         self.base = base
         key_id, _, secret = credentials.partition(":")
         self._auth = (key_id, secret)
         self.outbound = outbound
+        self.budget = budget  # the account's shared budget (app/providers/budget.py); None: unmetered
 
     def __repr__(self) -> str:
         return f"API({self.base!r})"
@@ -203,7 +207,8 @@ class API:
         """The bytes of the entity event names (names() is not None), as Razorpay's API returns them; None when
         Razorpay has no such entity. ProviderUnavailableError, or ProviderRefusedError, as outbound.record says."""
         kind, entity_id = _named(event) or ("", "")
-        transport = _Transport(self.outbound, self.outbound.deadline(), f"its {kind}")
+        transport = _Transport(self.outbound, self.outbound.deadline(), f"its {kind}",
+                               None if self.budget is None else self.budget.on(kind))
         session = requests.Session()
         session.trust_env = False  # no proxy or .netrc from the environment: the call is the outbound's alone
         session.mount("https://", transport)
@@ -241,9 +246,9 @@ class _Transport(BaseAdapter):
     """razorpay.Client's HTTP through the process's outbound calls (one deadline, the status read as every
     provider's): the client sees only a 200, whose bytes are kept."""
 
-    def __init__(self, outbound: Outbound, deadline: Deadline, what: str) -> None:
+    def __init__(self, outbound: Outbound, deadline: Deadline, what: str, spend: "Spend | None") -> None:
         super().__init__()
-        self.outbound, self.deadline, self.what = outbound, deadline, what
+        self.outbound, self.deadline, self.what, self.spend = outbound, deadline, what, spend
         self.body: bytes | None = None
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
@@ -251,7 +256,7 @@ class _Transport(BaseAdapter):
                    for name, value in request.headers.items()}
         # The client's fetches are GETs, without a body; an answer in its bytes, not compressed.
         reply = self.outbound.request(SCHEME, "GET", request.url or "", self.deadline,
-                                      headers={**headers, "Accept-Encoding": "identity"})
+                                      headers={**headers, "Accept-Encoding": "identity"}, spend=self.spend)
         # Razorpay answers an id it does not know (or another account's) 400 BAD_REQUEST_ERROR.
         found = record(reply._replace(status=404) if reply.status == 400 else reply, NAME, self.what)
         if found is None:

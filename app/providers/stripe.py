@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 from urllib.parse import quote
 
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
@@ -27,6 +27,9 @@ from ..core.vocabulary import (
     text,
 )
 from .outbound import Outbound, record
+
+if TYPE_CHECKING:
+    from .budget import Budget, Spend
 
 SCHEME = "stripe"  # also the name its calls are counted under (app/receiver/metrics.py)
 NAME = "Stripe"
@@ -389,10 +392,11 @@ class API:
 
     name = NAME
 
-    def __init__(self, base: str, key: str, outbound: Outbound) -> None:
+    def __init__(self, base: str, key: str, outbound: Outbound, budget: "Budget | None" = None) -> None:
         self.base = base
         self._authorization = f"Bearer {key}"
         self.outbound = outbound
+        self.budget = budget  # the account's shared budget (app/providers/budget.py); None: unmetered
 
     def __repr__(self) -> str:
         return f"API({self.base!r})"
@@ -407,7 +411,7 @@ class API:
         deadline = self.outbound.deadline()
         with self.outbound.slot(SCHEME):
             reply = self.outbound.request(SCHEME, "GET", f"{self.base}/v1/events/{quote(event.id, safe='')}",
-                                          deadline, headers=headers)
+                                          deadline, headers=headers, spend=self._spend("events"))
         return record(reply, NAME, "its event")
 
     def related(self, related: Related) -> bytes | None:
@@ -419,5 +423,10 @@ class API:
         deadline = self.outbound.deadline()
         with self.outbound.slot(SCHEME):
             reply = self.outbound.request(SCHEME, "GET", f"{self.base}{THIN_OBJECTS[related.type]}"
-                                          f"{quote(related.id, safe='')}", deadline, headers=headers)
+                                          f"{quote(related.id, safe='')}", deadline, headers=headers,
+                                          spend=self._spend(related.type))
         return record(reply, NAME, f"its {related.type}")
+
+    def _spend(self, endpoint: str) -> "Spend | None":
+        """Stripe counts each named operation as an endpoint: GET /v1/payment_intents/{id} for any id is one."""
+        return None if self.budget is None else self.budget.on(endpoint)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from ..core.vocabulary import load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..providers import paypal, razorpay, stripe
+from ..providers.budget import Budget
 from ..providers.outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
 from ..settings.config import Settings
 from ..settings.sources import Source, api_key_setting
@@ -68,8 +69,9 @@ class Providers:
     """The process's calls to providers: the PayPal certificates and each fetching source's API."""
 
     def __init__(self, outbound: Outbound, certificates: paypal.Certificates, fetchers: dict[str, Fetcher],
-                 stripe_apis: dict[str, stripe.API], sources: "Mapping[str, Source]") -> None:
+                 stripe_apis: dict[str, stripe.API], sources: "Mapping[str, Source]", budgets: "list[Budget]") -> None:
         self.sources = sources
+        self.budgets = budgets  # one per provider account
         self.outbound = outbound
         self.certificates = certificates
         self.fetchers = fetchers  # by source name: the sources that fetch each event
@@ -188,21 +190,28 @@ def init_app(app: "Flask") -> None:
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
     fetchers: dict[str, Fetcher] = {}
     stripe_apis: dict[str, stripe.API] = {}
+    budgets: dict[str, Budget] = {}
     for source in settings.sources.values():
         if source.api_key is None:
             continue
+        # One budget per provider account (its key), however many sources name it; Redis shares it between hosts.
+        budget = budgets[source.api_key] = budgets.get(source.api_key) or Budget(
+            app.extensions.get("redis"), source.scheme, source.api_key, source.api_rate, source.api_rate_total)
         if source.scheme == paypal.SCHEME:
-            fetchers[source.name] = ByEventId(paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound),
-                                              source.scheme)
+            fetchers[source.name] = ByEventId(paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound,
+                                                         budget), source.scheme)
         elif source.scheme == razorpay.SCHEME:
-            fetchers[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound)
+            fetchers[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound,
+                                                 budget)
         elif source.scheme == stripe.SCHEME:  # thin events' objects, whether or not it fetches every event
-            stripe_apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound)
+            stripe_apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound,
+                                                  budget)
             fetchers[source.name] = ByEventId(stripe_apis[source.name], source.scheme)
         if not source.fetch:
             fetchers.pop(source.name, None)
     certificates = paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
-    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis, settings.sources)
+    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis, settings.sources,
+                                          list(budgets.values()))
 
 
 def of(app: "Flask") -> Providers:

@@ -118,6 +118,9 @@ def ready() -> Mapping[str, str] | tuple[Mapping[str, str], int, Mapping[str, st
     # (OOM, say, refuses only writes, which the probe may not make).
     redis_reason = lock.probe(link) or link.recent_fault()
     body = {"redis": "degraded", "redis_reason": redis_reason} if redis_reason else {"redis": "ok"}
+    if redis_reason and fetch.of(current_app).budgets:
+        # Each process keeps its share of the providers' budgets (app/providers/budget.py) until Redis is back.
+        body["provider_budget"] = "per_process"
     retry_after = {"Retry-After": str(Settings.of(current_app).retry_after_seconds)}
     check = ReleaseCheck.of(current_app)
     try:

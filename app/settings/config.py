@@ -137,6 +137,15 @@ class Settings:
     # Under paypal always (its signature covers a CRC32 of the body); under stripe, a choice.
     webhook_fetch: bool | None = field(metadata=setting(
         parsers.optional_boolean, "", "fetch each event from the default source's provider API"))
+    # The provider account's budget, shared by every host (app/providers/budget.py), for the default source and by
+    # default for each named one (WEBHOOK_<NAME>_API_RATE, _API_RATE_TOTAL). Stripe allows 25 requests a second per
+    # endpoint and 100 in all in live mode, 25 in a sandbox (https://docs.stripe.com/rate-limits), shared with the
+    # merchant's own application (its checkout creates PaymentIntents): 10 and 20 leave it 60% of each endpoint
+    # and 80% of the live account, and stay under a sandbox's 25 in all.
+    webhook_api_rate: int = field(metadata=setting(
+        parsers.integer(1), "10", "requests a second to one endpoint of the default source's provider account"))
+    webhook_api_rate_total: int = field(metadata=setting(
+        parsers.integer(1), "20", "requests a second in all to the default source's provider account"))
     # Total, connection to last byte: a provider host that drips is cut here.
     # Well under gunicorn's timeout and the senders' (PayPal waits about 10 s).
     provider_deadline_ms: int = field(metadata=setting(

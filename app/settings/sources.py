@@ -27,7 +27,7 @@ MIN_SECRET_BYTES = 16
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key> (read says which default to the default source's).
 SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER",
-                   "API_BASE", "FETCH")
+                   "API_BASE", "FETCH", "API_RATE", "API_RATE_TOTAL")
 # The schemes whose provider's API can be asked for an event (Razorpay's: the entity it names; app/providers/),
 # and whether it must be: PayPal's signature covers only a CRC32 of the body, which anyone can match
 # (docs/providers.md).
@@ -57,6 +57,9 @@ class Source:
     # Whether each event is fetched from the provider's API (WEBHOOK_<NAME>_FETCH), and where (_API_BASE).
     fetch: bool = False
     api_base: str | None = None
+    # Its provider account's budget, requests a second per endpoint and in all (WEBHOOK_<NAME>_API_RATE, _TOTAL).
+    api_rate: int = 10
+    api_rate_total: int = 20
 
     @property
     def event_source(self) -> str:
@@ -64,6 +67,8 @@ class Source:
         return self.moved_from or self.name
 
 
+# A named source's budget, as WEBHOOK_API_RATE's.
+RATE = parsers.integer(1)
 # The replay window of a named source, as WEBHOOK_TOLERANCE_SECONDS's.
 TOLERANCE = parsers.integer(1, ": the replay window cannot be switched off")
 
@@ -123,7 +128,8 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
                                          users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]),
                                          fetch=_fetch("WEBHOOK_", scheme, values["WEBHOOK_FETCH"],
                                                       values["WEBHOOK_API_KEY"]),
-                                         api_base=values["WEBHOOK_API_BASE"])
+                                         api_base=values["WEBHOOK_API_BASE"], api_rate=values["WEBHOOK_API_RATE"],
+                                         api_rate_total=values["WEBHOOK_API_RATE_TOTAL"])
     for name in named:
         own = prefix(name)
         raw_secret = environ.get(own + "SECRET")
@@ -144,10 +150,13 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
                       own + "USER_METADATA_KEY" if key is not None else "WEBHOOK_USER_METADATA_KEY")
         api_key = parsers.api_key(own + "API_KEY", environ.get(own + "API_KEY", ""))
         fetch = parsers.optional_boolean(own + "FETCH", environ.get(own + "FETCH", ""))
+        rates = [values[f"WEBHOOK_{key}"] if environ.get(own + key) is None else RATE(own + key, environ[own + key])
+                 for key in ("API_RATE", "API_RATE_TOTAL")]
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(own + "MOVED_FROM", moved_from, name),
                                api_key, users, _fetch(own, scheme, fetch, api_key),
-                               parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")))
+                               parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")),
+                               *rates)
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
         if earlier is not None and earlier.moved_from is not None:
