@@ -78,6 +78,10 @@ ERRORS = {
 }
 
 
+# Stripe's published limits: per endpoint, and in all in live mode (https://docs.stripe.com/rate-limits).
+ENDPOINT_LIMIT, GLOBAL_LIMIT = 25, 100
+
+
 class BadRequestError(ValueError):
     """A parameter Stripe would refuse: 400 invalid_request_error naming it."""
 
@@ -98,7 +102,16 @@ class StripeStandIn:
         self._faults: deque[int] = deque()
         self.requests: list[dict[str, Any]] = []  # each list request's parameters, as parsed
         self.arrivals: list[float] = []  # when each request arrived (time.monotonic()), in the same order
-        self.delay = 0.0  # seconds before each answer
+        self.delay = 0.0  # seconds before each answer (Stripe answers in 100 to 500 ms across the internet)
+        # Stripe's rate limiter, when on: 25 requests per endpoint and 100 in all per sliding second, beyond them
+        # 429 rate_limit (https://docs.stripe.com/rate-limits); what it saw: each endpoint's peak over any second,
+        # and how many it refused.
+        self.limiter = False
+        self.endpoint_limit, self.global_limit = ENDPOINT_LIMIT, GLOBAL_LIMIT
+        self.peaks: dict[str, int] = {}
+        self.peak_total = 0
+        self.limited = 0
+        self._window: deque[tuple[float, str]] = deque()
         self.on_request: Callable[[int], None] | None = None  # called with the request's number, before answering
         self.hostile: str | None = None  # one of HOSTILE's modes, for every list request
         self._server: ThreadingHTTPServer | None = None
@@ -168,6 +181,10 @@ class StripeStandIn:
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next `times` requests with status (429, 500, 503) in Stripe's error shape."""
         self._faults.extend([status] * times)
+
+    def recover(self) -> None:
+        """Answer every request from now on: the faults not yet answered are dropped."""
+        self._faults.clear()
 
     # -- the list ---------------------------------------------------------------
 
@@ -317,11 +334,28 @@ class StripeStandIn:
             self.arrivals.append(time.monotonic())
             number = len(self.requests)
             fault = self._faults.popleft() if self._faults else None
+            if fault is None and self.limiter:
+                fault = self._limit(request.get("object", "event"))
         if self.on_request is not None:
             self.on_request(number)
         if self.delay:
             time.sleep(self.delay)
         return fault
+
+    def _limit(self, endpoint: str) -> int | None:
+        """429 when endpoint's or the account's requests over the last second reach Stripe's limit; else count it.
+        Under self._lock."""
+        now = time.monotonic()
+        while self._window and self._window[0][0] <= now - 1.0:
+            self._window.popleft()
+        same = sum(1 for _, seen in self._window if seen == endpoint)
+        if same >= self.endpoint_limit or len(self._window) >= self.global_limit:
+            self.limited += 1
+            return 429
+        self._window.append((now, endpoint))
+        self.peaks[endpoint] = max(self.peaks.get(endpoint, 0), same + 1)
+        self.peak_total = max(self.peak_total, len(self._window))
+        return None
 
     def retrieve_object(self, kind: str, object_id: str, context: str | None) -> tuple[int, dict[str, Any]]:
         """The answer to retrieving one object in context: it, or 404 resource_missing; counted as a request."""

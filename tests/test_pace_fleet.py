@@ -1,0 +1,152 @@
+"""The provider's pace on a fleet: two gunicorn hosts sharing PostgreSQL and Redis, Stripe's API stood in with its
+rate limiter (25 per endpoint and 100 in all per sliding second, https://docs.stripe.com/rate-limits) and a 150 ms
+answer. A burst of thin events above the budget is all 2xx at first delivery, never a 429, every payment credited
+once without a re-delivery; and so when Redis is flushed, the provider fails for a while, or a host dies mid-drain."""
+
+import os
+import signal
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import stripe
+
+from devservers.stripe_stand_in import API_KEY, ENDPOINT_LIMIT
+
+from .helpers import ALICE, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, send, wait_drained
+from .stripe_events import intent_succeeded, thin, thin_signed
+
+pytestmark = pytest.mark.core
+
+# The budget the hosts share: the default (docs/configuration.md).
+RATE, RATE_TOTAL = 10, 20
+
+
+@pytest.fixture
+def config(db, redis_server, redis_client, stripe_api):
+    return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
+            "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url,
+            "WEBHOOK_API_RATE": str(RATE), "WEBHOOK_API_RATE_TOTAL": str(RATE_TOTAL)}
+
+
+@pytest.fixture
+def stripe_at_pace(stripe_api):
+    """Stripe's API with its limiter and a 150 ms answer; what it saw is read from it."""
+    stripe_api.limiter, stripe_api.delay = True, 0.15
+    stripe_api.peaks.clear()
+    stripe_api.limited = stripe_api.peak_total = 0
+    yield stripe_api
+    stripe_api.limiter = False
+
+
+def _payments(stripe_api, count, cents=100):
+    """count thin v1.payment_intent.succeeded deliveries (signed bytes and headers), their objects at Stripe."""
+    deliveries = []
+    for _ in range(count):
+        obj = intent_succeeded(f"pi_{uuid.uuid4().hex[:24]}", cents=cents).data.object.to_dict()
+        stripe_api.put(obj)
+        deliveries.append(thin_signed(thin("v1.payment_intent.succeeded", obj)))
+    return deliveries
+
+
+def _burst(hosts, deliveries, midway=None):
+    """Each delivery sent once, to the hosts in turn, 16 at once; midway() runs once half have been sent. Statuses."""
+    half = threading.Event()
+    sent = [0]
+    lock = threading.Lock()
+
+    def post(indexed):
+        index, delivery = indexed
+        answer = send(hosts[index % len(hosts)].base, *delivery)
+        with lock:
+            sent[0] += 1
+            if sent[0] == len(deliveries) // 2:
+                half.set()
+        return answer.status
+
+    runner = None
+    if midway is not None:
+        runner = threading.Thread(target=lambda: (half.wait(), midway()))
+        runner.start()
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(post, enumerate(deliveries)))
+    if runner is not None:
+        runner.join()
+    return statuses
+
+
+def test_stripe_pythons_client_raises_rate_limit_error_from_the_stand_ins_limiter(stripe_api):
+    stripe_api.limiter = True
+    try:
+        obj = intent_succeeded(f"pi_{uuid.uuid4().hex[:24]}").data.object.to_dict()
+        stripe_api.put(obj)
+        client = stripe.StripeClient(API_KEY, base_addresses={"api": stripe_api.url}, max_network_retries=0)
+        with pytest.raises(stripe.RateLimitError) as raised:
+            for _ in range(ENDPOINT_LIMIT + 1):
+                client.v1.payment_intents.retrieve(obj["id"])
+        assert raised.value.json_body["error"]["code"] == "rate_limit" and stripe_api.limited >= 1
+    finally:
+        stripe_api.limiter = False
+
+
+def test_a_burst_above_the_budget_on_two_hosts_is_2xx_never_429_and_credited_once(gunicorn, db, stripe_at_pace):
+    hosts = [gunicorn(workers=2, threads=4) for _ in range(2)]
+    deliveries = _payments(stripe_at_pace, 120)
+    statuses = _burst(hosts, deliveries)
+    assert set(statuses) <= {200, 202}, statuses  # every notification 2xx at its first delivery
+    wait_drained(db, within=120)
+    assert balance(db, ALICE) == OPENING[ALICE] + 120 * 100  # each credited once, none delivered again
+    assert stripe_at_pace.limited == 0  # the fleet never met Stripe's limiter
+    assert stripe_at_pace.peaks["payment_intent"] <= ENDPOINT_LIMIT, stripe_at_pace.peaks
+    assert len(stripe_at_pace.requests) >= 120
+    assert_ledger_consistent(db)
+
+
+def test_redis_flushed_mid_burst_loses_nothing_and_doubles_nothing(gunicorn, db, redis_client, stripe_at_pace):
+    hosts = [gunicorn(workers=2, threads=4) for _ in range(2)]
+    deliveries = _payments(stripe_at_pace, 80)
+    statuses = _burst(hosts, deliveries, midway=redis_client.flushall)
+    assert set(statuses) <= {200, 202}, statuses
+    wait_drained(db, within=120)
+    assert balance(db, ALICE) == OPENING[ALICE] + 80 * 100
+    assert stripe_at_pace.limited == 0  # a flushed window lets through one more second's budget: still under 25
+    assert_ledger_consistent(db)
+
+
+def test_stripe_failing_for_a_while_then_recovering_loses_nothing_and_doubles_nothing(gunicorn, db, stripe_at_pace):
+    hosts = [gunicorn(workers=2, threads=4) for _ in range(2)]
+    deliveries = _payments(stripe_at_pace, 60)
+    stripe_at_pace.fail_next(500, times=40)  # Stripe answers 500 to the next 40 requests, then recovers
+    statuses = _burst(hosts, deliveries)
+    assert set(statuses) <= {200, 202}, statuses
+    wait_drained(db, within=180)
+    assert balance(db, ALICE) == OPENING[ALICE] + 60 * 100
+    assert_ledger_consistent(db)
+
+
+def test_a_host_killed_mid_drain_loses_nothing_and_doubles_nothing(gunicorn, db, stripe_at_pace):
+    doomed = gunicorn(workers=2, threads=4)
+    deliveries = _payments(stripe_at_pace, 40)
+    stripe_at_pace.fail_next(503, times=10_000)  # Stripe is down: all 40 accepted, to be drained
+    assert set(_burst([doomed], deliveries)) == {202}
+    stripe_at_pace.recover()
+    asked = len(stripe_at_pace.requests)
+    killed = threading.Event()
+
+    def kill_after_some(number):
+        if number == asked + 8 and not killed.is_set():  # its drains have claimed and are fetching
+            killed.set()
+            os.killpg(doomed.proc.pid, signal.SIGKILL)
+
+    stripe_at_pace.on_request = kill_after_some
+    try:
+        killed.wait(60)
+        assert killed.is_set(), "the doomed host's drain never asked Stripe"
+        doomed.proc.wait(10)
+        gunicorn(workers=2, threads=4)  # another host: its drains take the dead one's claims once they expire
+        wait_drained(db, within=150)
+    finally:
+        stripe_at_pace.on_request = None
+    assert balance(db, ALICE) == OPENING[ALICE] + 40 * 100
+    assert_ledger_consistent(db)
