@@ -18,12 +18,18 @@ each event (WEBHOOK_FETCH=true) from devservers/stripe_stand_in.py's Retrieve an
 50 ms: deliveries per second beside their ceiling, workers x PROVIDER_SLOTS / 0.05 s, and the 503s of a
 full slot, at the bench's connections and at one connection per slot.
 
+Then, project only, the pace scenario: 2,000 Stripe thin events offered at 200/s to two gunicorn hosts, Stripe's
+stand-in answering in 150 ms behind its rate limiter: the share answered 2xx at first delivery, the stand-in's 429s
+and peak per-endpoint rate against the budget, provider requests per event, and the time from the last notification
+to the last credit.
+
 Then `flask reconcile` against devservers/stripe_stand_in.py (Stripe's List
 Events on loopback) for windows of RECONCILE_EVENTS events: events applied
 per second and the command's peak RSS, its listing alone (--dry-run) beside it.
 
 BENCH_QUICK=1: 3 s runs. BENCH_ONLY="new events,100% re-deliveries": those scenarios (and /health);
-BENCH_ONLY=fetch, BENCH_ONLY=reconcile: that scenario alone. BENCH_RECONCILE_EVENTS (default 10000,50000: the windows).
+BENCH_ONLY=fetch, BENCH_ONLY=pace, BENCH_ONLY=reconcile: that scenario alone.
+BENCH_RECONCILE_EVENTS (default 10000,50000: the windows).
 BENCH_PEER_CMD + BENCH_PEER_SCHEMA: another peer; BENCH_PEER=off: none.
 BENCH_CONNECTIONS (default 32); BENCH_PEER_POOL_MAX (default: the connections).
 BENCH_PYSPY=<file>: py-spy records one worker's GIL time during the project's
@@ -388,6 +394,116 @@ def measure(receiver, scenario, path, requests, pg_pids, redis_pid, pg_data, del
     print(f"  done: {scenario.name}, {receiver.name}: {result['rps']:.0f} req/s", file=sys.stderr, flush=True)
 
 
+# -- at the provider's pace (issue 46) -----------------------------------------------------------
+
+PACE = "pace"  # its name in BENCH_ONLY
+PACE_EVENTS, PACE_RATE = 2_000, 200  # thin events offered, per second, open loop, to two hosts in turn
+PACE_ANSWER_SECONDS = 0.15  # Stripe across the internet answers in 100 to 500 ms
+PACE_RETRY_SECONDS = 5  # a refused delivery is sent again after this (far sooner than Stripe retries)
+
+
+def _pace_deliveries(stand_in, stamp):
+    """PACE_EVENTS thin v1.payment_intent.succeeded events, signed; their PaymentIntents at the stand-in."""
+    deliveries = []
+    for n in range(PACE_EVENTS):
+        cents = 1 + n % 997
+        intent = {"id": f"pi_pace_{n:06d}", "object": "payment_intent", "amount": cents, "amount_received": cents,
+                  "currency": "usd", "status": "succeeded", "livemode": True,
+                  "metadata": {"user_id": str(USERS[n % len(USERS)])}}
+        stand_in.put(intent)
+        body = json.dumps({"id": f"evt_pace_{n:06d}", "object": "v2.core.event", "type": "v1.payment_intent.succeeded",
+                           "created": "2026-12-07T00:00:00.000Z", "livemode": True, "context": None,
+                           "related_object": {"id": intent["id"], "type": "payment_intent",
+                                              "url": f"/v1/payment_intents/{intent['id']}"}},
+                          separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", **sign("stripe", body, [FETCH_SECRET.encode()], timestamp=stamp)}
+        deliveries.append((body, headers, cents))
+    return deliveries
+
+
+def _post(base, body, headers):
+    import http.client
+    from urllib.parse import urlsplit
+    parts = urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request("POST", "/api/webhooks", body=body, headers=headers)
+        return connection.getresponse().status
+    except OSError:
+        return 0
+    finally:
+        connection.close()
+
+
+def bench_pace(pg, redis, work):
+    """PACE_EVENTS thin events offered at PACE_RATE a second to two hosts sharing PostgreSQL and Redis, Stripe's
+    stand-in answering in PACE_ANSWER_SECONDS behind its rate limiter; a refusal is sent again after
+    PACE_RETRY_SECONDS, as a (much faster) provider would. Project only."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from devservers.stripe_stand_in import API_KEY, StripeStandIn
+
+    conn = psycopg.connect(pg.createdb("bench_pace"), autocommit=True)
+    apply_schema(conn)
+    for user in USERS:
+        conn.execute("INSERT INTO user_balances (user_id) VALUES (%s)", [user])
+    with StripeStandIn() as stand_in:
+        stand_in.delay, stand_in.limiter = PACE_ANSWER_SECONDS, True
+        env = {"DATABASE_URL": pg.url("bench_pace"), "REDIS_URL": redis.url, "WEBHOOK_SECRET": FETCH_SECRET,
+               "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url}
+        hosts = [Gunicorn(env, workers=None, threads=None, log_path=work / f"gunicorn-pace-{n}.log") for n in (0, 1)]
+        try:
+            for host in hosts:
+                host.start()
+            deliveries = _pace_deliveries(stand_in, int(time.time()))
+            expected = sum(cents for _, _, cents in deliveries)
+            first, sent, lock = {}, [0], threading.Lock()
+            started = time.monotonic()
+
+            def offer(n):
+                time.sleep(max(0.0, started + n / PACE_RATE - time.monotonic()))  # open loop: on time, whatever
+                body, headers, _ = deliveries[n]
+                status = _post(hosts[n % 2].base, body, headers)
+                first[n] = status
+                while not 200 <= status < 300:
+                    time.sleep(PACE_RETRY_SECONDS)
+                    status = _post(hosts[n % 2].base, body, headers)
+                    with lock:
+                        sent[0] += 1
+                return time.monotonic()
+
+            with ThreadPoolExecutor(256) as pool:
+                last_sent = max(pool.map(offer, range(PACE_EVENTS)))
+            first_done = time.monotonic()
+            while True:
+                credited = conn.execute("SELECT coalesce(sum(balance_cents), 0) FROM user_balances").fetchone()[0]
+                if credited >= expected or time.monotonic() - first_done > 900:
+                    break
+                time.sleep(0.1)
+            last_credit = time.monotonic()
+        finally:
+            for host in hosts:
+                if host.proc:
+                    host.stop()
+        problems = verify.check(conn).problems
+    conn.close()
+    ok_first = sum(1 for status in first.values() if 200 <= status < 300)
+    budget = os.environ.get("WEBHOOK_API_RATE", "10")
+    print(f"\npace: {PACE_EVENTS} thin v1.payment_intent.succeeded events offered at {PACE_RATE}/s to two gunicorn "
+          f"hosts (default workers) sharing PostgreSQL and Redis; Stripe's stand-in answers in "
+          f"{PACE_ANSWER_SECONDS * 1000:.0f} ms behind its limiter (25 per endpoint, 100 in all per second); a "
+          f"refusal is sent again after {PACE_RETRY_SECONDS} s")
+    print("| figure | value |\n|---|---|")
+    print(f"| 2xx at first delivery | {ok_first} of {PACE_EVENTS} ({ok_first / PACE_EVENTS:.1%}) |")
+    print(f"| deliveries sent again | {sent[0]} |")
+    print(f"| 429s the stand-in answered | {stand_in.limited} |")
+    print(f"| peak requests in one second, GET /v1/payment_intents/{{id}} | {stand_in.peaks.get('payment_intent', 0)} "
+          f"(budget {budget}, Stripe's limit 25) |")
+    print(f"| provider requests per event | {len(stand_in.requests) / PACE_EVENTS:.2f} |")
+    print(f"| last notification answered 2xx to last credit | {last_credit - last_sent:.1f} s |")
+    print(f"| credited | {credited} of {expected} cents; verify: {'ok' if not problems else problems[:3]} |")
+
+
 # -- fetching each event from Stripe's API (issue 35) ---------------------------------
 
 FETCH = "fetch"  # its name in BENCH_ONLY
@@ -633,9 +749,11 @@ def main():
     redis = Redis().start()
     server = peer_server = None
     try:
-        if ONLY and set(ONLY) <= {FETCH, "reconcile"}:  # each with its own server: the scenarios' is not started
+        if ONLY and set(ONLY) <= {FETCH, PACE, "reconcile"}:  # each with its own servers: the scenarios' is not
             if FETCH in ONLY:
                 bench_fetch(pg, redis, work)
+            if PACE in ONLY:
+                bench_pace(pg, redis, work)
             if "reconcile" in ONLY:
                 bench_reconcile(pg, redis)
             return
@@ -697,6 +815,8 @@ def main():
         report(header, receivers, rss, rate, no_peer)
         if not ONLY or FETCH in ONLY:  # after every scenario, with its own server: none runs beside it
             bench_fetch(pg, redis, work)
+        if not ONLY or PACE in ONLY:
+            bench_pace(pg, redis, work)
         if not ONLY or "reconcile" in ONLY:
             bench_reconcile(pg, redis)
     finally:
