@@ -17,6 +17,7 @@ from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, eff
 from ..locking import lock
 from ..locking.redis_client import reason_of
 from ..providers import stripe
+from ..providers.budget import Budget
 from ..providers.outbound import ProviderUnavailableError
 from ..receiver import fetch, metrics
 from ..settings import parsers
@@ -543,8 +544,11 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
         raise click.UsageError("--since must be before --until")
     _in_the_ledgers_currency()
 
+    # The account's budget, shared with every host's fetches through Redis (app/providers/budget.py).
+    budget = Budget(current_app.extensions.get("redis"), source.scheme, api_key, source.api_rate, source.api_rate_total)
+
     def run(of: str | None, counts: metrics.CommandCounts, advance: Callable[[int], None]) -> reconcile.Summary:
-        listing = StripeEvents(api_key, settings.stripe_api_base, key_setting, of)
+        listing = StripeEvents(api_key, settings.stripe_api_base, key_setting, of, budget)
         return reconcile.reconcile(get_pool(current_app), source.event_source, Counted(listing, advance),
                                    settings.policy, since, until, dry_run,
                                    on_result=lambda result: counts.observe(source.event_source, result),
@@ -552,7 +556,7 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
 
     if all_accounts:
         try:
-            accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting).ids()
+            accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting, budget).ids()
         except reconcile.ProviderError as exc:
             raise click.ClickException(str(exc)) from None
         raise click.exceptions.Exit(_reconcile_accounts(accounts, run))

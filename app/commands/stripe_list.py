@@ -12,6 +12,8 @@ from typing import Any
 import stripe
 
 from ..core.vocabulary import is_id
+from ..providers.budget import Budget
+from ..providers.outbound import OverBudgetError
 from .reconcile import ListedEvent, ProviderError, ProviderRefusedError, excerpt
 
 NAME = "Stripe"
@@ -25,10 +27,15 @@ RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
 _KEY = re.compile(r"\b(sk|rk|pk)_(live|test)_\S*")
 
 
+# Stripe counts each named operation as an endpoint: List Events is one (https://docs.stripe.com/rate-limits).
+LIST_ENDPOINT = "list"
+
+
 class StripeAPI:
     """Stripe's API with a restricted key: a list's pages, Stripe's failures as ProviderError in one line."""
 
-    def __init__(self, api_key: str, api_base: str, key_setting: str) -> None:
+    def __init__(self, api_key: str, api_base: str, key_setting: str, budget: "Budget | None" = None) -> None:
+        self._budget = budget  # the account's, shared with the service's fetches (app/providers/budget.py)
         self._client = stripe.StripeClient(api_key, base_addresses={"api": api_base},
                                            max_network_retries=NETWORK_RETRIES)
         self._key_setting = key_setting  # named in a refusal, never the key itself
@@ -48,12 +55,24 @@ class StripeAPI:
                                 "cannot go on from it")
         return page["data"], page["has_more"]
 
+    def _wait_for_budget(self) -> None:
+        """Spend one request of the account's budget, waiting as long as it says (a command may wait)."""
+        while self._budget is not None:
+            try:
+                self._budget.take(LIST_ENDPOINT)
+                return
+            except OverBudgetError as exc:
+                time.sleep(exc.wait_seconds)
+
     def _call(self, request: Any, what: str) -> Any:
         delay = RATE_LIMIT_FIRST_DELAY
         for attempt in range(RATE_LIMIT_RETRIES + 1):
+            self._wait_for_budget()
             try:
                 return request()
-            except stripe.RateLimitError:
+            except stripe.RateLimitError as exc:
+                if self._budget is not None:  # every host of the service slows down with this command
+                    self._budget.slow_down(exc.headers or {})
                 if attempt == RATE_LIMIT_RETRIES:
                     raise ProviderError(f"{NAME} kept answering 429 (rate limited) after {attempt} retries") from None
                 time.sleep(delay)
@@ -102,8 +121,9 @@ class StripeEvents(StripeAPI):
     name = NAME
     horizon_days = HORIZON_DAYS
 
-    def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None) -> None:
-        super().__init__(api_key, api_base, key_setting)
+    def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None,
+                 budget: Budget | None = None) -> None:
+        super().__init__(api_key, api_base, key_setting, budget)
         self.account = account
         if account:
             self._context = {"stripe_account": account}
