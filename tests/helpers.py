@@ -25,7 +25,7 @@ from app.intake import events, signature
 from app.intake.events import DEFAULT_POLICY
 from app.settings.config import DEFAULT_SOURCE, Settings
 from app.store import verify
-from devservers import packages
+from devservers import ROOT, packages
 
 # The schemes signed by their secrets alone: paypal's deliveries need PayPal's certificate (test_paypal_scheme.py).
 SCHEMES = signature.HMAC_SCHEMES
@@ -371,6 +371,18 @@ def samples(text):
     """{(sample name, sorted labels): value} of a Prometheus text exposition."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def checkout_run_state(run_dir=ROOT / ".run"):
+    """What a `make run` folder holds (the checkout's .run/ by default: the user's ledger, cluster and settings):
+    each file's path, size and modification time, none when it does not exist; of the cluster, its folder's own
+    files (postmaster.pid, its log, PG_VERSION: what a start changes), not its tables'. A test that runs make
+    run's script compares it before and after: it must never read or write the user's."""
+    if not run_dir.exists():
+        return None
+    return {str(path.relative_to(run_dir)): (path.lstat().st_size, path.lstat().st_mtime_ns)
+            for path in sorted(run_dir.rglob("*"))
+            if len(path.relative_to(run_dir).parts) <= 3 and (path.is_file() or path.is_symlink())}
 
 
 def read_banner(proc, timeout):
