@@ -34,7 +34,8 @@ https://docs.stripe.com/api/pagination.
   (https://docs.stripe.com/api/accounts/object: `id`, `object` "account", `created`, ...);
 - retrieve a PaymentIntent, Charge, Refund, Dispute or Checkout Session (`GET /v1/payment_intents/{id}`,
   `/v1/charges/{id}`, `/v1/refunds/{id}`, `/v1/disputes/{id}`, `/v1/checkout/sessions/{id}`:
-  https://docs.stripe.com/api/payment_intents/retrieve and its siblings, https://docs.stripe.com/api/checkout/sessions/retrieve) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
+  https://docs.stripe.com/api/payment_intents/retrieve and its siblings,
+  https://docs.stripe.com/api/checkout/sessions/retrieve) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
   each in its current state (`put` replaces it) and in one account's context: `Stripe-Context` (or the
   older `Stripe-Account`) names it, https://docs.stripe.com/context; none is the key's own account; an
   unknown id there is 404 `resource_missing` ("No such payment_intent: 'pi_...'");
@@ -159,8 +160,8 @@ class StripeStandIn:
             self._disconnected.discard(account_id)
 
     def put(self, obj: Any, context: str | None = None) -> None:
-        """Add an object (a PaymentIntent, Charge, Refund, Dispute, Checkout Session or thin event), or replace it by its current
-        state, in an account's context (None: the key's own account)."""
+        """Add an object (a PaymentIntent, Charge, Refund, Dispute, Checkout Session or thin event), or replace it
+        by its current state, in an account's context (None: the key's own account)."""
         document = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
         with self._lock:
             self._objects[(context, document["object"], document["id"])] = document
