@@ -90,6 +90,14 @@ CROSS JOIN LATERAL (
 --       keeps the row's.
 -- A type is not replaced like a function: a change to its attributes is a
 -- DROP TYPE ... CASCADE in a migration, then this file creates it again.
+-- The rule as the commit tagged 1.0.0 made it took the delivery as 20
+-- scalars: a database that commit made keeps that function beside this
+-- one unless it is dropped (nothing calls it; it keys a connected account's
+-- money bare).
+DROP FUNCTION IF EXISTS apply_event(
+    text, text, text, bytea, bytea, bytea, text, text, text, uuid, bigint, text, text, text, text, boolean, text,
+    text, text, text
+);
 DO $$
 BEGIN
     IF to_regtype('ledger_delivery') IS NULL THEN
@@ -267,6 +275,18 @@ BEGIN
         -- The link is read, not locked: links are never changed nor deleted.
         SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
         WHERE l.source = d.source AND l.customer_id = d.customer;
+        IF v_user IS NULL AND d.account IS NOT NULL THEN
+            -- A connected account's customer linked bare under 1.0, which
+            -- read that link in every account: migration 005 linked it in
+            -- its account when a stored event named the account, and when
+            -- none did (purged), this reads it as 1.0 did. Only a link
+            -- made before 005 ran: a later bare link is the platform's.
+            SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
+            WHERE l.source = d.source AND l.customer_id = substr(d.customer, char_length(d.account) + 2)
+                AND d.customer = d.account || '/' || l.customer_id
+                AND l.created_at < (SELECT m.applied_at FROM schema_migrations m
+                                    WHERE m.name = '005_connect_accounts.sql' AND m.ran);
+        END IF;
         IF v_user IS NULL THEN
             -- A payment credited already (by another event that named its
             -- user: a Checkout Session) is this event's too: a duplicate.

@@ -10,7 +10,11 @@
 -- thin event's `context`); a payment none of whose events is stored any
 -- more (purged) keeps its key. Effect version 7: `flask init-db`
 -- recomputes, after this, the stored effects of rows of another version.
-DROP TYPE ledger_delivery CASCADE;
+-- IF EXISTS: the commit tagged 1.0.0 applied the rule before the type
+-- (its apply_event took scalars); the builds after it that still said
+-- 1.0.0 created it (schema.py's SUPERSEDED says why the text before this
+-- clause is still accepted).
+DROP TYPE IF EXISTS ledger_delivery CASCADE;
 ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 7;
 
 -- What each stored Stripe event names: its account (NULL: the platform's),

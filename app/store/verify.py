@@ -102,6 +102,13 @@ PAYMENT = """
 # A credit made through a link (a customer's, or a connected account's): links are never changed, so today's is
 # the one it was made by.
 LINK = "SELECT user_id, customer_id FROM customer_links WHERE source = %s AND customer_id = %s"
+# A connected account's customer's bare link made under 1.0, before migration 005 ran: read in every account, as 1.0
+# read it (money.sql's credit_payment), when the account has no link of its own for the customer.
+LINK_BEFORE_CONNECT = """
+    SELECT user_id, customer_id FROM customer_links
+    WHERE source = %s AND customer_id = %s
+        AND created_at < (SELECT applied_at FROM schema_migrations WHERE name = '005_connect_accounts.sql' AND ran)
+"""
 # A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
 ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
@@ -262,6 +269,9 @@ def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect:
     the payment's credit, nor its connected account's link's, nor the operator's assigned user's, or None."""
     payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
     link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
+    if not link and effect.account and effect.customer_id and effect.customer_id.startswith(f"{effect.account}/"):
+        bare = effect.customer_id.removeprefix(f"{effect.account}/")
+        link = cur.execute(LINK_BEFORE_CONNECT, [row.source, bare]).fetchone()
     if not link and payment is not None and row.kind is None and payment.amount_cents == effect.amount_cents:
         return None  # a payment that another event credited to the user it named, announced again
     if not link and effect.account:  # read after the payment's own user, as money.sql's credit_payment does
