@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
 from app.receiver import release
+from app.store import schema
 from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.store.deadline import MARGIN_MS
 from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer, other_currency
@@ -345,6 +346,29 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
         apply_schema(db, schema)
     assert db.execute("SELECT to_regclass('later')").fetchone()[0] is None
     assert _recorded(db) == _release(("901_note.sql", True))
+
+
+def test_a_migration_postgresql_refuses_stops_init_db_in_one_line_naming_it_and_changes_nothing(make_app, config, db,
+                                                                                                 tmp_path):
+    later = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION),
+                             ("902_broken.sql", "DROP TYPE no_such_type CASCADE;\n"))
+    before = _catalog(db)
+    result = make_app({**config, "SCHEMA_PATH": str(later)}).test_cli_runner().invoke(args=["init-db"])
+    assert (result.exit_code, type(result.exception)) == (1, SystemExit)  # a ClickException's exit, not a traceback
+    assert result.output == ('Error: 902_broken.sql failed, nothing was changed: 42704: type "no_such_type" does not'
+                             ' exist\n')
+    assert _catalog(db) == before and _recorded(db) == _release()
+
+
+def test_a_database_that_ran_005s_text_before_if_exists_is_at_this_release(app, db):
+    """005's text before `DROP TYPE IF EXISTS` (unreleased; schema.SUPERSEDED) did the same wherever it ran."""
+    previous, = schema.SUPERSEDED["005_connect_accounts.sql"]
+    db.execute("UPDATE schema_migrations SET sha256 = %s WHERE name = '005_connect_accounts.sql'", [previous])
+    assert apply_schema(db) == (False, [])
+    assert schema.why_not_at_release(db, DEFAULT_SCHEMA_PATH) is None
+    db.execute("UPDATE schema_migrations SET sha256 = sha256('another') WHERE name = '005_connect_accounts.sql'")
+    with pytest.raises(SchemaError, match="migrations changed since they were applied: 005_connect_accounts.sql"):
+        apply_schema(db)
 
 
 def test_a_database_newer_than_the_release_stops_init_db(app, db):

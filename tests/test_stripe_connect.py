@@ -424,6 +424,31 @@ def test_migration_005_keeps_bare_a_payment_whose_movements_key_would_be_over_12
     assert _movements(db) == [("refund", long_refund, pi, "applied")]
 
 
+def test_a_customer_linked_bare_under_1_0_whose_events_were_purged_is_credited_its_next_payment_in_the_account(
+        app, client, db, run):
+    """005 links such a customer in its account from a stored event naming it; with none left (purged), the rule
+    reads the 1.0 link as 1.0 did. A bare link made after the upgrade stays the platform's."""
+    run("users", "link", "default", "cus_renews", str(BOB), "--by", "ops")
+    _as_1_0_applied_it(app, connected(intent_succeeded(_pi(), cents=700, customer="cus_renews", metadata={})),
+                       Settings.of(app).policy)
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    assert "purged 1 completed events" in run("events", "purge").output
+    _back_to_the_previous_migration(db)
+    assert run("init-db").exit_code == 0
+    assert db.execute("SELECT customer_id FROM customer_links").fetchall() == [("cus_renews",)]  # no account read
+
+    renewal = connected(intent_succeeded(_pi(), cents=700, customer="cus_renews", metadata={}))
+    assert deliver(client, renewal).json["status"] == "processed"
+    assert deliver(client, renewal).json["status"] == "duplicate"
+    assert balance(db, BOB) == OPENING[BOB] + 700 + 700
+    run("users", "link", "default", "cus_later", str(BOB), "--by", "ops")
+    answer = deliver(client, connected(intent_succeeded(_pi(), cents=100, customer="cus_later", metadata={})))
+    assert answer.status == 422 and f"customer {ACCOUNT}/cus_later is linked to no user" in answer.json["message"]
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+    assert balance(db, BOB) == OPENING[BOB] + 1400
+
+
 def test_migration_005_leaves_a_ledger_without_connected_accounts_as_it_was(app, client, db):
     deliver(client, intent_succeeded("pi_platform_only", cents=100))
     before = _payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import uuid
 
-import pytest
 import psycopg
+import pytest
 
 from devservers import ROOT, Gunicorn
 
