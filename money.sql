@@ -29,6 +29,42 @@
 -- reference it gives).
 
 DROP VIEW IF EXISTS payment_accounts;
+DROP VIEW IF EXISTS ledger_journal_keyed;
+-- Each journal row under its payment's and movement's keys as they are now:
+-- a row of a key that a later 'payment_moved' row moved (p_payment to
+-- acct_X/p_payment: `flask payments move-to-account`, migration 005) is
+-- read under the key in the account; the row itself keeps the key it was
+-- written with (the journal is append-only, and its feed gives each row
+-- once). `flask ledger verify` reads the journal through it.
+CREATE VIEW ledger_journal_keyed AS
+SELECT
+    j.id,
+    j.source,
+    j.event_id,
+    j.user_id,
+    j.amount_cents,
+    j.created_at,
+    j.kind,
+    j.reference,
+    j.reason,
+    j.actor,
+    j.moved_from,
+    j.xid,
+    coalesce(m.payment_id, j.payment_id) AS payment_id,
+    CASE
+        WHEN m.payment_id IS NULL OR j.movement_id IS NULL THEN j.movement_id
+        ELSE split_part(m.payment_id, '/', 1) || '/' || j.movement_id
+    END AS movement_id
+FROM ledger_journal AS j
+LEFT JOIN LATERAL (
+    -- The first move after the row: a key moved, then credited bare again and moved, is two payments.
+    SELECT n.payment_id FROM ledger_journal AS n
+    WHERE
+        n.moved_from = j.payment_id AND n.source = j.source AND n.id > j.id
+        AND j.kind <> 'payment_moved'
+    ORDER BY n.id
+    LIMIT 1
+) AS m ON TRUE;
 -- Each payment's account: what was credited, what its refunds (by object and
 -- by running total) and disputes took and gave back, what is due and what is
 -- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
@@ -563,10 +599,12 @@ $$;
 -- payment in its account, read from its stored events, and keeps one none
 -- of whose events is stored any more. Rewrites what 005 rewrites for a
 -- payment, p_payment -> p_account/p_payment: its row (and customer_id), its
--- movements' payment and movement keys, its journal rows' (they are its
--- user's alone: `ledger verify` checks it, and the user's index finds them),
--- its assignment and its ignored row; its customer's link is copied into
--- the account, as 005 copies it. The movements' foreign key holds
+-- movements' payment and movement keys, its assignment and its ignored row;
+-- its customer's link is copied into the account, as 005 copies it. The
+-- journal is append-only: its rows keep their keys, and a 'payment_moved'
+-- row (0 cents, moved_from p_payment, actor p_by) says the move, as
+-- migration 012 says 005's; ledger_journal_keyed reads them under the new
+-- key. The movements' foreign key holds
 -- throughout: the row under the new key first, the old one deleted last.
 -- Refuses by raising, nothing changed: an unknown payment (P0002
 -- no_data_found; moved already: says so), one whose key in the account
@@ -574,8 +612,9 @@ $$;
 -- over p_max_chars in the account (22023 invalid_parameter_value). Locks
 -- the payment's row first, as every movement of it does. Returns the new
 -- key and how many movements and journal rows moved.
+DROP FUNCTION IF EXISTS move_payment_to_account(text, text, text, integer);  -- before p_by
 CREATE OR REPLACE FUNCTION move_payment_to_account(p_source text, p_payment text, p_account text,
-                                                   p_max_chars integer, OUT payment_key text,
+                                                   p_max_chars integer, p_by text, OUT payment_key text,
                                                    OUT movements_moved integer, OUT journal_moved integer)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -629,9 +668,12 @@ BEGIN
         UPDATE movements m SET payment_id = v_key, movement_id = p_account || '/' || m.movement_id
         WHERE m.source = p_source AND m.payment_id = p_payment;
         GET DIAGNOSTICS movements_moved = ROW_COUNT;
-        UPDATE ledger_journal j SET payment_id = v_key, movement_id = p_account || '/' || j.movement_id
+        -- The rows read under the new key from now on: the payment's user's alone (`ledger verify` checks it;
+        -- the user's index finds them).
+        SELECT count(*) INTO journal_moved FROM ledger_journal j
         WHERE j.user_id = v_payment.user_id AND j.source = p_source AND j.payment_id = p_payment;
-        GET DIAGNOSTICS journal_moved = ROW_COUNT;
+        INSERT INTO ledger_journal (kind, source, payment_id, moved_from, user_id, amount_cents, actor)
+        VALUES ('payment_moved', p_source, v_key, p_payment, v_payment.user_id, 0, p_by);
         DELETE FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment;
     END IF;
     UPDATE payment_users a SET payment_id = v_key WHERE a.source = p_source AND a.payment_id = p_payment;
@@ -793,10 +835,11 @@ $$;
 -- commits before it is read, whatever order ids were given in, and a user's
 -- rows come in the order their transactions locked the user's balance
 -- (docs/operations.md, "Following the journal").
+DROP FUNCTION IF EXISTS journal_changes(text, integer);  -- its rows before moved_from
 CREATE OR REPLACE FUNCTION journal_changes(p_cursor text DEFAULT NULL, p_limit integer DEFAULT 1000)
 RETURNS TABLE (
     cursor text, id bigint, user_id uuid, amount_cents bigint, kind text, source text, event_id text,
-    payment_id text, movement_id text, reference text, created_at timestamptz
+    payment_id text, movement_id text, reference text, created_at timestamptz, moved_from text
 )
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -814,7 +857,7 @@ BEGIN
     FOR attempt IN 1..2 LOOP
         RETURN QUERY
             SELECT concat_ws('|', v_from, v_to, j.id), j.id, j.user_id, j.amount_cents, j.kind, j.source,
-                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at
+                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at, j.moved_from
             FROM ledger_journal AS j
             WHERE j.xid >= pg_snapshot_xmin(v_from) AND j.xid < pg_snapshot_xmax(v_to)
                 AND NOT pg_visible_in_snapshot(j.xid, v_from) AND pg_visible_in_snapshot(j.xid, v_to)

@@ -35,6 +35,7 @@ from .helpers import (
     BOB,
     OPENING,
     balance,
+    before_012,
     db_url,
     event_rows,
     payment,
@@ -72,7 +73,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users"}
+                      "ledger_currency", "payment_users", "ledger_journal_keyed"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -149,7 +150,7 @@ def _differences(conn, fresh):
 def _drop_schema(db):
     """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
     db.execute("DROP TYPE ledger_delivery CASCADE")  # first: the rule's steps that take it, and a table's type
-    db.execute("DROP VIEW payment_accounts, webhook_events_json")
+    db.execute("DROP VIEW payment_accounts, webhook_events_json, ledger_journal_keyed")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
                                   " ('apply_event', 'adjust', 'spend', 'event_json')"
@@ -410,6 +411,7 @@ def _as_006_made_it(db):
 
 def _as_1_0_made_it(db):
     """db as release 1.0.0 made it: neither migration since (no ledger_currency, no journal xid) nor their records."""
+    before_012(db)
     _as_006_made_it(db)
     db.execute("DROP TABLE ledger_currency")
     db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
@@ -459,6 +461,17 @@ def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
     assert apply_schema(db) == (False, [])
     assert db.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'payments_payment_id_check'"
                       ).fetchone() == (True,)
+
+
+def test_a_database_before_012_migrated_has_the_fresh_schema_and_its_journal_rows_as_they_were(app, db):
+    fresh = _catalog(db)
+    send(app.test_client(), payment("evt_before_012", cents=300))
+    rows = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    before_012(db)
+    assert apply_schema(db) == (False, ["012_journal_payment_moves.sql"])
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []
+    assert db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall() == rows  # no payment moved: none added
 
 
 def test_init_db_records_the_ledger_currency(app, db):

@@ -27,9 +27,11 @@ RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
 # The money rule's row: the sha256 of the money.sql applied last, and when that text was first applied.
 RECORD_MONEY = RECORD + (" ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()"
                          " WHERE schema_migrations.sha256 <> EXCLUDED.sha256")
-# A migration's earlier text, never released, that a database may have recorded: accepted as the file's own, because
-# the file does exactly what that text did wherever the text ran. 005's: before `DROP TYPE IF EXISTS`, which it failed
-# without on the database of the commit tagged 1.0.0 (a database where it ran had the type; docs/deploying.md).
+# A migration's earlier text, never released, that a database may have recorded: accepted as the file's own where
+# what it did is read as what the file does. 005's before `DROP TYPE IF EXISTS` (it stopped on the database of the
+# commit tagged 1.0.0, which never made the type) and before the journal was left append-only: it rewrote the moved
+# payments' journal rows to their keys in the account, which ledger_journal_keyed reads as they are (012 finds no
+# row of a bare key to journal a move for). docs/deploying.md.
 SUPERSEDED = {
     "005_connect_accounts.sql": {bytes.fromhex("369d737f05d8be96fb786c743596603f8979480224f8f7003e62919925f04d65")},
 }
