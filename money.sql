@@ -56,15 +56,12 @@ SELECT
         ELSE split_part(m.payment_id, '/', 1) || '/' || j.movement_id
     END AS movement_id
 FROM ledger_journal AS j
-LEFT JOIN LATERAL (
-    -- The first move after the row: a key moved, then credited bare again and moved, is two payments.
-    SELECT n.payment_id FROM ledger_journal AS n
-    WHERE
-        n.moved_from = j.payment_id AND n.source = j.source AND n.id > j.id
-        AND j.kind <> 'payment_moved'
-    ORDER BY n.id
-    LIMIT 1
-) AS m ON TRUE;
+-- The move of the row's key after it, if any (a key is moved once at most:
+-- ledger_journal_moved_from_key), joined by hash to the moves alone.
+LEFT JOIN ledger_journal AS m
+    ON
+        m.moved_from IS NOT NULL AND j.payment_id = m.moved_from AND j.source = m.source AND j.id < m.id
+        AND j.kind <> 'payment_moved';
 -- Each payment's account: what was credited, what its refunds (by object and
 -- by running total) and disputes took and gave back, what is due and what is
 -- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
@@ -608,10 +605,11 @@ $$;
 -- throughout: the row under the new key first, the old one deleted last.
 -- Refuses by raising, nothing changed: an unknown payment (P0002
 -- no_data_found; moved already: says so), one whose key in the account
--- exists already (23505 unique_violation: two rows of one payment), a key
--- over p_max_chars in the account (22023 invalid_parameter_value). Locks
--- the payment's row first, as every movement of it does. Returns the new
--- key and how many movements and journal rows moved.
+-- exists already, or whose key was moved before (23505 unique_violation:
+-- two rows of one payment; a key moves once), a key over p_max_chars in
+-- the account (22023 invalid_parameter_value). Locks the payment's row
+-- first, as every movement of it does. Returns the new key, how many
+-- movements moved and how many journal rows are read under it.
 DROP FUNCTION IF EXISTS move_payment_to_account(text, text, text, integer);  -- before p_by
 CREATE OR REPLACE FUNCTION move_payment_to_account(p_source text, p_payment text, p_account text,
                                                    p_max_chars integer, p_by text, OUT payment_key text,
@@ -633,6 +631,11 @@ BEGIN
                 USING ERRCODE = 'no_data_found';
         END IF;
         RAISE EXCEPTION 'unknown payment % of source %', p_payment, p_source USING ERRCODE = 'no_data_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.moved_from = p_payment) THEN
+        -- ledger_journal_keyed reads the rows of a key before its move under the key it was moved to.
+        RAISE EXCEPTION 'payment % of source % was moved into an account before: the bare % since is another payment',
+                        p_payment, p_source, p_payment USING ERRCODE = 'unique_violation';
     END IF;
     IF EXISTS (SELECT 1 FROM payments p WHERE p.source = p_source AND p.payment_id = v_key)
        OR EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = v_key)

@@ -308,7 +308,9 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
 CREATE INDEX IF NOT EXISTS ledger_journal_xid_idx ON ledger_journal (xid, id);
-CREATE INDEX IF NOT EXISTS ledger_journal_moved_from_idx ON ledger_journal (source, moved_from)
+-- A key is moved once at most: a bare payment credited again after its move
+-- is another payment, which stays the platform's.
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_moved_from_key ON ledger_journal (source, moved_from)
     WHERE moved_from IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
     WHERE reference IS NOT NULL;

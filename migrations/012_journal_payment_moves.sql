@@ -34,7 +34,8 @@ ALTER TABLE ledger_journal
                 AND num_nonnulls(reference, reason, actor, moved_from) = 0
         END
     ) NOT VALID;
-CREATE INDEX ledger_journal_moved_from_idx ON ledger_journal (source, moved_from) WHERE moved_from IS NOT NULL;
+-- A key is moved once at most.
+CREATE UNIQUE INDEX ledger_journal_moved_from_key ON ledger_journal (source, moved_from) WHERE moved_from IS NOT NULL;
 
 -- The payments migration 005 keyed in their account, whose journal rows it
 -- left under their bare key: a payment keyed acct_X/pi_Y, none keyed pi_Y,

@@ -8,6 +8,7 @@ import hashlib
 import json
 import uuid
 
+import psycopg
 import pytest
 import stripe as stripe_sdk
 
@@ -531,11 +532,27 @@ def test_moving_a_payment_appends_one_journal_row_the_feed_gives_once_and_change
                        [cursor]).fetchall()
     assert given == [(after[-1][0], "payment_moved", f"{ACCOUNT}/{pi}", pi, ALICE, 0)] and len(after) == len(before) + 1
     assert db.execute("SELECT actor FROM ledger_journal WHERE kind = 'payment_moved'").fetchone() == ("ops",)
+    shown = run("users", "show", str(ALICE)).output.splitlines()[-1].split()
+    assert shown[2:] == ["payment_moved", "+0", f"{ACCOUNT}/{pi}", "ops:", "moved", "from", pi]
     assert db.execute("SELECT payment_id, movement_id FROM ledger_journal_keyed WHERE kind = 'refund'").fetchall() == [
         (f"{ACCOUNT}/{pi}", f"{ACCOUNT}/re_{pi}")]
     assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300
     verified = run("ledger", "verify")
     assert verified.exit_code == 0, verified.output
+
+
+def test_the_keyed_journal_reads_the_rows_before_a_keys_move_under_the_key_moved_to_and_a_key_moves_once(db):
+    """A bare payment credited again after its key moved is another payment: its rows stay bare."""
+    rows = [("credit", "evt_1", None, 100), ("payment_moved", None, "acct_A/pi_Z", 0), ("credit", "evt_2", None, 200)]
+    insert = ("INSERT INTO ledger_journal (kind, source, event_id, payment_id, moved_from, actor, user_id,"
+              " amount_cents) VALUES (%s, 'default', %s, %s, %s, %s, %s, %s)")
+    for kind, event_id, moved_to, cents in rows:
+        db.execute(insert, [kind, event_id, moved_to or "pi_Z", moved_to and "pi_Z", moved_to and "ops", ALICE, cents])
+    assert db.execute("SELECT event_id, payment_id FROM ledger_journal_keyed WHERE kind = 'credit' ORDER BY id"
+                      ).fetchall() == [("evt_1", "acct_A/pi_Z"), ("evt_2", "pi_Z")]
+    assert db.execute("SELECT count(*) FROM ledger_journal_keyed").fetchone()[0] == len(rows)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute(insert, ["payment_moved", None, "acct_B/pi_Z", "pi_Z", "ops", ALICE, 0])
 
 
 def test_a_moved_payment_credited_through_its_customers_bare_link_keeps_it_in_the_account(app, client, db, run):
