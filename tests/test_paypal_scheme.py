@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from app.intake.events import Policy
 from app.intake.signature import SignatureError, sign, verify
-from app.providers.outbound import Outbound
-from app.providers.paypal import Certificates, CertificateUnavailableError
+from app.providers.outbound import Budget, BudgetSpentError, Outbound
+from app.providers.paypal import CERT_FETCHES_PER_MINUTE, Certificates, CertificateUnavailableError
+from app.receiver import fetch
 from app.settings import config as app_config
 from devservers import ROOT
 
@@ -59,6 +60,16 @@ WEBHOOK_ID = "1JE4291016473214C"  # the form of PayPal's sample's webhook_id
 USD = Policy("usd")
 PAYPAL_NAME = "messageverificationcerts.paypal.com"  # the subject of PayPal's signing certificate
 CERTS = "/v1/notifications/certs/"
+
+
+def cert_name(label):
+    """The stand-in's name for a certificate the tests call label, in PayPal's shape (CERT- and three groups of
+    eight hex digits, as PayPal's own URLs: app/providers/paypal.py, CERT_NAME)."""
+    return f"CERT-360caa42-fca2a594-{binascii.crc32(label.encode()):08x}"
+
+
+def cert_path(label):
+    return CERTS + cert_name(label)
 DAY = datetime.timedelta(days=1)
 
 
@@ -157,25 +168,27 @@ class CertHost:
     """A stand-in of PayPal's certificate host (api.paypal.com/v1/notifications/certs/<name>, the URL PayPal puts
     in PAYPAL-CERT-URL, "Self verification method", https://developer.paypal.com/api/rest/webhooks/rest/): it
     serves each certificate's PEM, with its chain, over HTTPS on loopback, and counts the requests it sees.
-    CERT-500 answers 500 (PayPal's host failing); every answer waits `slow` seconds first."""
+    CERT-500 answers 500 (PayPal's host failing), CERT-401 401; every answer waits `slow` seconds first."""
 
     def __init__(self, pki):
         self.requests = []
         self.slow = 0.0
+        self.labels = {}  # a name in PayPal's shape -> the label the tests call its certificate
         host = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 host.requests.append(self.path)
                 name = self.path.removeprefix(CERTS)
+                name = host.labels.get(name, name)
                 time.sleep(host.slow)
-                if name == "CERT-500":
-                    self.send_response(500)
+                if name in ("CERT-500", "CERT-401"):
+                    self.send_response(int(name.removeprefix("CERT-")))
                     self.end_headers()
                     return
                 if name == "CERT-redirect":
                     self.send_response(302)
-                    self.send_header("Location", f"https://localhost:{host.port}{CERTS}CERT-good")
+                    self.send_header("Location", host.url("CERT-good"))
                     self.end_headers()
                     return
                 body = pki.served.get(name) if self.path.startswith(CERTS) else None
@@ -196,8 +209,9 @@ class CertHost:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def url(self, name, host="localhost"):
-        return f"https://{host}:{self.port}{CERTS}{name}"
+    def url(self, label, host="localhost"):
+        self.labels[cert_name(label)] = label
+        return f"https://{host}:{self.port}{cert_path(label)}"
 
     def close(self):
         self.server.shutdown()
@@ -369,7 +383,7 @@ def test_paypal_payments_are_credited(send_paypal, db):
 
 def test_the_certificate_is_fetched_once_for_many_deliveries(send_paypal, db, seen):
     _send_five_payments(send_paypal)
-    assert seen == [f"{CERTS}CERT-good"]
+    assert seen == [cert_path("CERT-good")]
 
 
 def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
@@ -411,7 +425,7 @@ def test_a_certificate_that_fails_a_check_is_401_naming_the_check(client, db, pk
 @FAILED_CHECKS
 def test_a_certificate_that_fails_a_check_is_fetched_exactly_once(client, db, pki, cert_host, seen, name, message):
     _send_naming_certificate(client, pki, cert_host, name)
-    assert seen == [f"{CERTS}{name}"]  # fetched, once: a redirect is not followed
+    assert seen == [cert_path(name)]  # fetched, once: a redirect is not followed
 
 
 @FAILED_CHECKS
@@ -421,23 +435,31 @@ def test_a_certificate_that_fails_a_check_writes_nothing(client, db, pki, cert_h
 
 
 @pytest.mark.parametrize("url", [
-    "https://127.0.0.1:{port}/v1/notifications/certs/CERT-good",  # the same server under another host name
-    "https://localhost:1/v1/notifications/certs/CERT-good",  # a listed host on another port
-    "https://localhost/v1/notifications/certs/CERT-good",  # ... on the default port
-    "http://localhost:{port}/v1/notifications/certs/CERT-good",  # not https
-    "https://localhost:{port}@evil.example/v1/notifications/certs/CERT-good",  # userinfo
-    "https://evil.example#@localhost:{port}/v1/notifications/certs/CERT-good",
+    "https://127.0.0.1:{port}/v1/notifications/certs/{good}",  # the same server under another host name
+    "https://localhost:1/v1/notifications/certs/{good}",  # a listed host on another port
+    "https://localhost/v1/notifications/certs/{good}",  # ... on the default port
+    "http://localhost:{port}/v1/notifications/certs/{good}",  # not https
+    "https://localhost:{port}@evil.example/v1/notifications/certs/{good}",  # userinfo
+    "https://evil.example#@localhost:{port}/v1/notifications/certs/{good}",
     "https://localhost:{port}/v1/notifications/certs/../../../admin",
     "https://localhost:{port}/v1/notifications/certs/%2e%2e/admin",
     "https://localhost:{port}/v1/oauth2/token",  # a listed host, not PayPal's certificates
-    "https://localhost:{port}/v1/notifications/certs/CERT-good?x=1",
-    "https://api.paypal.com/v1/notifications/certs/CERT-good",  # PayPal's own: not listed in this test
+    "https://localhost:{port}/v1/notifications/certs/{good}?x=1",
+    "https://api.paypal.com/v1/notifications/certs/{good}",  # PayPal's own: not listed in this test
     "file:///etc/passwd",
-    "https://localhost:{port}/v1/notifications/certs/CERT good",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42 fca2a594-a5cafa77",
+    # A listed host and PayPal's path, a name not in the shape of PayPal's certificates' (CERT_NAME):
+    "https://localhost:{port}/v1/notifications/certs/CERT-good",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa7",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa7g",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77-00000000",
+    "https://localhost:{port}/v1/notifications/certs/{good}/x",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77.pem",
+    "https://localhost:{port}/v1/notifications/certs/",
 ])
 def test_a_certificate_url_not_on_the_list_is_401_with_nothing_fetched(client, db, pki, cert_host, seen, url):
     body = encode(capture_completed(new_id(), user=BOB))
-    headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port))
+    headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port, good=cert_name("CERT-good")))
     response = send(client, body, headers, source=SOURCE)
     assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert "PAYPAL-CERT-URL is not a URL of PayPal's certificates" in response.json["message"]
@@ -526,7 +548,7 @@ def test_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(cache, cer
 
     with ThreadPoolExecutor(8) as pool:
         assert len(set(pool.map(ask, range(8)))) == 1
-    assert seen == [f"{CERTS}CERT-good"] and cache.fetches == 1
+    assert seen == [cert_path("CERT-good")] and cache.fetches == 1
 
 
 @pytest.mark.parametrize("name, error", [("CERT-missing", SignatureError), ("CERT-500", CertificateUnavailableError)])
@@ -537,11 +559,11 @@ def test_a_url_whose_fetch_failed_is_fetched_again_only_after_the_deadline(cache
     for _ in range(5):
         with pytest.raises(error):
             cache(url, time.time())
-    assert seen == [f"{CERTS}{name}"]
+    assert seen == [cert_path(name)]
     time.sleep(0.6)
     with pytest.raises(error):
         cache(url, time.time())
-    assert seen == [f"{CERTS}{name}"] * 2
+    assert seen == [cert_path(name)] * 2
 
 
 def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, cert_host, seen):
@@ -549,7 +571,112 @@ def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, c
     cache(cert_host.url("CERT-good"), now)
     with pytest.raises(SignatureError, match="outside its validity dates"):
         cache(cert_host.url("CERT-good"), now + 400 * 86400)
-    assert seen == [f"{CERTS}CERT-good"]
+    assert seen == [cert_path("CERT-good")]
+
+
+# -- the budget of certificate fetches for requests not yet verified (issue 44) ------------------------------
+
+def _made_up(cert_host, n):
+    """A URL an unsigned sender makes up: a listed host, PayPal's path and shape, a certificate nobody serves."""
+    return cert_host.url(f"made-up-{n}")
+
+
+def test_a_certificate_fetch_takes_none_of_the_slots_event_fetches_use(pki, cert_host, seen):
+    outbound = Outbound(1, 3.0)
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), outbound, pki.ca_file)
+    with outbound.slot("stripe"):  # every slot held by an event's fetch
+        cache(cert_host.url("CERT-good"), time.time())
+    assert seen == [cert_path("CERT-good")]
+
+
+def test_unsigned_requests_naming_new_urls_fetch_no_more_than_the_budget(pki, cert_host, seen):
+    clock = [0.0]
+    budget = Budget(1, CERT_FETCHES_PER_MINUTE, lambda: clock[0])
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file, budget)
+    refused = 0
+    for n in range(CERT_FETCHES_PER_MINUTE + 20):
+        try:
+            cache(_made_up(cert_host, n), time.time())
+        except BudgetSpentError:
+            refused += 1
+        except SignatureError as exc:
+            assert "names no certificate (HTTP 404)" in str(exc)
+    assert (len(seen), refused) == (CERT_FETCHES_PER_MINUTE, 20)
+    clock[0] = 60.5  # a minute later: the budget is there again
+    cache(cert_host.url("CERT-good"), time.time())
+    assert seen[-1] == cert_path("CERT-good") and len(seen) == CERT_FETCHES_PER_MINUTE + 1
+
+
+def test_one_certificate_fetch_at_a_time_per_host_for_unverified_requests(pki, cert_host, seen):
+    cert_host.slow = 0.5
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file)
+    barrier = threading.Barrier(4)
+
+    def ask(n):
+        barrier.wait()
+        try:
+            cache(_made_up(cert_host, n), time.time())
+        except (BudgetSpentError, SignatureError) as exc:
+            return type(exc)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = sorted(pool.map(ask, range(4)), key=lambda kind: kind.__name__)
+    assert results == [BudgetSpentError] * 3 + [SignatureError] and len(seen) == 1
+
+
+def test_a_genuine_url_refused_for_want_of_budget_is_not_remembered_as_failed(pki, cert_host, seen):
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file)
+    with cache.budget.spend(f"localhost:{cert_host.port}"):  # an unsigned request's fetch under way
+        with pytest.raises(BudgetSpentError):
+            cache(cert_host.url("CERT-good"), time.time())
+    cache(cert_host.url("CERT-good"), time.time())  # at once: PayPal's retry is verified, and the key cached
+    cache(cert_host.url("CERT-good"), time.time())
+    assert seen == [cert_path("CERT-good")]
+
+
+def test_a_spent_budget_is_logged_once_per_interval_with_how_many_it_refused(pki, cert_host, seen, caplog):
+    clock = [0.0]
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file,
+                         Budget(1, CERT_FETCHES_PER_MINUTE, lambda: clock[0]))
+    with cache.budget.spend(f"localhost:{cert_host.port}"):
+        for n in range(10):
+            with pytest.raises(BudgetSpentError):
+                cache(_made_up(cert_host, n), time.time())
+        clock[0] = 61.0
+        with pytest.raises(BudgetSpentError):
+            cache(_made_up(cert_host, 10), time.time())
+    lines = [r.getMessage() for r in caplog.records if "over budget" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].endswith(": 1 deliveries answered 503 since the last report")
+    assert lines[1].endswith(": 10 deliveries answered 503 since the last report")
+    assert seen == []
+
+
+def test_deliveries_over_the_budget_are_503_counted_with_no_line_each(app, client, db, pki, cert_host, seen, caplog):
+    certificates = fetch.of(app).certificates
+    with certificates.budget.spend(f"localhost:{cert_host.port}"):
+        for n in range(5):
+            body = encode(capture_completed(new_id(), user=BOB))
+            response = send(client, body, paypal_headers(body, pki, cert_host, url=_made_up(cert_host, n)),
+                            source=SOURCE)
+            assert (response.status, response.json["error"], response.headers["Retry-After"]) == (
+                503, "unavailable", "1")
+    assert event_rows(db) == 0 and seen == []
+    assert not [r for r in caplog.records if r.getMessage().startswith("unavailable:")]
+    assert len([r for r in caplog.records if "over budget" in r.getMessage()]) == 1
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_calls_total", (("provider", "paypal_certificates"), ("result", "no_budget")))] == 5
+
+
+def test_a_certificate_host_answering_401_is_no_refusal_of_our_credentials(client, db, pki, cert_host, seen):
+    """The alert WebhookLedgerProviderRefusesCredentials pages on provider calls answered 401: the certificate host
+    is sent none of our credentials, and its calls are counted under paypal_certificates, which the alert leaves
+    out (deploy/prometheus/alerts_test.yml)."""
+    response = _send_naming_certificate(client, pki, cert_host, "CERT-401")
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
+    calls = samples(client.get("/metrics").text)
+    assert calls[("webhook_ledger_provider_calls_total", (("provider", "paypal_certificates"), ("result", "401")))] \
+        == 1
+    assert ("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "401"))) not in calls
 
 
 # -- the money rules, through the endpoint --------------------------------------------------------------
@@ -891,7 +1018,7 @@ def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concur
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(post, bodies)) == {200}
     assert balance(db, BOB) == 2400
-    assert 1 <= len(seen) <= 2 and set(seen) == {f"{CERTS}CERT-good"}  # one per worker process at most
+    assert 1 <= len(seen) <= 2 and set(seen) == {cert_path("CERT-good")}  # one per worker process at most
     assert_ledger_consistent(db, USD)
 
 
@@ -1264,3 +1391,14 @@ def test_a_token_paypal_revoked_before_its_time_is_taken_again_once(send_paypal,
     assert paypal_api.count("/v1/oauth2/token") == 2
     assert paypal_api.count("/v1/notifications/webhooks-events/") == 4  # the third event asked twice
     assert balance(db, BOB) == 600
+
+
+def test_a_revoked_token_that_recovers_is_no_refusal_of_our_credentials(client, send_paypal, paypal_api):
+    """The alert pages on result 401: the revoked token's 401 is counted stale_token, and the new token's answer
+    as it came."""
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="1.00")).json["status"] == "processed"
+    paypal_api.revoke_tokens()
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="2.00")).json["status"] == "processed"
+    calls = samples(client.get("/metrics").text)
+    assert calls[("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "stale_token")))] == 1
+    assert ("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "401"))) not in calls
