@@ -113,7 +113,8 @@ def _webhook_event_statuses(sql):
 
 MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
 # The functions that write the journal rows no event writes, and the rule that events move money by.
-ENTRIES, SPEND = _functions(MONEY, "adjust", "spend"), _functions(MONEY, "spend")
+# move_payment_to_account journals a move ('payment_moved'), as adjust and spend journal theirs.
+ENTRIES, SPEND = _functions(MONEY, "adjust", "spend", "move_payment_to_account"), _functions(MONEY, "spend")
 RULE = _without_functions(MONEY, "adjust", "spend")
 ACCOUNTS = _first(r"(CREATE VIEW payment_accounts .*?;)", MONEY, re.DOTALL)
 # What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
@@ -139,7 +140,7 @@ LITERALS = {
                       _in_lists(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"))
                       | _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"), "kind"),
                       (set(Change) - {Change.PAYMENT_DUPLICATE}) | set(Entry)),
-    "entries": ("money.sql's adjust and spend (the kinds they journal and look up)",
+    "entries": ("money.sql's adjust, spend and move_payment_to_account (the kinds they journal and look up)",
                 _inserted(ENTRIES, "ledger_journal", "kind") | _compared(ENTRIES, "kind"), set(Entry)),
     "entries-names-check": ("schema.sql's ledger_journal_names_check",
                             _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_names_check"), "kind"),
