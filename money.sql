@@ -29,6 +29,39 @@
 -- reference it gives).
 
 DROP VIEW IF EXISTS payment_accounts;
+DROP VIEW IF EXISTS ledger_journal_keyed;
+-- Each journal row under its payment's and movement's keys as they are now:
+-- a row of a key that a later 'payment_moved' row moved (p_payment to
+-- acct_X/p_payment: `flask payments move-to-account`, migration 005) is
+-- read under the key in the account; the row itself keeps the key it was
+-- written with (the journal is append-only, and its feed gives each row
+-- once). `flask ledger verify` reads the journal through it.
+CREATE VIEW ledger_journal_keyed AS
+SELECT
+    j.id,
+    j.source,
+    j.event_id,
+    j.user_id,
+    j.amount_cents,
+    j.created_at,
+    j.kind,
+    j.reference,
+    j.reason,
+    j.actor,
+    j.moved_from,
+    j.xid,
+    coalesce(m.payment_id, j.payment_id) AS payment_id,
+    CASE
+        WHEN m.payment_id IS NULL OR j.movement_id IS NULL THEN j.movement_id
+        ELSE split_part(m.payment_id, '/', 1) || '/' || j.movement_id
+    END AS movement_id
+FROM ledger_journal AS j
+-- The move of the row's key after it, if any (a key is moved once at most:
+-- ledger_journal_moved_from_key), joined by hash to the moves alone.
+LEFT JOIN ledger_journal AS m
+    ON
+        m.moved_from IS NOT NULL AND j.payment_id = m.moved_from AND j.source = m.source AND j.id < m.id
+        AND j.kind <> 'payment_moved';
 -- Each payment's account: what was credited, what its refunds (by object and
 -- by running total) and disputes took and gave back, what is due and what is
 -- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
@@ -90,6 +123,14 @@ CROSS JOIN LATERAL (
 --       keeps the row's.
 -- A type is not replaced like a function: a change to its attributes is a
 -- DROP TYPE ... CASCADE in a migration, then this file creates it again.
+-- The rule as the commit tagged 1.0.0 made it took the delivery as 20
+-- scalars: a database that commit made keeps that function beside this
+-- one unless it is dropped (nothing calls it; it keys a connected account's
+-- money bare).
+DROP FUNCTION IF EXISTS apply_event(
+    text, text, text, bytea, bytea, bytea, text, text, text, uuid, bigint, text, text, text, text, boolean, text,
+    text, text, text
+);
 DO $$
 BEGIN
     IF to_regtype('ledger_delivery') IS NULL THEN
@@ -107,11 +148,13 @@ $$;
 -- then credit its payment or move its payment's balance (each journaling
 -- what it changed), then complete it. It returns the outcome ('processed',
 -- 'duplicate', 'failed', 'ignored', 'payload_mismatch' or
--- 'payment_mismatch'), why it failed, the SHA-256 of the bytes stored
--- before this delivery (when the event was stored already), the balance
--- change made ('credit', 'refund', 'refund_reversed', 'dispute_withdrawn',
--- 'dispute_reinstated', 'payment_duplicate': a credited payment announced
--- again, or NULL) and the balance it left.
+-- 'payment_mismatch'), why it failed (or, for 'payment_user_disagreed',
+-- what disagreed), the SHA-256 of the bytes stored before this delivery
+-- (when the event was stored already), the balance change made ('credit',
+-- 'refund', 'refund_reversed', 'dispute_withdrawn', 'dispute_reinstated',
+-- 'payment_duplicate': a credited payment announced again,
+-- 'payment_user_disagreed': announced again naming another user, or NULL)
+-- and the balance it left.
 --
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then the
@@ -142,16 +185,13 @@ BEGIN
     ELSIF problem IS NULL AND d.kind = 'link' THEN
         m := link_session(d);
         v_moved := true;
-    ELSIF problem IS NULL AND d.state = 'reversed' THEN
-        BEGIN  -- a subtransaction: a balance that cannot hold the reversal undoes the movement's change too
+    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
+        BEGIN  -- a subtransaction: a balance that cannot hold the debit or the reversal undoes the movement's change
             m := move_payment(d);
             v_moved := true;
         EXCEPTION WHEN numeric_value_out_of_range THEN
             problem := SQLERRM;
         END;
-    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
-        m := move_payment(d);
-        v_moved := true;
     END IF;
     IF NOT v_moved THEN
         outcome := complete_event(r.row_id, r.is_new, problem, false, false, NULL);
@@ -245,14 +285,26 @@ BEGIN
 END
 $$;
 
+-- Whether an event of this type is read from its object as the provider
+-- has it when fetched, not as it was when the event happened: Stripe's thin
+-- events of API v1 resources, 'v1.' and their snapshot twin's type
+-- (docs/providers.md, "Thin events"). Its metadata may have changed since.
+-- tests/test_money.py holds it to app/providers/stripe.py's THIN_RULES.
+CREATE OR REPLACE FUNCTION read_when_fetched(p_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_type LIKE 'v1.%'
+$$;
+
 -- A credit: its user (the event's, or its customer's link, or, when
 -- neither names one, the user the payment was credited to already, or its
 -- connected account's link, or the one an operator assigned to it:
 -- payment_users), then the payment's key, then the user's balance and the
 -- journal; payments.customer_id records the customer (or account) whose
 -- link named the user. A payment named again with the same user, amount
--- and currency is a 'payment_duplicate'; otherwise a mismatch. ignored: no
--- user, under the source's 'ignore'.
+-- and currency is a 'payment_duplicate'; with another user, by a twin of
+-- which one is read when fetched, a 'payment_user_disagreed' (a duplicate,
+-- its note in problem); otherwise a mismatch. ignored: no user, under the
+-- source's 'ignore'.
 CREATE OR REPLACE FUNCTION credit_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
     OUT problem text, OUT ignored boolean, OUT mismatch boolean)
 LANGUAGE plpgsql AS $$
@@ -267,6 +319,18 @@ BEGIN
         -- The link is read, not locked: links are never changed nor deleted.
         SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
         WHERE l.source = d.source AND l.customer_id = d.customer;
+        IF v_user IS NULL AND d.account IS NOT NULL THEN
+            -- A connected account's customer linked bare under 1.0, which
+            -- read that link in every account: migration 005 linked it in
+            -- its account when a stored event named the account, and when
+            -- none did (purged), this reads it as 1.0 did. Only a link
+            -- made before 005 ran: a later bare link is the platform's.
+            SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
+            WHERE l.source = d.source AND l.customer_id = substr(d.customer, char_length(d.account) + 2)
+                AND d.customer = d.account || '/' || l.customer_id
+                AND l.created_at < (SELECT m.applied_at FROM schema_migrations m
+                                    WHERE m.name = '005_connect_accounts.sql' AND m.ran);
+        END IF;
         IF v_user IS NULL THEN
             -- A payment credited already (by another event that named its
             -- user: a Checkout Session) is this event's too: a duplicate.
@@ -285,7 +349,8 @@ BEGIN
         END IF;
         IF v_user IS NULL THEN
             problem := format('no user: no data.object.metadata.%s%s, and %s', coalesce(d.user_key, 'user_id'),
-                              CASE WHEN d.type LIKE 'checkout.session.%' THEN ' nor data.object.client_reference_id'
+                              CASE WHEN d.type LIKE 'checkout.session.%' OR d.type LIKE 'v1.checkout.session.%'
+                                   THEN ' nor data.object.client_reference_id'
                                    ELSE '' END,
                               CASE WHEN d.customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
@@ -327,6 +392,17 @@ BEGIN
         problem := 'unknown user ' || v_user;
     ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (v_user, d.amount, d.currency) THEN
         change := 'payment_duplicate';
+    ELSIF (v_payment.amount_cents, v_payment.currency) = (d.amount, d.currency)
+          AND (read_when_fetched(d.type) OR EXISTS (
+                SELECT 1 FROM webhook_events e
+                WHERE e.source = d.source AND e.event_id = v_payment.event_id AND read_when_fetched(e.event_type))) THEN
+        -- One payment's twins, one read as its object is now: metadata
+        -- changed after the payment succeeded. The first credit is final;
+        -- this one is a duplicate whose disagreement is logged and counted
+        -- (its note in problem), never a 409 retried for ever.
+        change := 'payment_user_disagreed';
+        problem := format('payment %s was credited to user %s by event %s; event %s names user %s: the first '
+                          'credit stands', d.payment, v_payment.user_id, v_payment.event_id, d.event_id, v_user);
     ELSE
         mismatch := true;
         problem := format('payment %s was credited by event %s with another user, amount or currency',
@@ -456,12 +532,16 @@ BEGIN
                    WHEN d.kind = 'dispute' THEN 'dispute_reinstated'
                    WHEN d.state = 'reversed' THEN 'refund_reversed'
                    ELSE 'refund' END;
-    IF v_due < p.debited_cents THEN  -- a reversal adds to the balance: raised, and apply_event undoes the movement
-        IF (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
-           > 9223372036854775807 - (p.debited_cents - v_due) THEN
-            RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
-                change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
-        END IF;
+    -- A balance that cannot hold the change is raised, and apply_event undoes the movement: a reversal adds to
+    -- the balance, a debit takes from it.
+    IF v_due < p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+       > 9223372036854775807 - (p.debited_cents - v_due) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
+            change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
+    ELSIF v_due > p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+          < -9223372036854775808 + (v_due - p.debited_cents) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % below -9223372036854775808 cents',
+            change, v_due - p.debited_cents, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
     END IF;
     UPDATE payments SET debited_cents = v_due, updated_at = now() WHERE source = d.source AND payment_id = d.payment;
     UPDATE user_balances SET balance_cents = balance_cents - (v_due - p.debited_cents), updated_at = now()
@@ -477,13 +557,14 @@ CREATE OR REPLACE FUNCTION complete_event(p_row_id bigint, p_new boolean, proble
                                           mismatch boolean, change text, OUT outcome text)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF problem IS NULL THEN
+    IF problem IS NULL OR change = 'payment_user_disagreed' THEN  -- applied (a disagreeing twin: its note)
         IF NOT p_new THEN
             UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(),
                                       last_error = NULL
             WHERE id = p_row_id;
         END IF;
-        outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
+        outcome := CASE WHEN change IN ('payment_duplicate', 'payment_user_disagreed') THEN 'duplicate'
+                        ELSE 'processed' END;
     ELSE
         UPDATE webhook_events SET status = CASE WHEN ignored THEN 'ignored' ELSE 'failed' END, completed_at = NULL,
                                   last_error = problem, updated_at = now()
@@ -543,19 +624,23 @@ $$;
 -- payment in its account, read from its stored events, and keeps one none
 -- of whose events is stored any more. Rewrites what 005 rewrites for a
 -- payment, p_payment -> p_account/p_payment: its row (and customer_id), its
--- movements' payment and movement keys, its journal rows' (they are its
--- user's alone: `ledger verify` checks it, and the user's index finds them),
--- its assignment and its ignored row; its customer's link is copied into
--- the account, as 005 copies it. The movements' foreign key holds
+-- movements' payment and movement keys, its assignment and its ignored row;
+-- its customer's link is copied into the account, as 005 copies it. The
+-- journal is append-only: its rows keep their keys, and a 'payment_moved'
+-- row (0 cents, moved_from p_payment, actor p_by) says the move, as
+-- migration 012 says 005's; ledger_journal_keyed reads them under the new
+-- key. The movements' foreign key holds
 -- throughout: the row under the new key first, the old one deleted last.
 -- Refuses by raising, nothing changed: an unknown payment (P0002
 -- no_data_found; moved already: says so), one whose key in the account
--- exists already (23505 unique_violation: two rows of one payment), a key
--- over p_max_chars in the account (22023 invalid_parameter_value). Locks
--- the payment's row first, as every movement of it does. Returns the new
--- key and how many movements and journal rows moved.
+-- exists already, or whose key was moved before (23505 unique_violation:
+-- two rows of one payment; a key moves once), a key over p_max_chars in
+-- the account (22023 invalid_parameter_value). Locks the payment's row
+-- first, as every movement of it does. Returns the new key, how many
+-- movements moved and how many journal rows are read under it.
+DROP FUNCTION IF EXISTS move_payment_to_account(text, text, text, integer);  -- before p_by
 CREATE OR REPLACE FUNCTION move_payment_to_account(p_source text, p_payment text, p_account text,
-                                                   p_max_chars integer, OUT payment_key text,
+                                                   p_max_chars integer, p_by text, OUT payment_key text,
                                                    OUT movements_moved integer, OUT journal_moved integer)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -574,6 +659,11 @@ BEGIN
                 USING ERRCODE = 'no_data_found';
         END IF;
         RAISE EXCEPTION 'unknown payment % of source %', p_payment, p_source USING ERRCODE = 'no_data_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.moved_from = p_payment) THEN
+        -- ledger_journal_keyed reads the rows of a key before its move under the key it was moved to.
+        RAISE EXCEPTION 'payment % of source % was moved into an account before: the bare % since is another payment',
+                        p_payment, p_source, p_payment USING ERRCODE = 'unique_violation';
     END IF;
     IF EXISTS (SELECT 1 FROM payments p WHERE p.source = p_source AND p.payment_id = v_key)
        OR EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = v_key)
@@ -609,9 +699,12 @@ BEGIN
         UPDATE movements m SET payment_id = v_key, movement_id = p_account || '/' || m.movement_id
         WHERE m.source = p_source AND m.payment_id = p_payment;
         GET DIAGNOSTICS movements_moved = ROW_COUNT;
-        UPDATE ledger_journal j SET payment_id = v_key, movement_id = p_account || '/' || j.movement_id
+        -- The rows read under the new key from now on: the payment's user's alone (`ledger verify` checks it;
+        -- the user's index finds them).
+        SELECT count(*) INTO journal_moved FROM ledger_journal j
         WHERE j.user_id = v_payment.user_id AND j.source = p_source AND j.payment_id = p_payment;
-        GET DIAGNOSTICS journal_moved = ROW_COUNT;
+        INSERT INTO ledger_journal (kind, source, payment_id, moved_from, user_id, amount_cents, actor)
+        VALUES ('payment_moved', p_source, v_key, p_payment, v_payment.user_id, 0, p_by);
         DELETE FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment;
     END IF;
     UPDATE payment_users a SET payment_id = v_key WHERE a.source = p_source AND a.payment_id = p_payment;
@@ -773,10 +866,11 @@ $$;
 -- commits before it is read, whatever order ids were given in, and a user's
 -- rows come in the order their transactions locked the user's balance
 -- (docs/operations.md, "Following the journal").
+DROP FUNCTION IF EXISTS journal_changes(text, integer);  -- its rows before moved_from
 CREATE OR REPLACE FUNCTION journal_changes(p_cursor text DEFAULT NULL, p_limit integer DEFAULT 1000)
 RETURNS TABLE (
     cursor text, id bigint, user_id uuid, amount_cents bigint, kind text, source text, event_id text,
-    payment_id text, movement_id text, reference text, created_at timestamptz
+    payment_id text, movement_id text, reference text, created_at timestamptz, moved_from text
 )
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -794,7 +888,7 @@ BEGIN
     FOR attempt IN 1..2 LOOP
         RETURN QUERY
             SELECT concat_ws('|', v_from, v_to, j.id), j.id, j.user_id, j.amount_cents, j.kind, j.source,
-                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at
+                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at, j.moved_from
             FROM ledger_journal AS j
             WHERE j.xid >= pg_snapshot_xmin(v_from) AND j.xid < pg_snapshot_xmax(v_to)
                 AND NOT pg_visible_in_snapshot(j.xid, v_from) AND pg_visible_in_snapshot(j.xid, v_to)
