@@ -190,12 +190,14 @@ def init_app(app: "Flask") -> None:
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
     fetchers: dict[str, Fetcher] = {}
     stripe_apis: dict[str, stripe.API] = {}
-    budgets: dict[str, Budget] = {}
+    budgets: dict[tuple[str, str], Budget] = {}
     for source in settings.sources.values():
         if source.api_key is None:
             continue
-        # One budget per provider account (its key), however many sources name it; Redis shares it between hosts.
-        budget = budgets[source.api_key] = budgets.get(source.api_key) or Budget(
+        # One budget per provider account (its provider and key), however many sources name it; Redis shares it
+        # between hosts.
+        account = (source.scheme, source.api_key)
+        budget = budgets[account] = budgets.get(account) or Budget(
             app.extensions.get("redis"), source.scheme, source.api_key, source.api_rate, source.api_rate_total)
         if source.scheme == paypal.SCHEME:
             fetchers[source.name] = ByEventId(paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound,
