@@ -6,16 +6,20 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from app.intake.events import DEFAULT_SOURCE
 from app.intake.signature import sign
 from app.settings.config import SETTINGS, ConfigError, from_env
 
+from . import stripe_local
 from .supervise import Failed
 
 DEMO_USER = "00000000-0000-4000-8000-000000000001"
 DEMO_SECRET = "dev-secret-change-me"
+# How the banner gives devservers/stripe_local.py's stand-in of Stripe's API the demo event, from the checkout.
+STAND_IN_PUT = ".venv/bin/python -m devservers.stripe_local put"
 
 
 def check_settings(log):
@@ -41,9 +45,14 @@ def add_demo_user(conn):
 
 def banner(base_url, event_id, balance, config, secret_from_env, external, env_file=None):
     """What to paste into another terminal. Only the demo secret is ever printed (env_file holds the others)."""
-    body = json.dumps({"id": event_id, "type": "payment.succeeded",
-                       "data": {"userId": DEMO_USER, "amountCents": 1000}}, separators=(",", ":"))
     scheme = config.webhook_signature_scheme
+    default = config.sources.get(DEFAULT_SOURCE)
+    fetching = default is not None and default.fetch
+    stand_in = fetching and scheme == "stripe" and (default.api_base or config.stripe_api_base) == stripe_local.API_URL
+    document = {"id": event_id, "type": "payment.succeeded", "data": {"userId": DEMO_USER, "amountCents": 1000}}
+    if stand_in:  # an Event, as the stand-in keeps one for Retrieve an event
+        document = {"id": event_id, "object": "event", "created": int(time.time()), **document}
+    body = json.dumps(document, separators=(",", ":"))
     headers = {"Content-Type": "application/json",
                **sign(scheme, body.encode(), config.webhook_secret, msg_id=event_id)}
     signed_with = "WEBHOOK_SECRET" if secret_from_env else f"the DEMO secret '{DEMO_SECRET}'"
@@ -52,6 +61,17 @@ def banner(base_url, event_id, balance, config, secret_from_env, external, env_f
     curl = " ".join([f"curl -sS -w 'HTTP %{{http_code}}\\n' -X POST {base_url}/api/webhooks",
                      *(f"-H {shlex.quote(f'{name}: {value}')}" for name, value in headers.items()),
                      '--data-binary "$BODY"'])
+    if stand_in:  # the service reads each event from Stripe's API: the stand-in must have it before it is sent
+        curl = f"{STAND_IN_PUT} \"$BODY\"\n{curl}"
+    delivery = f"""Credit the demo user 1000 cents ({scheme}, signed with {signed_with}); paste it twice:
+the first answer is "processed", the second "duplicate".
+
+BODY={shlex.quote(body)}
+{curl}"""
+    if fetching and not stand_in:
+        delivery = ("No demo delivery: the default source reads each event from its provider's API (WEBHOOK_FETCH), "
+                    "which has\nno made-up event (one would be answered 422); send a test event from the provider, "
+                    f"with the demo user\n{DEMO_USER} in its metadata.")
     psql_target = '"$DATABASE_URL"' if external else shlex.quote(config.database_url)
     demo = "" if secret_from_env else f"\nWEBHOOK_SECRET = {DEMO_SECRET}  <- a DEMO secret, for local use only\n"
     rule = "=" * 70
@@ -61,11 +81,7 @@ webhook-ledger is up at {base_url}   (Ctrl-C stops it{'' if external else ' and 
 {demo}
 {routes(base_url, config)}
 
-Credit the demo user 1000 cents ({scheme}, signed with {signed_with}); paste it twice:
-the first answer is "processed", the second "duplicate".
-
-BODY={shlex.quote(body)}
-{curl}
+{delivery}
 
 The balance ({balance} cents now, {balance + 1000} after that):
 

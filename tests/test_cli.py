@@ -378,7 +378,8 @@ def test_an_adjustment_is_reported_in_one_line_naming_its_journal_row(db, run):
     [str(ALICE), "-500", "--reason", REASON],
     ["--reason", REASON, str(ALICE), "-500"],
     ["--reason", REASON, "--", str(ALICE), "-500"],
-], ids=["before-the-options", "after-the-options", "after-a-double-dash"])
+    [str(ALICE), "--", "-500", "--reason", REASON],  # docs/operations.md's "`--` works too"
+], ids=["before-the-options", "after-the-options", "after-a-double-dash", "a-double-dash-before-the-amount"])
 def test_adjust_takes_a_negative_amount_wherever_it_is_written(db, run, args):
     result = run("ledger", "adjust", *args)
     assert result.exit_code == 0, result.output

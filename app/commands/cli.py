@@ -2,6 +2,7 @@
 verify|adjust`, `flask redis forget-done` and `flask reconcile`."""
 
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -411,8 +412,22 @@ def set_ledger_currency(currency: str) -> None:
     click.echo(f"the ledger's currency is {currency} (it was {was}): start the service with LEDGER_CURRENCY={currency}")
 
 
+class SignedAmountCommand(click.Command):
+    """A command whose negative amount may follow a `--`, as POSIX tools take one: `USER -- -20 --reason R`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # click ends option parsing at `--`, so the `--reason` after it would be one more argument; here the `--`
+        # only quotes the amount after it, which ignore_unknown_options reads as the argument without it anyway.
+        if "--" in args:
+            at = args.index("--")
+            if at + 1 < len(args) and re.fullmatch(r"[-+]?[0-9]+", args[at + 1]):
+                args = args[:at] + args[at + 1:]
+        return super().parse_args(ctx, args)
+
+
 # ignore_unknown_options: a negative CENTS ("-500") is the argument, not an unknown option.
-@ledger_group.command("adjust", needs=Needs.DATABASE, context_settings={"ignore_unknown_options": True})
+@ledger_group.command("adjust", needs=Needs.DATABASE, cls=SignedAmountCommand,
+                      context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=click.UUID)
 @click.argument("cents", type=CENTS)
 @click.option("--reason", required=True, help="Why the balance is corrected (required): journaled with it.")

@@ -1,0 +1,75 @@
+"""devservers/demo.py's banner, as `make run` prints it: its demo delivery, pasted as printed, answers "processed"
+then "duplicate" and credits the demo user the 1000 cents it says, whatever the settings (a fetching Stripe source
+included), and its balance line shows them."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from devservers import ROOT, free_port
+from devservers.demo import DEMO_USER
+from devservers.stripe_stand_in import API_KEY
+
+from .helpers import db_url, read_banner
+
+# On one worker of `make test` with test_run.py and test_docs_examples.py: `make run`'s script writes the checkout's
+# .run/env and empties its .run/metrics.
+pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
+
+START_TIMEOUT_S = 90  # PostgreSQL's schema, Redis and gunicorn on 2 busy cores
+STRIPE_SECRET = "whsec_banner_0123456789abcdef"
+NOT_INHERITED = ("WEBHOOK_", "DATABASE_URL", "REDIS_", "PROMETHEUS_", "STRIPE_", "FLASK_", "PORT", "LEDGER_")
+SETTINGS = {
+    "hmac-sha256": {},
+    "stripe": {"WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": STRIPE_SECRET,
+               "STRIPE_ACCEPT_TEST_EVENTS": "true"},
+    # configuration.md's "Stripe with fetch and thin events": each event read from the stand-in of Stripe's API.
+    "stripe-fetch": {"WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": STRIPE_SECRET,
+                     "STRIPE_ACCEPT_TEST_EVENTS": "true", "WEBHOOK_FETCH": "true", "WEBHOOK_API_KEY": API_KEY,
+                     "STRIPE_API_BASE": "stand-in"},
+}
+
+
+def _paste(banner, first, env):
+    """Run the banner's block that starts with a line starting `first`, up to the next blank line, in bash."""
+    block = re.search(rf"^{re.escape(first)}.*?(?=\n\n)", banner, re.S | re.M)
+    assert block, f"no block starting {first!r} in the banner:\n{banner}"
+    done = subprocess.run(["bash", "-c", block.group(0)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_the_banners_demo_delivery_answers_processed_then_duplicate_and_credits_1000_cents(
+        name, postgresql, redis_server, redis_client, tmp_path):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(NOT_INHERITED)}
+    stand_in = {"STRIPE_LOCAL_PORT": str(free_port()), "STRIPE_LOCAL_DIR": str(tmp_path / "stripe")}
+    env.update(stand_in)
+    settings = dict(SETTINGS[name])
+    if settings.get("STRIPE_API_BASE") == "stand-in":
+        settings["STRIPE_API_BASE"] = f"http://127.0.0.1:{stand_in['STRIPE_LOCAL_PORT']}"
+        subprocess.run([sys.executable, "-m", "devservers.stripe_local"], cwd=ROOT, env=env, check=True,
+                       capture_output=True, timeout=60)
+    service = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=open(tmp_path / "stderr", "wb"), text=True,
+                               env={**env, **settings, "PORT": str(free_port()), "DATABASE_URL": db_url(postgresql),
+                                    "REDIS_URL": redis_server.url})
+    try:
+        try:
+            banner = read_banner(service, START_TIMEOUT_S)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{(tmp_path / 'stderr').read_text()}") from None
+        answers = [_paste(banner, "BODY=", env) for _ in range(2)]
+        assert re.fullmatch(r'\{"event_id":"evt_demo_1","status":"processed"\}\nHTTP 200\n', answers[0]), answers
+        assert re.fullmatch(r'\{"event_id":"evt_demo_1","status":"duplicate"\}\nHTTP 200\n', answers[1]), answers
+        assert "(0 cents now, 1000 after that)" in banner
+        balance = _paste(banner, "psql ", {**env, "DATABASE_URL": db_url(postgresql)})  # the shell's, as printed
+        assert re.search(rf"^ {DEMO_USER} \|\s+1000$", balance, re.M), balance
+    finally:
+        service.terminate()
+        service.wait(60)
+        subprocess.run([sys.executable, "-m", "devservers.stripe_local", "stop"], cwd=ROOT, env=env,
+                       capture_output=True, timeout=60)
