@@ -131,8 +131,9 @@ flask events list"""
 flask events list"""
 
 
-def write_env(path, config):
-    """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source.
+def write_env(path, config, base_url=None):
+    """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source, the
+    service's address as LEDGER_URL, and a `flask` that says in one line when the file is not this shell's any more.
 
     Secrets included: the file is the developer's own, as the terminal is; the banner names the file, not them.
     The settings this run leaves at their default are unset, so that a terminal that sourced an earlier run's file
@@ -143,15 +144,36 @@ def write_env(path, config):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         settings["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
     unset = sorted(name for name in SETTINGS if name not in settings)
+    # Which run wrote the file: its pid (alive while it serves) and when (a pid is reused).
+    run = f"{os.getpid()}:{time.time_ns()}"
+    extra = [f"LEDGER_RUN={run}", *([f"LEDGER_URL={shlex.quote(base_url)}"] if base_url else [])]
     lines = [f"export {word}" for word in
-             [*_flask_shell(), *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
+             [*_flask_shell(), *extra, *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
     lines += [f"unset {' '.join(unset)}"] if unset else []
+    lines += _stale_guard(path)
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)  # created anew, mode 600 from the start
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
         file.write("# make run's settings, for `flask` commands in another terminal: . " + str(path) + "\n")
         file.write("\n".join(lines) + "\n")
     return path
+
+
+def _stale_guard(path):
+    """A shell function `flask`: one line, not a connection timeout, when the make run that wrote path was started
+    again since (new ports: the file was written anew) or has stopped."""
+    file = shlex.quote(str(path))
+    return [
+        "flask() {  # make run's: says so when this terminal's settings are not the running make run's",
+        f"  if [ \"$(sed -n 's/^export LEDGER_RUN=//p' {file} 2>/dev/null)\" != \"$LEDGER_RUN\" ]; then",
+        f"    echo \"flask: this terminal's settings are an earlier make run's ({path} was written again since):"
+        f" run . {file} again\" >&2; return 1",
+        "  elif ! kill -0 \"${LEDGER_RUN%%:*}\" 2>/dev/null; then",
+        f"    echo \"flask: the make run that wrote {path} has stopped: start it, then . {file} again\" >&2; return 1",
+        "  fi",
+        '  command flask "$@"',
+        "}",
+    ]
 
 
 def _flask_shell():

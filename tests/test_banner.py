@@ -4,6 +4,7 @@ included), and its balance line shows them."""
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -73,3 +74,60 @@ def test_the_banners_demo_delivery_answers_processed_then_duplicate_and_credits_
         service.wait(60)
         subprocess.run([sys.executable, "-m", "devservers.stripe_local", "stop"], cwd=ROOT, env=env,
                        capture_output=True, timeout=60)
+
+
+# -- .run/env: the file a terminal sources --------------------------------------------------------------------------
+
+WRITE_ENV = """import sys
+from app.settings.config import from_env
+from devservers.demo import write_env
+write_env(__import__("pathlib").Path(sys.argv[1]), from_env({"DATABASE_URL": "postgresql://127.0.0.1:1/x",
+          "REDIS_URL": "redis://127.0.0.1:1/0", "WEBHOOK_SECRET": "dev-secret-change-me"}), "http://127.0.0.1:8123")
+"""
+
+
+def _write_env(path, then_wait=False):
+    """path written by write_env in a process of its own, as make run does; one left running when then_wait."""
+    script = WRITE_ENV + ("import time; print('written', flush=True); time.sleep(600)\n" if then_wait else "")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if then_wait:
+        assert proc.stdout.readline() == "written\n"
+    else:
+        assert proc.wait(60) == 0
+    return proc
+
+
+def _in_a_shell(command):
+    return subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", command], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.unit
+def test_the_env_file_gives_the_services_url_and_runs_flask_while_its_make_run_serves(tmp_path):
+    env = tmp_path / "env"
+    running = _write_env(env, then_wait=True)
+    try:
+        done = _in_a_shell(f". {env} && echo $LEDGER_URL && flask --version")
+    finally:
+        running.kill()
+    assert done.returncode == 0, done
+    assert done.stdout.startswith("http://127.0.0.1:8123\nPython "), done.stdout
+
+
+@pytest.mark.unit
+def test_a_terminal_with_a_stale_env_file_is_told_so_in_one_line(tmp_path):
+    env = tmp_path / "env"
+    running = _write_env(env, then_wait=True)
+    try:
+        # make run started again meanwhile: the file is written anew (new ports), the terminal still has the old one's.
+        restarted = _in_a_shell(f". {env} && {shlex.quote(sys.executable)} -c {shlex.quote(WRITE_ENV)} {env} "
+                                "&& flask events list")
+    finally:
+        running.kill()
+        running.wait(60)
+    stopped = _in_a_shell(f". {env} && flask events list")  # the run that wrote it has ended
+    assert (restarted.returncode, restarted.stdout) == (1, ""), restarted
+    assert restarted.stderr == (f"flask: this terminal's settings are an earlier make run's ({env} was written again "
+                                f"since): run . {env} again\n")
+    assert (stopped.returncode, stopped.stdout) == (1, ""), stopped
+    assert stopped.stderr == f"flask: the make run that wrote {env} has stopped: start it, then . {env} again\n"
