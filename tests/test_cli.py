@@ -215,7 +215,7 @@ def test_verify_off_a_terminal_prints_plain_progress_lines(client, db, run, monk
     result = run("ledger", "verify")
     assert result.exit_code == 0, result.output
     progress = [line for line in result.output.splitlines() if line.startswith("stored events checked")]
-    assert progress == ["stored events checked: 2", "stored events checked: 4"]
+    assert progress == ["stored events checked: 2 of 5", "stored events checked: 4 of 5"]
 
 
 @pytest.mark.parametrize("scheme", ["stripe"])

@@ -29,7 +29,7 @@ from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout
 from ..store.outcome import Outcome
 from ..store.schema import SchemaError, other_currency, recorded_currency, set_currency
 from . import reconcile, replay
-from .base import CENTS, Commands, needs, os_user, progress, table, utc
+from .base import CENTS, Commands, needs, os_user, progress, table, unit_name, utc
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
@@ -369,7 +369,9 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
                                "outlasts providers' resend windows; add --force to purge anyway")
     if include_failed and not force:
         raise click.UsageError("--include-failed deletes events that never took effect; add --force")
-    deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source)
+    with progress("events purged") as advance:
+        deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source,
+                                          advance.total, advance)
     kinds = "completed and failed" if include_failed else "completed"
     click.echo(f"purged {deleted} {kinds} events received before {utc(cutoff)}; the ledger's journal kept")
 
@@ -380,7 +382,7 @@ def verify_ledger() -> None:
     pool = get_pool(current_app)
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
-        report = verify.check(conn, Settings.of(current_app).policy, advance)
+        report = verify.check(conn, Settings.of(current_app).policy, advance, advance.total)
     for line in report.problems + report.below_zero + report.settings_changed:
         click.echo(line)
     users, events_, payments, journal = report.counts
@@ -440,13 +442,16 @@ def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | Non
     """Add CENTS (signed: -500 takes 500 cents away) to USER_ID's balance, journaled as an adjustment."""
     actor = os_user() if actor is None else actor
     payment = None if payment_id is None else (source, payment_id)
+    pool = get_pool(current_app)
     try:
-        adjusted = ledger.adjust(get_pool(current_app), user_id, cents, reason, actor, payment)
+        adjusted = ledger.adjust(pool, user_id, cents, reason, actor, payment)
     except ledger.AdjustmentError as exc:
         raise click.ClickException(str(exc)) from None
+    with pool.connection() as conn:
+        unit = unit_name(conn)
     named = payment_id if source == DEFAULT_SOURCE else f"{source}/{payment_id}"
     corrects = "" if payment_id is None else f", correcting payment {named}"
-    click.echo(f"adjusted the balance of user {user_id} by {cents:+} cents to {adjusted.balance_after} cents "
+    click.echo(f"adjusted the balance of user {user_id} by {cents:+} {unit} to {adjusted.balance_after} {unit} "
                f"(journal row {adjusted.journal_id}, by {actor}{corrects})")
 
 

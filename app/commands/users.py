@@ -14,7 +14,7 @@ from ..providers import stripe
 from ..settings.config import Needs
 from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
-from .base import CENTS, Commands, os_user, table, unapplied, utc
+from .base import CENTS, Commands, os_user, table, unapplied, unit_name, utc
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
@@ -48,13 +48,14 @@ def add_user(user_id: uuid.UUID, cents: int) -> None:
     """Create the user USER_ID (a UUID) with its opening balance; a second call with the same one changes nothing."""
     with transaction(get_pool(current_app)) as conn:
         added, opening = ledger.add_user(conn, user_id, cents)
+        unit = unit_name(conn)
     if added:
-        click.echo(f"added user {user_id} with an opening balance of {cents} cents")
+        click.echo(f"added user {user_id} with an opening balance of {cents} {unit}")
     elif opening != cents:
         raise click.ClickException(f"user {user_id} exists, with an opening balance of {opening} "
-                                   f"cents, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
+                                   f"{unit}, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
     else:
-        click.echo(f"user {user_id} exists already, opening balance {cents} cents: nothing changed")
+        click.echo(f"user {user_id} exists already, opening balance {cents} {unit}: nothing changed")
 
 
 @users.command("show", needs=Needs.DATABASE)
@@ -66,18 +67,19 @@ def show_user(user_id: uuid.UUID) -> None:
         user: NamedRow | None = cursor.execute(USER, [user_id]).fetchone()
         journal: list[NamedRow] = cursor.execute(JOURNAL, [user_id]).fetchall()
         links: list[NamedRow] = cursor.execute(LINKS_OF, [user_id]).fetchall()
+        unit = unit_name(conn)
     if user is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
     changed = sum(row.amount_cents for row in journal)
     click.echo(f"user:       {user.user_id}")
-    click.echo(f"balance:    {user.balance_cents} cents")
-    click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
-    click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
+    click.echo(f"balance:    {user.balance_cents} {unit}")
+    click.echo(f"opening:    {user.opening_balance_cents} {unit}, created {utc(user.created_at)}")
+    click.echo(f"journal:    {len(journal)} rows, {changed:+} {unit}")
     for link in links:
         click.echo(f"linked:     {_linked(link.customer_id)} of source {link.source} (by {link.linked_by}, "
                    f"{utc(link.created_at)})")
     if journal:
-        table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
+        table(("WHEN (UTC)", "KIND", unit.upper(), "MOVEMENT", "MADE BY"),
                [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
 
 
