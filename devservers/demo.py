@@ -13,7 +13,7 @@ from app.intake.events import DEFAULT_SOURCE
 from app.intake.signature import sign
 from app.settings.config import SETTINGS, ConfigError, from_env
 
-from . import stripe_local
+from . import ROOT, stripe_local
 from .supervise import Failed
 
 DEMO_USER = "00000000-0000-4000-8000-000000000001"
@@ -151,6 +151,11 @@ def write_env(path, config, base_url=None):
              [*_flask_shell(), *extra, *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
     lines += [f"unset {' '.join(unset)}"] if unset else []
     lines += _stale_guard(path)
+    lines += [  # the docs' one helper for a signed Stripe event (devservers/stripe_send.py), from any folder
+        "stripe_send() {  # stripe_send EVENT_ID TYPE OBJECT_JSON [--account acct_X] [--source NAME], or EVENT_JSON",
+        f"  (cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m devservers.stripe_send \"$@\")",
+        "}",
+    ]
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)  # created anew, mode 600 from the start
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:

@@ -131,3 +131,15 @@ def test_a_terminal_with_a_stale_env_file_is_told_so_in_one_line(tmp_path):
                                 f"since): run . {env} again\n")
     assert (stopped.returncode, stopped.stdout) == (1, ""), stopped
     assert stopped.stderr == f"flask: the make run that wrote {env} has stopped: start it, then . {env} again\n"
+
+
+@pytest.mark.unit
+def test_the_env_file_defines_the_docs_stripe_send_from_any_folder(tmp_path):
+    env = tmp_path / "env"
+    running = _write_env(env, then_wait=True)
+    try:
+        done = _in_a_shell(f". {env} && cd / && type stripe_send >/dev/null && stripe_send --help")
+    finally:
+        running.kill()
+    assert done.returncode == 0, done
+    assert done.stdout.startswith("usage: stripe_send "), done.stdout
