@@ -237,7 +237,7 @@ def test_every_page_runs_after_the_ones_before_it_in_reading_order(postgresql, r
     balances kept), so no page may count on an empty ledger or reuse another page's users."""
     session = Session(postgresql, redis_server.url, tmp_path)
     pages = reading_order()
-    assert set(pages) == set(PAGES), f"pages with examples that the README's list does not reach: {set(PAGES) - set(pages)}"
+    assert set(pages) == set(PAGES), f"pages with examples the README's list does not reach: {set(PAGES) - set(pages)}"
     try:
         for number, page in enumerate(pages):
             run_page(session, page, first=number == 0)
