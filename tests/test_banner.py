@@ -143,3 +143,16 @@ def test_the_env_file_defines_the_docs_stripe_send_from_any_folder(tmp_path):
         running.kill()
     assert done.returncode == 0, done
     assert done.stdout.startswith("usage: stripe_send "), done.stdout
+
+
+@pytest.mark.unit
+def test_a_fetching_source_against_stripes_own_api_gets_no_made_up_delivery():
+    from app.settings.config import from_env
+    from devservers.demo import banner
+
+    config = from_env({"DATABASE_URL": "postgresql://127.0.0.1:1/x", "REDIS_URL": "redis://127.0.0.1:1/0",
+                       "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": STRIPE_SECRET,
+                       "WEBHOOK_FETCH": "true", "WEBHOOK_API_KEY": API_KEY})
+    text = banner("http://127.0.0.1:8000", "evt_demo_1", 0, config, True, False)
+    assert "No demo delivery: the default source reads each event from its provider's API" in text
+    assert "curl " not in text and "BODY=" not in text
