@@ -16,9 +16,7 @@ from devservers.stripe_stand_in import API_KEY
 
 from .helpers import db_url, read_banner
 
-# On one worker of `make test` with test_run.py and test_docs_examples.py: `make run`'s script writes the checkout's
-# .run/env and empties its .run/metrics.
-pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
+pytestmark = pytest.mark.core
 
 START_TIMEOUT_S = 90  # PostgreSQL's schema, Redis and gunicorn on 2 busy cores
 STRIPE_SECRET = "whsec_banner_0123456789abcdef"
@@ -48,7 +46,7 @@ def test_the_banners_demo_delivery_answers_processed_then_duplicate_and_credits_
         name, postgresql, redis_server, redis_client, tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith(NOT_INHERITED)}
     stand_in = {"STRIPE_LOCAL_PORT": str(free_port()), "STRIPE_LOCAL_DIR": str(tmp_path / "stripe")}
-    env.update(stand_in)
+    env.update(stand_in, MAKE_RUN_DIR=str(tmp_path / "make-run"))  # never the checkout's .run/, the user's
     settings = dict(SETTINGS[name])
     if settings.get("STRIPE_API_BASE") == "stand-in":
         settings["STRIPE_API_BASE"] = f"http://127.0.0.1:{stand_in['STRIPE_LOCAL_PORT']}"
