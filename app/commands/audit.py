@@ -160,7 +160,9 @@ class Statement:
     provider: int = 0  # gross, of every record of the objects audited (those before the window too)
     pending: int = 0  # provider minus ledger, of pending objects
     breaks: int = 0  # provider minus ledger, of broken objects
-    ignored: int = 0  # provider minus ledger, of payments the source's policy ignores (no user)
+    # provider minus ledger of what the ledger holds no money for on purpose: payments its source's policy ignores
+    # (no user), and a credit in another currency that an operator undid (currency_mismatch fixed).
+    set_aside: int = 0
     fees: int = 0  # of every record in the window
     non_user: dict[str, int] = field(default_factory=dict)  # by category, of the window's non-user records
     non_user_count: dict[str, int] = field(default_factory=dict)
@@ -168,11 +170,11 @@ class Statement:
 
     @property
     def residual(self) -> int:
-        return self.provider - self.ledger - self.pending - self.breaks - self.ignored
+        return self.provider - self.ledger - self.pending - self.breaks - self.set_aside
 
     def as_json(self) -> dict[str, Any]:
         return {"ledger": self.ledger, "provider": self.provider, "difference": self.provider - self.ledger,
-                "explained": {"pending": self.pending, "breaks": self.breaks, "ignored": self.ignored},
+                "explained": {"pending": self.pending, "breaks": self.breaks, "set_aside": self.set_aside},
                 "residual": self.residual, "fees": self.fees, "non_user": self.non_user,
                 "non_user_count": self.non_user_count, "unknown_types": self.unknown,
                 "provider_net": self.provider - self.fees + sum(self.non_user.values()) + self.unknown}
@@ -403,7 +405,7 @@ def _match(conn: psycopg.Connection[Any], run: Run, seen: dict[tuple[Kind, str],
     ledger_currency = (conn.execute(CURRENCY).fetchone() or ("?",))[0]
     corrections, moved = _corrections(conn, source)
     fixes.bind(conn, ledger_currency)
-    young = int((now - run.grace).timestamp())
+    young = now - run.grace  # an item made after this is pending
     audited = [item for item in seen.values() if item.created]
     for kind in Kind:
         items = [item for item in audited if item.kind == kind]
@@ -456,16 +458,14 @@ def _corrections(conn: psycopg.Connection[Any], source: str
 
 
 def _judge(run: Run, item: Seen, ledger: Ledger | None, ignored: bool, uncovered: dict[str, int],
-           corrections: dict[str, int], moved: dict[str, dict[str, int]], fixes: "Fixes", young: int,
+           corrections: dict[str, int], moved: dict[str, dict[str, int]], fixes: "Fixes", young: datetime,
            ledger_currency: str) -> None:
     """One object the provider has: matched, pending, ignored, or its breaks."""
     provider_signed = item.signed
-    pending = item.latest >= young
+    pending = _at(item.latest) > young
     if ledger is None:
         if ignored:  # the source's policy ignores its payment (no user): explained, not a break
-            for currency, gross in item.gross.items():
-                run.statement(currency).provider += gross
-                run.statement(currency).ignored += gross
+            _set_aside(run, item)
             return
         if item.kind == Kind.REFUND and uncovered.get(item.payment, 0) >= item.amount:
             uncovered[item.payment] -= item.amount  # the ledger took it by the charge's running total
@@ -477,7 +477,10 @@ def _judge(run: Run, item: Seen, ledger: Ledger | None, ignored: bool, uncovered
         return
     effective = ledger.signed(item.kind) + corrections.get(item.key, 0)
     klass: BreakClass | None = None
-    if item.currency != ledger.currency and effective != 0:
+    if item.currency != ledger.currency and effective == 0:
+        _set_aside(run, item)  # the credit in the wrong currency was undone: the ledger holds none of it
+        return
+    if item.currency != ledger.currency:
         klass, why = BreakClass.CURRENCY_MISMATCH, (f"the provider's {item.kind} is in {item.currency}, the "
                                                     f"ledger's in {ledger.currency}")
     elif effective != provider_signed:
@@ -499,6 +502,12 @@ def _judge(run: Run, item: Seen, ledger: Ledger | None, ignored: bool, uncovered
                      ledger_currency, effective)
             return
     _add(run, item, effective, ledger_currency)
+
+
+def _set_aside(run: Run, item: Seen) -> None:
+    for currency, gross in item.gross.items():
+        run.statement(currency).provider += gross
+        run.statement(currency).set_aside += gross
 
 
 def _add(run: Run, item: Seen, ledger_signed: int, ledger_currency: str) -> None:
@@ -535,7 +544,7 @@ def _finding(run: Run, item: Seen, ledger: Ledger | None, klass: BreakClass, pen
 
 
 def _ledger_only(run: Run, seen: dict[tuple[Kind, str], Seen], kind: Kind, ledger: Ledger,
-                 corrections: dict[str, int], fixes: "Fixes", young: int) -> None:
+                 corrections: dict[str, int], fixes: "Fixes", young: datetime) -> None:
     """A ledger item made in the window: missing at the provider unless the provider has a record of it."""
     if (kind, ledger.key) in seen:
         return
@@ -545,7 +554,7 @@ def _ledger_only(run: Run, seen: dict[tuple[Kind, str], Seen], kind: Kind, ledge
         return
     statement = run.statement(ledger.currency)
     statement.ledger += effective
-    if int(ledger.created_at.timestamp()) >= young:
+    if ledger.created_at > young:
         statement.pending -= effective
         run.pending.append(Pending(ledger.key, str(kind), None, effective, ledger.created_at,
                                    f"{BreakClass.MISSING_AT_PROVIDER}: no provider record yet"))

@@ -96,7 +96,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     key_setting, api_key = api_key_setting(source.name), source.api_key
     if api_key is None:
         raise ConfigError(f"{key_setting} is not set: the audit needs a Stripe restricted key that may read Balance")
-    now = datetime.now(UTC).replace(microsecond=0)
+    now = datetime.now(UTC)  # not rounded: a ledger item made this second is in the window
     until = min(until or now, now)
     since = since or until - audit.DEFAULT_WINDOW
     if since >= until:
@@ -137,7 +137,7 @@ def summary_lines(run: audit.Run) -> list[str]:
     for currency, statement in sorted(run.statements.items()):
         lines.append(f"  {currency}: ledger {statement.ledger}, provider {statement.provider}, difference "
                      f"{statement.provider - statement.ledger} = pending {statement.pending} + breaks "
-                     f"{statement.breaks} + ignored {statement.ignored} + residual {statement.residual}")
+                     f"{statement.breaks} + set aside {statement.set_aside} + residual {statement.residual}")
         non_user = ", ".join(f"{category} {cents} ({statement.non_user_count[category]})"
                              for category, cents in sorted(statement.non_user.items()))
         lines.append(f"    not a user's money: fees {-statement.fees}" + (f", {non_user}" if non_user else "")
@@ -155,7 +155,7 @@ def summary_lines(run: audit.Run) -> list[str]:
 
 SHOW_RUN = "SELECT * FROM audit_runs WHERE id = %s"
 SHOW_BREAKS = """
-    SELECT break_id, class, status, provider_key, ledger_key, provider_amount, ledger_amount, provider_currency,
+    SELECT break_id, class AS break_class, status, provider_key, ledger_key, provider_amount, ledger_amount, provider_currency,
            ledger_currency, runs_seen, first_seen_at, last_seen_at, fix
     FROM audit_breaks
     WHERE source = %(source)s AND account = %(account)s
@@ -185,7 +185,7 @@ def show_run(run_id: int, only_open: bool) -> None:
         click.echo(f"  {currency}: ledger {statement['ledger']}, provider {statement['provider']}, residual "
                    f"{statement['residual']}")
     table(["break", "class", "status", "provider", "ledger", "runs", "first seen"],
-          [[row.break_id, row.class_ if hasattr(row, "class_") else row[1], row.status,
+          [[row.break_id, row.break_class, row.status,
             f"{row.provider_key or '-'} {_amount(row.provider_amount, row.provider_currency)}",
             f"{row.ledger_key or '-'} {_amount(row.ledger_amount, row.ledger_currency)}", row.runs_seen,
             utc(row.first_seen_at)] for row in rows])
