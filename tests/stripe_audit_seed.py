@@ -121,8 +121,7 @@ def seeded(now, payments=400, refunds=40, failed=4, disputes=10, reinstated=3, n
         txn(at(), kind, category, amount, {"id": f"{kind[:2]}_{tag}{n}", "object": kind})
         count, total_cents = seed.non_user.get(category, (0, 0))
         seed.non_user[category] = (count + 1, total_cents + amount)
-    for n in range(per_class):
+    for _ in range(per_class):
         txn(at(), UNKNOWN_TYPE, "other_adjustment", 5, None)
-    seed.inject("unknown_provider_type", None)  # keyed by the transaction: see unknown_keys
     seed.injected["unknown_provider_type"] = {t["id"] for t in seed.transactions if t["type"] == UNKNOWN_TYPE}
     return seed

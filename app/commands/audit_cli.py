@@ -155,8 +155,8 @@ def summary_lines(run: audit.Run) -> list[str]:
 
 SHOW_RUN = "SELECT * FROM audit_runs WHERE id = %s"
 SHOW_BREAKS = """
-    SELECT break_id, class AS break_class, status, provider_key, ledger_key, provider_amount, ledger_amount, provider_currency,
-           ledger_currency, runs_seen, first_seen_at, last_seen_at, fix
+    SELECT break_id, class AS break_class, status, provider_key, ledger_key, provider_amount, ledger_amount,
+           provider_currency, ledger_currency, runs_seen, first_seen_at, last_seen_at, fix
     FROM audit_breaks
     WHERE source = %(source)s AND account = %(account)s
       AND (last_run = %(run)s OR resolved_run = %(run)s) AND (NOT %(open)s OR status <> 'resolved')
@@ -170,7 +170,7 @@ SHOW_BREAKS = """
 def show_run(run_id: int, only_open: bool) -> None:
     """Show audit run RUN_ID: its verdict, statements, and the breaks it found or resolved."""
     with transaction(get_pool(current_app)) as conn:
-        conn.row_factory = namedtuple_row  # type: ignore[assignment]
+        conn.row_factory = namedtuple_row
         run = conn.execute(SHOW_RUN, [run_id]).fetchone()
         if run is None:
             raise click.ClickException(f"no audit run {run_id}")

@@ -92,7 +92,8 @@ class StripeBalance(StripeAPI):
         base = Record(txn, created, currency, amount, fee, category, kind or "?")
         if kind in CHARGE_TYPES:
             return base._replace(money=self._charge(document.get("source")))
-        if kind in REFUND_TYPES or kind in REFUND_FAILURE_TYPES or (kind == "adjustment" and category == "refund_failure"):
+        failed_refund = kind in REFUND_FAILURE_TYPES or (kind == "adjustment" and category == "refund_failure")
+        if kind in REFUND_TYPES or failed_refund:
             return base._replace(money=self._refund(document.get("source"), reversed_=kind not in REFUND_TYPES))
         if kind == "adjustment" and category in DISPUTE_CATEGORIES:
             return base._replace(money=self._dispute(document.get("source"), DISPUTE_CATEGORIES[category]))
@@ -114,8 +115,8 @@ class StripeBalance(StripeAPI):
             return "a Charge with no payment_intent (the ledger keys payments by their PaymentIntent)"
         captured = charge.get("amount_captured")
         amount = captured if isinstance(captured, int) else _int(charge.get("amount"))
-        metadata = charge.get("metadata") if isinstance(charge.get("metadata"), dict) else {}
-        user = metadata.get(self.user_key)
+        metadata = charge.get("metadata")
+        user = metadata.get(self.user_key) if isinstance(metadata, dict) else None
         return ProviderRecord(Kind.PAYMENT, payment, payment, amount, _text(charge.get("currency")) or "?",
                               user if isinstance(user, str) else None, False)
 
