@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 import stripe
 
 from app.commands import stripe_list
@@ -269,3 +270,32 @@ def test_the_stand_in_lists_balance_transactions_newest_first_by_cursor_and_expa
     assert listed.data[0].source.object == "charge"
     bare = client.v1.balance_transactions.list({"limit": 1})
     assert bare.data[0].source == "ch_249"
+
+
+def _gauges(client):
+    text = client.get("/metrics").get_data(as_text=True)
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name.startswith("webhook_ledger_audit_")}
+
+
+def test_metrics_show_open_breaks_by_class_what_persists_and_the_last_complete_run(app, client, db, stand_in,
+                                                                                    tmp_path):
+    seed = seeded(int(time.time()), payments=20, refunds=2, failed=0, disputes=1, reinstated=0, non_user=4,
+                  per_class=1)
+    fill(app, stand_in, seed)
+    before = _gauges(client)
+    assert before[("webhook_ledger_audit_last_complete_timestamp_seconds", (("source", "default"),))] == 0
+    audit(app, tmp_path, "--grace", "0s")
+    once = _gauges(client)
+    for klass in ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
+                  "state_mismatch", "user_mismatch", "unknown_provider_type"):
+        assert once[("webhook_ledger_audit_open_breaks", (("class", klass), ("source", "default")))] == 1
+    assert once[("webhook_ledger_audit_open_breaks", (("class", "matched_by_amount_only"), ("source", "default")))] \
+        == 0
+    assert once[("webhook_ledger_audit_priority_breaks_persisting", (("source", "default"),))] == 0
+    # An incomplete run (a type the adapter does not know) is no complete audit: the time stays 0.
+    assert once[("webhook_ledger_audit_last_complete_timestamp_seconds", (("source", "default"),))] == 0
+    audit(app, tmp_path, "--grace", "0s")
+    twice = _gauges(client)
+    assert twice[("webhook_ledger_audit_priority_breaks_persisting", (("source", "default"),))] == 6
