@@ -15,8 +15,9 @@ import psycopg
 from ..store.db import Pool, transaction
 from .reconcile import PLATFORM, ProviderError
 
-# A first run without --since reads this far back.
-DEFAULT_WINDOW = timedelta(days=1)
+# A run without --since reads this far back: a daily run (deploy/systemd/webhook-ledger-audit@.timer) overlaps the
+# previous one by 12 hours.
+DEFAULT_WINDOW = timedelta(hours=36)
 # Items younger than this are pending, not broken: Stripe sends an event seconds after the money moves, and a
 # delivery lost meanwhile is recovered by the hourly reconcile; an hour and a half covers one reconcile run and
 # its random delay (deploy/systemd/webhook-ledger-reconcile@.timer).

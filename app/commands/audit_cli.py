@@ -61,7 +61,7 @@ def init_app(app: Flask) -> None:
 
 @audit_group.command("run", hidden=True)
 @click.argument("source_name", metavar="SOURCE")
-@click.option("--since", type=When(), help="Records created at or after WHEN [default: --until minus 1 day].")
+@click.option("--since", type=When(), help="Records created at or after WHEN [default: --until minus 36 hours].")
 @click.option("--until", type=When(), help="Records created before WHEN [default: now].")
 @click.option("--account", metavar="ACCT", help="A Stripe Connect account's id (acct_...): audit its balance.")
 @click.option("--all-accounts", is_flag=True, help="Audit, in turn, each connected account the platform lists.")
