@@ -4,6 +4,7 @@ balance transactions as https://docs.stripe.com/api/balance_transactions/list do
 `flask reconcile` from the same account's events. Nothing is mocked."""
 
 import json
+import os
 import shlex
 import time
 from datetime import UTC, datetime
@@ -25,6 +26,11 @@ pytestmark = pytest.mark.core
 MONEY = {"user_balances": "balance_cents", "webhook_events": "attempts", "payments": "amount_cents",
          "movements": "amount_cents", "ledger_journal": "amount_cents", "customer_links": "0",
          "payment_users": "0", "ignored_payments": "0"}
+# The issue's account (10,000 payments, 1,000 refunds of which 50 failed, 100 disputes of which 20 reinstated, 200
+# non-user transactions, 6 discrepancies of each class Stripe can show) with AUDIT_FULL_SEED=1: four minutes here,
+# most of it reconcile filling the ledger; the default is a tenth of it, 4 of each class.
+FULL_SEED = dict(payments=10000, refunds=1000, failed=50, disputes=100, reinstated=20, non_user=200, per_class=6)
+SEED = FULL_SEED if os.environ.get("AUDIT_FULL_SEED") == "1" else {}
 INJECTED_CLASSES = ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
                     "state_mismatch", "user_mismatch", "unknown_provider_type")
 
@@ -97,19 +103,20 @@ def run_fix(app, command):
 
 def test_the_seeded_account_reports_exactly_the_injected_breaks_and_classifies_every_non_user_transaction(
         app, db, stand_in, tmp_path):
-    seed = seeded(int(time.time()))
+    seed = seeded(int(time.time()), **SEED)
     fill(app, stand_in, seed)
     before = money(db)
     code, document, output = audit(app, tmp_path, "--grace", "0s")
     assert money(db) == before  # read-only
     assert code == 2, output  # incomplete: transactions of a type the adapter does not know
-    assert document["header"]["verdict"] == "incomplete" and "4 record(s)" in document["header"]["reason"]
+    unknown = len(seed.injected["unknown_provider_type"])
+    assert document["header"]["verdict"] == "incomplete" and f"{unknown} record(s)" in document["header"]["reason"]
     assert found(document) == {klass: seed.injected[klass] for klass in INJECTED_CLASSES}
     usd = document["statements"]["usd"]
     assert {category: (usd["non_user_count"][category], usd["non_user"][category])
             for category in seed.non_user} == seed.non_user
     assert usd["residual"] == 0 and document["statements"]["eur"]["residual"] == 0
-    assert usd["unknown_types"] == 20
+    assert usd["unknown_types"] == 5 * unknown
     assert document["pending"] == []
     verified = cli(app, "ledger", "verify")
     assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
@@ -231,6 +238,9 @@ def test_a_connected_accounts_breaks_are_its_own(app, db, stand_in, tmp_path):
                if klass != "unknown_provider_type" for key in keys)
     rows = db.execute("SELECT DISTINCT account FROM audit_breaks").fetchall()
     assert rows == [(account,)]
+    every = cli(app, "audit", "default", "--all-accounts", "--grace", "0s", "--since",
+                iso(int(time.time()) - 3 * 86400))
+    assert every.exit_code == 2 and f"audit default (connected account {account})" in every.output, every.output
 
 
 def test_an_audit_never_writes_money_and_verify_stays_clean(app, db, stand_in, tmp_path):
