@@ -8,7 +8,10 @@ https://docs.stripe.com/api/balance_transactions/list documents it, for `flask a
 - `expand[]=data.source`: each transaction's `source` the object itself (a Charge, Refund, Dispute, ...), else its
   id (https://docs.stripe.com/expand);
 - Connect: with `Stripe-Account: acct_...` the connected account's transactions alone, without it the
-  platform's own (https://docs.stripe.com/connect/authentication).
+  platform's own (https://docs.stripe.com/connect/authentication);
+- List all payouts (`GET /v1/payouts`: https://docs.stripe.com/api/payouts/list), newest first, by `created` and
+  `status`, paginated the same way; a payout's transactions are those added with its id
+  (https://docs.stripe.com/payouts/reconciliation).
 
 A transaction is the Balance Transaction object (https://docs.stripe.com/api/balance_transactions/object): `id`,
 `object`, `amount`, `available_on`, `created`, `currency`, `description`, `fee`, `fee_details`, `net`,
@@ -29,6 +32,28 @@ class BalanceTransactions:
         self._lists: dict[str | None, tuple[list[tuple[int, int]], list[dict[str, Any]]]] = {}
         self._places: dict[tuple[str | None, str], tuple[int, int]] = {}  # (account, id) -> its key
         self._added = 0
+        self._payouts: dict[str | None, list[dict[str, Any]]] = {}
+
+    def add_payout(self, payout: Mapping[str, Any], account: str | None = None) -> None:
+        """Add a Payout object (https://docs.stripe.com/api/payouts/object) to account's payouts."""
+        with self._lock:
+            self._payouts.setdefault(account, []).append(dict(payout))
+            self._payouts[account].sort(key=lambda known: int(known["created"]))
+
+    def list_payouts(self, params: Mapping[str, Any], account: str | None, limit: int,
+                     created: tuple[tuple[int, int], tuple[int, int]]) -> dict[str, Any]:
+        """GET /v1/payouts: newest first; KeyError(param, cursor) for an unknown cursor."""
+        low, high = created[0][0], created[1][0]
+        status, after = params.get("status"), params.get("starting_after")
+        with self._lock:
+            newest = [payout for payout in reversed(self._payouts.get(account, []))
+                      if low <= int(payout["created"]) < high and (status is None or payout["status"] == status)]
+        if after is not None:
+            ids = [payout["id"] for payout in newest]
+            if after not in ids:
+                raise KeyError("starting_after", after)
+            newest = newest[ids.index(after) + 1:]
+        return {"object": "list", "url": "/v1/payouts", "has_more": len(newest) > limit, "data": newest[:limit]}
 
     def add(self, *transactions: Mapping[str, Any], account: str | None = None) -> None:
         """Add transactions (dicts, `source` the whole object) to account's list (None: the platform's own)."""
@@ -133,3 +158,10 @@ def dispute(dispute_id: str, intent_id: str, cents: int, status: str = "needs_re
     return {"id": dispute_id, "object": "dispute", "amount": cents,
             "charge": f"ch_{intent_id.rsplit('_', 1)[-1]}", "created": created, "currency": currency,
             "payment_intent": intent_id, "status": status, "reason": "fraudulent", "metadata": {}}
+
+
+def payout(payout_id: str, amount: int, created: int, currency: str = "usd", status: str = "paid") -> dict[str, Any]:
+    """An automatic Payout (https://docs.stripe.com/api/payouts/object)."""
+    return {"id": payout_id, "object": "payout", "amount": amount, "arrival_date": created + 86400,
+            "automatic": True, "created": created, "currency": currency, "method": "standard", "status": status,
+            "type": "bank_account", "reconciliation_status": "completed" if status == "paid" else "not_applicable"}

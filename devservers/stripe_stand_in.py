@@ -215,6 +215,15 @@ class StripeStandIn:
             param, cursor = exc.args
             raise BadRequestError(param, f"No such balance_transaction: '{cursor}'", "resource_missing") from None
 
+    def list_payouts(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any]:
+        """The answer to GET /v1/payouts with params in account's context; raise BadRequestError."""
+        try:
+            return self.balance.list_payouts(params, account, _limit(params.get("limit")),
+                                             _created_range(params.get("created")))
+        except KeyError as exc:
+            param, cursor = exc.args
+            raise BadRequestError(param, f"No such payout: '{cursor}'", "resource_missing") from None
+
     def hostile_answer(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any] | bytes:
         """The answer to GET /v1/events in the mode `hostile` names (HOSTILE)."""
         mode = self.hostile
@@ -296,7 +305,8 @@ class StripeStandIn:
         retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
         accounts = path.rstrip("/") == "/v1/accounts"
         balance = path.rstrip("/") == "/v1/balance_transactions"
-        if path.rstrip("/") != "/v1/events" and not retrieve and not accounts and not balance:
+        payouts = path.rstrip("/") == "/v1/payouts"
+        if path.rstrip("/") != "/v1/events" and not retrieve and not accounts and not balance and not payouts:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
@@ -315,6 +325,8 @@ class StripeStandIn:
                 return 200, self.list_accounts(params)
             if balance:
                 return 200, self.list_balance_transactions(params, context)
+            if payouts:
+                return 200, self.list_payouts(params, context)
             return 200, (self.list_events(params, context) if self.hostile is None else
                          self.hostile_answer(params, context))
         except BadRequestError as exc:

@@ -10,11 +10,11 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 import stripe
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.commands import stripe_list
-from devservers.stripe_balance import charge, transaction
+from devservers.stripe_balance import charge, payout, transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
 from .helpers import ALICE, assert_ledger_consistent
@@ -259,7 +259,6 @@ def test_an_audit_never_writes_money_and_verify_stays_clean(app, db, stand_in, t
     (["audit", "default", "--account", "bogus"], "not a Stripe account id"),
     (["audit", "default", "--grace", "soon"], "is not a duration"),
     (["audit", "default", "--since", "2026-12-02", "--until", "2026-12-01"], "--since must be before --until"),
-    (["audit", "default", "--payouts"], "--payouts is not built yet"),
     (["audit", "show", "999"], "no audit run 999"),
 ])
 def test_bad_arguments_are_refused_in_one_line(app, db, args, message):
@@ -309,3 +308,30 @@ def test_metrics_show_open_breaks_by_class_what_persists_and_the_last_complete_r
     audit(app, tmp_path, "--grace", "0s")
     twice = _gauges(client)
     assert twice[("webhook_ledger_audit_priority_breaks_persisting", (("source", "default"),))] == 6
+
+
+def test_payouts_are_checked_against_the_transactions_they_paid_out(app, db, stand_in, tmp_path):
+    now = int(time.time())
+    seed = seeded(now, payments=12, refunds=2, failed=0, disputes=0, non_user=0, per_class=0)
+    # Two automatic payouts of the account's transactions (https://docs.stripe.com/payouts/reconciliation): the
+    # first pays out exactly their net, the second 1 cent more than its transactions add up to.
+    for n, transactions in enumerate((seed.transactions[:7], seed.transactions[7:])):
+        created, payout_id = now - 5 * 3600 + n, f"po_test{n}"
+        net = sum(txn["net"] for txn in transactions)
+        for txn in transactions:
+            txn["payout"] = payout_id
+        stand_in.balance.add_payout(payout(payout_id, net + n, created))
+        own = transaction(f"txn_po{n}", created, "payout", "payout", -(net + n), payout_id)
+        own["payout"] = payout_id
+        seed.transactions.append(own)
+    fill(app, stand_in, seed)
+    code, document, output = audit(app, tmp_path, "--payouts")
+    assert code == 1, output
+    assert [(check["payout"], check["transactions"], check["net"] == check["amount"])
+            for check in sorted(document["payouts"], key=lambda check: check["payout"])] == \
+        [("po_test0", 7, True), ("po_test1", len(seed.transactions) - 9, False)]
+    assert found(document) == {"amount_mismatch": {"payout/po_test1"}}
+    assert "payouts: 2 checked against their transactions, 1 add up" in output
+    _, without, _ = audit(app, tmp_path)
+    assert without["payouts"] is None and without["breaks"] == []
+    assert db.execute("SELECT provider_key, status FROM audit_breaks").fetchall() == [("payout/po_test1", "new")]

@@ -94,6 +94,25 @@ class Record(NamedTuple):
     unknown: str | None = None  # a type the adapter does not know
 
 
+class PayoutRecord(NamedTuple):
+    """A payout the provider made to the merchant's bank: its amount against what its transactions add up to."""
+
+    id: str
+    amount: int
+    currency: str
+    automatic: bool  # a manual payout names no transactions: it cannot be checked
+    created: int
+
+
+class PayoutCheck(NamedTuple):
+    payout: str
+    amount: int
+    currency: str
+    transactions: int  # how many it paid out (its own transaction aside)
+    net: int  # their net sum
+    checked: bool  # False: a manual payout
+
+
 class MoneyRecords(Protocol):
     """What a provider's audit adapter implements (app/providers/stripe_audit.py)."""
 
@@ -102,6 +121,14 @@ class MoneyRecords(Protocol):
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
         """The records created in [since, until) (Unix seconds), a page at a time; ProviderError if unreadable."""
+        ...
+
+    def payouts(self, since: int, until: int) -> Iterator[PayoutRecord]:
+        """The paid payouts created in [since, until)."""
+        ...
+
+    def paid_out(self, payout: str) -> Iterator[list[Record]]:
+        """The records a payout paid out, a page at a time."""
         ...
 
 
@@ -199,6 +226,7 @@ class Run:
     pending: list[Pending] = field(default_factory=list)
     new: int = 0
     resolved: int = 0
+    payouts: list[PayoutCheck] | None = None  # with --payouts
 
     def statement(self, currency: str) -> Statement:
         return self.statements.setdefault(currency, Statement())
@@ -212,6 +240,7 @@ class Run:
             "statements": {currency: statement.as_json() for currency, statement in sorted(self.statements.items())},
             "breaks": [_shown(b) for b in self.breaks],
             "pending": [{**p._asdict(), "occurred_at": _iso(p.occurred_at)} for p in self.pending],
+            "payouts": None if self.payouts is None else [check._asdict() for check in self.payouts],
         }
 
 
@@ -318,11 +347,12 @@ RESOLVE = """
     UPDATE audit_breaks SET status = 'resolved', resolved_run = %(run)s, resolved_at = now()
     WHERE source = %(source)s AND account = %(account)s AND status <> 'resolved' AND last_run <> %(run)s
       AND occurred_at >= %(since)s AND occurred_at < %(until)s
+      AND (%(payouts)s OR coalesce(provider_key, '') !~ '(^|/)payout/')  -- a run without --payouts read none
 """
 
 
 def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until: datetime, grace: timedelta,
-          now: datetime | None = None, fixes: "Fixes | None" = None) -> Run:
+          now: datetime | None = None, fixes: "Fixes | None" = None, payouts: bool = False) -> Run:
     """Read the provider's records of [since, until), match them with the ledger object by object, and record the
     run and its breaks (never a money table). A read that fails midway ends the run incomplete, with its reason."""
     now = now or datetime.now(UTC)
@@ -340,6 +370,8 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
         for page in records.pages(int((since - LOOKBACK).timestamp()), int(until.timestamp())):
             for record in page:
                 _take(run, seen, unknown, record, record.created >= start)
+        if payouts:
+            _check_payouts(run, records, start, int(until.timestamp()))
     except ProviderError as exc:
         run.verdict, run.reason = Verdict.INCOMPLETE, f"the provider's records could not be read whole: {exc}"
         _finish(pool, run)
@@ -363,6 +395,30 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
         run.verdict = Verdict.RECONCILED_WITH_PENDING if run.pending else Verdict.RECONCILED
     _finish(pool, run, whole=True)
     return run
+
+
+def _check_payouts(run: Run, records: MoneyRecords, since: int, until: int) -> None:
+    """Each paid payout of the window against the net sum of the transactions it paid out (its own aside): a payout
+    that differs is an amount_mismatch break keyed payout/<id>."""
+    run.payouts = []
+    for payout in records.payouts(since, until):
+        if not payout.automatic:
+            run.payouts.append(PayoutCheck(payout.id, payout.amount, payout.currency, 0, 0, False))
+            continue
+        count = net = 0
+        for page in records.paid_out(payout.id):
+            for record in page:
+                if record.type != "payout":
+                    count, net = count + 1, net + record.amount - record.fee
+        run.payouts.append(PayoutCheck(payout.id, payout.amount, payout.currency, count, net, True))
+        if net != payout.amount:
+            key = f"{run.account}/payout/{payout.id}" if run.account else f"payout/{payout.id}"
+            klass = BreakClass.AMOUNT_MISMATCH
+            run.breaks.append(Break(break_id(klass, run.source, run.account, key), klass, key, None, payout.amount,
+                                    net, payout.currency, payout.currency, None, None, _at(payout.created),
+                                    f"payout {payout.id} paid {payout.amount} {payout.currency}, its {count} "
+                                    f"transactions add up to {net}", f"none: read {payout.id} in the provider's "
+                                    "dashboard (its payout reconciliation report)"))
 
 
 def _take(run: Run, seen: dict[tuple[Kind, str], Seen], unknown: list[Record], record: Record,
@@ -593,7 +649,8 @@ def _finish(pool: Pool, run: Run, whole: bool = False) -> None:
             }).fetchone()[0]  # type: ignore[index]
             run.new += status == "new"
         if whole:
-            run.resolved = conn.execute(RESOLVE, {**params, "since": run.since, "until": run.until}).rowcount
+            run.resolved = conn.execute(RESOLVE, {**params, "since": run.since, "until": run.until,
+                                                  "payouts": run.payouts is not None}).rowcount
         conn.execute(FINISH_RUN, {"id": run.run_id, "verdict": str(run.verdict), "reason": run.reason,
                                   "listed": run.listed, "pending": len(run.pending), "breaks": len(run.breaks),
                                   "statements": statements})

@@ -67,7 +67,7 @@ def init_app(app: Flask) -> None:
 @click.option("--all-accounts", is_flag=True, help="Audit, in turn, each connected account the platform lists.")
 @click.option("--grace", type=Duration(), default=f"{int(audit.DEFAULT_GRACE.total_seconds() // 60)}m",
               show_default=True, help="Items younger than this are pending, not breaks.")
-@click.option("--payouts", is_flag=True, help="Each paid payout against its transactions (not built yet).")
+@click.option("--payouts", is_flag=True, help="Also each paid payout of the window against its transactions.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the run (header, statements, breaks, pending) to FILE.")
 @with_appcontext
@@ -79,8 +79,6 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     from ..commands.stripe_list import StripeAccounts  # stripe-python is imported by these commands alone
     from ..providers.stripe_audit import StripeBalance
 
-    if payouts:
-        raise click.UsageError("--payouts is not built yet: each payout against its transactions is not audited")
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)
     if source is None:
@@ -105,7 +103,8 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
 
     def one(of: str | None) -> audit.Run:
         records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
-        return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now)
+        return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now,
+                           payouts=payouts)
 
     with unavailable_in_one_line():
         if all_accounts:
@@ -142,6 +141,12 @@ def summary_lines(run: audit.Run) -> list[str]:
                              for category, cents in sorted(statement.non_user.items()))
         lines.append(f"    not a user's money: fees {-statement.fees}" + (f", {non_user}" if non_user else "")
                      + (f", unknown types {statement.unknown}" if statement.unknown else ""))
+    if run.payouts is not None:
+        checked = [check for check in run.payouts if check.checked]
+        lines.append(f"  payouts: {len(checked)} checked against their transactions, "
+                     f"{sum(check.net == check.amount for check in checked)} add up"
+                     + (f", {len(run.payouts) - len(checked)} manual (no transactions to check)"
+                        if len(checked) < len(run.payouts) else ""))
     if run.breaks:
         counts = Counter(str(found.klass) for found in run.breaks)
         lines.append("  breaks by class: " + ", ".join(f"{klass} {count}" for klass, count in sorted(counts.items())))

@@ -19,12 +19,11 @@ What Stripe documents and this follows:
 from collections.abc import Iterator
 from typing import Any
 
-from ..commands.audit import Kind, ProviderRecord, Record
+from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
 from ..commands.stripe_list import NAME, PAGE_LIMIT, StripeAPI, _cursor
 
-# Stripe keeps a merchant's balance history for as long as the account exists: no horizon to refuse a window by.
-HORIZON_DAYS = None
+BALANCE = "/v1/balance_transactions"
 # Types whose source is a Charge: the payment's captured money (https://docs.stripe.com/reports/balance-transaction-types).
 CHARGE_TYPES = ("charge", "payment")
 REFUND_TYPES = ("refund", "payment_refund")
@@ -68,18 +67,40 @@ class StripeBalance(StripeAPI):
         """
         params: dict[str, Any] = {"created": {"gte": since, "lt": until}, "limit": PAGE_LIMIT,
                                   "expand": ["data.source"]}
+        for data in self._pages(BALANCE, "balance transactions", params):
+            yield [self.record(document) for document in data]
+
+    def payouts(self, since: int, until: int) -> Iterator[PayoutRecord]:
+        """The paid payouts created in [since, until) (https://docs.stripe.com/api/payouts/list)."""
+        params: dict[str, Any] = {"created": {"gte": since, "lt": until}, "status": "paid", "limit": PAGE_LIMIT}
+        for data in self._pages("/v1/payouts", "payouts", params):
+            for document in data:
+                if not isinstance(document, dict):
+                    raise ProviderError(f"{NAME} listed a payout that is not an object")
+                yield PayoutRecord(_text(document.get("id")) or "?", _int(document.get("amount")),
+                                   _text(document.get("currency")) or "?", document.get("automatic") is True,
+                                   _int(document.get("created")))
+
+    def paid_out(self, payout: str) -> Iterator[list[Record]]:
+        """The transactions a payout paid out, its own among them (https://docs.stripe.com/payouts/reconciliation)."""
+        params: dict[str, Any] = {"payout": payout, "limit": PAGE_LIMIT}
+        for data in self._pages(BALANCE, "balance transactions", params):
+            yield [self.record(document) for document in data]
+
+    def _pages(self, path: str, what: str, params: dict[str, Any]) -> Iterator[list[Any]]:
+        """A list's pages, newest first, by starting_after."""
         cursors: set[str] = set()
         while True:
-            data, has_more = self._page(params)
-            yield [self.record(document) for document in data]
+            data, has_more = self._page(path, what, params)
+            yield data
             if not has_more:
                 return
-            params = {**params, "starting_after": _cursor(data[-1], cursors, "a balance transaction")}
+            params = {**params, "starting_after": _cursor(data[-1], cursors, f"one of the {what}")}
 
-    def _page(self, params: dict[str, Any]) -> tuple[list[Any], bool]:
+    def _page(self, path: str, what: str, params: dict[str, Any]) -> tuple[list[Any], bool]:
         """One request: one page, in the account's context. Every call to Stripe the audit makes is this one, so
         that a shared request budget can be drawn from here."""
-        return self._list_page("/v1/balance_transactions", "balance transactions", {**params, **self._context})
+        return self._list_page(path, what, {**params, **self._context})
 
     def record(self, document: Any) -> Record:
         """A balance transaction as the ledger's keys see it."""

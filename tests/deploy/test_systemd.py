@@ -87,7 +87,8 @@ def units(installed_venv, tmp_path):
 
 def test_the_units_verify_clean(units):
     done = subprocess.run(["systemd-analyze", "verify", SERVICE, SOCKET, f"./{RECONCILE_DEFAULT}",
-                           f"./{TIMER_DEFAULT}", f"./{AUDIT_DEFAULT}", f"./{AUDIT_TIMER_DEFAULT}"], cwd=units, capture_output=True, text=True, timeout=60)
+                           f"./{TIMER_DEFAULT}", f"./{AUDIT_DEFAULT}", f"./{AUDIT_TIMER_DEFAULT}"], cwd=units,
+                          capture_output=True, text=True, timeout=60)
     # verify exits 0 on an option it cannot parse ("ignoring"): any output is a finding.
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
