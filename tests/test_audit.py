@@ -335,3 +335,19 @@ def test_payouts_are_checked_against_the_transactions_they_paid_out(app, db, sta
     _, without, _ = audit(app, tmp_path)
     assert without["payouts"] is None and without["breaks"] == []
     assert db.execute("SELECT provider_key, status FROM audit_breaks").fetchall() == [("payout/po_test1", "new")]
+
+
+def test_a_refund_the_ledger_gave_back_but_stripe_kept_is_a_state_mismatch_fixed_by_an_adjustment(
+        app, db, stand_in, tmp_path):
+    now = int(time.time())
+    seed = seeded(now, payments=3, refunds=1, failed=1, disputes=0, non_user=0, per_class=0)
+    seed.transactions = [txn for txn in seed.transactions if txn["type"] != "refund_failure"]  # Stripe: succeeded
+    fill(app, stand_in, seed)
+    code, document, output = audit(app, tmp_path)
+    assert code == 1 and found(document) == {"state_mismatch": {"re_plat00000"}}, output
+    fix = document["breaks"][0]["fix"]
+    assert fix.startswith(f"flask ledger adjust {ALICE} -") and "audit brk_" in fix
+    run_fix(app, fix)
+    code, document, output = audit(app, tmp_path)
+    assert (code, document["breaks"]) == (0, []), output
+    assert_ledger_consistent(db)

@@ -672,9 +672,9 @@ class Fixes:
     def suggest(self, klass: BreakClass, item: Seen, ledger: Ledger | None, ledger_signed: int) -> str:
         if klass == BreakClass.MISSING_IN_LEDGER:
             return self._missing(item)
-        if klass == BreakClass.STATE_MISMATCH:
-            return self.reconcile(item.latest)
         assert ledger is not None
+        if klass == BreakClass.STATE_MISMATCH and item.reversed:
+            return self.reconcile(item.latest)  # its failure or reinstatement was lost: its event applies it
         if klass == BreakClass.USER_MISMATCH:
             tag = self.tag(klass, item.key, f"credited to {ledger.user}, the provider names {item.user}")
             return (f"flask ledger adjust {ledger.user} {-ledger.amount} --reason {tag} && "
