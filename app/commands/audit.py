@@ -374,6 +374,7 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
             _check_payouts(run, records, start, int(until.timestamp()))
     except ProviderError as exc:
         run.verdict, run.reason = Verdict.INCOMPLETE, f"the provider's records could not be read whole: {exc}"
+        run.breaks = []  # a partial read records no break and resolves none
         _finish(pool, run)
         return run
     with transaction(pool) as conn:
