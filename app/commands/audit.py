@@ -92,6 +92,7 @@ class Record(NamedTuple):
     type: str
     money: ProviderRecord | str | None = None  # a user's money; a str: why it cannot be read (stops the object)
     unknown: str | None = None  # a type the adapter does not know
+    pending: bool = False  # the provider has not settled it yet (a Razorpay payment captured, not settled)
 
 
 class PayoutRecord(NamedTuple):
@@ -146,6 +147,7 @@ class Seen:
     created: int  # its earliest record in the window (0: only before it)
     latest: int  # its latest record
     gross: dict[str, int]  # its records' gross amounts, by their currency
+    pending: bool = False  # not settled yet at the provider: pending whatever its age
 
     @property
     def signed(self) -> int:
@@ -449,6 +451,7 @@ def _take(run: Run, seen: dict[tuple[Kind, str], Seen], unknown: list[Record], r
     if money.kind == Kind.PAYMENT:
         found.amount += money.amount  # one charge per payment; a second one is money too
     found.reversed = found.reversed or money.reversal
+    found.pending = found.pending or record.pending
     found.latest = max(found.latest, record.created)
     found.gross[record.currency] = found.gross.get(record.currency, 0) + record.amount  # all of it: see Statement
     if in_window:
@@ -521,6 +524,10 @@ def _judge(run: Run, item: Seen, ledger: Ledger | None, ignored: bool, uncovered
     """One object the provider has: matched, pending, ignored, or its breaks."""
     provider_signed = item.signed
     pending = _at(item.latest) > young
+    if item.pending:  # captured, not settled yet: whatever the ledger says, the provider has not settled it
+        _finding(run, item, ledger, BreakClass.MISSING_AT_PROVIDER, True, fixes,
+                 "captured at the provider, not settled yet", ledger_currency)
+        return
     if ledger is None:
         if ignored:  # the source's policy ignores its payment (no user): explained, not a break
             _set_aside(run, item)

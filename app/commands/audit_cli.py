@@ -77,15 +77,18 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     """Audit SOURCE's ledger against the provider's money records (Stripe's balance transactions). Exit 0:
     reconciled (pending or not), 1: breaks, 2: incomplete."""
     from ..commands.stripe_list import StripeAccounts  # stripe-python is imported by these commands alone
+    from ..providers.razorpay_audit import RazorpaySettlements
     from ..providers.stripe_audit import StripeBalance
 
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)
     if source is None:
         raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
-    if source.scheme != stripe.SCHEME:
-        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe source's "
-                               "money can be audited yet")
+    if source.scheme not in (stripe.SCHEME, "razorpay"):
+        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe or razorpay "
+                               "source's money can be audited yet")
+    if source.scheme != stripe.SCHEME and (account is not None or all_accounts or payouts):
+        raise click.UsageError("--account, --all-accounts and --payouts are Stripe's")
     if account is not None and all_accounts:
         raise click.UsageError("--account and --all-accounts: give one or the other")
     if account is not None and not stripe.is_account(account):
@@ -93,7 +96,8 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
                                "and digits)")
     key_setting, api_key = api_key_setting(source.name), source.api_key
     if api_key is None:
-        raise ConfigError(f"{key_setting} is not set: the audit needs a Stripe restricted key that may read Balance")
+        raise ConfigError(f"{key_setting} is not set: the audit needs the provider's API key (Stripe: a restricted "
+                          "key that may read Balance)")
     now = datetime.now(UTC)  # not rounded: a ledger item made this second is in the window
     until = min(until or now, now)
     since = since or until - audit.DEFAULT_WINDOW
@@ -102,7 +106,11 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     metadata_key = source.users.metadata_key
 
     def one(of: str | None) -> audit.Run:
-        records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
+        records: audit.MoneyRecords
+        if source.scheme == stripe.SCHEME:
+            records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
+        else:
+            records = RazorpaySettlements(api_key, source.api_base, key_setting)
         return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now,
                            payouts=payouts)
 
@@ -127,7 +135,8 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
 def summary_lines(run: audit.Run) -> list[str]:
     """A run as `flask audit` prints it."""
     whose = f" (connected account {run.account})" if run.account else ""
-    lines = [f"audit {run.source}{whose} against {run.provider}'s balance transactions, run {run.run_id}: created "
+    records = "balance transactions" if run.provider == "Stripe" else "settlements"
+    lines = [f"audit {run.source}{whose} against {run.provider}'s {records}, run {run.run_id}: created "
              f"{utc(run.since)} to {utc(run.until)}, grace {run.grace}: {run.verdict.upper()}"
              + (f": {run.reason}" if run.reason else "")]
     objects = ", ".join(f"{count} {kind}s" for kind, count in run.objects.items())
