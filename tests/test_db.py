@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
 from app.receiver import release
+from app.store import schema
 from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.store.deadline import MARGIN_MS
 from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer, other_currency
@@ -34,6 +35,7 @@ from .helpers import (
     BOB,
     OPENING,
     balance,
+    before_012,
     db_url,
     event_rows,
     payment,
@@ -71,7 +73,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users", "audit_runs", "audit_breaks"}
+                      "ledger_currency", "payment_users", "ledger_journal_keyed", "audit_runs", "audit_breaks"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -148,7 +150,7 @@ def _differences(conn, fresh):
 def _drop_schema(db):
     """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
     db.execute("DROP TYPE ledger_delivery CASCADE")  # first: the rule's steps that take it, and a table's type
-    db.execute("DROP VIEW payment_accounts, webhook_events_json")
+    db.execute("DROP VIEW payment_accounts, webhook_events_json, ledger_journal_keyed")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
                                   " ('apply_event', 'adjust', 'spend', 'event_json')"
@@ -347,6 +349,29 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     assert _recorded(db) == _release(("901_note.sql", True))
 
 
+def test_a_migration_postgresql_refuses_stops_init_db_in_one_line_naming_it_and_changes_nothing(make_app, config, db,
+                                                                                                 tmp_path):
+    later = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION),
+                             ("902_broken.sql", "DROP TYPE no_such_type CASCADE;\n"))
+    before = _catalog(db)
+    result = make_app({**config, "SCHEMA_PATH": str(later)}).test_cli_runner().invoke(args=["init-db"])
+    assert (result.exit_code, type(result.exception)) == (1, SystemExit)  # a ClickException's exit, not a traceback
+    assert result.output == ('Error: 902_broken.sql failed, nothing was changed: 42704: type "no_such_type" does not'
+                             ' exist\n')
+    assert _catalog(db) == before and _recorded(db) == _release()
+
+
+def test_a_database_that_ran_005s_text_before_if_exists_is_at_this_release(app, db):
+    """005's text before `DROP TYPE IF EXISTS` (unreleased; schema.SUPERSEDED) did the same wherever it ran."""
+    previous, = schema.SUPERSEDED["005_connect_accounts.sql"]
+    db.execute("UPDATE schema_migrations SET sha256 = %s WHERE name = '005_connect_accounts.sql'", [previous])
+    assert apply_schema(db) == (False, [])
+    assert schema.why_not_at_release(db, DEFAULT_SCHEMA_PATH) is None
+    db.execute("UPDATE schema_migrations SET sha256 = sha256('another') WHERE name = '005_connect_accounts.sql'")
+    with pytest.raises(SchemaError, match="migrations changed since they were applied: 005_connect_accounts.sql"):
+        apply_schema(db)
+
+
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
     db.execute("INSERT INTO schema_migrations (name, sha256, ran) VALUES ('999_later.sql', sha256(''), true)")
     result = app.test_cli_runner().invoke(args=["init-db"])
@@ -386,6 +411,7 @@ def _as_006_made_it(db):
 
 def _as_1_0_made_it(db):
     """db as release 1.0.0 made it: neither migration since (no ledger_currency, no journal xid) nor their records."""
+    before_012(db)
     _as_006_made_it(db)
     db.execute("DROP TABLE ledger_currency")
     db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
@@ -436,6 +462,17 @@ def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
     assert apply_schema(db) == (False, [])
     assert db.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'payments_payment_id_check'"
                       ).fetchone() == (True,)
+
+
+def test_a_database_before_012_migrated_has_the_fresh_schema_and_its_journal_rows_as_they_were(app, db):
+    fresh = _catalog(db)
+    send(app.test_client(), payment("evt_before_012", cents=300))
+    rows = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    before_012(db)
+    assert apply_schema(db) == (False, ["012_journal_payment_moves.sql"])
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []
+    assert db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall() == rows  # no payment moved: none added
 
 
 def test_init_db_records_the_ledger_currency(app, db):

@@ -114,7 +114,7 @@ def move_to_account(source: str, payment_id: str, account: str, actor: str | Non
     # No statement timeout: whether a stored event names the payment is read from every stored event's bytes.
     with transaction(get_pool(current_app), statement_timeout=0) as conn:
         try:
-            moved = ledger.move_payment_to_account(conn, source, payment_id, account)
+            moved = ledger.move_payment_to_account(conn, source, payment_id, account, actor)
         except ledger.MoveRefusedError as exc:
             raise click.ClickException(f"{exc}: nothing moved") from None
         elsewhere = _keyed_elsewhere(conn, source, payment_id, account)
@@ -126,7 +126,7 @@ def move_to_account(source: str, payment_id: str, account: str, actor: str | Non
         waiting, _ = waiting_for(conn, source, moved.payment_id)
     log.info("payment %s of source %s moved into account %s by %s", payment_id, source, account, actor)
     rows = f"{moved.movements} movement{'s' * (moved.movements != 1)} and {moved.journal_rows} journal " \
-           f"row{'s' * (moved.journal_rows != 1)}"
+           f"row{'s' * (moved.journal_rows != 1)} read under it"
     click.echo(f"moved payment {payment_id} of source {source} into account {account}: {moved.payment_id}, "
                f"with {rows} (by {actor})")
     replay_waiting(source, waiting)
