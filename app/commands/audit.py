@@ -30,6 +30,8 @@ LOOKBACK = timedelta(days=3)
 BATCH = 1000
 # missing_in_ledger breaks whose stored failed event is looked for (to suggest replaying it): a scan each.
 EVENT_LOOKUPS = 50
+# The key of a provider record that names no id (PayPal's disputes), before it is matched by amount.
+AMOUNT_ONLY = "amount-only:"
 # The prefix of an adjustment's reason that corrects a break: `flask ledger adjust ... --reason "audit brk_...: ..."`.
 TAG = "audit "
 
@@ -380,14 +382,15 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
         _finish(pool, run)
         return run
     with transaction(pool) as conn:
-        _match(conn, run, seen, fixes, now, start)
+        _match(conn, run, seen, fixes, now, start, records)
     for record in unknown:
         run.breaks.append(Break(break_id(BreakClass.UNKNOWN_PROVIDER_TYPE, source, account, record.txn),
                                 BreakClass.UNKNOWN_PROVIDER_TYPE, record.txn, None, record.amount, None,
                                 record.currency, None, None, None, _at(record.created),
                                 record.unknown or "?", fixes.unknown(record)))
     _residuals(run)
-    money_breaks = any(b.klass != BreakClass.UNKNOWN_PROVIDER_TYPE for b in run.breaks)
+    # A record the adapter cannot read makes the run incomplete; one matched by amount only is flagged, not broken.
+    money_breaks = any(b.klass in PRIORITY for b in run.breaks)
     if unknown:
         run.verdict = Verdict.INCOMPLETE
         run.reason = (f"{len(unknown)} record(s) the {records.name} adapter cannot read (an unknown type, or a "
@@ -442,6 +445,8 @@ def _take(run: Run, seen: dict[tuple[Kind, str], Seen], unknown: list[Record], r
             statement.non_user_count[record.category] = statement.non_user_count.get(record.category, 0) + 1
         return
     money = record.money
+    if not money.key:  # no id at the provider (PayPal's disputes): matched by amount, one object per record
+        money = money._replace(key=f"{AMOUNT_ONLY}{record.txn}")
     found = seen.get((money.kind, money.key))
     if found is None:
         found = seen[money.kind, money.key] = Seen(money.kind, money.key, money.payment, 0, money.currency,
@@ -459,14 +464,15 @@ def _take(run: Run, seen: dict[tuple[Kind, str], Seen], unknown: list[Record], r
 
 
 def _match(conn: psycopg.Connection[Any], run: Run, seen: dict[tuple[Kind, str], Seen], fixes: "Fixes",
-           now: datetime, start: int) -> None:
+           now: datetime, start: int, records_delay: object = None) -> None:
     """Each object the provider has in the window against the ledger's, then each the ledger made in the window
     that the provider has no record of."""
     source, account = run.source, run.account
     ledger_currency = (conn.execute(CURRENCY).fetchone() or ("?",))[0]
     corrections, moved = _corrections(conn, source)
     fixes.bind(conn, ledger_currency)
-    young = now - run.grace  # an item made after this is pending
+    # An item made after this is pending: the grace, or the provider's own delay in listing if longer (PayPal's).
+    young = now - max(run.grace, getattr(records_delay, "delay", timedelta(0)))
     audited = [item for item in seen.values() if item.created]
     for kind in Kind:
         items = [item for item in audited if item.kind == kind]
@@ -477,6 +483,9 @@ def _match(conn: psycopg.Connection[Any], run: Run, seen: dict[tuple[Kind, str],
             ignored = _ignored(conn, source, [item.payment for item in batch])
             uncovered = _uncovered(conn, source, [item.payment for item in batch]) if kind == Kind.REFUND else {}
             for item in batch:
+                if item.key.startswith(AMOUNT_ONLY):
+                    _by_amount(conn, run, seen, item, fixes, young, ledger_currency)
+                    continue
                 _judge(run, item, ledger.get(item.key), item.payment in ignored, uncovered, corrections, moved,
                        fixes, young, ledger_currency)
     params = {"source": source, "account": account or PLATFORM, "since": run.since, "until": run.until}
@@ -486,6 +495,29 @@ def _match(conn: psycopg.Connection[Any], run: Run, seen: dict[tuple[Kind, str],
     for row in conn.execute(LEDGER_MOVEMENTS_MADE, params):
         _ledger_only(run, seen, Kind(row[0]), Ledger(row[1], row[6], row[3], row[7], row[4] == "reversed", row[5]),
                      corrections, fixes, young)
+
+
+DISPUTES_OF = """
+    SELECT m.movement_id, m.amount_cents, m.state, m.created_at, p.user_id::text, p.currency
+    FROM movements m JOIN payments p USING (source, payment_id)
+    WHERE m.source = %(source)s AND m.kind = 'dispute' AND m.payment_id = %(payment)s ORDER BY m.created_at
+"""
+
+
+def _by_amount(conn: psycopg.Connection[Any], run: Run, seen: dict[tuple[Kind, str], Seen], item: Seen,
+               fixes: "Fixes", young: datetime, ledger_currency: str) -> None:
+    """A provider dispute record with no id: the ledger's dispute of the same payment and amount, flagged
+    matched_by_amount_only (never missing); none of that amount: missing_in_ledger."""
+    for key, cents, state, created_at, user, currency in conn.execute(
+            DISPUTES_OF, {"source": run.source, "payment": item.payment}):
+        if cents == item.amount and (Kind.DISPUTE, key) not in seen:
+            ledger = Ledger(key, user, cents, currency, state == "reversed", created_at)
+            seen[Kind.DISPUTE, key] = item  # the ledger's dispute is the provider's: not missing at the provider
+            _finding(run, item, ledger, BreakClass.MATCHED_BY_AMOUNT_ONLY, False, fixes,
+                     f"the provider's dispute money of payment {item.payment} ({item.amount} {item.currency}) names "
+                     f"no dispute: matched to the ledger's {key} by amount", ledger_currency)
+            return
+    _judge(run, item, None, False, {}, {}, {}, fixes, young, ledger_currency)
 
 
 def _ledger(conn: psycopg.Connection[Any], source: str, kind: Kind, keys: list[str]) -> dict[str, Ledger]:
@@ -681,6 +713,8 @@ class Fixes:
         if klass == BreakClass.MISSING_IN_LEDGER:
             return self._missing(item)
         assert ledger is not None
+        if klass == BreakClass.MATCHED_BY_AMOUNT_ONLY:
+            return f"none: check {ledger.key} against the provider's dispute of {item.payment} in its dashboard"
         if klass == BreakClass.STATE_MISMATCH and item.reversed:
             return self.reconcile(item.latest)  # its failure or reinstatement was lost: its event applies it
         if klass == BreakClass.USER_MISMATCH:

@@ -55,6 +55,10 @@ class Duration(click.ParamType):
         return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
 
 
+# The schemes whose money an audit can read, and what it reads of each.
+ADAPTERS = {stripe.SCHEME: "balance transactions", "razorpay": "settlements", "paypal": "transactions"}
+
+
 def init_app(app: Flask) -> None:
     app.cli.add_command(audit_group)
 
@@ -77,6 +81,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     """Audit SOURCE's ledger against the provider's money records (Stripe's balance transactions). Exit 0:
     reconciled (pending or not), 1: breaks, 2: incomplete."""
     from ..commands.stripe_list import StripeAccounts  # stripe-python is imported by these commands alone
+    from ..providers.paypal_audit import PayPalTransactions
     from ..providers.razorpay_audit import RazorpaySettlements
     from ..providers.stripe_audit import StripeBalance
 
@@ -84,9 +89,9 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     source = settings.sources.get(source_name)
     if source is None:
         raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
-    if source.scheme not in (stripe.SCHEME, "razorpay"):
-        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe or razorpay "
-                               "source's money can be audited yet")
+    if source.scheme not in ADAPTERS:
+        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe, razorpay or "
+                               "paypal source's money can be audited")
     if source.scheme != stripe.SCHEME and (account is not None or all_accounts or payouts):
         raise click.UsageError("--account, --all-accounts and --payouts are Stripe's")
     if account is not None and all_accounts:
@@ -109,8 +114,10 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
         records: audit.MoneyRecords
         if source.scheme == stripe.SCHEME:
             records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
-        else:
+        elif source.scheme == "razorpay":
             records = RazorpaySettlements(api_key, source.api_base, key_setting)
+        else:
+            records = PayPalTransactions(api_key, source.api_base, key_setting)
         return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now,
                            payouts=payouts)
 
@@ -135,7 +142,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
 def summary_lines(run: audit.Run) -> list[str]:
     """A run as `flask audit` prints it."""
     whose = f" (connected account {run.account})" if run.account else ""
-    records = "balance transactions" if run.provider == "Stripe" else "settlements"
+    records = {"Stripe": "balance transactions", "Razorpay": "settlements"}.get(run.provider, "transactions")
     lines = [f"audit {run.source}{whose} against {run.provider}'s {records}, run {run.run_id}: created "
              f"{utc(run.since)} to {utc(run.until)}, grace {run.grace}: {run.verdict.upper()}"
              + (f": {run.reason}" if run.reason else "")]
