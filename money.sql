@@ -183,16 +183,13 @@ BEGIN
     ELSIF problem IS NULL AND d.kind = 'link' THEN
         m := link_session(d);
         v_moved := true;
-    ELSIF problem IS NULL AND d.state = 'reversed' THEN
-        BEGIN  -- a subtransaction: a balance that cannot hold the reversal undoes the movement's change too
+    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
+        BEGIN  -- a subtransaction: a balance that cannot hold the debit or the reversal undoes the movement's change
             m := move_payment(d);
             v_moved := true;
         EXCEPTION WHEN numeric_value_out_of_range THEN
             problem := SQLERRM;
         END;
-    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
-        m := move_payment(d);
-        v_moved := true;
     END IF;
     IF NOT v_moved THEN
         outcome := complete_event(r.row_id, r.is_new, problem, false, false, NULL);
@@ -509,12 +506,16 @@ BEGIN
                    WHEN d.kind = 'dispute' THEN 'dispute_reinstated'
                    WHEN d.state = 'reversed' THEN 'refund_reversed'
                    ELSE 'refund' END;
-    IF v_due < p.debited_cents THEN  -- a reversal adds to the balance: raised, and apply_event undoes the movement
-        IF (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
-           > 9223372036854775807 - (p.debited_cents - v_due) THEN
-            RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
-                change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
-        END IF;
+    -- A balance that cannot hold the change is raised, and apply_event undoes the movement: a reversal adds to
+    -- the balance, a debit takes from it.
+    IF v_due < p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+       > 9223372036854775807 - (p.debited_cents - v_due) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
+            change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
+    ELSIF v_due > p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+          < -9223372036854775808 + (v_due - p.debited_cents) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % below -9223372036854775808 cents',
+            change, v_due - p.debited_cents, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
     END IF;
     UPDATE payments SET debited_cents = v_due, updated_at = now() WHERE source = d.source AND payment_id = d.payment;
     UPDATE user_balances SET balance_cents = balance_cents - (v_due - p.debited_cents), updated_at = now()

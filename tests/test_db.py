@@ -455,6 +455,21 @@ def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_char
     assert verified.exit_code == 0, verified.output
 
 
+def test_ledger_verify_on_a_database_not_yet_upgraded_says_to_run_init_db_in_one_line(app, db):
+    """Issue 44: it said `ledger INCONSISTENT` for what init-db changes; it refuses as other commands do (exit 1)."""
+    client, runner = app.test_client(), app.test_cli_runner()
+    assert send(client, payment("evt_before", cents=300)).json["status"] == "processed"
+    _as_1_0_made_it(db)
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 1
+    assert verified.output.count("\n") == 1 and "INCONSISTENT" not in verified.output
+    assert verified.output.startswith("Error: the ledger cannot be checked: migrations of this release not applied: ")
+    assert verified.output.endswith(": run `flask init-db`\n")
+    assert runner.invoke(args=["init-db"]).exit_code == 0
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
+
+
 def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
     """As when init-db stopped between its commit and the validation (the constraint enforced on new rows only)."""
     db.execute("ALTER TABLE payments DROP CONSTRAINT payments_payment_id_check,"

@@ -6,12 +6,15 @@ devservers/stripe_stand_in.py). Events built and signed by stripe-python; real P
 
 import hashlib
 import json
+import logging
+import socket
 import uuid
 
 import psycopg
 import pytest
 import stripe as stripe_sdk
 
+from app.commands import base
 from app.intake import events
 from app.providers import stripe
 from app.settings.config import Settings
@@ -517,6 +520,34 @@ def test_a_payment_the_upgrade_left_bare_is_moved_into_its_account_and_its_waiti
     for evt in (succeeded, withdrawn):
         assert deliver(client, evt).json["status"] == "duplicate"
     assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400  # (_consistent reads credits of stored events)
+
+
+def test_move_to_account_writes_who_moved_it_to_the_system_log_not_into_its_output(app, db, run, capfd, monkeypatch,
+                                                                                  tmp_path):
+    """Issue 44: its output is for the person who ran it (it says who moved it); the audit line goes to the system log
+    (journald's socket on a systemd host), one JSON line tagged webhook-ledger, and into neither stdout nor stderr."""
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    system_log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    system_log.bind(str(tmp_path / "log"))
+    system_log.settimeout(10)
+    monkeypatch.setattr(base, "SYSTEM_LOG", str(tmp_path / "log"))
+    audit = logging.getLogger(base.AUDIT)
+    capfd.readouterr()
+    try:
+        moved = run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops")
+        assert (moved.exit_code, moved.output) == (0, f"moved payment {pi} of source default into account {ACCOUNT}: "
+                                                      f"{ACCOUNT}/{pi}, with 1 movement and 2 journal rows read under "
+                                                      "it (by ops)\n")
+        assert capfd.readouterr() == ("", "")
+        tag, line = system_log.recv(65536).decode().rstrip("\x00").split(": ", 1)  # the NUL SysLogHandler ends with
+    finally:
+        for handler in audit.handlers:
+            handler.close()
+        audit.handlers.clear()
+        audit.propagate = True
+        system_log.close()
+    assert tag == "<14>webhook-ledger"  # facility user (1) * 8 + severity info (6), RFC 3164
+    assert json.loads(line)["message"] == f"payment {pi} of source default moved into account {ACCOUNT} by ops"
 
 
 def test_moving_a_payment_appends_one_journal_row_the_feed_gives_once_and_changes_none(app, db, run):

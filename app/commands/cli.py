@@ -28,7 +28,7 @@ from ..settings.sources import api_key_setting
 from ..store import ledger, retention, verify
 from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from ..store.outcome import Outcome
-from ..store.schema import SchemaError, one_line, other_currency, recorded_currency, set_currency
+from ..store.schema import SchemaError, one_line, other_currency, recorded_currency, set_currency, why_not_at_release
 from . import reconcile, replay
 from .base import CENTS, Commands, needs, os_user, progress, table, utc
 
@@ -391,6 +391,11 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
 def verify_ledger() -> None:
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     pool = get_pool(current_app)
+    # The checks are this release's: a database at another would fail them for what init-db changes, not for money.
+    with pool.connection() as conn:
+        reason = why_not_at_release(conn, Settings.of(current_app).schema_path)
+    if reason is not None:
+        raise click.ClickException(f"the ledger cannot be checked: {reason}")
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
         report = verify.check(conn, Settings.of(current_app).policy, advance)
