@@ -73,7 +73,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users", "ledger_journal_keyed"}
+                      "ledger_currency", "payment_users", "ledger_journal_keyed", "audit_runs", "audit_breaks"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -423,7 +423,8 @@ def _as_1_0_made_it(db):
                " ADD PRIMARY KEY (source)")
     db.execute("ALTER TABLE reconcile_runs DROP COLUMN account")
     db.execute("CREATE INDEX reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at)")
-    db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
+    db.execute("DROP TABLE audit_breaks, audit_runs")  # 010: flask audit's runs and breaks
+    db.execute("DELETE FROM schema_migrations WHERE name ~ '^[0-9]{3}_'")
 
 
 def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_characters(app, db):

@@ -254,6 +254,59 @@ class ReconcileCollector(Collector):
         return [last, max_age, recovered, runs]
 
 
+# `flask audit` runs outside gunicorn too: its open breaks and last complete run, read from PostgreSQL at each scrape.
+AUDIT_OPEN_BREAKS = "SELECT source, class, count(*) FROM audit_breaks WHERE status <> 'resolved' GROUP BY 1, 2"
+# A priority break (money known in the wrong place) seen again by a second run: alerted on.
+AUDIT_PERSISTING = """
+    SELECT source, count(*) FROM audit_breaks WHERE status <> 'resolved' AND priority AND runs_seen >= 2 GROUP BY 1
+"""
+# A complete run read its window whole (whatever it found); an incomplete one did not.
+AUDIT_LAST_COMPLETE = """
+    SELECT source, extract(epoch FROM max(finished_at)) FROM audit_runs
+    WHERE verdict IN ('reconciled', 'reconciled_with_pending', 'breaks') GROUP BY source
+"""
+# audit_breaks.class (app/commands/audit.py's BreakClass): each reported from 0.
+BREAK_CLASSES = ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
+                 "state_mismatch", "user_mismatch", "matched_by_amount_only", "unknown_provider_type")
+
+
+class AuditCollector(Collector):
+    """Per source: the audit's open breaks by class, its priority breaks that persist, its last complete run."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily]":
+        open_breaks = GaugeMetricFamily("webhook_ledger_audit_open_breaks",
+                                        "Breaks flask audit found and no later run resolved, by class",
+                                        labels=["source", "class"])
+        persisting = GaugeMetricFamily("webhook_ledger_audit_priority_breaks_persisting",
+                                       "Open priority breaks (money in the wrong place) found by two runs or more",
+                                       labels=["source"])
+        last = GaugeMetricFamily("webhook_ledger_audit_last_complete_timestamp_seconds",
+                                 "When the last flask audit of the source that read its window whole ended (0: never)",
+                                 labels=["source"])
+        pool = get_pool(self.app)
+        try:
+            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
+                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
+                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+                counts = conn.execute(AUDIT_OPEN_BREAKS).fetchall()
+                persist = dict(conn.execute(AUDIT_PERSISTING).fetchall())
+                lasts = dict(conn.execute(AUDIT_LAST_COMPLETE).fetchall())
+        except psycopg.Error:
+            return [open_breaks, persisting, last]  # PostgreSQL unavailable: left out, the rest still answers
+        keyed = {source.event_source for source in Settings.of(self.app).sources.values() if source.api_key}
+        sources = keyed | {source for source, _, _ in counts} | set(lasts)
+        found = {(source, klass): count for source, klass, count in counts}
+        for source in sorted(sources):
+            for klass in BREAK_CLASSES:
+                open_breaks.add_metric([source, klass], found.get((source, klass), 0))
+            persisting.add_metric([source], persist.get(source, 0))
+            last.add_metric([source], float(lasts.get(source) or 0))
+        return [open_breaks, persisting, last]
+
+
 _made = threading.Lock()
 
 
@@ -261,6 +314,8 @@ def init_app(app: Flask) -> None:
     app.extensions["metrics_registry"] = registry = CollectorRegistry()
     app.extensions["metrics_reconcile"] = collector = ReconcileCollector(app)
     registry.register(collector)
+    app.extensions["metrics_audit"] = audited = AuditCollector(app)
+    registry.register(audited)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
@@ -297,6 +352,7 @@ def scrape() -> Response:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
+        registry.register(current_app.extensions["metrics_audit"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
