@@ -709,8 +709,9 @@ $$;
 -- request id), journaled as a 'spend' of -p_cents. Call it with named
 -- arguments, alone or inside the application's own transaction:
 --   SELECT * FROM spend(p_user => $1, p_cents => $2, p_reference => $3)
--- A balance may not go below zero unless p_allow_negative (then it may,
--- within BIGINT's range). A second call with the same reference, user and
+-- The available balance (the balance less the user's active holds) may
+-- not go below zero unless p_allow_negative (then the balance may, within
+-- BIGINT's range). A second call with the same reference, user and
 -- amount changes nothing and returns the first call's row, outcome
 -- 'duplicate'; with another user or amount it is refused (23505). A refused
 -- call records nothing: its reference may be tried again. Returns the
@@ -723,6 +724,7 @@ CREATE OR REPLACE FUNCTION spend(p_user uuid, p_cents bigint, p_reference text, 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_first ledger_journal%ROWTYPE;
+    v_held numeric;
 BEGIN
     IF p_cents IS NULL OR p_cents <= 0 THEN
         RAISE EXCEPTION 'a spend of % cents: the amount must be positive', coalesce(p_cents::text, 'NULL')
@@ -735,6 +737,9 @@ BEGIN
     SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    ELSIF EXISTS (SELECT 1 FROM holds h WHERE h.reference = p_reference) THEN
+        RAISE EXCEPTION 'reference % is a hold''s: capture_hold spends it', p_reference
+            USING ERRCODE = 'unique_violation';
     END IF;
     SELECT * INTO v_first FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference;
     IF FOUND THEN
@@ -747,9 +752,15 @@ BEGIN
         spent_at := v_first.created_at;
         RETURN;
     END IF;
-    IF balance_cents < p_cents AND NOT coalesce(p_allow_negative, false) THEN
-        RAISE EXCEPTION 'the balance of user % is % cents: spending % would take it below zero',
-                        p_user, balance_cents, p_cents USING ERRCODE = 'check_violation';
+    -- What the user's active holds reserve is not spendable (available_balance).
+    v_held := held_cents(p_user);
+    IF balance_cents - v_held < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        IF v_held = 0 THEN
+            RAISE EXCEPTION 'the balance of user % is % cents: spending % would take it below zero',
+                            p_user, balance_cents, p_cents USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'the available balance of user % is % cents (% cents held): spending % would take it '
+                        'below zero', p_user, balance_cents - v_held, v_held, p_cents USING ERRCODE = 'check_violation';
     ELSIF balance_cents < -9223372036854775808 + p_cents THEN
         RAISE EXCEPTION 'spending % cents would overflow the balance of user % (% cents)',
                         p_cents, p_user, balance_cents USING ERRCODE = 'numeric_value_out_of_range';
@@ -808,5 +819,315 @@ BEGIN
         v_to := pg_current_snapshot();
         v_after := 0;
     END LOOP;
+END
+$$;
+
+-- Holds: the application reserves up to p_cents of a user's credit before
+-- work whose cost it knows only after (docs/operations.md, "Holding credit
+-- before work"). A hold is 'held' until captured (one spend of what the
+-- work cost, up to the hold, the rest freed), released (nothing taken), or
+-- past its expires_at: then it no longer counts, whoever reads it, with no
+-- sweeper (release_hold closes it, `flask users tidy-holds` all of them).
+-- Holds only bound what the application itself takes (spend, place_hold):
+-- refunds and disputes never read them, and may take a balance below what
+-- is held. Each is idempotent by the application's reference, which is
+-- also the reference of the spend a capture writes, and refuses by raising,
+-- nothing changed (the SQLSTATEs of spend, and 55000
+-- object_not_in_prerequisite_state: a hold captured, released or expired
+-- asked to do what its state no longer allows).
+--
+-- Locks, in the order every function of the application takes them: the
+-- user's row (FOR UPDATE, as spend and every event's balance change: it
+-- serialises every change of one balance and every hold of one user), then
+-- the hold's row. An event's movement locks its payment's row, then the
+-- user's, and never a hold's: no cycle. A hold's user never changes, so it
+-- is read before the lock without one.
+
+-- What p_user's active holds reserve now: held, and not expired.
+CREATE OR REPLACE FUNCTION held_cents(p_user uuid) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(h.amount_cents), 0) FROM holds h
+    WHERE h.user_id = p_user AND h.state = 'held' AND h.expires_at > now()
+$$;
+
+-- Each user's balance, what its active holds reserve, and what is left to
+-- spend or hold (available_cents, below zero when a refund or a dispute
+-- took credit that was held).
+CREATE OR REPLACE VIEW user_available AS
+SELECT u.user_id, u.balance_cents, h.held::bigint AS held_cents, (u.balance_cents - h.held)::bigint AS available_cents
+FROM user_balances u
+CROSS JOIN LATERAL (  -- held_cents's query, inline: a view reads its tables with its owner's rights, not its functions
+    SELECT coalesce(sum(h.amount_cents), 0) AS held FROM holds h
+    WHERE h.user_id = u.user_id AND h.state = 'held' AND h.expires_at > now()
+) h;
+
+-- One user's row of user_available (P0002 for an unknown user).
+CREATE OR REPLACE FUNCTION available_balance(p_user uuid, OUT balance_cents bigint, OUT held_cents bigint,
+                                             OUT available_cents bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT a.balance_cents, a.held_cents, a.available_cents INTO balance_cents, held_cents, available_cents
+    FROM user_available a WHERE a.user_id = p_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$$;
+
+-- Hold p_cents (> 0) of p_user's credit until p_expires_at (in the future),
+-- once per p_reference (1-128 characters, the application's key; not a
+-- spend's). Refused (23514) when the available balance is short, unless
+-- p_allow_negative. Again with the same reference, user, amount and expiry:
+-- outcome 'duplicate', whatever the hold's state now; with others, 23505.
+-- Returns the outcome ('held' or 'duplicate'), the hold's expiry and the
+-- user's available balance as the call leaves it.
+CREATE OR REPLACE FUNCTION place_hold(p_user uuid, p_cents bigint, p_reference text, p_expires_at timestamptz,
+                                      p_allow_negative boolean DEFAULT FALSE,
+                                      OUT outcome text, OUT expires_at timestamptz, OUT available_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_balance bigint;
+    v_first holds%ROWTYPE;
+    v_held numeric;
+BEGIN
+    IF p_cents IS NULL OR p_cents <= 0 THEN
+        RAISE EXCEPTION 'a hold of % cents: the amount must be positive', coalesce(p_cents::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF coalesce(char_length(p_reference), 0) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'a hold''s reference must be 1 to 128 characters' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_expires_at IS NULL OR p_expires_at <= now() THEN
+        RAISE EXCEPTION 'a hold must expire after now, not at %', coalesce(p_expires_at::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT u.balance_cents INTO v_balance FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+    v_held := held_cents(p_user);
+    SELECT * INTO v_first FROM holds h WHERE h.reference = p_reference;
+    IF FOUND THEN
+        IF (v_first.user_id, v_first.amount_cents, v_first.expires_at) <> (p_user, p_cents, p_expires_at) THEN
+            RAISE EXCEPTION 'reference % was held with another user, amount or expiry', p_reference
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        outcome := 'duplicate';
+        expires_at := v_first.expires_at;
+        available_cents := v_balance - v_held;
+        RETURN;
+    ELSIF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference) THEN
+        RAISE EXCEPTION 'reference % was spent: a hold''s reference is the spend its capture writes', p_reference
+            USING ERRCODE = 'unique_violation';
+    ELSIF v_balance - v_held < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        RAISE EXCEPTION 'the available balance of user % is % cents (% cents held): holding % would take it '
+                        'below zero', p_user, v_balance - v_held, v_held, p_cents USING ERRCODE = 'check_violation';
+    ELSIF v_balance - v_held - p_cents < -9223372036854775808 THEN
+        RAISE EXCEPTION 'holding % cents would take the available balance of user % past BIGINT''s range',
+                        p_cents, p_user USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    -- A hold of the same reference for another user, placed now, makes this
+    -- insert wait for it, then fail on the key: 23505 as well.
+    INSERT INTO holds (reference, user_id, amount_cents, expires_at)
+    VALUES (p_reference, p_user, p_cents, p_expires_at);
+    outcome := 'held';
+    expires_at := p_expires_at;
+    available_cents := v_balance - v_held - p_cents;
+END
+$$;
+
+-- The hold p_reference, its user's row locked, then its own (P0002 when no
+-- hold has that reference).
+CREATE OR REPLACE FUNCTION lock_hold(p_reference text) RETURNS holds
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+BEGIN
+    SELECT * INTO v_hold FROM holds h WHERE h.reference = p_reference;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no hold %', coalesce(p_reference, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM FROM user_balances u WHERE u.user_id = v_hold.user_id FOR UPDATE;
+    SELECT * INTO v_hold FROM holds h WHERE h.reference = p_reference FOR UPDATE;
+    RETURN v_hold;
+END
+$$;
+
+-- Capture p_cents (1 up to the hold's amount) of hold p_reference: one
+-- spend of p_cents, journaled with the hold's reference, the rest freed.
+-- The balance may not go below zero unless p_allow_negative (the hold's
+-- own credit counts; a refund or dispute since may have taken it). Again
+-- with the same amount: outcome 'duplicate' and the first capture's row;
+-- with another, 23505. A released or expired hold: 55000. Returns the
+-- outcome ('captured' or 'duplicate'), the spend's journal row and when it
+-- was made, and the user's balance as the call leaves it.
+CREATE OR REPLACE FUNCTION capture_hold(p_reference text, p_cents bigint, p_allow_negative boolean DEFAULT FALSE,
+                                        OUT outcome text, OUT journal_id bigint, OUT captured_at timestamptz,
+                                        OUT balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+BEGIN
+    IF p_cents IS NULL OR p_cents <= 0 THEN
+        RAISE EXCEPTION 'a capture of % cents: the amount must be positive (release_hold takes nothing)',
+                        coalesce(p_cents::text, 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_hold := lock_hold(p_reference);
+    SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = v_hold.user_id;
+    IF v_hold.state = 'captured' THEN
+        IF v_hold.captured_cents <> p_cents THEN
+            RAISE EXCEPTION 'hold % was captured for % cents, not %', p_reference, v_hold.captured_cents, p_cents
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        outcome := 'duplicate';
+        journal_id := v_hold.journal_id;
+        captured_at := v_hold.closed_at;
+        RETURN;
+    ELSIF v_hold.state = 'released' THEN
+        RAISE EXCEPTION 'hold % was released' , p_reference USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF v_hold.expires_at <= now() THEN
+        RAISE EXCEPTION 'hold % expired at %', p_reference, v_hold.expires_at
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF p_cents > v_hold.amount_cents THEN
+        RAISE EXCEPTION 'a capture of % cents is more than hold %''s % cents', p_cents, p_reference,
+                        v_hold.amount_cents USING ERRCODE = 'invalid_parameter_value';
+    ELSIF balance_cents < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        RAISE EXCEPTION 'the balance of user % is % cents: capturing % would take it below zero',
+                        v_hold.user_id, balance_cents, p_cents USING ERRCODE = 'check_violation';
+    ELSIF balance_cents < -9223372036854775808 + p_cents THEN
+        RAISE EXCEPTION 'capturing % cents would overflow the balance of user % (% cents)',
+                        p_cents, v_hold.user_id, balance_cents USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances u SET balance_cents = u.balance_cents - p_cents, updated_at = now()
+    WHERE u.user_id = v_hold.user_id RETURNING u.balance_cents INTO balance_cents;
+    INSERT INTO ledger_journal (kind, user_id, amount_cents, reference)
+    VALUES ('spend', v_hold.user_id, -p_cents, p_reference)
+    RETURNING id, created_at INTO journal_id, captured_at;
+    UPDATE holds h SET state = 'captured', captured_cents = p_cents, journal_id = capture_hold.journal_id,
+                       closed_at = captured_at
+    WHERE h.reference = p_reference;
+    outcome := 'captured';
+END
+$$;
+
+-- Release hold p_reference: it reserves nothing from now on, and takes
+-- nothing. Held (expired or not): outcome 'released'; released before:
+-- 'duplicate'; captured: 55000. Returns the outcome and the user's
+-- available balance as the call leaves it.
+CREATE OR REPLACE FUNCTION release_hold(p_reference text, OUT outcome text, OUT available_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+    v_balance bigint;
+BEGIN
+    v_hold := lock_hold(p_reference);
+    SELECT u.balance_cents INTO v_balance FROM user_balances u WHERE u.user_id = v_hold.user_id;
+    IF v_hold.state = 'captured' THEN
+        RAISE EXCEPTION 'hold % was captured (journal row %)', p_reference, v_hold.journal_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF v_hold.state = 'released' THEN
+        outcome := 'duplicate';
+    ELSE
+        UPDATE holds h SET state = 'released', closed_at = now() WHERE h.reference = p_reference;
+        outcome := 'released';
+    END IF;
+    available_cents := v_balance - held_cents(v_hold.user_id);
+END
+$$;
+
+-- Release every hold that expired before p_before (`flask users
+-- tidy-holds`): tidying only, since an expired hold counts for nothing
+-- already. Locks each hold's row only (SKIP LOCKED: one being captured or
+-- released now is left to that call). Returns how many it released.
+CREATE OR REPLACE FUNCTION release_expired_holds(p_before timestamptz DEFAULT now(), OUT released integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH expired AS (
+        SELECT h.reference FROM holds h
+        WHERE h.state = 'held' AND h.expires_at <= least(p_before, now())
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE holds h SET state = 'released', closed_at = now() FROM expired e WHERE h.reference = e.reference;
+    GET DIAGNOSTICS released = ROW_COUNT;
+END
+$$;
+
+-- Give back the spend p_reference (a spend, or a hold's capture): once,
+-- journaled as a 'give_back' of the spend's amount to its user, naming its
+-- reference. Again: outcome 'duplicate' and the first give-back's row. An
+-- unknown spend: P0002; a balance past BIGINT's range: 22003. Locks the
+-- spend's user's row. Returns the outcome ('given_back' or 'duplicate'),
+-- the give-back's journal row and when it was made, and the user's balance
+-- as the call leaves it (on a duplicate, the balance now).
+CREATE OR REPLACE FUNCTION give_back(p_reference text, OUT outcome text, OUT journal_id bigint,
+                                     OUT given_back_at timestamptz, OUT balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_spend ledger_journal%ROWTYPE;
+    v_first ledger_journal%ROWTYPE;
+BEGIN
+    SELECT * INTO v_spend FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no spend %', coalesce(p_reference, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    -- A second call waits here for the first one's commit, then finds its row.
+    SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = v_spend.user_id FOR UPDATE;
+    SELECT * INTO v_first FROM ledger_journal j WHERE j.kind = 'give_back' AND j.reference = p_reference;
+    IF FOUND THEN
+        outcome := 'duplicate';
+        journal_id := v_first.id;
+        given_back_at := v_first.created_at;
+        RETURN;
+    ELSIF balance_cents > 9223372036854775807 + v_spend.amount_cents THEN
+        RAISE EXCEPTION 'giving back % cents would overflow the balance of user % (% cents)',
+                        -v_spend.amount_cents, v_spend.user_id, balance_cents
+            USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances u SET balance_cents = u.balance_cents - v_spend.amount_cents, updated_at = now()
+    WHERE u.user_id = v_spend.user_id RETURNING u.balance_cents INTO balance_cents;
+    INSERT INTO ledger_journal (kind, user_id, amount_cents, reference)
+    VALUES ('give_back', v_spend.user_id, -v_spend.amount_cents, p_reference)
+    RETURNING id, created_at INTO journal_id, given_back_at;
+    outcome := 'given_back';
+END
+$$;
+
+-- The application's role, webhook_ledger_app (NOLOGIN: a DBA grants it to
+-- the application's login role, docs/operations.md, "The application's
+-- role"). It may execute the application's functions below and read
+-- user_balances, ledger_journal, holds and user_available, nothing else:
+-- no table grants it a write. Each of these functions runs as its owner
+-- (SECURITY DEFINER) with search_path fixed to the ledger's schema then
+-- pg_temp, so that no object the caller creates is found in its place; the
+-- right to execute it is taken from PUBLIC (every role has it by default)
+-- and given to the role alone. A role is the cluster's, not a database's:
+-- one that exists is used as it is. An owner without CREATEROLE cannot
+-- create it: the notice says so, and the next init-db after a DBA's CREATE
+-- ROLE webhook_ledger_app NOLOGIN grants it.
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+        BEGIN
+            CREATE ROLE webhook_ledger_app NOLOGIN;
+        EXCEPTION WHEN insufficient_privilege OR duplicate_object OR unique_violation THEN
+            RAISE NOTICE 'role webhook_ledger_app not created (%): the application''s functions stay the owner''s', SQLERRM;
+        END;
+    END IF;
+    FOR v_function IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = current_schema()::regnamespace
+            AND p.proname IN ('add_user', 'link_customer', 'spend', 'journal_changes', 'available_balance',
+                              'place_hold', 'capture_hold', 'release_hold', 'give_back')
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', v_function, current_schema());
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_function);
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO webhook_ledger_app', v_function);
+        END IF;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO webhook_ledger_app', current_schema());
+        GRANT SELECT ON user_balances, ledger_journal, holds, user_available TO webhook_ledger_app;
+    END IF;
 END
 $$;

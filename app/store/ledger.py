@@ -67,7 +67,8 @@ class Entry(StrEnum):
     """A journal row that no event wrote (ledger_journal.kind): money.sql's adjust and spend write them."""
 
     ADJUSTMENT = "adjustment"  # an operator's correction, either sign, with its reason and who made it
-    SPEND = "spend"  # the application spent the user's credit, once per reference it gave
+    SPEND = "spend"  # the application spent the user's credit (or captured a hold), once per reference it gave
+    GIVE_BACK = "give_back"  # the application gave a spend back, once, naming the spend's reference
 
 
 class SpendOutcome(StrEnum):
@@ -75,6 +76,30 @@ class SpendOutcome(StrEnum):
 
     SPENT = "spent"  # this call spent the credit
     DUPLICATE = "duplicate"  # a call with the same reference, user and amount spent it before: nothing changed
+
+
+class HoldOutcome(StrEnum):
+    """What a call of money.sql's place_hold, capture_hold or release_hold came to; a refusal raises instead."""
+
+    HELD = "held"  # place_hold reserved the credit
+    CAPTURED = "captured"  # capture_hold spent what the work cost, the rest freed
+    RELEASED = "released"  # release_hold freed it all
+    DUPLICATE = "duplicate"  # the same call was made before: nothing changed
+
+
+class HoldState(StrEnum):
+    """A hold's state (holds.state); a 'held' hold past its expiry counts for nothing all the same."""
+
+    HELD = "held"
+    CAPTURED = "captured"
+    RELEASED = "released"
+
+
+class GiveBackOutcome(StrEnum):
+    """What a call of money.sql's give_back came to; a refusal raises instead."""
+
+    GIVEN_BACK = "given_back"  # this call gave the spend back
+    DUPLICATE = "duplicate"  # it was given back before: nothing changed
 
 
 class Result(NamedTuple):
