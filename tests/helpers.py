@@ -331,7 +331,7 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     for key, (user, cents) in credits.items():
         expected[user] = expected.get(user, 0) + cents - expected_debits(cents, moves.get(key, []))
     for user, cents in conn.execute("SELECT user_id, sum(amount_cents) FROM ledger_journal"
-                                    " WHERE kind IN ('adjustment', 'spend') GROUP BY user_id").fetchall():
+                                    " WHERE kind IN ('adjustment', 'spend', 'give_back') GROUP BY user_id").fetchall():
         expected[user] = expected.get(user, 0) + cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user
