@@ -13,6 +13,7 @@ from ..intake.events import Kind
 from ..providers import stripe
 from ..settings.config import Needs
 from ..store import ledger
+from ..store.ledger import Entry
 from ..store.db import NamedRow, get_pool, transaction
 from .base import CENTS, Commands, os_user, table, unapplied, utc
 
@@ -36,6 +37,13 @@ LINKS_OF = """
     SELECT source, customer_id, linked_by, created_at FROM customer_links WHERE user_id = %s ORDER BY created_at
 """
 LINK = "SELECT user_id, linked_by, created_at FROM customer_links WHERE source = %s AND customer_id = %s"
+AVAILABLE = "SELECT held_cents, available_cents FROM user_available WHERE user_id = %s"
+# The holds that count now (held, not expired): what the available balance is less than the balance.
+HOLDS_OF = """
+    SELECT reference, amount_cents, expires_at FROM holds
+    WHERE user_id = %s AND state = 'held' AND expires_at > now() ORDER BY expires_at, reference
+"""
+TIDY_HOLDS = "SELECT released FROM release_expired_holds()"
 def init_app(app: Flask) -> None:
     app.cli.add_command(users)
 
@@ -66,11 +74,18 @@ def show_user(user_id: uuid.UUID) -> None:
         user: NamedRow | None = cursor.execute(USER, [user_id]).fetchone()
         journal: list[NamedRow] = cursor.execute(JOURNAL, [user_id]).fetchall()
         links: list[NamedRow] = cursor.execute(LINKS_OF, [user_id]).fetchall()
+        available: NamedRow | None = cursor.execute(AVAILABLE, [user_id]).fetchone()
+        holds: list[NamedRow] = cursor.execute(HOLDS_OF, [user_id]).fetchall()
     if user is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
     changed = sum(row.amount_cents for row in journal)
     click.echo(f"user:       {user.user_id}")
     click.echo(f"balance:    {user.balance_cents} cents")
+    if available is not None:
+        click.echo(f"available:  {available.available_cents} cents ({available.held_cents} held by "
+                   f"{len(holds)} holds)")
+    for hold in holds:
+        click.echo(f"hold:       {hold.reference}, {hold.amount_cents} cents until {utc(hold.expires_at)}")
     click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
     click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
     for link in links:
@@ -102,7 +117,7 @@ def _made_by(row: NamedRow) -> str:
     if row.event_id is not None:
         return f"event {row.event_id} ({row.event_type or 'purged'})"
     if row.reference is not None:
-        return f"spend {row.reference}"
+        return f"{'give back' if row.kind == Entry.GIVE_BACK else 'spend'} {row.reference}"
     return f"{row.actor}: {row.reason}"
 
 
@@ -158,3 +173,11 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     for event_id, status in waiting:
         replay = event_id if source == "default" else f"{event_id} --source {source}"
         click.echo(f"  event {event_id} is {status} for want of it: flask events replay {replay}")
+
+
+@users.command("tidy-holds", needs=Needs.DATABASE)
+def tidy_holds() -> None:
+    """Release every hold past its expiry: tidying only, since an expired hold counts for nothing already."""
+    with transaction(get_pool(current_app)) as conn:
+        row = conn.execute(TIDY_HOLDS).fetchone()
+    click.echo(f"released {row[0] if row else 0} expired holds")
