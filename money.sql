@@ -1126,8 +1126,12 @@ BEGIN
         END IF;
     END LOOP;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
-        EXECUTE format('GRANT USAGE ON SCHEMA %I TO webhook_ledger_app', current_schema());
         GRANT SELECT ON user_balances, ledger_journal, holds, user_available TO webhook_ledger_app;
+        BEGIN  -- the schema's owner grants it; public's usage is every role's already
+            EXECUTE format('GRANT USAGE ON SCHEMA %I TO webhook_ledger_app', current_schema());
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE NOTICE 'usage of schema % not granted to webhook_ledger_app (%)', current_schema(), SQLERRM;
+        END;
     END IF;
 END
 $$;
