@@ -87,7 +87,9 @@ CROSS JOIN LATERAL (
 --       WEBHOOK_<NAME>_USER_METADATA_KEY and _NO_USER, 'refuse' or
 --       'ignore'), recorded with the event for `flask ledger verify`;
 --   origin: 'delivery' or 'reconcile'; NULL, a replay of the stored bytes,
---       keeps the row's.
+--       keeps the row's;
+--   app_key: a credit's or a link's user named by the application's own key
+--       of it (user_keys) instead of user_id.
 -- A type is not replaced like a function: a change to its attributes is a
 -- DROP TYPE ... CASCADE in a migration, then this file creates it again.
 DO $$
@@ -97,7 +99,7 @@ BEGIN
             source text, event_id text, type text, body bytea, sha256 bytea, effect bytea, problem text,
             kind text, payment text, user_id uuid, amount bigint, currency text, movement text, state text,
             ledger_currency text, test_events boolean, origin text, customer text, user_key text, no_user text,
-            account text);
+            account text, app_key text);
     END IF;
 END
 $$;
@@ -263,6 +265,13 @@ DECLARE
 BEGIN
     ignored := false;
     mismatch := false;
+    IF d.app_key IS NOT NULL THEN
+        v_user := user_of_key(d.app_key);
+        IF v_user IS NULL THEN
+            problem := format('no user has the application''s key %s (add_user_key adds it)', d.app_key);
+            RETURN;
+        END IF;
+    END IF;
     IF v_user IS NULL THEN
         -- The link is read, not locked: links are never changed nor deleted.
         SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
@@ -346,20 +355,25 @@ CREATE OR REPLACE FUNCTION link_session(d ledger_delivery, OUT change text, OUT 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_link customer_links%ROWTYPE;
+    v_user uuid := coalesce(d.user_id, user_of_key(d.app_key));
 BEGIN
     ignored := false;
     mismatch := false;
-    IF link_customer(p_source => d.source, p_customer => d.customer, p_user => d.user_id,
+    IF v_user IS NULL THEN
+        problem := format('no user has the application''s key %s (add_user_key adds it)', d.app_key);
+        RETURN;
+    END IF;
+    IF link_customer(p_source => d.source, p_customer => d.customer, p_user => v_user,
                      p_by => left('event ' || d.event_id, 128)) IS NOT NULL THEN
         RETURN;
     END IF;
     SELECT * INTO v_link FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
     IF NOT FOUND THEN
-        problem := 'unknown user ' || d.user_id;
-    ELSIF v_link.user_id <> d.user_id THEN
+        problem := 'unknown user ' || v_user;
+    ELSIF v_link.user_id <> v_user THEN
         problem := format('customer %s is linked to user %s (by %s, %s); this Session names user %s: '
                           'a link is never changed', d.customer, v_link.user_id, v_link.linked_by,
-                          to_char(v_link.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), d.user_id);
+                          to_char(v_link.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), v_user);
     END IF;
 END
 $$;
@@ -510,6 +524,74 @@ BEGIN
     ON CONFLICT (user_id) DO NOTHING;
     added := FOUND;
     SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances AS u WHERE u.user_id = p_user;
+END
+$$;
+
+-- The application's own keys of its users (user_keys): an integer's digits
+-- or a text key, 1 to 255 characters, one per user, never changed nor
+-- deleted, so that a payment whose metadata names the key credits the user
+-- it named when it was paid. user_of_key: the user of p_key, NULL when
+-- none (user_of, for the application's calls, raises P0002 instead:
+--   SELECT * FROM spend(p_user => user_of('42'), p_cents => 500, p_reference => 'order-1')).
+CREATE OR REPLACE FUNCTION user_of_key(p_key text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT k.user_id FROM user_keys k WHERE k.app_key = p_key
+$$;
+
+CREATE OR REPLACE FUNCTION user_of(p_key text) RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_user uuid := user_of_key(p_key);
+BEGIN
+    IF v_user IS NULL THEN
+        RAISE EXCEPTION 'no user has the key %', coalesce(p_key, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN v_user;
+END
+$$;
+
+-- A user named by the application's key p_key: the user p_user (a new
+-- UUID when NULL, added with p_opening unless it exists) gets the key. Again
+-- with the same key: its user, added false, nothing changed (p_user, when
+-- given, must be that user: else 23505, as for a user that has another key).
+-- A key that cannot be one (22023): empty, or over 255 characters. Returns
+-- the key's user, whether this call added the key, and the user's opening
+-- balance.
+CREATE OR REPLACE FUNCTION add_user_key(p_key text, p_opening bigint DEFAULT 0, p_user uuid DEFAULT NULL,
+                                        OUT user_id uuid, OUT added boolean, OUT opening_balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_made boolean;
+BEGIN
+    IF coalesce(char_length(p_key), 0) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'an application''s key of a user must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    user_id := user_of_key(p_key);
+    added := false;
+    IF user_id IS NULL THEN
+        IF EXISTS (SELECT 1 FROM user_keys k WHERE k.user_id = p_user) THEN
+            RAISE EXCEPTION 'user % has another key: a user has one key, never changed', p_user
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        user_id := coalesce(p_user, gen_random_uuid());
+        v_made := (add_user(p_user => user_id, p_opening => p_opening)).added;
+        -- A call adding the same key now makes this insert wait for it, then
+        -- find the key taken: the user this call made is deleted again.
+        INSERT INTO user_keys (app_key, user_id) VALUES (p_key, add_user_key.user_id)
+        ON CONFLICT (app_key) DO NOTHING;
+        added := FOUND;
+        IF NOT added THEN
+            IF v_made THEN
+                DELETE FROM user_balances u WHERE u.user_id = add_user_key.user_id;
+            END IF;
+            user_id := user_of_key(p_key);
+        END IF;
+    END IF;
+    IF p_user IS NOT NULL AND p_user <> user_id THEN
+        RAISE EXCEPTION 'key % is user %''s, not user %''s', p_key, user_id, p_user USING ERRCODE = 'unique_violation';
+    END IF;
+    SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances u WHERE u.user_id = add_user_key.user_id;
 END
 $$;
 
@@ -1116,8 +1198,8 @@ BEGIN
     FOR v_function IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = current_schema()::regnamespace
-            AND p.proname IN ('add_user', 'link_customer', 'spend', 'journal_changes', 'available_balance',
-                              'place_hold', 'capture_hold', 'release_hold', 'give_back')
+            AND p.proname IN ('add_user', 'add_user_key', 'user_of', 'link_customer', 'spend', 'journal_changes',
+                              'available_balance', 'place_hold', 'capture_hold', 'release_hold', 'give_back')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', v_function, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_function);
@@ -1126,7 +1208,7 @@ BEGIN
         END IF;
     END LOOP;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
-        GRANT SELECT ON user_balances, ledger_journal, holds, user_available TO webhook_ledger_app;
+        GRANT SELECT ON user_balances, user_keys, ledger_journal, holds, user_available TO webhook_ledger_app;
         BEGIN  -- the schema's owner grants it; public's usage is every role's already
             EXECUTE format('GRANT USAGE ON SCHEMA %I TO webhook_ledger_app', current_schema());
         EXCEPTION WHEN insufficient_privilege THEN

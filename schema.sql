@@ -179,6 +179,17 @@ CREATE TABLE IF NOT EXISTS payments (
     PRIMARY KEY (source, payment_id)
 );
 
+-- The application's own key of a user -> the user (money.sql's
+-- add_user_key): an integer's digits or a text key, which the application
+-- passes to user_of() in its calls, and puts in a payment's metadata instead
+-- of the user's UUID. One per user; never changed nor deleted, so that a
+-- credit made through a key is checked against it (`flask ledger verify`).
+CREATE TABLE IF NOT EXISTS user_keys (
+    app_key    TEXT PRIMARY KEY CHECK (char_length(app_key) BETWEEN 1 AND 255),
+    user_id    UUID NOT NULL UNIQUE REFERENCES user_balances (user_id),
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
 -- A provider's customer -> the user its payments credit when their metadata
 -- names none (`flask users link`): Stripe's cus_Y, a connected account's
 -- customer acct_X/cus_Y, or a whole connected account acct_X (read after

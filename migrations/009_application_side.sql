@@ -1,4 +1,10 @@
--- The application's side: holds on a user's credit, and giving a spend back.
+-- The application's side: holds on a user's credit, giving a spend back,
+-- and the application's own keys of its users.
+--
+-- user_keys: the application's own key of a user (an integer's digits, or
+-- its text key), which a payment's metadata may name instead of the user's
+-- UUID; apply_event reads it (ledger_delivery's new attribute app_key:
+-- money.sql creates the type again, and the functions that take it).
 --
 -- holds: one row per hold the application places (money.sql's place_hold,
 -- capture_hold, release_hold), keyed by the application's reference. A
@@ -51,3 +57,10 @@ ALTER TABLE ledger_journal
                END) NOT VALID;
 DROP INDEX ledger_journal_reference_key;
 CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference, kind) WHERE reference IS NOT NULL;
+
+CREATE TABLE user_keys (
+    app_key    TEXT PRIMARY KEY CHECK (char_length(app_key) BETWEEN 1 AND 255),
+    user_id    UUID NOT NULL UNIQUE REFERENCES user_balances (user_id),
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+DROP TYPE IF EXISTS ledger_delivery CASCADE;  -- 005 dropped it already when both run

@@ -37,7 +37,8 @@ def delivery(event_id, kind, payment, amount, user=None, movement=None, state=No
             "sha256": hashlib.sha256(body).digest(), "effect": hashlib.sha256(body + kind.encode()).digest(),
             "problem": None, "kind": kind, "payment": payment, "user_id": user, "amount": amount, "currency": "usd",
             "movement": movement, "state": state, "ledger_currency": "usd", "test_events": False,
-            "origin": "delivery", "customer": None, "user_key": "user_id", "no_user": "refuse", "account": None}
+            "origin": "delivery", "customer": None, "user_key": "user_id", "no_user": "refuse", "account": None,
+            "app_key": None}
 
 
 def apply_event(conn, fields):

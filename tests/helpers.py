@@ -4,6 +4,7 @@ delivery (send: in-process or over HTTP, one Answer either way), HTTP to a
 real server, and the ledger checks."""
 
 import base64
+import dataclasses
 import http.client
 import json
 import queue
@@ -300,6 +301,9 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
                                   policy)
         if effect.kind is None:
             continue
+        if effect.app_key is not None:  # the application's key names the user (never changed)
+            (user_id,) = conn.execute("SELECT user_id FROM user_keys WHERE app_key = %s", [effect.app_key]).fetchone()
+            effect = dataclasses.replace(effect, user_id=user_id)
         if effect.kind == events.Kind.LINK:  # no money: the customer is linked to the user its bytes name
             assert conn.execute("SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
                                 [source, effect.customer_id]).fetchone() == (effect.user_id,), event_id

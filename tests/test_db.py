@@ -45,7 +45,7 @@ pytestmark = pytest.mark.core
 
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
 
-TABLES = ("holds", "ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
+TABLES = ("holds", "user_keys", "ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments", "payment_users")
 
 
@@ -71,7 +71,7 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users", "holds", "user_available"}
+                      "ledger_currency", "payment_users", "holds", "user_available", "user_keys"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -381,7 +381,7 @@ def _before_009(db):
     in the journal's CHECKs, a spend's reference unique across the journal, and 009 not recorded."""
     db.execute("DROP VIEW user_available")
     db.execute("DROP FUNCTION lock_hold")
-    db.execute("DROP TABLE holds")
+    db.execute("DROP TABLE holds, user_keys")
     db.execute("""ALTER TABLE ledger_journal DROP CONSTRAINT ledger_journal_kind_check,
         ADD CONSTRAINT ledger_journal_kind_check
             CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0

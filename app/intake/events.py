@@ -12,6 +12,7 @@ from ..core.vocabulary import (
     DEFAULT_POLICY,
     DEFAULT_SOURCE,
     LEDGERS_CURRENCY,
+    MAX_APP_KEY_CHARS,
     MAX_CENTS,
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
@@ -31,6 +32,7 @@ from ..core.vocabulary import (
     StoredBodyError,
     UnprocessableError,
     Users,
+    is_app_key,
     is_cents,
     is_id,
     is_uuid,
@@ -166,19 +168,22 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     payment_id, user_id, amount, currency, livemode, movement_id, state, customer, account = \
         cast(_CheckedFields, fields)
     setting, problem = _refused_by(rule, livemode, currency, policy)
-    users, user = None, cast(object, user_id)
+    users, user, app_key = None, cast(object, user_id), None
     if isinstance(user_id, Metadata):  # which key names the user is a setting: read after the hash
         users = policy.users_of(event.source)
         user = uuid_text(user_id.get(users.metadata_key))
-        if user is not None and not is_uuid(user) and not problem:
+        if user is not None and not is_uuid(user) and is_app_key(user):  # the application's own key of the user
+            user, app_key = None, user
+        elif user is not None and not is_uuid(user) and not problem:
             label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
                 else f"data.object.metadata.{users.metadata_key}"
-            setting, problem = users.setting, f"{label} must be a user's UUID ({users.setting})"
-    if rule.kind == Kind.LINK and user is None and not problem:  # a Session that names no user: nothing to link
+            setting, problem = users.setting, (f"{label} must be a user's UUID or the application's key of one "
+                                               f"(1 to {MAX_APP_KEY_CHARS} characters) ({users.setting})")
+    if rule.kind == Kind.LINK and user is None and app_key is None and not problem:  # no user named: nothing to link
         return Effect(None, sha256=sha256)
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,
                   problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
-                  customer_id=customer, users=users, account=account)
+                  customer_id=customer, users=users, account=account, app_key=app_key)
 
 
 def _sha256(values: list[object]) -> bytes:

@@ -137,7 +137,7 @@ DELIVERY = (("source", "text"), ("event_id", "text"), ("type", "text"), ("body",
             ("effect", "bytea"), ("problem", "text"), ("kind", "text"), ("payment", "text"), ("user_id", "uuid"),
             ("amount", "bigint"), ("currency", "text"), ("movement", "text"), ("state", "text"),
             ("ledger_currency", "text"), ("test_events", "boolean"), ("origin", "text"), ("customer", "text"),
-            ("user_key", "text"), ("no_user", "text"), ("account", "text"))
+            ("user_key", "text"), ("no_user", "text"), ("account", "text"), ("app_key", "text"))
 APPLY_EVENT = ("SELECT * FROM apply_event(ROW("
                + ", ".join(f"%({name})s::{type_}" for name, type_ in DELIVERY) + ")::ledger_delivery)")
 
@@ -178,7 +178,7 @@ def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy:
             "payment": effect.payment_id, "user_id": effect.user_id, "amount": effect.amount_cents,
             "currency": effect.currency, "movement": effect.movement_id, "state": effect.state,
             "ledger_currency": policy.currency, "test_events": policy.accept_test_events, "origin": origin,
-            "customer": effect.customer_id, "account": effect.account,
+            "customer": effect.customer_id, "account": effect.account, "app_key": effect.app_key,
             # The source's way of naming users, recorded with the event (verify reads a credit by it).
             "user_key": users.metadata_key, "no_user": users.no_user}
 

@@ -124,6 +124,7 @@ PAYMENT = """
 LINK = "SELECT user_id, customer_id FROM customer_links WHERE source = %s AND customer_id = %s"
 # A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
 ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
+APP_KEY = "SELECT user_id FROM user_keys WHERE app_key = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 COUNTS = """
     SELECT (SELECT count(*) FROM user_balances), (SELECT count(*) FROM webhook_events),
@@ -254,6 +255,11 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
                                 f"it was decided {decided}")
     elif effect.problem:
         return f"completed event {name}: {effect.problem}"
+    if effect.app_key is not None:  # the application's key names the user (user_keys: never changed)
+        key = cur.execute(APP_KEY, [effect.app_key]).fetchone()
+        if key is None:
+            return f"completed event {name}: no user has the application's key {effect.app_key!r}"
+        effect = replace(effect, user_id=key.user_id)
     if effect.kind is None:  # its bytes say it moves no money
         return f"completed event {name}: journal has a {row.kind}, its bytes move no money" if row.kind else None
     if effect.kind == Kind.LINK:
