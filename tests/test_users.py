@@ -90,3 +90,13 @@ def test_list_shows_every_user_with_balance_and_journal_rows(client, run):
     rows = {line.split()[0]: line.split()[1:4] for line in listed[1:]}
     assert rows == {str(ALICE): [str(OPENING[ALICE] + 10), str(OPENING[ALICE]), "1"],
                     str(BOB): [str(OPENING[BOB]), str(OPENING[BOB]), "0"]}
+
+
+def test_add_gives_the_user_the_applications_key_and_show_finds_it_by_that_key(run, db):
+    added = run("users", "add", str(CAROL), "--key", "4217")
+    assert added.exit_code == 0, added.output
+    assert added.output.splitlines()[0] == f"user {CAROL} has the key 4217"
+    assert run("users", "show", "4217").output.splitlines()[0] == f"user:       {CAROL} (key 4217)"
+    taken = run("users", "add", str(BOB), "--key", "4217")
+    assert taken.exit_code == 1 and f"key 4217 is user {CAROL}'s, not user {BOB}'s: nothing changed" in taken.output
+    assert run("users", "show", "4218").output == "Error: no user has the key 4218 (nor is it a UUID)\n"

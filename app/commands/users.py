@@ -3,8 +3,10 @@
 
 import re
 import uuid
+from typing import Any, cast
 
 import click
+import psycopg
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
@@ -44,6 +46,9 @@ HOLDS_OF = """
     WHERE user_id = %s AND state = 'held' AND expires_at > now() ORDER BY expires_at, reference
 """
 TIDY_HOLDS = "SELECT released FROM release_expired_holds()"
+ADD_KEY = "SELECT added FROM add_user_key(p_key => %s, p_user => %s)"
+KEY_OF = "SELECT app_key FROM user_keys WHERE user_id = %s"
+USER_OF_KEY = "SELECT user_of_key(%s)"
 def init_app(app: Flask) -> None:
     app.cli.add_command(users)
 
@@ -52,10 +57,19 @@ def init_app(app: Flask) -> None:
 @click.argument("user_id", type=click.UUID)
 @click.option("--opening", "cents", type=CENTS, default=0, show_default=True,
               help="The opening balance, in cents: what `ledger verify` counts the journal from.")
-def add_user(user_id: uuid.UUID, cents: int) -> None:
+@click.option("--key", help="The application's own key of the user (an integer, or text), which its calls and "
+                            "its payments' metadata may name instead of USER_ID; never changed.")
+def add_user(user_id: uuid.UUID, cents: int, key: str | None) -> None:
     """Create the user USER_ID (a UUID) with its opening balance; a second call with the same one changes nothing."""
     with transaction(get_pool(current_app)) as conn:
         added, opening = ledger.add_user(conn, user_id, cents)
+        if key is not None:
+            try:
+                keyed = conn.execute(ADD_KEY, [key, user_id]).fetchone()
+            except (psycopg.errors.UniqueViolation, psycopg.errors.InvalidParameterValue) as exc:
+                raise click.ClickException(f"{exc.diag.message_primary}: nothing changed") from None
+            if keyed and keyed[0]:
+                click.echo(f"user {user_id} has the key {key}")
     if added:
         click.echo(f"added user {user_id} with an opening balance of {cents} cents")
     elif opening != cents:
@@ -65,11 +79,25 @@ def add_user(user_id: uuid.UUID, cents: int) -> None:
         click.echo(f"user {user_id} exists already, opening balance {cents} cents: nothing changed")
 
 
+def user_named(conn: psycopg.Connection[Any], name: str) -> uuid.UUID:
+    """The user a command's USER names: its UUID, or the application's key of it (ClickException: neither)."""
+    try:
+        return uuid.UUID(name)
+    except ValueError:
+        row = conn.execute(USER_OF_KEY, [name]).fetchone()
+    if row is None or row[0] is None:
+        raise click.ClickException(f"no user has the key {name} (nor is it a UUID)")
+    return cast(uuid.UUID, row[0])
+
+
 @users.command("show", needs=Needs.DATABASE)
-@click.argument("user_id", type=click.UUID)
-def show_user(user_id: uuid.UUID) -> None:
-    """Show USER_ID's balance, opening balance, links and journal (each balance change and what made it)."""
+@click.argument("name", metavar="USER")
+def show_user(name: str) -> None:
+    """Show USER's balance, available balance, holds, opening balance, links and journal (each balance change and
+    what made it); USER is a UUID or the application's key of the user."""
     with transaction(get_pool(current_app)) as conn:
+        user_id = user_named(conn, name)
+        key = conn.execute(KEY_OF, [user_id]).fetchone()
         cursor = conn.cursor(row_factory=namedtuple_row)
         user: NamedRow | None = cursor.execute(USER, [user_id]).fetchone()
         journal: list[NamedRow] = cursor.execute(JOURNAL, [user_id]).fetchall()
@@ -79,7 +107,7 @@ def show_user(user_id: uuid.UUID) -> None:
     if user is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
     changed = sum(row.amount_cents for row in journal)
-    click.echo(f"user:       {user.user_id}")
+    click.echo(f"user:       {user.user_id}" + (f" (key {key[0]})" if key else ""))
     click.echo(f"balance:    {user.balance_cents} cents")
     if available is not None:
         click.echo(f"available:  {available.available_cents} cents ({available.held_cents} held by "
