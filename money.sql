@@ -1172,6 +1172,54 @@ BEGIN
 END
 $$;
 
+-- Statements: a user's balance at a time, and its movements of a period,
+-- from the journal alone (balance = opening + journal). A journal row's
+-- time is its created_at, its transaction's start; the period [p_from,
+-- p_to) is half open, so consecutive periods share no row, and a
+-- statement's closing balance is the next one's opening. P0002 for an
+-- unknown user; 22023 for a period that ends before it starts.
+
+-- p_user's balance at p_at: its opening balance plus its journal rows
+-- before p_at.
+CREATE OR REPLACE FUNCTION balance_at(p_user uuid, p_at timestamptz, OUT balance_cents bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT u.opening_balance_cents + coalesce((
+        SELECT sum(j.amount_cents) FROM ledger_journal j WHERE j.user_id = p_user AND j.created_at < p_at), 0)
+    INTO balance_cents FROM user_balances u WHERE u.user_id = p_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$$;
+
+-- p_user's journal rows of [p_from, p_to), in the order they changed the
+-- balance (id: each locked the user's row before it took its id), each
+-- with the balance it left; the balance before the first is balance_at(
+-- p_user, p_from), after the last balance_at(p_user, p_to).
+CREATE OR REPLACE FUNCTION statement(p_user uuid, p_from timestamptz, p_to timestamptz)
+RETURNS TABLE (
+    id bigint, created_at timestamptz, kind text, amount_cents bigint, balance_after_cents bigint, source text,
+    event_id text, payment_id text, movement_id text, reference text, reason text, actor text
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_opening bigint := balance_at(p_user, p_from);
+BEGIN
+    IF p_to < p_from THEN
+        RAISE EXCEPTION 'a period from % to % ends before it starts', p_from, p_to
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT j.id, j.created_at, j.kind, j.amount_cents,
+               (v_opening + sum(j.amount_cents) OVER (ORDER BY j.id))::bigint, j.source, j.event_id, j.payment_id,
+               j.movement_id, j.reference, j.reason, j.actor
+        FROM ledger_journal j
+        WHERE j.user_id = p_user AND j.created_at >= p_from AND j.created_at < p_to
+        ORDER BY j.id;
+END
+$$;
+
 -- The application's role, webhook_ledger_app (NOLOGIN: a DBA grants it to
 -- the application's login role, docs/operations.md, "The application's
 -- role"). It may execute the application's functions below and read
@@ -1199,7 +1247,8 @@ BEGIN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.pronamespace = current_schema()::regnamespace
             AND p.proname IN ('add_user', 'add_user_key', 'user_of', 'link_customer', 'spend', 'journal_changes',
-                              'available_balance', 'place_hold', 'capture_hold', 'release_hold', 'give_back')
+                              'available_balance', 'place_hold', 'capture_hold', 'release_hold', 'give_back',
+                              'balance_at', 'statement')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', v_function, current_schema());
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_function);

@@ -1,8 +1,11 @@
 """Users and their links to a provider's customers: `flask users add|show|list|link`
 (docs/operations.md, "Users and links")."""
 
+import csv
 import re
+import sys
 import uuid
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import click
@@ -209,3 +212,51 @@ def tidy_holds() -> None:
     with transaction(get_pool(current_app)) as conn:
         row = conn.execute(TIDY_HOLDS).fetchone()
     click.echo(f"released {row[0] if row else 0} expired holds")
+
+
+STATEMENT = """
+    SELECT s.*, e.event_type FROM statement(p_user => %(user)s, p_from => %(from)s, p_to => %(to)s) s
+    LEFT JOIN webhook_events e USING (source, event_id) ORDER BY s.id
+"""
+BALANCE_AT = "SELECT balance_cents FROM balance_at(p_user => %s, p_at => %s)"
+# A statement's CSV: statement()'s columns, in its order, times in UTC ISO 8601.
+STATEMENT_COLUMNS = ("id", "created_at", "kind", "amount_cents", "balance_after_cents", "source", "event_id",
+                     "payment_id", "movement_id", "reference", "reason", "actor")
+WHEN = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+
+
+@users.command("statement", needs=Needs.DATABASE)
+@click.argument("name", metavar="USER")
+@click.option("--from", "since", type=WHEN, required=True, help="The period's start (UTC), included.")
+@click.option("--to", "until", type=WHEN, help="The period's end (UTC), excluded [default: now].")
+@click.option("--csv", "as_csv", is_flag=True, help="One CSV row per journal row (with a header), for a spreadsheet.")
+def statement(name: str, since: datetime, until: datetime | None, as_csv: bool) -> None:
+    """USER's statement of [--from, --to): its opening and closing balances, and each journal row between, with
+    the balance it left; USER is a UUID or the application's key of the user."""
+    start = since.replace(tzinfo=UTC)
+    end = until.replace(tzinfo=UTC) if until else datetime.now(UTC)
+    if end < start:
+        raise click.BadParameter("the period ends before it starts", param_hint="--to")
+    with transaction(get_pool(current_app), read_only=True) as conn:  # one snapshot: its rows and balances
+        user_id = user_named(conn, name)
+        if conn.execute(USER, [user_id]).fetchone() is None:
+            raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
+        rows: list[NamedRow] = conn.cursor(row_factory=namedtuple_row).execute(
+            STATEMENT, {"user": user_id, "from": start, "to": end}).fetchall()
+        opening, closing = (conn.execute(BALANCE_AT, [user_id, moment]).fetchone()[0]  # type: ignore[index]
+                            for moment in (start, end))
+    if as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(STATEMENT_COLUMNS)
+        for row in rows:
+            writer.writerow([row.created_at.astimezone(UTC).isoformat() if column == "created_at"
+                             else getattr(row, column) for column in STATEMENT_COLUMNS])
+        return
+    click.echo(f"user:       {user_id}")
+    click.echo(f"period:     {utc(start)} to {utc(end)}")
+    click.echo(f"opening:    {opening} cents")
+    click.echo(f"closing:    {closing} cents ({len(rows)} rows, {closing - opening:+} cents)")
+    if rows:
+        table(("WHEN (UTC)", "KIND", "CENTS", "BALANCE", "MOVEMENT", "MADE BY"),
+              [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", r.balance_after_cents, _movement(r), _made_by(r))
+               for r in rows])
