@@ -17,7 +17,7 @@ from app.store.ledger import Entry, HoldOutcome, HoldState
 from devservers import wait_until
 
 from .application import available, call, credit, dispute, hold, refund
-from .helpers import ALICE, BOB, UNKNOWN_USER, assert_ledger_consistent, balance, db_url
+from .helpers import ALICE, BOB, UNKNOWN_USER, assert_ledger_consistent, balance, db_url, samples
 
 pytestmark = pytest.mark.core
 
@@ -372,3 +372,31 @@ def test_a_refused_capture_inside_the_applications_transaction_leaves_the_hold(d
     with psycopg.connect(db_url(db)) as app, contextlib.suppress(psycopg.errors.InvalidParameterValue):
         capture(app, "job-1", 301)
     assert _hold(db, "job-1").state == HoldState.HELD
+
+
+def test_metrics_show_the_active_holds_what_they_reserve_and_the_expired_open_ones(client, db):
+    hold(db, ALICE, 300, "job-1")
+    hold(db, ALICE, 200, "job-2")
+    hold(db, ALICE, 100, "job-3")
+    expire(db, "job-3")
+    capture(db, "job-2", 50)
+    scraped = samples(client.get("/metrics").get_data(as_text=True))
+    assert (scraped[("webhook_ledger_holds_active", ())], scraped[("webhook_ledger_holds_active_cents", ())],
+            scraped[("webhook_ledger_holds_expired_open", ())]) == (1, 300, 1)
+
+
+def test_verify_reports_a_capture_that_is_not_its_holds_spend(db):
+    hold(db, ALICE, 300, "job-1")
+    captured = capture(db, "job-1", 200)
+    db.execute("UPDATE holds SET captured_cents = 250 WHERE reference = 'job-1'")
+    assert f"hold 'job-1' of user {ALICE}: captured 250 cents in journal row {captured.journal_id}, its reference " \
+           f"has spend row {captured.journal_id} of 200 cents from user {ALICE}" in verify.check(db).problems
+
+
+def test_verify_reports_a_spend_of_a_hold_not_captured(db):
+    hold(db, ALICE, 300, "job-1")
+    db.execute("INSERT INTO ledger_journal (kind, user_id, amount_cents, reference) VALUES ('spend', %s, -5, 'job-1')",
+               [ALICE])
+    (spend_id,) = db.execute("SELECT id FROM ledger_journal WHERE reference = 'job-1'").fetchone()
+    assert f"hold 'job-1' of user {ALICE} is held, but its reference has spend row {spend_id} of 5 cents from user " \
+           f"{ALICE}" in verify.check(db).problems
