@@ -3,11 +3,15 @@ may call each of the application's functions and read what it needs, and every d
 ledger is refused, as is a call of a function that writes as its caller (adjust, apply_event); a role not
 granted it may call none of them. Real PostgreSQL."""
 
+import re
+import subprocess
 import uuid
 
 import psycopg
 import pytest
 from psycopg import sql
+
+from devservers import ROOT
 
 from .application import call, delivery, hold
 from .helpers import ALICE, BOB, db_url
@@ -23,13 +27,16 @@ def login(db):
     """connect(granted): a connection as a new login role, granted webhook_ledger_app or not."""
     made = []
 
-    def connect(granted=True):
+    def connect(granted=True, url=False):
         name = f"app_{uuid.uuid4().hex[:12]}"
         db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
         if granted:
             db.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(APP_ROLE), sql.Identifier(name)))
         made.append(name)
-        conn = psycopg.connect(db_url(db).replace(f"//{db.info.user}@", f"//{name}@"), autocommit=True)
+        conninfo = db_url(db).replace(f"//{db.info.user}@", f"//{name}@")
+        if url:
+            return conninfo
+        conn = psycopg.connect(conninfo, autocommit=True)
         assert conn.execute("SELECT current_user").fetchone() == (name,)
         made.append(conn)
         return conn
@@ -129,3 +136,19 @@ def test_the_applications_functions_run_with_a_fixed_search_path(db):
     schema = db.execute("SELECT current_schema()").fetchone()[0]
     assert configs == [("place_hold", True, [f"search_path={schema}, pg_temp"]),
                        ("spend", True, [f"search_path={schema}, pg_temp"])]
+
+
+def test_the_operations_pages_psql_session_runs_as_the_role(login, db):
+    """docs/operations.md's connection of an application in another language: its three calls, as printed, with
+    the test's connection string (the role's, without the password the test cluster does not ask for)."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page[page.index("### The application's role"):]
+    script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    script = re.sub(r'psql "postgresql://[^"]+"', f'psql --no-psqlrc --quiet --tuples-only --no-align "{login(url=True)}"',
+                    script)
+    done = subprocess.run(["bash", "-c", "set -o pipefail; " + script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (user,) = db.execute("SELECT user_id FROM user_keys WHERE app_key = '4217'").fetchone()
+    assert done.stdout.split() == [f"{user}|t", "held|1500", "captured|1680"]
+    assert db.execute("SELECT kind, amount_cents, reference FROM ledger_journal").fetchall() == \
+        [("spend", -320, "job-81")]
