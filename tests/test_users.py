@@ -46,7 +46,7 @@ def test_show_prints_balance_opening_and_each_movement_with_its_event(client, ru
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
     assert lines[1] == f"balance:    {OPENING[BOB] + 400 - 150 + 25} cents"
-    assert lines[2] == f"available:  {OPENING[BOB] + 400 - 150 + 25} cents (0 held by 0 holds)"
+    assert lines[2] == f"available:  {OPENING[BOB] + 400 - 150 + 25} cents (nothing held)"
     assert lines[3].startswith(f"opening:    {OPENING[BOB]} cents")
     assert lines[4] == "journal:    3 rows, +275 cents"
     assert lines[5].split() == ["WHEN", "(UTC)", "KIND", "CENTS", "MOVEMENT", "MADE", "BY"]
@@ -63,7 +63,7 @@ def test_show_prints_the_available_balance_each_active_hold_and_give_backs(run, 
     db.execute("UPDATE holds SET expires_at = now() - interval '1 second' WHERE reference = 'job-3'")  # time passed
     call(db, "give_back", reference="job-2")
     lines = run("users", "show", str(ALICE)).output.splitlines()
-    assert lines[1:3] == ["balance:    1000 cents", "available:  700 cents (300 held by 1 holds)"]
+    assert lines[1:3] == ["balance:    1000 cents", "available:  700 cents (300 cents held by 1 holds)"]
     assert lines[3].startswith("hold:       job-1, 300 cents until ")
     assert lines[-2].split()[2:] == ["spend", "-150", "-", "spend", "job-2"]
     assert lines[-1].split()[2:] == ["give_back", "+150", "-", "give", "back", "job-2"]

@@ -113,8 +113,8 @@ def show_user(name: str) -> None:
     click.echo(f"user:       {user.user_id}" + (f" (key {key[0]})" if key else ""))
     click.echo(f"balance:    {user.balance_cents} cents")
     if available is not None:
-        click.echo(f"available:  {available.available_cents} cents ({available.held_cents} held by "
-                   f"{len(holds)} holds)")
+        held = f"{available.held_cents} cents held by {len(holds)} holds" if holds else "nothing held"
+        click.echo(f"available:  {available.available_cents} cents ({held})")
     for hold in holds:
         click.echo(f"hold:       {hold.reference}, {hold.amount_cents} cents until {utc(hold.expires_at)}")
     click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
