@@ -936,12 +936,16 @@ $$;
 -- spend or hold (available_cents, below zero when a refund or a dispute
 -- took credit that was held).
 CREATE OR REPLACE VIEW user_available AS
-SELECT u.user_id, u.balance_cents, h.held::bigint AS held_cents, (u.balance_cents - h.held)::bigint AS available_cents
-FROM user_balances u
+SELECT
+    u.user_id,
+    u.balance_cents,
+    a.held::bigint AS held_cents,
+    (u.balance_cents - a.held)::bigint AS available_cents
+FROM user_balances AS u
 CROSS JOIN LATERAL (  -- held_cents's query, inline: a view reads its tables with its owner's rights, not its functions
-    SELECT coalesce(sum(h.amount_cents), 0) AS held FROM holds h
+    SELECT coalesce(sum(h.amount_cents), 0) AS held FROM holds AS h
     WHERE h.user_id = u.user_id AND h.state = 'held' AND h.expires_at > now()
-) h;
+) AS a;
 
 -- One user's row of user_available (P0002 for an unknown user).
 CREATE OR REPLACE FUNCTION available_balance(p_user uuid, OUT balance_cents bigint, OUT held_cents bigint,

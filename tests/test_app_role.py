@@ -144,8 +144,8 @@ def test_the_operations_pages_psql_session_runs_as_the_role(login, db):
     page = (ROOT / "docs" / "operations.md").read_text()
     section = page[page.index("### The application's role"):]
     script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    script = re.sub(r'psql "postgresql://[^"]+"', f'psql --no-psqlrc --quiet --tuples-only --no-align "{login(url=True)}"',
-                    script)
+    psql = f'psql --no-psqlrc --quiet --tuples-only --no-align "{login(url=True)}"'
+    script = re.sub(r'psql "postgresql://[^"]+"', psql, script)
     done = subprocess.run(["bash", "-c", "set -o pipefail; " + script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     (user,) = db.execute("SELECT user_id FROM user_keys WHERE app_key = '4217'").fetchone()

@@ -153,9 +153,9 @@ def test_concurrent_random_calls_keep_every_balance_the_models_and_the_ledger_ve
     with ThreadPoolExecutor(CONNECTIONS) as pool:
         list(pool.map(connection, range(CONNECTIONS)))
 
-    print(f"\nseed {SEED}, {CONNECTIONS} x {OPS} calls over {USERS} users:")
+    print(f"\nseed {SEED}, {CONNECTIONS} x {OPS} calls over {USERS} users:")  # noqa: T201 - the run's counts
     for (op, outcome), count in sorted(model.outcomes.items()):
-        print(f"  {op:10} {outcome:32} {count}")
+        print(f"  {op:10} {outcome:32} {count}")  # noqa: T201
 
     # Each payment takes what its applied refunds and withdrawn (not reinstated) disputes say, never more than it.
     expected = {user: openings[user] + model.moved[user] for user in users}

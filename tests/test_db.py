@@ -45,7 +45,8 @@ pytestmark = pytest.mark.core
 
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
 
-TABLES = ("holds", "user_keys", "ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
+TABLES = ("holds", "user_keys", "ledger_journal",
+          "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments", "payment_users")
 
 

@@ -18,8 +18,8 @@ from ..intake.events import Kind
 from ..providers import stripe
 from ..settings.config import Needs
 from ..store import ledger
-from ..store.ledger import Entry
 from ..store.db import NamedRow, get_pool, transaction
+from ..store.ledger import Entry
 from .base import CENTS, Commands, os_user, table, unapplied, utc
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
