@@ -116,6 +116,12 @@ def test_the_commands_csv_is_one_row_per_journal_row_adding_up_to_the_closing_ba
         _at(db, MAR)
 
 
+def test_the_command_names_the_user_by_its_key(run, db, months):
+    call(db, "add_user_key", key="4217", user=ALICE)
+    printed = run("users", "statement", "4217", "--from", "2026-02-01", "--to", "2026-03-01").output.splitlines()
+    assert printed[0] == f"user:       {ALICE} (key 4217)"
+
+
 def test_the_command_refuses_a_backwards_period_and_an_unknown_user(run):
     assert run("users", "statement", str(BOB), "--from", "2026-02-01", "--to", "2026-01-01").exit_code == 2
     assert "no user has the key nobody" in run("users", "statement", "nobody", "--from", "2026-01-01").output

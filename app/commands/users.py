@@ -239,6 +239,7 @@ def statement(name: str, since: datetime, until: datetime | None, as_csv: bool) 
         raise click.BadParameter("the period ends before it starts", param_hint="--to")
     with transaction(get_pool(current_app), read_only=True) as conn:  # one snapshot: its rows and balances
         user_id = user_named(conn, name)
+        key = conn.execute(KEY_OF, [user_id]).fetchone()
         if conn.execute(USER, [user_id]).fetchone() is None:
             raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
         rows: list[NamedRow] = conn.cursor(row_factory=namedtuple_row).execute(
@@ -252,7 +253,7 @@ def statement(name: str, since: datetime, until: datetime | None, as_csv: bool) 
             writer.writerow([row.created_at.astimezone(UTC).isoformat() if column == "created_at"
                              else getattr(row, column) for column in STATEMENT_COLUMNS])
         return
-    click.echo(f"user:       {user_id}")
+    click.echo(f"user:       {user_id}" + (f" (key {key[0]})" if key else ""))
     click.echo(f"period:     {utc(start)} to {utc(end)}")
     click.echo(f"opening:    {opening} cents")
     click.echo(f"closing:    {closing} cents ({len(rows)} rows, {closing - opening:+} cents)")
