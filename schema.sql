@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by (events.EFFECT_VERSION):
     -- `flask init-db` recomputes, from the stored bytes, the effects of rows
     -- stored under another, so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 8,
+    effect_version   SMALLINT DEFAULT 9,
     -- The settings its outcome was decided under (LEDGER_CURRENCY,
     -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
     -- not by today's. No CHECK:

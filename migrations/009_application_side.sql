@@ -1,6 +1,13 @@
 -- The application's side: holds on a user's credit, giving a spend back,
 -- and the application's own keys of its users.
 --
+-- Effect version 9: a payment whose user field (this service's data.userId,
+-- PayPal's custom_id, Razorpay's notes.user_id) is not a UUID was refused,
+-- its effect hashed as a refusal; it now names the user by the
+-- application's key, and applies. `flask init-db` recomputes, after this,
+-- the stored effects of rows of another version, so that the provider's
+-- retry or `flask events replay` applies it.
+--
 -- user_keys: the application's own key of a user (an integer's digits, or
 -- its text key), which a payment's metadata may name instead of the user's
 -- UUID; apply_event reads it (ledger_delivery's new attribute app_key:
@@ -58,6 +65,7 @@ ALTER TABLE ledger_journal
 DROP INDEX ledger_journal_reference_key;
 CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference, kind) WHERE reference IS NOT NULL;
 
+ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 9;
 CREATE TABLE user_keys (
     app_key    TEXT PRIMARY KEY CHECK (char_length(app_key) BETWEEN 1 AND 255),
     user_id    UUID NOT NULL UNIQUE REFERENCES user_balances (user_id),

@@ -400,6 +400,7 @@ def _before_009(db):
     db.execute("DROP INDEX ledger_journal_reference_key")
     db.execute("CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference)"
                " WHERE reference IS NOT NULL")
+    db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 8")
     db.execute("DELETE FROM schema_migrations WHERE name = '009_application_side.sql'")
 
 

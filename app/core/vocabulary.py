@@ -313,9 +313,14 @@ def is_id(value: object, max_chars: int = MAX_ID_CHARS) -> bool:
     return isinstance(value, str) and 1 <= len(value) <= max_chars and storable(value)
 
 
-def is_app_key(value: object) -> TypeGuard[str]:
-    """Whether value can be an application's key of a user: text of 1 to MAX_APP_KEY_CHARS characters."""
-    return is_id(value, MAX_APP_KEY_CHARS)
+def app_key_of(value: object) -> str | None:
+    """The application's key of a user that value names instead of the user's UUID (an integer, or text of 1 to
+    MAX_APP_KEY_CHARS characters), or None: a UUID, or no key."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and is_id(value, MAX_APP_KEY_CHARS) and not is_uuid(uuid_text(value)):
+        return value
+    return None
 
 
 def is_uuid(value: object) -> TypeGuard[str]:
