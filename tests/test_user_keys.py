@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from app.intake import events
+
 from .application import call
-from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, db_url
+from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, db_url, payment, send
 from .stripe_events import checkout_session, intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
@@ -105,3 +107,36 @@ def test_a_subscription_sessions_key_links_its_customer_to_that_user(client, db)
     session = checkout_session(None, mode="subscription", user="acme-9", customer="cus_9")
     assert send_stripe(client, session).json["status"] == "processed"
     assert db.execute("SELECT user_id FROM customer_links WHERE customer_id = 'cus_9'").fetchone() == (user,)
+
+
+def test_this_services_own_payment_names_the_user_by_an_integer_key(client, db):
+    user = add_key(db, "4217").user_id
+    assert send(client, payment("evt_int_key", cents=600, userId=4217)).json["status"] == "processed"  # a JSON number
+    assert balance(db, user) == 600
+    assert_ledger_consistent(db)
+
+
+@pytest.fixture
+def run(app):
+    runner = app.test_cli_runner()
+    return lambda *args: runner.invoke(args=list(args))
+
+
+def test_a_payment_refused_before_keys_for_a_user_not_a_uuid_applies_after_init_db(client, db, run, monkeypatch,
+                                                                                    redis_client):
+    """As the previous release stored it: failed (422: its userId not a UUID), with a refusal's effect, of effect
+    version 8. init-db recomputes that effect from the bytes, so the retry is no 409 payload_mismatch: it credits
+    the key's user once."""
+    paid = payment("evt_before_keys", user="4217", cents=700)
+    with monkeypatch.context() as before:
+        before.setattr(events, "_problem", lambda rule, fields: "data.userId must be a user's UUID")
+        assert send(client, paid).status == 422
+    db.execute("UPDATE webhook_events SET effect_version = 8")
+    user = add_key(db, "4217").user_id
+    redis_client.flushall()
+    recomputed = run("init-db")
+    assert "recomputed the effects of 1 stored events" in recomputed.output, recomputed.output
+    assert send(client, paid).json["status"] == "processed"
+    assert send(client, paid).json["status"] == "duplicate"
+    assert balance(db, user) == 700
+    assert run("ledger", "verify").exit_code == 0
