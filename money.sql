@@ -29,6 +29,39 @@
 -- reference it gives).
 
 DROP VIEW IF EXISTS payment_accounts;
+DROP VIEW IF EXISTS ledger_journal_keyed;
+-- Each journal row under its payment's and movement's keys as they are now:
+-- a row of a key that a later 'payment_moved' row moved (p_payment to
+-- acct_X/p_payment: `flask payments move-to-account`, migration 005) is
+-- read under the key in the account; the row itself keeps the key it was
+-- written with (the journal is append-only, and its feed gives each row
+-- once). `flask ledger verify` reads the journal through it.
+CREATE VIEW ledger_journal_keyed AS
+SELECT
+    j.id,
+    j.source,
+    j.event_id,
+    j.user_id,
+    j.amount_cents,
+    j.created_at,
+    j.kind,
+    j.reference,
+    j.reason,
+    j.actor,
+    j.moved_from,
+    j.xid,
+    coalesce(m.payment_id, j.payment_id) AS payment_id,
+    CASE
+        WHEN m.payment_id IS NULL OR j.movement_id IS NULL THEN j.movement_id
+        ELSE split_part(m.payment_id, '/', 1) || '/' || j.movement_id
+    END AS movement_id
+FROM ledger_journal AS j
+-- The move of the row's key after it, if any (a key is moved once at most:
+-- ledger_journal_moved_from_key), joined by hash to the moves alone.
+LEFT JOIN ledger_journal AS m
+    ON
+        m.moved_from IS NOT NULL AND j.payment_id = m.moved_from AND j.source = m.source AND j.id < m.id
+        AND j.kind <> 'payment_moved';
 -- Each payment's account: what was credited, what its refunds (by object and
 -- by running total) and disputes took and gave back, what is due and what is
 -- debited. apply_event moves the balance to `debit_due_cents`; `flask ledger
@@ -92,6 +125,14 @@ CROSS JOIN LATERAL (
 --       of it (user_keys) instead of user_id.
 -- A type is not replaced like a function: a change to its attributes is a
 -- DROP TYPE ... CASCADE in a migration, then this file creates it again.
+-- The rule as the commit tagged 1.0.0 made it took the delivery as 20
+-- scalars: a database that commit made keeps that function beside this
+-- one unless it is dropped (nothing calls it; it keys a connected account's
+-- money bare).
+DROP FUNCTION IF EXISTS apply_event(
+    text, text, text, bytea, bytea, bytea, text, text, text, uuid, bigint, text, text, text, text, boolean, text,
+    text, text, text
+);
 DO $$
 BEGIN
     IF to_regtype('ledger_delivery') IS NULL THEN
@@ -144,16 +185,13 @@ BEGIN
     ELSIF problem IS NULL AND d.kind = 'link' THEN
         m := link_session(d);
         v_moved := true;
-    ELSIF problem IS NULL AND d.state = 'reversed' THEN
-        BEGIN  -- a subtransaction: a balance that cannot hold the reversal undoes the movement's change too
+    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
+        BEGIN  -- a subtransaction: a balance that cannot hold the debit or the reversal undoes the movement's change
             m := move_payment(d);
             v_moved := true;
         EXCEPTION WHEN numeric_value_out_of_range THEN
             problem := SQLERRM;
         END;
-    ELSIF problem IS NULL AND d.kind IS NOT NULL THEN
-        m := move_payment(d);
-        v_moved := true;
     END IF;
     IF NOT v_moved THEN
         outcome := complete_event(r.row_id, r.is_new, problem, false, false, NULL);
@@ -276,6 +314,18 @@ BEGIN
         -- The link is read, not locked: links are never changed nor deleted.
         SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
         WHERE l.source = d.source AND l.customer_id = d.customer;
+        IF v_user IS NULL AND d.account IS NOT NULL THEN
+            -- A connected account's customer linked bare under 1.0, which
+            -- read that link in every account: migration 005 linked it in
+            -- its account when a stored event named the account, and when
+            -- none did (purged), this reads it as 1.0 did. Only a link
+            -- made before 005 ran: a later bare link is the platform's.
+            SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
+            WHERE l.source = d.source AND l.customer_id = substr(d.customer, char_length(d.account) + 2)
+                AND d.customer = d.account || '/' || l.customer_id
+                AND l.created_at < (SELECT m.applied_at FROM schema_migrations m
+                                    WHERE m.name = '005_connect_accounts.sql' AND m.ran);
+        END IF;
         IF v_user IS NULL THEN
             -- A payment credited already (by another event that named its
             -- user: a Checkout Session) is this event's too: a duplicate.
@@ -470,12 +520,16 @@ BEGIN
                    WHEN d.kind = 'dispute' THEN 'dispute_reinstated'
                    WHEN d.state = 'reversed' THEN 'refund_reversed'
                    ELSE 'refund' END;
-    IF v_due < p.debited_cents THEN  -- a reversal adds to the balance: raised, and apply_event undoes the movement
-        IF (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
-           > 9223372036854775807 - (p.debited_cents - v_due) THEN
-            RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
-                change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
-        END IF;
+    -- A balance that cannot hold the change is raised, and apply_event undoes the movement: a reversal adds to
+    -- the balance, a debit takes from it.
+    IF v_due < p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+       > 9223372036854775807 - (p.debited_cents - v_due) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % past 9223372036854775807 cents',
+            change, p.debited_cents - v_due, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
+    ELSIF v_due > p.debited_cents AND (SELECT u.balance_cents FROM user_balances AS u WHERE u.user_id = p.user_id)
+          < -9223372036854775808 + (v_due - p.debited_cents) THEN
+        RAISE EXCEPTION '% of % cents would take the balance of user % below -9223372036854775808 cents',
+            change, v_due - p.debited_cents, p.user_id USING ERRCODE = 'numeric_value_out_of_range';
     END IF;
     UPDATE payments SET debited_cents = v_due, updated_at = now() WHERE source = d.source AND payment_id = d.payment;
     UPDATE user_balances SET balance_cents = balance_cents - (v_due - p.debited_cents), updated_at = now()
@@ -625,19 +679,23 @@ $$;
 -- payment in its account, read from its stored events, and keeps one none
 -- of whose events is stored any more. Rewrites what 005 rewrites for a
 -- payment, p_payment -> p_account/p_payment: its row (and customer_id), its
--- movements' payment and movement keys, its journal rows' (they are its
--- user's alone: `ledger verify` checks it, and the user's index finds them),
--- its assignment and its ignored row; its customer's link is copied into
--- the account, as 005 copies it. The movements' foreign key holds
+-- movements' payment and movement keys, its assignment and its ignored row;
+-- its customer's link is copied into the account, as 005 copies it. The
+-- journal is append-only: its rows keep their keys, and a 'payment_moved'
+-- row (0 cents, moved_from p_payment, actor p_by) says the move, as
+-- migration 012 says 005's; ledger_journal_keyed reads them under the new
+-- key. The movements' foreign key holds
 -- throughout: the row under the new key first, the old one deleted last.
 -- Refuses by raising, nothing changed: an unknown payment (P0002
 -- no_data_found; moved already: says so), one whose key in the account
--- exists already (23505 unique_violation: two rows of one payment), a key
--- over p_max_chars in the account (22023 invalid_parameter_value). Locks
--- the payment's row first, as every movement of it does. Returns the new
--- key and how many movements and journal rows moved.
+-- exists already, or whose key was moved before (23505 unique_violation:
+-- two rows of one payment; a key moves once), a key over p_max_chars in
+-- the account (22023 invalid_parameter_value). Locks the payment's row
+-- first, as every movement of it does. Returns the new key, how many
+-- movements moved and how many journal rows are read under it.
+DROP FUNCTION IF EXISTS move_payment_to_account(text, text, text, integer);  -- before p_by
 CREATE OR REPLACE FUNCTION move_payment_to_account(p_source text, p_payment text, p_account text,
-                                                   p_max_chars integer, OUT payment_key text,
+                                                   p_max_chars integer, p_by text, OUT payment_key text,
                                                    OUT movements_moved integer, OUT journal_moved integer)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -656,6 +714,11 @@ BEGIN
                 USING ERRCODE = 'no_data_found';
         END IF;
         RAISE EXCEPTION 'unknown payment % of source %', p_payment, p_source USING ERRCODE = 'no_data_found';
+    END IF;
+    IF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.source = p_source AND j.moved_from = p_payment) THEN
+        -- ledger_journal_keyed reads the rows of a key before its move under the key it was moved to.
+        RAISE EXCEPTION 'payment % of source % was moved into an account before: the bare % since is another payment',
+                        p_payment, p_source, p_payment USING ERRCODE = 'unique_violation';
     END IF;
     IF EXISTS (SELECT 1 FROM payments p WHERE p.source = p_source AND p.payment_id = v_key)
        OR EXISTS (SELECT 1 FROM ignored_payments i WHERE i.source = p_source AND i.payment_id = v_key)
@@ -691,9 +754,12 @@ BEGIN
         UPDATE movements m SET payment_id = v_key, movement_id = p_account || '/' || m.movement_id
         WHERE m.source = p_source AND m.payment_id = p_payment;
         GET DIAGNOSTICS movements_moved = ROW_COUNT;
-        UPDATE ledger_journal j SET payment_id = v_key, movement_id = p_account || '/' || j.movement_id
+        -- The rows read under the new key from now on: the payment's user's alone (`ledger verify` checks it;
+        -- the user's index finds them).
+        SELECT count(*) INTO journal_moved FROM ledger_journal j
         WHERE j.user_id = v_payment.user_id AND j.source = p_source AND j.payment_id = p_payment;
-        GET DIAGNOSTICS journal_moved = ROW_COUNT;
+        INSERT INTO ledger_journal (kind, source, payment_id, moved_from, user_id, amount_cents, actor)
+        VALUES ('payment_moved', p_source, v_key, p_payment, v_payment.user_id, 0, p_by);
         DELETE FROM payments p WHERE p.source = p_source AND p.payment_id = p_payment;
     END IF;
     UPDATE payment_users a SET payment_id = v_key WHERE a.source = p_source AND a.payment_id = p_payment;
@@ -866,10 +932,11 @@ $$;
 -- commits before it is read, whatever order ids were given in, and a user's
 -- rows come in the order their transactions locked the user's balance
 -- (docs/operations.md, "Following the journal").
+DROP FUNCTION IF EXISTS journal_changes(text, integer);  -- its rows before moved_from
 CREATE OR REPLACE FUNCTION journal_changes(p_cursor text DEFAULT NULL, p_limit integer DEFAULT 1000)
 RETURNS TABLE (
     cursor text, id bigint, user_id uuid, amount_cents bigint, kind text, source text, event_id text,
-    payment_id text, movement_id text, reference text, created_at timestamptz
+    payment_id text, movement_id text, reference text, created_at timestamptz, moved_from text
 )
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -887,7 +954,7 @@ BEGIN
     FOR attempt IN 1..2 LOOP
         RETURN QUERY
             SELECT concat_ws('|', v_from, v_to, j.id), j.id, j.user_id, j.amount_cents, j.kind, j.source,
-                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at
+                   j.event_id, j.payment_id, j.movement_id, j.reference, j.created_at, j.moved_from
             FROM ledger_journal AS j
             WHERE j.xid >= pg_snapshot_xmin(v_from) AND j.xid < pg_snapshot_xmax(v_to)
                 AND NOT pg_visible_in_snapshot(j.xid, v_from) AND pg_visible_in_snapshot(j.xid, v_to)

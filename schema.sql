@@ -294,25 +294,39 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     -- The writing transaction's id: what the change feed (money.sql's
     -- journal_changes) orders and bounds commits by.
     xid          XID8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- A 'payment_moved' row's: the key the payment had before it was keyed
+    -- in a connected account (payment_id, its key since). The rows written
+    -- under that key before it keep it: read them through
+    -- ledger_journal_keyed (money.sql).
+    moved_from   TEXT CONSTRAINT ledger_journal_moved_from_check
+                      CHECK (char_length(moved_from) BETWEEN 1 AND 511),
     CONSTRAINT ledger_journal_kind_check
         CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated', 'give_back') AND amount_cents > 0
                OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
-               OR kind = 'adjustment' AND amount_cents <> 0),
+               OR kind = 'adjustment' AND amount_cents <> 0
+               OR kind = 'payment_moved' AND amount_cents = 0),
     -- What each kind of row names, and nothing else.
     CONSTRAINT ledger_journal_names_check
         CHECK (CASE kind
-               WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0
+               WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference, moved_from) = 0
                                       AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
-               WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
+               WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
                                  AND reference IS NOT NULL
-               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
+               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
                                      AND reference IS NOT NULL
-               ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
+               WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) = 4
+                                         AND num_nonnulls(event_id, movement_id, reference, reason) = 0
+               ELSE num_nonnulls(source, event_id, payment_id) = 3
+                    AND num_nonnulls(reference, reason, actor, moved_from) = 0
                END),
     CONSTRAINT ledger_journal_source_event_id_key UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS ledger_journal_user_idx ON ledger_journal (user_id);
 CREATE INDEX IF NOT EXISTS ledger_journal_xid_idx ON ledger_journal (xid, id);
+-- A key is moved once at most: a bare payment credited again after its move
+-- is another payment, which stays the platform's.
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_moved_from_key ON ledger_journal (source, moved_from)
+    WHERE moved_from IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference, kind)
     WHERE reference IS NOT NULL;
 

@@ -225,9 +225,11 @@ class Gunicorn:
     """The real server, with the committed gunicorn.conf.py, in a session of
     its own. workers or threads None leaves them to gunicorn.conf.py; log_path
     "-" sends its output to ours (a terminal gets human-readable logs); port
-    None picks a free one, and host is where /health is asked."""
+    None picks a free one, and host is where /health is asked. root is the
+    checkout served (another commit's tree, for the upgrade test)."""
 
-    def __init__(self, env, workers=2, threads=4, log_path=None, port=None, host="127.0.0.1"):
+    def __init__(self, env, workers=2, threads=4, log_path=None, port=None, host="127.0.0.1", root=ROOT):
+        self.root = Path(root)
         self.port = port or free_port()
         self.host = host
         sizes = {"WEB_CONCURRENCY": workers, "GUNICORN_THREADS": threads}
@@ -243,8 +245,8 @@ class Gunicorn:
             out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
             err = subprocess.STDOUT
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"), "wsgi:app"],
-            cwd=ROOT, env=self.env, stdout=out, stderr=err, start_new_session=True,
+            [sys.executable, "-m", "gunicorn", "-c", str(self.root / "gunicorn.conf.py"), "wsgi:app"],
+            cwd=self.root, env=self.env, stdout=out, stderr=err, start_new_session=True,
         )
         wait_until(self._healthy, timeout=20, what="gunicorn /health")
         return self

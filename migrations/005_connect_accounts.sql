@@ -4,13 +4,19 @@
 -- creates the type again, and the functions that take it). Release 1.0
 -- keyed a connected account's payments as the platform's (pi_Y): their rows
 -- are rewritten here, in every table that holds a payment's or a
--- movement's key, so that a later refund or dispute of one finds its
+-- movement's key but the journal (append-only: its rows keep their keys,
+-- and 012_journal_payment_moves.sql records each such payment's move), so
+-- that a later refund or dispute of one finds its
 -- payment and never debits it twice. A payment's account is read from the
 -- stored bytes of record of its events (a snapshot event's `account`, a
 -- thin event's `context`); a payment none of whose events is stored any
 -- more (purged) keeps its key. Effect version 7: `flask init-db`
 -- recomputes, after this, the stored effects of rows of another version.
-DROP TYPE ledger_delivery CASCADE;
+-- IF EXISTS: the commit tagged 1.0.0 applied the rule before the type
+-- (its apply_event took scalars); the builds after it that still said
+-- 1.0.0 created it (schema.py's SUPERSEDED says why this file's text
+-- before is still accepted).
+DROP TYPE IF EXISTS ledger_delivery CASCADE;
 ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 7;
 
 -- What each stored Stripe event names: its account (NULL: the platform's),
@@ -119,11 +125,6 @@ FROM connect_payments AS c
 WHERE (m.source, m.payment_id) = (c.source, c.payment_id);
 ALTER TABLE movements ADD CONSTRAINT movements_source_payment_id_fkey
 FOREIGN KEY (source, payment_id) REFERENCES payments (source, payment_id);
-UPDATE ledger_journal AS j
-SET payment_id = c.account || '/' || j.payment_id,
-    movement_id = c.account || '/' || j.movement_id
-FROM connect_payments AS c
-WHERE (j.source, j.payment_id) = (c.source, c.payment_id);
 UPDATE payment_users AS a
 SET payment_id = c.account || '/' || a.payment_id
 FROM connect_payments AS c

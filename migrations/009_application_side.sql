@@ -18,14 +18,14 @@
 -- small table of its own: nothing here rewrites a row of the journal.
 --
 -- ledger_journal: a new kind, 'give_back' (amount > 0: a spend given back,
--- naming the spend's reference), so its two CHECKs are replaced under their
--- names, NOT VALID (no scan while this transaction holds the table; `flask
--- init-db` validates them after the commit, as 007's). A give-back names the
--- reference of the spend it gives back, so the reference is unique per kind
--- (one spend and one give-back of it), not across the journal: the unique
--- index is built again on (reference, kind). Only spends have a reference,
--- so the index is small, but building it reads the journal once, while
--- this transaction holds it (journal writes wait for that read).
+-- naming the spend's reference), which the journal's two CHECKs allow as
+-- migration 012 replaces them (it runs after this file, and replaces them
+-- last). A give-back names the reference of the spend it gives back, so the
+-- reference is unique per kind (one spend and one give-back of it), not
+-- across the journal: the unique index is built again on (reference, kind).
+-- Only spends have a reference, so the index is small, but building it
+-- reads the journal once, while this transaction holds it (journal writes
+-- wait for that read).
 CREATE TABLE holds (
     reference      TEXT PRIMARY KEY CHECK (char_length(reference) BETWEEN 1 AND 128),
     user_id        UUID NOT NULL REFERENCES user_balances (user_id),
@@ -45,23 +45,6 @@ CREATE TABLE holds (
 );
 CREATE INDEX holds_held_idx ON holds (user_id) WHERE state = 'held';
 
-ALTER TABLE ledger_journal
-    DROP CONSTRAINT ledger_journal_kind_check,
-    ADD CONSTRAINT ledger_journal_kind_check
-        CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated', 'give_back') AND amount_cents > 0
-               OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
-               OR kind = 'adjustment' AND amount_cents <> 0) NOT VALID,
-    DROP CONSTRAINT ledger_journal_names_check,
-    ADD CONSTRAINT ledger_journal_names_check
-        CHECK (CASE kind
-               WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0
-                                      AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
-               WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
-                                 AND reference IS NOT NULL
-               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
-                                     AND reference IS NOT NULL
-               ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
-               END) NOT VALID;
 DROP INDEX ledger_journal_reference_key;
 CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference, kind) WHERE reference IS NOT NULL;
 

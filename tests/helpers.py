@@ -399,3 +399,27 @@ def debian_program(name):
 def record_currency(db, currency):
     """Make currency the ledger's, as the first init-db under LEDGER_CURRENCY=currency records it."""
     db.execute("UPDATE ledger_currency SET currency = %s", [currency.lower()])
+
+
+# -- a database as an earlier migration left it ----------------------------------------------------------------
+
+# The journal's CHECKs before 012 (payment_moved rows).
+BEFORE_012 = {
+    "ledger_journal_kind_check": "kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0"
+                                 " OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0"
+                                 " OR kind = 'adjustment' AND amount_cents <> 0",
+    "ledger_journal_names_check": "CASE kind WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0"
+                                  " AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2"
+                                  " WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason,"
+                                  " actor) = 0 AND reference IS NOT NULL ELSE num_nonnulls(source, event_id,"
+                                  " payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0 END",
+}
+
+
+def before_012(db):
+    """db without migration 012: no ledger_journal.moved_from (its index and CHECKs with it), the CHECKs before."""
+    db.execute("DROP VIEW ledger_journal_keyed")  # money.sql's, which reads the column: the next init-db makes it
+    db.execute("ALTER TABLE ledger_journal DROP COLUMN moved_from")  # its index and the CHECKs naming it
+    db.execute("ALTER TABLE ledger_journal " + ", ".join(f"DROP CONSTRAINT IF EXISTS {name}, ADD CONSTRAINT {name}"
+                                                         f" CHECK ({check})" for name, check in BEFORE_012.items()))
+    db.execute("DELETE FROM schema_migrations WHERE name = '012_journal_payment_moves.sql'")

@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, namedtuple_row
 
 from app.receiver import release
+from app.store import schema
 from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_pool, transaction
 from app.store.deadline import MARGIN_MS
 from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer, other_currency
@@ -34,6 +35,7 @@ from .helpers import (
     BOB,
     OPENING,
     balance,
+    before_012,
     db_url,
     event_rows,
     payment,
@@ -72,7 +74,8 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users", "holds", "user_available", "user_keys"}
+                      "ledger_currency", "payment_users", "ledger_journal_keyed", "holds", "user_available",
+                      "user_keys"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -150,7 +153,7 @@ def _drop_schema(db):
     """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
     db.execute("DROP TYPE ledger_delivery CASCADE")  # first: the rule's steps that take it, and a table's type
     db.execute("DROP FUNCTION lock_hold")  # it returns a holds row
-    db.execute("DROP VIEW payment_accounts, webhook_events_json, user_available")
+    db.execute("DROP VIEW payment_accounts, webhook_events_json, ledger_journal_keyed, user_available")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
                                   " ('apply_event', 'adjust', 'spend', 'event_json')"
@@ -349,6 +352,29 @@ def test_init_db_stopped_by_a_changed_migration_changes_nothing(db, tmp_path):
     assert _recorded(db) == _release(("901_note.sql", True))
 
 
+def test_a_migration_postgresql_refuses_stops_init_db_in_one_line_naming_it_and_changes_nothing(make_app, config, db,
+                                                                                                 tmp_path):
+    later = _a_later_release(tmp_path, ("901_note.sql", NOTE_MIGRATION),
+                             ("902_broken.sql", "DROP TYPE no_such_type CASCADE;\n"))
+    before = _catalog(db)
+    result = make_app({**config, "SCHEMA_PATH": str(later)}).test_cli_runner().invoke(args=["init-db"])
+    assert (result.exit_code, type(result.exception)) == (1, SystemExit)  # a ClickException's exit, not a traceback
+    assert result.output == ('Error: 902_broken.sql failed, nothing was changed: 42704: type "no_such_type" does not'
+                             ' exist\n')
+    assert _catalog(db) == before and _recorded(db) == _release()
+
+
+def test_a_database_that_ran_005s_text_before_if_exists_is_at_this_release(app, db):
+    """005's text before `DROP TYPE IF EXISTS` (unreleased; schema.SUPERSEDED) did the same wherever it ran."""
+    previous, = schema.SUPERSEDED["005_connect_accounts.sql"]
+    db.execute("UPDATE schema_migrations SET sha256 = %s WHERE name = '005_connect_accounts.sql'", [previous])
+    assert apply_schema(db) == (False, [])
+    assert schema.why_not_at_release(db, DEFAULT_SCHEMA_PATH) is None
+    db.execute("UPDATE schema_migrations SET sha256 = sha256('another') WHERE name = '005_connect_accounts.sql'")
+    with pytest.raises(SchemaError, match="migrations changed since they were applied: 005_connect_accounts.sql"):
+        apply_schema(db)
+
+
 def test_a_database_newer_than_the_release_stops_init_db(app, db):
     db.execute("INSERT INTO schema_migrations (name, sha256, ran) VALUES ('999_later.sql', sha256(''), true)")
     result = app.test_cli_runner().invoke(args=["init-db"])
@@ -378,25 +404,12 @@ AT_006 = {
 
 
 def _before_009(db):
-    """db as the migrations before 009 left it: no holds (nor the view and function that read them), no give-back
-    in the journal's CHECKs, a spend's reference unique across the journal, and 009 not recorded."""
+    """db as the migrations before 009 left it: no holds (nor the view and function that read them), no user keys, a
+    spend's reference unique across the journal, effect version 8, and 009 not recorded (the journal's CHECKs that
+    allow a give-back are 012's)."""
     db.execute("DROP VIEW user_available")
     db.execute("DROP FUNCTION lock_hold")
     db.execute("DROP TABLE holds, user_keys")
-    db.execute("""ALTER TABLE ledger_journal DROP CONSTRAINT ledger_journal_kind_check,
-        ADD CONSTRAINT ledger_journal_kind_check
-            CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
-                   OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
-                   OR kind = 'adjustment' AND amount_cents <> 0),
-        DROP CONSTRAINT ledger_journal_names_check,
-        ADD CONSTRAINT ledger_journal_names_check
-            CHECK (CASE kind
-                   WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference) = 0
-                       AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
-                   WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor) = 0
-                       AND reference IS NOT NULL
-                   ELSE num_nonnulls(source, event_id, payment_id) = 3 AND num_nonnulls(reference, reason, actor) = 0
-                   END)""")
     db.execute("DROP INDEX ledger_journal_reference_key")
     db.execute("CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference)"
                " WHERE reference IS NOT NULL")
@@ -405,8 +418,8 @@ def _before_009(db):
 
 
 def test_a_database_before_009_migrated_keeps_its_spends_and_takes_holds_and_give_backs(app, db):
-    """The tables come out as schema.sql makes them (the journal's CHECKs validated after the commit), a spend
-    made before is still one, and a hold and a give-back of it apply."""
+    """The tables come out as schema.sql makes them, a spend made before is still one, and a hold and a give-back of
+    it apply."""
     fresh = _catalog(db)
     db.execute("SELECT spend(p_user => %s, p_cents => 100, p_reference => 'order-1')", [ALICE])
     _before_009(db)
@@ -437,6 +450,7 @@ def _as_006_made_it(db):
 
 def _as_1_0_made_it(db):
     """db as release 1.0.0 made it: neither migration since (no ledger_currency, no journal xid) nor their records."""
+    before_012(db)
     _as_006_made_it(db)
     db.execute("DROP TABLE ledger_currency")
     db.execute("DROP TRIGGER ledger_journal_notify ON ledger_journal")
@@ -479,6 +493,21 @@ def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_char
     assert verified.exit_code == 0, verified.output
 
 
+def test_ledger_verify_on_a_database_not_yet_upgraded_says_to_run_init_db_in_one_line(app, db):
+    """Issue 44: it said `ledger INCONSISTENT` for what init-db changes; it refuses as other commands do (exit 1)."""
+    client, runner = app.test_client(), app.test_cli_runner()
+    assert send(client, payment("evt_before", cents=300)).json["status"] == "processed"
+    _as_1_0_made_it(db)
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 1
+    assert verified.output.count("\n") == 1 and "INCONSISTENT" not in verified.output
+    assert verified.output.startswith("Error: the ledger cannot be checked: migrations of this release not applied: ")
+    assert verified.output.endswith(": run `flask init-db`\n")
+    assert runner.invoke(args=["init-db"]).exit_code == 0
+    verified = runner.invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0 and "ledger consistent" in verified.output, verified.output
+
+
 def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
     """As when init-db stopped between its commit and the validation (the constraint enforced on new rows only)."""
     db.execute("ALTER TABLE payments DROP CONSTRAINT payments_payment_id_check,"
@@ -486,6 +515,17 @@ def test_a_constraint_left_not_valid_is_validated_by_the_next_init_db(app, db):
     assert apply_schema(db) == (False, [])
     assert db.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'payments_payment_id_check'"
                       ).fetchone() == (True,)
+
+
+def test_a_database_before_012_migrated_has_the_fresh_schema_and_its_journal_rows_as_they_were(app, db):
+    fresh = _catalog(db)
+    send(app.test_client(), payment("evt_before_012", cents=300))
+    rows = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    before_012(db)
+    assert apply_schema(db) == (False, ["012_journal_payment_moves.sql"])
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []
+    assert db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall() == rows  # no payment moved: none added
 
 
 def test_init_db_records_the_ledger_currency(app, db):

@@ -113,9 +113,10 @@ def _webhook_event_statuses(sql):
 
 MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
 # The functions that write the journal rows no event writes (and the holds), and the rule that events move money by.
+# move_payment_to_account journals a move ('payment_moved'), as adjust and spend journal theirs.
 APPLICATIONS = ("adjust", "spend", "place_hold", "lock_hold", "capture_hold", "release_hold", "release_expired_holds",
                 "held_cents", "give_back")
-ENTRIES, SPEND = _functions(MONEY, *APPLICATIONS), _functions(MONEY, "spend")
+ENTRIES, SPEND = _functions(MONEY, *APPLICATIONS, "move_payment_to_account"), _functions(MONEY, "spend")
 HOLDS, GIVE_BACK = _functions(MONEY, "place_hold", "capture_hold", "release_hold"), _functions(MONEY, "give_back")
 AVAILABLE = _first(r"(CREATE OR REPLACE VIEW user_available .*?;)", MONEY, re.DOTALL)
 RULE = _without_functions(MONEY, *APPLICATIONS).replace(AVAILABLE, "")
@@ -143,7 +144,7 @@ LITERALS = {
                       _in_lists(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"))
                       | _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"), "kind"),
                       (set(Change) - {Change.PAYMENT_DUPLICATE}) | set(Entry)),
-    "entries": ("money.sql's adjust and spend (the kinds they journal and look up)",
+    "entries": ("money.sql's adjust, spend and move_payment_to_account (the kinds they journal and look up)",
                 _inserted(ENTRIES, "ledger_journal", "kind") | _compared(ENTRIES, "kind"), set(Entry)),
     "entries-names-check": ("schema.sql's ledger_journal_names_check",
                             _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_names_check"), "kind"),
@@ -318,3 +319,20 @@ def test_eight_concurrent_events_of_one_movement_on_two_hosts_with_redis_flushed
     assert balance(db, BOB) == OPENING[BOB] + after
     assert balance(db, ALICE) == OPENING[ALICE]
     assert_ledger_consistent(db)
+
+
+@STRIPE
+def test_a_refund_that_would_take_a_balance_below_bigint_is_422_on_every_retry_not_500(client, db):
+    """Issue 44: the debit side of a reversal past BIGINT's maximum (test_money_sql.py has both): the provider's
+    retry meets the same 422, naming the limit, and nothing moves."""
+    pi = f"pi_{uuid.uuid4().hex[:16]}"
+    assert send_stripe(client, intent_succeeded(pi, user=ALICE, cents=1000)).json["status"] == "processed"
+    db.execute("UPDATE user_balances SET balance_cents = -9223372036854775808 + 100 WHERE user_id = %s", [ALICE])
+    evt = refund(f"re_{pi}", pi, 300)
+    for _ in range(2):
+        response = send_stripe(client, evt)
+        assert (response.status, response.json["error"]) == (422, "unprocessable")
+        assert response.json["message"].endswith(
+            f"refund of 300 cents would take the balance of user {ALICE} below -9223372036854775808 cents")
+    assert balance(db, ALICE) == -9223372036854775808 + 100
+    assert db.execute("SELECT count(*) FROM movements").fetchone() == (0,)

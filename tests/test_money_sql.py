@@ -326,3 +326,23 @@ def test_link_customer_links_once_and_only_a_user_that_exists(db):
     assert db.execute("SELECT linked_at FROM link_customer('default', 'cus_2', %s, 'app')",
                       [NEW_USER]).fetchone()[0] is None  # no such user: nothing linked
     assert db.execute("SELECT count(*) FROM customer_links").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("debit, change", [
+    (refund("evt_r1", "re_1", 300), "refund"),
+    (delivery("evt_r1", kind="dispute", amount=300, movement="dp_1", state="applied"), "dispute_withdrawn"),
+    (delivery("evt_r1", kind="refunded_total", amount=300), "refund"),
+])
+def test_a_debit_that_would_take_the_balance_below_bigint_is_refused_and_moves_nothing(db, debit, change):
+    """Issue 44: the debit side of the reversal's edge above. A refund or dispute onto a balance that cannot hold
+    it is a failed event (422), not an error (500) on every retry; nothing of its movement is kept."""
+    apply(db, delivery("evt_pay"))
+    db.execute("UPDATE user_balances SET balance_cents = -9223372036854775808 + 100 WHERE user_id = %s", [ALICE])
+    result = apply(db, debit)
+    assert (result["outcome"], result["problem"], result["change"]) == (
+        "failed", f"{change} of 300 cents would take the balance of user {ALICE} below -9223372036854775808 cents",
+        None)
+    assert db.execute("SELECT count(*) FROM movements").fetchone() == (0,)
+    assert db.execute("SELECT debited_cents, refunded_cents FROM payments").fetchone() == (0, 0)
+    assert db.execute("SELECT status FROM webhook_events WHERE event_id = 'evt_r1'").fetchone() == ("failed",)
+    assert journal(db) == [("evt_pay", "credit", 1000)]

@@ -7,30 +7,26 @@ REST API has it (devservers/paypal_stand_in.py: each test publishes there what P
 PostgreSQL and Redis."""
 
 import binascii
-import datetime
 import json
 import random
 import re
-import ssl
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import paypalrestsdk.notifications
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.intake.events import Policy
 from app.intake.signature import SignatureError, sign, verify
-from app.providers.outbound import Outbound
-from app.providers.paypal import Certificates, CertificateUnavailableError
+from app.providers.outbound import Budget, BudgetSpentError, Outbound
+from app.providers.paypal import CERT_FETCHES_PER_MINUTE, Certificates, CertificateUnavailableError
+from app.receiver import fetch
 from app.settings import config as app_config
 from devservers import ROOT
 
@@ -50,158 +46,13 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
+from .paypal_certificates import PKI, WEBHOOK_ID, CertHost, cert_name, cert_path, paypal_headers
 from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_event_id, new_id, refund_event
 
 pytestmark = pytest.mark.core
 
 SOURCE = "paypal"
-WEBHOOK_ID = "1JE4291016473214C"  # the form of PayPal's sample's webhook_id
 USD = Policy("usd")
-PAYPAL_NAME = "messageverificationcerts.paypal.com"  # the subject of PayPal's signing certificate
-CERTS = "/v1/notifications/certs/"
-DAY = datetime.timedelta(days=1)
-
-
-# -- a certificate authority, PayPal's certificates and a stand-in of its host -----------------------
-
-def _key():
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
-def _cert(name, key, issuer=None, *, ca=False, start=-DAY, end=365 * DAY, eku=ExtendedKeyUsageOID.SERVER_AUTH,
-          san=True):
-    """A certificate for name's key, signed by issuer ((cert, key); None: self-signed), with the Web PKI's
-    extensions (a CA's basic constraints and key usage; a leaf's subject alternative name: name, or san's)."""
-    issuer_cert, issuer_key = issuer or (None, key)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(subject)
-               .issuer_name(issuer_cert.subject if issuer_cert else subject)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now + start).not_valid_after(now + end)
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
-                              critical=False))
-    if ca:
-        builder = builder.add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
-            critical=True)
-    else:
-        if san:
-            alt_name = name if san is True else san
-            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(alt_name)]), critical=False)
-        builder = builder.add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
-            key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False),
-            critical=True)
-        if eku is not None:
-            builder = builder.add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pem(*certs):
-    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
-
-
-class PKI:
-    """A root CA (the tests' PAYPAL_CA_FILE), an intermediate under it, and the certificates the stand-in serves,
-    by name: PayPal's good one and each kind a check must refuse, with the private keys that sign for them."""
-
-    def __init__(self, tmp):
-        root_key, inter_key = _key(), _key()
-        self.root = _cert("Test Root CA", root_key, ca=True, end=3650 * DAY)
-        self.inter = _cert("Test Intermediate CA", inter_key, (self.root, root_key), ca=True, end=3000 * DAY)
-        issuer = (self.inter, inter_key)
-        self.key = _key()  # PayPal's signing key
-        other_root_key = _key()
-        other_root = _cert("Another Root CA", other_root_key, ca=True)
-        self.keys = {}
-        self.served = {}  # name under /v1/notifications/certs/ -> PEM body
-        for name, cert_name, signer, start, end, chain in [
-            ("CERT-good", PAYPAL_NAME, issuer, -DAY, 365 * DAY, True),
-            ("CERT-sandbox", "messageverificationcerts.sandbox.paypal.com", issuer, -DAY, 365 * DAY, True),
-            ("CERT-expired", PAYPAL_NAME, issuer, -30 * DAY, -DAY, True),
-            ("CERT-not-yet", PAYPAL_NAME, issuer, DAY, 30 * DAY, True),
-            ("CERT-self-signed", PAYPAL_NAME, None, -DAY, 365 * DAY, False),
-            ("CERT-other-ca", PAYPAL_NAME, None, -DAY, 365 * DAY, False),
-            ("CERT-not-paypal", "messageverificationcerts.example.com", issuer, -DAY, 365 * DAY, True),
-            ("CERT-paypal-lookalike", "paypal.com.example.net", issuer, -DAY, 365 * DAY, True),
-        ]:
-            key = self.key if name == "CERT-good" else _key()
-            if name == "CERT-other-ca":
-                signer = (other_root, other_root_key)
-            cert = _cert(cert_name, key, signer, start=start, end=end)
-            self.keys[name] = key
-            self.served[name] = _pem(cert, self.inter) if chain else _pem(cert)
-        # PayPal's name in the subject alone, or not among the subject alternative names.
-        for name, san in [("CERT-no-san", False), ("CERT-san-other", "other.paypal.com")]:
-            self.keys[name] = _key()
-            self.served[name] = _pem(_cert(PAYPAL_NAME, self.keys[name], issuer, san=san), self.inter)
-        # The chain without its intermediate: the leaf alone does not reach the root.
-        self.keys["CERT-no-chain"] = self.key
-        self.served["CERT-no-chain"] = _pem(x509.load_pem_x509_certificates(self.served["CERT-good"])[0])
-        self.served["CERT-not-pem"] = b"<html>maintenance</html>"
-        self.ca_file = tmp / "ca.pem"
-        self.ca_file.write_bytes(_pem(self.root))
-        tls_key = _key()
-        self.tls_cert_file, self.tls_key_file = tmp / "tls.pem", tmp / "tls.key"
-        self.tls_cert_file.write_bytes(_pem(_cert("localhost", tls_key, issuer), self.inter))
-        self.tls_key_file.write_bytes(tls_key.private_bytes(serialization.Encoding.PEM,
-                                                            serialization.PrivateFormat.PKCS8,
-                                                            serialization.NoEncryption()))
-
-
-class CertHost:
-    """A stand-in of PayPal's certificate host (api.paypal.com/v1/notifications/certs/<name>, the URL PayPal puts
-    in PAYPAL-CERT-URL, "Self verification method", https://developer.paypal.com/api/rest/webhooks/rest/): it
-    serves each certificate's PEM, with its chain, over HTTPS on loopback, and counts the requests it sees.
-    CERT-500 answers 500 (PayPal's host failing); every answer waits `slow` seconds first."""
-
-    def __init__(self, pki):
-        self.requests = []
-        self.slow = 0.0
-        host = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                host.requests.append(self.path)
-                name = self.path.removeprefix(CERTS)
-                time.sleep(host.slow)
-                if name == "CERT-500":
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                if name == "CERT-redirect":
-                    self.send_response(302)
-                    self.send_header("Location", f"https://localhost:{host.port}{CERTS}CERT-good")
-                    self.end_headers()
-                    return
-                body = pki.served.get(name) if self.path.startswith(CERTS) else None
-                self.send_response(200 if body is not None else 404)
-                self.send_header("Content-Length", str(len(body or b"")))
-                self.end_headers()
-                self.wfile.write(body or b"")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(pki.tls_cert_file, pki.tls_key_file)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, name, host="localhost"):
-        return f"https://{host}:{self.port}{CERTS}{name}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -234,13 +85,6 @@ def config(db, redis_server, redis_client, pki, cert_host, paypal_api):
                                                    "PAYPAL_CA_FILE": str(pki.ca_file),
                                                    "WEBHOOK_PAYPAL_API_KEY": paypal_api.api_key,
                                                    "WEBHOOK_PAYPAL_API_BASE": paypal_api.url})
-
-
-def paypal_headers(body, pki, cert_host, name="CERT-good", webhook_id=WEBHOOK_ID, timestamp=None, url=None):
-    """What PayPal sends: the five PAYPAL-* headers, signed with the private key of the certificate at the URL."""
-    return {"Content-Type": "application/json",
-            **sign("paypal", body, [webhook_id.encode()], timestamp=timestamp, private_key=pki.keys[name],
-                   cert_url=url or cert_host.url(name))}
 
 
 @pytest.fixture
@@ -369,7 +213,7 @@ def test_paypal_payments_are_credited(send_paypal, db):
 
 def test_the_certificate_is_fetched_once_for_many_deliveries(send_paypal, db, seen):
     _send_five_payments(send_paypal)
-    assert seen == [f"{CERTS}CERT-good"]
+    assert seen == [cert_path("CERT-good")]
 
 
 def test_the_sandbox_certificate_verifies_too(send_paypal, db, seen):
@@ -411,7 +255,7 @@ def test_a_certificate_that_fails_a_check_is_401_naming_the_check(client, db, pk
 @FAILED_CHECKS
 def test_a_certificate_that_fails_a_check_is_fetched_exactly_once(client, db, pki, cert_host, seen, name, message):
     _send_naming_certificate(client, pki, cert_host, name)
-    assert seen == [f"{CERTS}{name}"]  # fetched, once: a redirect is not followed
+    assert seen == [cert_path(name)]  # fetched, once: a redirect is not followed
 
 
 @FAILED_CHECKS
@@ -421,23 +265,31 @@ def test_a_certificate_that_fails_a_check_writes_nothing(client, db, pki, cert_h
 
 
 @pytest.mark.parametrize("url", [
-    "https://127.0.0.1:{port}/v1/notifications/certs/CERT-good",  # the same server under another host name
-    "https://localhost:1/v1/notifications/certs/CERT-good",  # a listed host on another port
-    "https://localhost/v1/notifications/certs/CERT-good",  # ... on the default port
-    "http://localhost:{port}/v1/notifications/certs/CERT-good",  # not https
-    "https://localhost:{port}@evil.example/v1/notifications/certs/CERT-good",  # userinfo
-    "https://evil.example#@localhost:{port}/v1/notifications/certs/CERT-good",
+    "https://127.0.0.1:{port}/v1/notifications/certs/{good}",  # the same server under another host name
+    "https://localhost:1/v1/notifications/certs/{good}",  # a listed host on another port
+    "https://localhost/v1/notifications/certs/{good}",  # ... on the default port
+    "http://localhost:{port}/v1/notifications/certs/{good}",  # not https
+    "https://localhost:{port}@evil.example/v1/notifications/certs/{good}",  # userinfo
+    "https://evil.example#@localhost:{port}/v1/notifications/certs/{good}",
     "https://localhost:{port}/v1/notifications/certs/../../../admin",
     "https://localhost:{port}/v1/notifications/certs/%2e%2e/admin",
     "https://localhost:{port}/v1/oauth2/token",  # a listed host, not PayPal's certificates
-    "https://localhost:{port}/v1/notifications/certs/CERT-good?x=1",
-    "https://api.paypal.com/v1/notifications/certs/CERT-good",  # PayPal's own: not listed in this test
+    "https://localhost:{port}/v1/notifications/certs/{good}?x=1",
+    "https://api.paypal.com/v1/notifications/certs/{good}",  # PayPal's own: not listed in this test
     "file:///etc/passwd",
-    "https://localhost:{port}/v1/notifications/certs/CERT good",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42 fca2a594-a5cafa77",
+    # A listed host and PayPal's path, a name not in the shape of PayPal's certificates' (CERT_NAME):
+    "https://localhost:{port}/v1/notifications/certs/CERT-good",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa7",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa7g",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77-00000000",
+    "https://localhost:{port}/v1/notifications/certs/{good}/x",
+    "https://localhost:{port}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77.pem",
+    "https://localhost:{port}/v1/notifications/certs/",
 ])
 def test_a_certificate_url_not_on_the_list_is_401_with_nothing_fetched(client, db, pki, cert_host, seen, url):
     body = encode(capture_completed(new_id(), user=BOB))
-    headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port))
+    headers = paypal_headers(body, pki, cert_host, url=url.format(port=cert_host.port, good=cert_name("CERT-good")))
     response = send(client, body, headers, source=SOURCE)
     assert (response.status, response.json["error"]) == (401, "invalid_signature")
     assert "PAYPAL-CERT-URL is not a URL of PayPal's certificates" in response.json["message"]
@@ -526,7 +378,7 @@ def test_concurrent_deliveries_naming_a_new_certificate_fetch_it_once(cache, cer
 
     with ThreadPoolExecutor(8) as pool:
         assert len(set(pool.map(ask, range(8)))) == 1
-    assert seen == [f"{CERTS}CERT-good"] and cache.fetches == 1
+    assert seen == [cert_path("CERT-good")] and cache.fetches == 1
 
 
 @pytest.mark.parametrize("name, error", [("CERT-missing", SignatureError), ("CERT-500", CertificateUnavailableError)])
@@ -537,11 +389,11 @@ def test_a_url_whose_fetch_failed_is_fetched_again_only_after_the_deadline(cache
     for _ in range(5):
         with pytest.raises(error):
             cache(url, time.time())
-    assert seen == [f"{CERTS}{name}"]
+    assert seen == [cert_path(name)]
     time.sleep(0.6)
     with pytest.raises(error):
         cache(url, time.time())
-    assert seen == [f"{CERTS}{name}"] * 2
+    assert seen == [cert_path(name)] * 2
 
 
 def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, cert_host, seen):
@@ -549,7 +401,112 @@ def test_a_cached_certificate_past_its_dates_is_refused_without_a_fetch(cache, c
     cache(cert_host.url("CERT-good"), now)
     with pytest.raises(SignatureError, match="outside its validity dates"):
         cache(cert_host.url("CERT-good"), now + 400 * 86400)
-    assert seen == [f"{CERTS}CERT-good"]
+    assert seen == [cert_path("CERT-good")]
+
+
+# -- the budget of certificate fetches for requests not yet verified (issue 44) ------------------------------
+
+def _made_up(cert_host, n):
+    """A URL an unsigned sender makes up: a listed host, PayPal's path and shape, a certificate nobody serves."""
+    return cert_host.url(f"made-up-{n}")
+
+
+def test_a_certificate_fetch_takes_none_of_the_slots_event_fetches_use(pki, cert_host, seen):
+    outbound = Outbound(1, 3.0)
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), outbound, pki.ca_file)
+    with outbound.slot("stripe"):  # every slot held by an event's fetch
+        cache(cert_host.url("CERT-good"), time.time())
+    assert seen == [cert_path("CERT-good")]
+
+
+def test_unsigned_requests_naming_new_urls_fetch_no_more_than_the_budget(pki, cert_host, seen):
+    clock = [0.0]
+    budget = Budget(1, CERT_FETCHES_PER_MINUTE, lambda: clock[0])
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file, budget)
+    refused = 0
+    for n in range(CERT_FETCHES_PER_MINUTE + 20):
+        try:
+            cache(_made_up(cert_host, n), time.time())
+        except BudgetSpentError:
+            refused += 1
+        except SignatureError as exc:
+            assert "names no certificate (HTTP 404)" in str(exc)
+    assert (len(seen), refused) == (CERT_FETCHES_PER_MINUTE, 20)
+    clock[0] = 60.5  # a minute later: the budget is there again
+    cache(cert_host.url("CERT-good"), time.time())
+    assert seen[-1] == cert_path("CERT-good") and len(seen) == CERT_FETCHES_PER_MINUTE + 1
+
+
+def test_one_certificate_fetch_at_a_time_per_host_for_unverified_requests(pki, cert_host, seen):
+    cert_host.slow = 0.5
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file)
+    barrier = threading.Barrier(4)
+
+    def ask(n):
+        barrier.wait()
+        try:
+            cache(_made_up(cert_host, n), time.time())
+        except (BudgetSpentError, SignatureError) as exc:
+            return type(exc)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = sorted(pool.map(ask, range(4)), key=lambda kind: kind.__name__)
+    assert results == [BudgetSpentError] * 3 + [SignatureError] and len(seen) == 1
+
+
+def test_a_genuine_url_refused_for_want_of_budget_is_not_remembered_as_failed(pki, cert_host, seen):
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file)
+    with cache.budget.spend(f"localhost:{cert_host.port}"):  # an unsigned request's fetch under way
+        with pytest.raises(BudgetSpentError):
+            cache(cert_host.url("CERT-good"), time.time())
+    cache(cert_host.url("CERT-good"), time.time())  # at once: PayPal's retry is verified, and the key cached
+    cache(cert_host.url("CERT-good"), time.time())
+    assert seen == [cert_path("CERT-good")]
+
+
+def test_a_spent_budget_is_logged_once_per_interval_with_how_many_it_refused(pki, cert_host, seen, caplog):
+    clock = [0.0]
+    cache = Certificates(frozenset({f"localhost:{cert_host.port}"}), Outbound(2, 3.0), pki.ca_file,
+                         Budget(1, CERT_FETCHES_PER_MINUTE, lambda: clock[0]))
+    with cache.budget.spend(f"localhost:{cert_host.port}"):
+        for n in range(10):
+            with pytest.raises(BudgetSpentError):
+                cache(_made_up(cert_host, n), time.time())
+        clock[0] = 61.0
+        with pytest.raises(BudgetSpentError):
+            cache(_made_up(cert_host, 10), time.time())
+    lines = [r.getMessage() for r in caplog.records if "over budget" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].endswith(": 1 deliveries answered 503 since the last report")
+    assert lines[1].endswith(": 10 deliveries answered 503 since the last report")
+    assert seen == []
+
+
+def test_deliveries_over_the_budget_are_503_counted_with_no_line_each(app, client, db, pki, cert_host, seen, caplog):
+    certificates = fetch.of(app).certificates
+    with certificates.budget.spend(f"localhost:{cert_host.port}"):
+        for n in range(5):
+            body = encode(capture_completed(new_id(), user=BOB))
+            response = send(client, body, paypal_headers(body, pki, cert_host, url=_made_up(cert_host, n)),
+                            source=SOURCE)
+            assert (response.status, response.json["error"], response.headers["Retry-After"]) == (
+                503, "unavailable", "1")
+    assert event_rows(db) == 0 and seen == []
+    assert not [r for r in caplog.records if r.getMessage().startswith("unavailable:")]
+    assert len([r for r in caplog.records if "over budget" in r.getMessage()]) == 1
+    assert samples(client.get("/metrics").text)[
+        ("webhook_ledger_provider_calls_total", (("provider", "paypal_certificates"), ("result", "no_budget")))] == 5
+
+
+def test_a_certificate_host_answering_401_is_no_refusal_of_our_credentials(client, db, pki, cert_host, seen):
+    """The alert WebhookLedgerProviderRefusesCredentials pages on provider calls answered 401: the certificate host
+    is sent none of our credentials, and its calls are counted under paypal_certificates, which the alert leaves
+    out (deploy/prometheus/alerts_test.yml)."""
+    response = _send_naming_certificate(client, pki, cert_host, "CERT-401")
+    assert (response.status, response.json["error"]) == (401, "invalid_signature")
+    calls = samples(client.get("/metrics").text)
+    assert calls[("webhook_ledger_provider_calls_total", (("provider", "paypal_certificates"), ("result", "401")))] \
+        == 1
+    assert ("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "401"))) not in calls
 
 
 # -- the money rules, through the endpoint --------------------------------------------------------------
@@ -891,7 +848,7 @@ def test_under_gunicorn_each_worker_fetches_the_certificate_once_for_many_concur
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(post, bodies)) == {200}
     assert balance(db, BOB) == 2400
-    assert 1 <= len(seen) <= 2 and set(seen) == {f"{CERTS}CERT-good"}  # one per worker process at most
+    assert 1 <= len(seen) <= 2 and set(seen) == {cert_path("CERT-good")}  # one per worker process at most
     assert_ledger_consistent(db, USD)
 
 
@@ -1264,3 +1221,14 @@ def test_a_token_paypal_revoked_before_its_time_is_taken_again_once(send_paypal,
     assert paypal_api.count("/v1/oauth2/token") == 2
     assert paypal_api.count("/v1/notifications/webhooks-events/") == 4  # the third event asked twice
     assert balance(db, BOB) == 600
+
+
+def test_a_revoked_token_that_recovers_is_no_refusal_of_our_credentials(client, send_paypal, paypal_api):
+    """The alert pages on result 401: the revoked token's 401 is counted stale_token, and the new token's answer
+    as it came."""
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="1.00")).json["status"] == "processed"
+    paypal_api.revoke_tokens()
+    assert send_paypal(capture_completed(new_id(), user=BOB, value="2.00")).json["status"] == "processed"
+    calls = samples(client.get("/metrics").text)
+    assert calls[("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "stale_token")))] == 1
+    assert ("webhook_ledger_provider_calls_total", (("provider", "paypal"), ("result", "401"))) not in calls

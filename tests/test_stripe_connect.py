@@ -6,11 +6,15 @@ devservers/stripe_stand_in.py). Events built and signed by stripe-python; real P
 
 import hashlib
 import json
+import logging
+import socket
 import uuid
 
+import psycopg
 import pytest
 import stripe as stripe_sdk
 
+from app.commands import base
 from app.intake import events
 from app.providers import stripe
 from app.settings.config import Settings
@@ -25,6 +29,7 @@ from .helpers import (
     SECRETS,
     assert_ledger_consistent,
     balance,
+    before_012,
     db_url,
     event_rows,
     samples,
@@ -361,7 +366,8 @@ def _thin_as_before_connect_applied_it(app, document, obj, policy):
 
 def _back_to_the_previous_migration(db):
     """db as 004 left it: 005 not recorded, effects of version 6 (ledger_delivery's extra attribute is dropped by
-    005 itself, with every function that takes it)."""
+    005 itself, with every function that takes it), and 012 not applied (it journals 005's moves)."""
+    before_012(db)
     db.execute("DELETE FROM schema_migrations WHERE name = '005_connect_accounts.sql'")
     db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 6")
     db.execute("UPDATE webhook_events SET effect_version = 6")
@@ -391,8 +397,16 @@ def test_a_1_0_ledgers_connected_payment_is_rekeyed_and_its_later_refund_and_dis
                                     (f"{ACCOUNT}/{thin_paid}", ALICE, 50, 0, None),
                                     (platform.data.object.id, ALICE, 100, 0, None)])
     assert _movements(db) == [("refund", f"{ACCOUNT}/re_{pi}", f"{ACCOUNT}/{pi}", "applied")]
+    # The journal is append-only: its rows keep their keys, a payment_moved row says each move, and the rows are
+    # read under the keys in the account (ledger_journal_keyed, what verify reads).
     assert db.execute("SELECT payment_id, movement_id FROM ledger_journal WHERE kind = 'refund'").fetchall() == [
+        (pi, f"re_{pi}")]
+    assert db.execute("SELECT payment_id, movement_id FROM ledger_journal_keyed WHERE kind = 'refund'").fetchall() == [
         (f"{ACCOUNT}/{pi}", f"{ACCOUNT}/re_{pi}")]
+    assert sorted(db.execute("SELECT payment_id, moved_from, user_id, amount_cents, actor FROM ledger_journal"
+                             " WHERE kind = 'payment_moved'").fetchall()) == sorted(
+        [(f"{ACCOUNT}/{key}", key, user, 0, "migration 005_connect_accounts.sql")
+         for key, user in ((pi, ALICE), (linked, BOB), (thin_paid, ALICE))])
     assert run("ledger", "verify").exit_code == 0
     # The refund's later states, and a dispute, arrive with `account`: each takes the payment's money once.
     assert deliver(client, pending).json["status"] == "duplicate"
@@ -424,11 +438,36 @@ def test_migration_005_keeps_bare_a_payment_whose_movements_key_would_be_over_12
     assert _movements(db) == [("refund", long_refund, pi, "applied")]
 
 
+def test_a_customer_linked_bare_under_1_0_whose_events_were_purged_is_credited_its_next_payment_in_the_account(
+        app, client, db, run):
+    """005 links such a customer in its account from a stored event naming it; with none left (purged), the rule
+    reads the 1.0 link as 1.0 did. A bare link made after the upgrade stays the platform's."""
+    run("users", "link", "default", "cus_renews", str(BOB), "--by", "ops")
+    _as_1_0_applied_it(app, connected(intent_succeeded(_pi(), cents=700, customer="cus_renews", metadata={})),
+                       Settings.of(app).policy)
+    db.execute("UPDATE webhook_events SET created_at = now() - interval '40 days'")
+    assert "purged 1 completed events" in run("events", "purge").output
+    _back_to_the_previous_migration(db)
+    assert run("init-db").exit_code == 0
+    assert db.execute("SELECT customer_id FROM customer_links").fetchall() == [("cus_renews",)]  # no account read
+
+    renewal = connected(intent_succeeded(_pi(), cents=700, customer="cus_renews", metadata={}))
+    assert deliver(client, renewal).json["status"] == "processed"
+    assert deliver(client, renewal).json["status"] == "duplicate"
+    assert balance(db, BOB) == OPENING[BOB] + 700 + 700
+    run("users", "link", "default", "cus_later", str(BOB), "--by", "ops")
+    answer = deliver(client, connected(intent_succeeded(_pi(), cents=100, customer="cus_later", metadata={})))
+    assert answer.status == 422 and f"customer {ACCOUNT}/cus_later is linked to no user" in answer.json["message"]
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+    assert balance(db, BOB) == OPENING[BOB] + 1400
+
+
 def test_migration_005_leaves_a_ledger_without_connected_accounts_as_it_was(app, client, db):
     deliver(client, intent_succeeded("pi_platform_only", cents=100))
     before = _payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
     _back_to_the_previous_migration(db)
-    assert apply_schema(db)[1] == ["005_connect_accounts.sql"]
+    assert apply_schema(db)[1] == ["005_connect_accounts.sql", "012_journal_payment_moves.sql"]
     assert (_payments(db), db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()) == before
 
 
@@ -470,7 +509,7 @@ def test_a_payment_the_upgrade_left_bare_is_moved_into_its_account_and_its_waiti
     moved = run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops")
     assert moved.exit_code == 0, moved.output
     assert moved.output == (f"moved payment {pi} of source default into account {ACCOUNT}: {ACCOUNT}/{pi}, "
-                            "with 1 movement and 2 journal rows (by ops)\n"
+                            "with 1 movement and 2 journal rows read under it (by ops)\n"
                             f"  event {succeeded.id}: processed\n  event {withdrawn.id}: processed\n")
     assert _payments(db) == [(f"{ACCOUNT}/{pi}", ALICE, 900, 700, None)]
     assert _movements(db) == [("dispute", f"{ACCOUNT}/du_{pi}", f"{ACCOUNT}/{pi}", "applied"),
@@ -481,6 +520,70 @@ def test_a_payment_the_upgrade_left_bare_is_moved_into_its_account_and_its_waiti
     for evt in (succeeded, withdrawn):
         assert deliver(client, evt).json["status"] == "duplicate"
     assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300 - 400  # (_consistent reads credits of stored events)
+
+
+def test_move_to_account_writes_who_moved_it_to_the_system_log_not_into_its_output(app, db, run, capfd, monkeypatch,
+                                                                                  tmp_path):
+    """Issue 44: its output is for the person who ran it (it says who moved it); the audit line goes to the system log
+    (journald's socket on a systemd host), one JSON line tagged webhook-ledger, and into neither stdout nor stderr."""
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    system_log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    system_log.bind(str(tmp_path / "log"))
+    system_log.settimeout(10)
+    monkeypatch.setattr(base, "SYSTEM_LOG", str(tmp_path / "log"))
+    audit = logging.getLogger(base.AUDIT)
+    capfd.readouterr()
+    try:
+        moved = run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops")
+        assert (moved.exit_code, moved.output) == (0, f"moved payment {pi} of source default into account {ACCOUNT}: "
+                                                      f"{ACCOUNT}/{pi}, with 1 movement and 2 journal rows read under "
+                                                      "it (by ops)\n")
+        assert capfd.readouterr() == ("", "")
+        tag, line = system_log.recv(65536).decode().rstrip("\x00").split(": ", 1)  # the NUL SysLogHandler ends with
+    finally:
+        for handler in audit.handlers:
+            handler.close()
+        audit.handlers.clear()
+        audit.propagate = True
+        system_log.close()
+    assert tag == "<14>webhook-ledger"  # facility user (1) * 8 + severity info (6), RFC 3164
+    assert json.loads(line)["message"] == f"payment {pi} of source default moved into account {ACCOUNT} by ops"
+
+
+def test_moving_a_payment_appends_one_journal_row_the_feed_gives_once_and_changes_none(app, db, run):
+    """The journal is append-only and its feed gives each row once: the move is a payment_moved row of 0 cents
+    naming both keys and who moved it; the payment's earlier rows keep theirs and are not given again."""
+    pi = _left_bare_by_the_upgrade(app, db, run)
+    before = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    cursor = db.execute("SELECT cursor FROM journal_changes(NULL, 1000) ORDER BY id DESC LIMIT 1").fetchone()[0]
+    assert run("payments", "move-to-account", "default", pi, ACCOUNT, "--by", "ops").exit_code == 0
+    after = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+    assert after[:len(before)] == before
+    given = db.execute("SELECT id, kind, payment_id, moved_from, user_id, amount_cents FROM journal_changes(%s, 1000)",
+                       [cursor]).fetchall()
+    assert given == [(after[-1][0], "payment_moved", f"{ACCOUNT}/{pi}", pi, ALICE, 0)] and len(after) == len(before) + 1
+    assert db.execute("SELECT actor FROM ledger_journal WHERE kind = 'payment_moved'").fetchone() == ("ops",)
+    shown = run("users", "show", str(ALICE)).output.splitlines()[-1].split()
+    assert shown[2:] == ["payment_moved", "+0", f"{ACCOUNT}/{pi}", "ops:", "moved", "from", pi]
+    assert db.execute("SELECT payment_id, movement_id FROM ledger_journal_keyed WHERE kind = 'refund'").fetchall() == [
+        (f"{ACCOUNT}/{pi}", f"{ACCOUNT}/re_{pi}")]
+    assert balance(db, ALICE) == OPENING[ALICE] + 900 - 300
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0, verified.output
+
+
+def test_the_keyed_journal_reads_the_rows_before_a_keys_move_under_the_key_moved_to_and_a_key_moves_once(db):
+    """A bare payment credited again after its key moved is another payment: its rows stay bare."""
+    rows = [("credit", "evt_1", None, 100), ("payment_moved", None, "acct_A/pi_Z", 0), ("credit", "evt_2", None, 200)]
+    insert = ("INSERT INTO ledger_journal (kind, source, event_id, payment_id, moved_from, actor, user_id,"
+              " amount_cents) VALUES (%s, 'default', %s, %s, %s, %s, %s, %s)")
+    for kind, event_id, moved_to, cents in rows:
+        db.execute(insert, [kind, event_id, moved_to or "pi_Z", moved_to and "pi_Z", moved_to and "ops", ALICE, cents])
+    assert db.execute("SELECT event_id, payment_id FROM ledger_journal_keyed WHERE kind = 'credit' ORDER BY id"
+                      ).fetchall() == [("evt_1", "acct_A/pi_Z"), ("evt_2", "pi_Z")]
+    assert db.execute("SELECT count(*) FROM ledger_journal_keyed").fetchone()[0] == len(rows)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        db.execute(insert, ["payment_moved", None, "acct_B/pi_Z", "pi_Z", "ops", ALICE, 0])
 
 
 def test_a_moved_payment_credited_through_its_customers_bare_link_keeps_it_in_the_account(app, client, db, run):

@@ -4,6 +4,9 @@ cli.py's and users.py's commands are built from it."""
 import functools
 import getpass
 import itertools
+import logging
+import logging.handlers
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,11 +18,17 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..serving.logformat import json_formatter
 from ..settings.config import PROBLEMS, Needs, Settings
 from ..settings.parsers import ConfigError
 from ..store.db import unavailable_in_one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Where a command's audit lines go: the system log's socket (journald's on a systemd host, beside the service's own
+# lines), not the command's output, which is for the person who ran it. Without one (a container), stderr.
+SYSTEM_LOG = "/dev/log"
+AUDIT = "app.audit"  # their logger's name
 
 # What each level of the settings is, in a refusal's words.
 NEEDS_WORDS = {Needs.DATABASE: "DATABASE_URL", Needs.REDIS: "DATABASE_URL and REDIS_URL",
@@ -74,6 +83,24 @@ _needs = needs  # for Commands.command, whose keyword hides it
 
 # An adjustment's amount: any that a balance (BIGINT) can hold.
 CENTS = click.IntRange(-2**63, 2**63 - 1)
+
+
+def audit(message: str, *args: object) -> None:
+    """Log what an operator's command changed to the system log (SYSTEM_LOG), as one JSON line tagged
+    webhook-ledger; to the process's log on stderr where the machine has no system log."""
+    logger = logging.getLogger(AUDIT)
+    logger.setLevel(logging.INFO)  # whatever the root's level: an audit line is never filtered out
+    if not logger.handlers and os.path.exists(SYSTEM_LOG):
+        try:
+            handler = logging.handlers.SysLogHandler(SYSTEM_LOG)
+        except OSError:
+            pass  # nobody listens there: stderr, as if there were none
+        else:
+            handler.ident = "webhook-ledger: "
+            handler.setFormatter(json_formatter())
+            logger.addHandler(handler)
+            logger.propagate = False
+    logger.info(message, *args)
 
 
 def utc(moment: datetime | None) -> str:

@@ -4,10 +4,12 @@ verify|adjust`, `flask redis forget-done` and `flask reconcile`."""
 import hashlib
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import click
+import psycopg
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
@@ -26,7 +28,7 @@ from ..settings.sources import api_key_setting
 from ..store import ledger, retention, verify
 from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout, transaction, unavailable_in_one_line
 from ..store.outcome import Outcome
-from ..store.schema import SchemaError, other_currency, recorded_currency, set_currency
+from ..store.schema import SchemaError, one_line, other_currency, recorded_currency, set_currency, why_not_at_release
 from . import reconcile, replay
 from .base import CENTS, Commands, needs, os_user, progress, table, utc
 
@@ -85,7 +87,7 @@ def init_db_command() -> None:
     settings = Settings.of(current_app)
     path, policy = settings.schema_path, settings.policy
     pool = get_pool(current_app)
-    with unavailable_in_one_line():
+    with unavailable_in_one_line(), _refused_in_one_line():
         with pool.connection() as conn:
             try:
                 applied = apply_schema(conn, path, policy.currency)
@@ -100,6 +102,18 @@ def init_db_command() -> None:
         recomputed = ledger.recompute_effects(pool, policy)
         if recomputed:
             click.echo(f"recomputed the effects of {recomputed} stored events")
+
+
+@contextmanager
+def _refused_in_one_line() -> Iterator[None]:
+    """init-db: an error PostgreSQL answers (not an unreachable server's: unavailable_in_one_line's) ends it with
+    one line, never a traceback: what a migration refused is said by SchemaError, naming the file."""
+    try:
+        yield
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        raise click.ClickException(f"init-db stopped: {one_line(exc)}") from None
 
 
 @events.command("list", needs=Needs.DATABASE)
@@ -377,6 +391,11 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
 def verify_ledger() -> None:
     """Check the ledger's invariants; exit 1 and name the offending rows if one fails."""
     pool = get_pool(current_app)
+    # The checks are this release's: a database at another would fail them for what init-db changes, not for money.
+    with pool.connection() as conn:
+        reason = why_not_at_release(conn, Settings.of(current_app).schema_path)
+    if reason is not None:
+        raise click.ClickException(f"the ledger cannot be checked: {reason}")
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
         report = verify.check(conn, Settings.of(current_app).policy, advance)

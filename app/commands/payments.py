@@ -3,7 +3,6 @@ user its user, `flask payments move-to-account` keys a connected account's payme
 waiting events (docs/operations.md, "A Checkout payment refused for want of a user", "A connected account's refund
 or dispute refused: unknown payment")."""
 
-import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +16,7 @@ from ..settings.config import Needs, Settings
 from ..store import ledger
 from ..store.db import get_pool, transaction
 from ..store.outcome import Outcome
-from .base import EVERY_STATUS, Commands, os_user, stored_effects, unapplied
-
-log = logging.getLogger(__name__)
+from .base import EVERY_STATUS, Commands, audit, os_user, stored_effects, unapplied
 
 payments = Commands("payments", help="Give a payment that names no user its user, or key a connected account's "
                                      "payment in its account, and apply its waiting events.")
@@ -114,7 +111,7 @@ def move_to_account(source: str, payment_id: str, account: str, actor: str | Non
     # No statement timeout: whether a stored event names the payment is read from every stored event's bytes.
     with transaction(get_pool(current_app), statement_timeout=0) as conn:
         try:
-            moved = ledger.move_payment_to_account(conn, source, payment_id, account)
+            moved = ledger.move_payment_to_account(conn, source, payment_id, account, actor)
         except ledger.MoveRefusedError as exc:
             raise click.ClickException(f"{exc}: nothing moved") from None
         elsewhere = _keyed_elsewhere(conn, source, payment_id, account)
@@ -124,9 +121,9 @@ def move_to_account(source: str, payment_id: str, account: str, actor: str | Non
             raise click.ClickException(f"event {event_id} of payment {payment_id} names {whose}: a payment's events "
                                        "say which account it is in; nothing moved")
         waiting, _ = waiting_for(conn, source, moved.payment_id)
-    log.info("payment %s of source %s moved into account %s by %s", payment_id, source, account, actor)
+    audit("payment %s of source %s moved into account %s by %s", payment_id, source, account, actor)
     rows = f"{moved.movements} movement{'s' * (moved.movements != 1)} and {moved.journal_rows} journal " \
-           f"row{'s' * (moved.journal_rows != 1)}"
+           f"row{'s' * (moved.journal_rows != 1)} read under it"
     click.echo(f"moved payment {payment_id} of source {source} into account {account}: {moved.payment_id}, "
                f"with {rows} (by {actor})")
     replay_waiting(source, waiting)

@@ -34,7 +34,7 @@ LIST_USERS = """
 # reference, or an adjustment's reason and who made it.
 JOURNAL = """
     SELECT j.id, j.created_at, j.kind, j.amount_cents, j.source, j.event_id, e.event_type, j.payment_id,
-           j.movement_id, j.reference, j.reason, j.actor
+           j.movement_id, j.reference, j.reason, j.actor, j.moved_from
     FROM ledger_journal j LEFT JOIN webhook_events e USING (source, event_id)
     WHERE j.user_id = %s ORDER BY j.id
 """
@@ -149,6 +149,8 @@ def _made_by(row: NamedRow) -> str:
         return f"event {row.event_id} ({row.event_type or 'purged'})"
     if row.reference is not None:
         return f"{'give back' if row.kind == Entry.GIVE_BACK else 'spend'} {row.reference}"
+    if row.moved_from is not None:  # the rows of that key before it are this payment's
+        return f"{row.actor}: moved from {row.moved_from}"
     return f"{row.actor}: {row.reason}"
 
 

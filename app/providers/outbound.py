@@ -6,6 +6,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 MAX_ANSWER_BYTES = 1024 * 1024
 
 # What is told of each call (app/receiver/metrics.py counts it): the provider, its result (the status, "timeout",
-# "unreachable", "no_slot"), and the seconds it took.
+# "unreachable", "no_slot", "no_budget"), and the seconds it took.
 Observer = Callable[[str, str, float], None]
 
 
@@ -34,6 +35,10 @@ class AnswerTooLargeError(ProviderUnavailableError):
 class ProviderRefusedError(ProviderUnavailableError):
     """The provider refused our credentials (401, 403): 503 as any unavailable provider, and an alert: a
     misconfiguration, not the sender's fault."""
+
+
+class BudgetSpentError(ProviderUnavailableError):
+    """A host's budget for calls made before a request is proven authentic is spent for now: 503, retry."""
 
 
 class Reply(NamedTuple):
@@ -81,18 +86,21 @@ class Outbound:
 
     def request(self, provider: str, method: str, url: str, deadline: Deadline, *,
                 headers: Mapping[str, str] | None = None, body: bytes | None = None,
-                context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES) -> Reply:
+                context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES,
+                unauthorized_as: str | None = None) -> Reply:
         """The status and body of one HTTP call made within deadline; no redirect is followed.
 
         The caller holds a slot. ProviderUnavailableError when the call
         cannot end in an answer by the deadline, or the answer is larger
-        than max_bytes; any status is returned as it came.
+        than max_bytes; any status is returned as it came, and counted as
+        it came but a 401, counted as unauthorized_as when given (a token
+        about to be renewed: not yet a refusal of our credentials).
         """
         started = time.perf_counter()
         result = "unreachable"
         try:
             reply = self._call(method, url, deadline, headers or {}, body, context, max_bytes)
-            result = str(reply.status)
+            result = unauthorized_as if reply.status == 401 and unauthorized_as else str(reply.status)
             return reply
         except ProviderUnavailableError as exc:
             result = "timeout" if isinstance(exc, DeadlinePassedError) else result
@@ -135,6 +143,37 @@ class Outbound:
         if len(data) > max_bytes:
             raise AnswerTooLargeError(f"an answer larger than {max_bytes} bytes")
         return Reply(answer.status, data)
+
+
+class Budget:
+    """What calls made for requests not yet proven authentic may take of one host: at most at_once in flight and
+    per_minute started in any 60 s, apart from the slots that authentic work takes. Thread-safe."""
+
+    def __init__(self, at_once: int, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.at_once, self.per_minute, self.clock = at_once, per_minute, clock
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._started: dict[str, deque[float]] = {}  # by host: when each call of the last 60 s started
+
+    @contextmanager
+    def spend(self, host: str) -> Iterator[None]:
+        """Count one call to host while it runs, or BudgetSpentError at once when its budget is spent."""
+        now = self.clock()
+        with self._lock:
+            started = self._started.setdefault(host, deque())
+            while started and started[0] <= now - 60:
+                started.popleft()
+            if self._in_flight.get(host, 0) >= self.at_once:
+                raise BudgetSpentError(f"{self.at_once} calls to {host} in flight already")
+            if len(started) >= self.per_minute:
+                raise BudgetSpentError(f"{self.per_minute} calls to {host} started in the last minute")
+            started.append(now)
+            self._in_flight[host] = self._in_flight.get(host, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight[host] -= 1
 
 
 def record(reply: Reply, provider: str, what: str) -> bytes | None:

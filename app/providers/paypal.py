@@ -3,12 +3,14 @@ Its signature covers only a CRC32 of the body, so each event is fetched from Pay
 
 import base64
 import binascii
+import logging
 import re
 import ssl
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,12 +54,36 @@ from ..core.vocabulary import (
     text,
     uuid_text,
 )
-from .outbound import AnswerTooLargeError, Deadline, Outbound, ProviderUnavailableError, Reply, record
+from .outbound import (
+    AnswerTooLargeError,
+    Budget,
+    BudgetSpentError,
+    Deadline,
+    Outbound,
+    ProviderUnavailableError,
+    Reply,
+    record,
+)
+
+log = logging.getLogger(__name__)
 
 # PayPal's certificates are served under this path (PAYPAL-CERT-URL, e.g.
 # https://api.sandbox.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77 in PayPal's
 # own samples): nothing else on an allowed host is ever fetched.
 CERT_PATH = "/v1/notifications/certs/"
+# The name after it. PayPal documents no grammar; every URL its SDKs' samples and its live deliveries show
+# is CERT- and three groups of eight hex digits (live: .../CERT-360caa42-fca2a594-df8cd2d5 in
+# github.com/paypal/PayPal-Python-SDK/issues/130; sandbox: .../CERT-360caa42-fca2a594-a5cafa77 in the
+# PHP SDK's sample ValidateWebhookEvent.php). Any other name is refused before anything is fetched.
+CERT_NAME = re.compile(r"CERT-[0-9A-Fa-f]{8}-[0-9A-Fa-f]{8}-[0-9A-Fa-f]{8}")
+# The certificate fetches of requests not yet verified, per certificate host and process, apart from
+# PROVIDER_SLOTS (which only authentic work takes): one at a time, and six a minute. A process meets
+# one or two of PayPal's certificates in a year (one per environment, a new one when it rotates), each
+# fetched once and cached; an unsigned sender naming new URLs gets these and nothing more.
+CERT_FETCHES_AT_ONCE = 1
+CERT_FETCHES_PER_MINUTE = 6
+# A spent budget is told in one WARNING line per process at most this often, with how many it refused.
+CERT_BUDGET_LOG_SECONDS = 60.0
 # PayPal's limit for cert_url in verify-webhook-signature (https://developer.paypal.com/api/webhooks/v1/).
 MAX_URL_CHARS = 500
 # A certificate and its chain are a few kilobytes; nothing past this is read.
@@ -69,6 +95,11 @@ PAYPAL_SUFFIX = ".paypal.com"
 # PayPal's live REST API; a sandbox source sets WEBHOOK_<NAME>_API_BASE=https://api-m.sandbox.paypal.com.
 API_BASE = "https://api-m.paypal.com"
 SCHEME = "paypal"  # also the name its calls are counted under (app/receiver/metrics.py)
+# The name its certificate host's calls are counted under: that host is sent no credentials of ours, so
+# what it answers is never a refusal of them (the alert WebhookLedgerProviderRefusesCredentials).
+CERTIFICATES = "paypal_certificates"
+# The result a 401 to a token is counted as when one more token is asked for: no alert unless that one is refused.
+STALE_TOKEN = "stale_token"
 NAME = "PayPal"
 SIGNATURE_HEADER = "PAYPAL-TRANSMISSION-SIG"
 CAPTURE_COMPLETED = "PAYMENT.CAPTURE.COMPLETED"
@@ -275,19 +306,24 @@ class Certificates:
     per deadline, whatever unsigned senders name: a twin naming it meanwhile
     waits for that fetch (up to the deadline), and a URL whose fetch failed is
     answered by that failure until the deadline has passed again. Each fetch
-    takes a slot of the process's calls (app/providers/outbound.py).
+    spends the certificate host's budget, never a slot of PROVIDER_SLOTS; a
+    URL refused for want of budget is not remembered as failed.
     """
 
-    def __init__(self, hosts: frozenset[str], outbound: Outbound, ca_file: Path | None = None) -> None:
+    def __init__(self, hosts: frozenset[str], outbound: Outbound, ca_file: Path | None = None,
+                 budget: Budget | None = None) -> None:
         self.hosts = hosts  # host:port, lower case
         self.ca_file = ca_file
         self.outbound = outbound
+        self.budget = budget or Budget(CERT_FETCHES_AT_ONCE, CERT_FETCHES_PER_MINUTE)
         self.fetches = 0  # how many times a certificate was fetched (tests, and a reader of the cache)
         self._cache: dict[str, _Checked] = {}
-        self._lock = threading.Lock()  # guards _cache, _fetching and _failed
+        self._lock = threading.Lock()  # guards _cache, _fetching, _failed and the budget's report
         self._fetching: dict[str, threading.Lock] = {}  # a URL being fetched now -> its lock
         self._failed: dict[str, tuple[float, Exception]] = {}  # a URL whose fetch failed -> until when, and why
         self._trust: tuple[Store, ssl.SSLContext] | None = None  # loaded on first use
+        self._over_budget = 0  # deliveries refused for want of budget since the last report
+        self._reported_at = -CERT_BUDGET_LOG_SECONDS  # when the last report was logged (the budget's clock)
 
     def __call__(self, url: str, now: float) -> RSAPublicKey:
         target = self.allowed(url)  # before anything is fetched
@@ -309,7 +345,7 @@ class Certificates:
         if (parts.scheme != "https" or parts.username is not None or parts.password is not None
                 or parts.netloc.lower() not in (host, f"{host}:{port}") or f"{host}:{port}" not in self.hosts
                 or parts.query or parts.fragment or not parts.path.startswith(CERT_PATH)
-                or ".." in parts.path or "%" in parts.path):
+                or not CERT_NAME.fullmatch(parts.path.removeprefix(CERT_PATH))):
             raise SignatureError("PAYPAL-CERT-URL is not a URL of PayPal's certificates (PAYPAL_CERT_HOSTS)")
         return f"https://{host}:{port}{parts.path}"
 
@@ -334,19 +370,38 @@ class Certificates:
                 failed = self._failed.get(url)
                 if failed is not None and failed[0] > time.monotonic():
                     raise failed[1]
-            try:
-                return self._store(url, self._check(self._fetch(url), now))
-            except (SignatureError, CertificateUnavailableError) as exc:
-                with self._lock:
-                    while len(self._failed) >= MAX_CACHED:
-                        del self._failed[next(iter(self._failed))]
-                    self._failed[url] = (time.monotonic() + self.outbound.deadline_seconds, exc)
-                raise
+            with self._spending(urlsplit(url).netloc):  # its refusal is not the URL's failure: not remembered
+                try:
+                    return self._store(url, self._check(self._fetch(url), now))
+                except (SignatureError, CertificateUnavailableError) as exc:
+                    with self._lock:
+                        while len(self._failed) >= MAX_CACHED:
+                            del self._failed[next(iter(self._failed))]
+                        self._failed[url] = (time.monotonic() + self.outbound.deadline_seconds, exc)
+                    raise
         finally:
             fetching.release()
             with self._lock:
                 if self._fetching.get(url) is fetching and not fetching.locked():
                     del self._fetching[url]
+
+    @contextmanager
+    def _spending(self, host: str) -> Iterator[None]:
+        """Spend host's budget for one fetch; refused, count it (no_budget) and log it once per interval."""
+        try:
+            with self.budget.spend(host):
+                yield
+        except BudgetSpentError as exc:
+            self.outbound.observe(CERTIFICATES, "no_budget", 0.0)
+            with self._lock:
+                self._over_budget += 1
+                now, refused = self.budget.clock(), 0
+                if now - self._reported_at >= CERT_BUDGET_LOG_SECONDS:
+                    refused, self._over_budget, self._reported_at = self._over_budget, 0, now
+            if refused:
+                log.warning("PayPal certificate fetches for deliveries not yet verified are over budget (%s): "
+                            "%d deliveries answered 503 since the last report", exc, refused)
+            raise
 
     def _store(self, url: str, checked: _Checked) -> _Checked:
         with self._lock:
@@ -367,10 +422,9 @@ class Certificates:
         """The URL's body, over TLS verified against the same roots, within the deadline; no redirect is followed."""
         self.fetches += 1
         try:
-            with self.outbound.slot(SCHEME):
-                reply = self.outbound.request(SCHEME, "GET", url, self.outbound.deadline(),
-                                              headers={"Accept": "*/*"}, context=self._trusted()[1],
-                                              max_bytes=MAX_CERT_BYTES)
+            reply = self.outbound.request(CERTIFICATES, "GET", url, self.outbound.deadline(),
+                                          headers={"Accept": "*/*"}, context=self._trusted()[1],
+                                          max_bytes=MAX_CERT_BYTES)
         except AnswerTooLargeError:
             raise SignatureError(f"PAYPAL-CERT-URL's answer is larger than {MAX_CERT_BYTES} bytes") from None
         except ProviderUnavailableError as exc:
@@ -472,15 +526,17 @@ class API:
         """
         deadline, path = self.outbound.deadline(), f"/v1/notifications/webhooks-events/{quote(event.id, safe='')}"
         with self.outbound.slot(SCHEME):
-            reply = self._get(path, deadline)
-            if reply.status == 401:  # a token PayPal revoked before its time: one more, once
+            # A token PayPal revoked before its time: one more, once. Only the second 401 refuses our credentials.
+            reply = self._get(path, deadline, unauthorized_as=STALE_TOKEN)
+            if reply.status == 401:
                 self._token = None
                 reply = self._get(path, deadline)
         return record(reply, NAME, "its event")
 
-    def _get(self, path: str, deadline: Deadline) -> Reply:
+    def _get(self, path: str, deadline: Deadline, unauthorized_as: str | None = None) -> Reply:
         return self.outbound.request(SCHEME, "GET", self.base + path, deadline, headers={
-            "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"})
+            "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"},
+            unauthorized_as=unauthorized_as)
 
     def _access_token(self, deadline: Deadline) -> str:
         with self._lock:

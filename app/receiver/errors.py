@@ -13,7 +13,7 @@ from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntity
 from ..intake.events import InvalidEventError, InvalidJSONError, UnprocessableError
 from ..intake.signature import SignatureError
 from ..locking.lock import InProgressError
-from ..providers.outbound import ProviderUnavailableError
+from ..providers.outbound import BudgetSpentError, ProviderUnavailableError
 from ..settings.config import Settings
 from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from ..store.outcome import Outcome
@@ -82,6 +82,10 @@ ANSWERS: dict[type[Exception], Answer] = {
     # was written, and the provider retries.
     ProviderUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
                                      "the provider's API is unavailable; retry later", retry_after=True),
+    # PayPal's certificate host's budget for unverified requests spent (app/providers/paypal.py, which logs it
+    # once per interval: an unsigned flood must not write a line per request).
+    BudgetSpentError: Answer(503, "unavailable", Outcome.UNAVAILABLE, "the provider's API is unavailable; retry later",
+                             retry_after=True, logged=False),
     # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
     # or a misconfiguration: 500, its class and SQLSTATE logged (_internal_error).
 }

@@ -123,10 +123,12 @@ class Metrics:
         self.by_name: dict[str, Counter] = {
             **{name: self.changes[change] for change, (name, _) in CHANGES.items()},
             PAYMENT_MISMATCHES: self.payment_mismatches, BELOW_ZERO: self.below_zero}
-        # provider: a scheme's provider; result: the HTTP status, or timeout, unreachable, no_slot.
+        # provider: a scheme's provider, or paypal_certificates (PayPal's certificate host); result: the HTTP
+        # status, or timeout, unreachable, no_slot, no_budget (the certificate host's), stale_token (a PayPal token
+        # refused once, and renewed).
         self.provider_calls = Counter(
             "webhook_ledger_provider_calls", "Calls to providers' APIs, by provider and result (status, timeout, "
-            "unreachable, no_slot)", ["provider", "result"], registry=registry)
+            "unreachable, no_slot, no_budget, stale_token)", ["provider", "result"], registry=registry)
         self.provider_latency = Histogram(
             "webhook_ledger_provider_call_duration_seconds", "Time a call to a provider's API took",
             ["provider"], buckets=LATENCY_BUCKETS, registry=registry)

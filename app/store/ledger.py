@@ -64,11 +64,14 @@ class Change(StrEnum):
 
 
 class Entry(StrEnum):
-    """A journal row that no event wrote (ledger_journal.kind): money.sql's adjust and spend write them."""
+    """A journal row that no event wrote (ledger_journal.kind): money.sql's adjust, spend and
+    move_payment_to_account (and migration 012) write them."""
 
     ADJUSTMENT = "adjustment"  # an operator's correction, either sign, with its reason and who made it
     SPEND = "spend"  # the application spent the user's credit (or captured a hold), once per reference it gave
     GIVE_BACK = "give_back"  # the application gave a spend back, once, naming the spend's reference
+    # 0 cents: a payment keyed in a connected account, its key before in moved_from (the journal is append-only)
+    PAYMENT_MOVED = "payment_moved"
 
 
 class SpendOutcome(StrEnum):
@@ -310,7 +313,7 @@ def assign_payment_user(conn: psycopg.Connection[Any], source: str, payment_id: 
 
 
 MOVE_PAYMENT_TO_ACCOUNT = ("SELECT * FROM move_payment_to_account(p_source => %(source)s, p_payment => %(payment)s,"
-                           " p_account => %(account)s, p_max_chars => %(max_chars)s)")
+                           " p_account => %(account)s, p_max_chars => %(max_chars)s, p_by => %(by)s)")
 # The SQLSTATEs money.sql's move_payment_to_account refuses with, changing nothing (its header lists them).
 MOVE_REFUSALS = (psycopg.errors.NoDataFound, psycopg.errors.UniqueViolation, psycopg.errors.InvalidParameterValue)
 
@@ -320,19 +323,21 @@ class MoveRefusedError(ValueError):
 
 
 class Moved(NamedTuple):
-    """A payment keyed in its connected account: its new key, and how many movements and journal rows moved."""
+    """A payment keyed in its connected account: its new key, how many movements moved, and how many journal rows
+    are read under it from now on (they keep their key: a 'payment_moved' row says the move)."""
 
     payment_id: str
     movements: int
     journal_rows: int
 
 
-def move_payment_to_account(conn: psycopg.Connection[Any], source: str, payment_id: str, account: str) -> Moved:
+def move_payment_to_account(conn: psycopg.Connection[Any], source: str, payment_id: str, account: str,
+                            actor: str) -> Moved:
     """Key source's payment_id, keyed in no account, in the Stripe connected account (money.sql's
-    move_payment_to_account), in conn's transaction; MoveRefusedError when it is refused."""
+    move_payment_to_account), journaled as actor's move, in conn's transaction; MoveRefusedError when refused."""
     # A key in an account is held to what the live rule holds it to (app/providers/stripe.py's _in_account): an
     # account id, "/" and an id, each MAX_ID_CHARS at most.
-    params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_KEY_CHARS}
+    params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_KEY_CHARS, "by": actor}
     try:
         row = conn.execute(MOVE_PAYMENT_TO_ACCOUNT, params).fetchone()
     except MOVE_REFUSALS as exc:

@@ -27,6 +27,14 @@ RECORD = "INSERT INTO schema_migrations (name, sha256, ran) VALUES (%s, %s, %s)"
 # The money rule's row: the sha256 of the money.sql applied last, and when that text was first applied.
 RECORD_MONEY = RECORD + (" ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()"
                          " WHERE schema_migrations.sha256 <> EXCLUDED.sha256")
+# A migration's earlier text, never released, that a database may have recorded: accepted as the file's own where
+# what it did is read as what the file does. 005's before `DROP TYPE IF EXISTS` (it stopped on the database of the
+# commit tagged 1.0.0, which never made the type) and before the journal was left append-only: it rewrote the moved
+# payments' journal rows to their keys in the account, which ledger_journal_keyed reads as they are (012 finds no
+# row of a bare key to journal a move for). docs/deploying.md.
+SUPERSEDED = {
+    "005_connect_accounts.sql": {bytes.fromhex("369d737f05d8be96fb786c743596603f8979480224f8f7003e62919925f04d65")},
+}
 NO_SCHEMA = "the database has no schema: run `flask init-db`"
 BEFORE_1_0 = (f"this database was made by a build before release {BASELINE}, which {BASELINE} does not upgrade: "
               "nothing was changed (docs/deploying.md, \"From a build before 1.0.0\")")
@@ -68,7 +76,7 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
             raise SchemaError(BEFORE_1_0)
         if not recorded:  # an empty database
             schema = schema_path.read_bytes()
-            conn.execute(schema.decode())
+            _run(conn, schema_path.name, schema)
             conn.execute(RECORD, [BASELINE, hashlib.sha256(schema).digest(), False])
             for name in files:
                 conn.execute(RECORD, [name, sha256[name], False])
@@ -79,19 +87,43 @@ def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> 
         unknown = sorted(set(recorded) - set(files))
         if unknown:
             raise SchemaError(newer(unknown))
-        changed = sorted(name for name in recorded if bytes(recorded[name]) != sha256[name])
+        changed = _changed(recorded, sha256)
         if changed:
             raise SchemaError(f"migrations changed since they were applied: {', '.join(changed)}")
         ran = [name for name in files if name not in recorded]
         for name in ran:
-            conn.execute(files[name].decode())
+            _run(conn, name, files[name])
             conn.execute(RECORD, [name, sha256[name], True])
         money = (schema_path.parent / MONEY).read_bytes()
-        conn.execute(money.decode())
+        _run(conn, MONEY, money)
         conn.execute(RECORD_MONEY, [MONEY, hashlib.sha256(money).digest(), True])  # what why_not_at_release reads
         _record_currency(conn, currency)
     _validate_constraints(conn)
     return Applied(created, ran)
+
+
+def _changed(recorded: dict[str, Any], sha256: dict[str, bytes]) -> list[str]:
+    """The names of the recorded migrations whose file is not the text recorded (nor one it supersedes), sorted."""
+    return sorted(name for name in recorded
+                  if bytes(recorded[name]) != sha256[name] and bytes(recorded[name]) not in SUPERSEDED.get(name, ()))
+
+
+def _run(conn: psycopg.Connection[Any], name: str, text: bytes) -> None:
+    """Execute a migration's or the money rule's text; SchemaError, in one line naming it, when PostgreSQL refuses
+    it (the transaction then ends, changing nothing). PostgreSQL unreachable or timed out is not the file's fault:
+    that error goes on (the command says it in one line too)."""
+    try:
+        conn.execute(text.decode())
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as exc:
+        raise SchemaError(f"{name} failed, nothing was changed: {one_line(exc)}") from None
+
+
+def one_line(exc: psycopg.Error) -> str:
+    """PostgreSQL's error on one line: its SQLSTATE and primary message (its detail and context lines left out)."""
+    message = exc.diag.message_primary or next(iter(str(exc).splitlines()), "")
+    return f"{exc.sqlstate or type(exc).__name__}: {' '.join(message.split())}"
 
 
 # The CHECKs and foreign keys a migration added NOT VALID (or an init-db stopped before it validated).
@@ -108,9 +140,15 @@ def _validate_constraints(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
         pending = conn.execute(NOT_VALIDATED).fetchall()
     for table, name in pending:
-        with conn.transaction():
-            conn.execute(sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(table),
-                                                                                sql.Identifier(name)))
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(table),
+                                                                                    sql.Identifier(name)))
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            raise SchemaError(f"the migrations are applied, but constraint {name} of {table} does not hold for every "
+                              f"row: {one_line(exc)}") from None
 
 
 def other_currency(configured: str, recorded: str) -> str:
@@ -177,7 +215,7 @@ def why_not_at_release(conn: psycopg.Connection[Any], schema_path: Path) -> str 
     unknown = sorted(set(recorded) - set(files))
     if unknown:
         return newer(unknown)
-    changed = sorted(name for name in recorded if recorded[name] != files[name])
+    changed = _changed(recorded, files)
     if changed:
         return f"migrations changed since they were applied: {', '.join(changed)}: deploy the release that applied them"
     missing = sorted(set(files) - set(recorded))

@@ -53,7 +53,7 @@ WRONG_PAYMENTS = """
                -coalesce(sum(j.amount_cents) FILTER (WHERE j.kind NOT IN ('credit', 'adjustment')), 0) AS debited,
                count(j.id) FILTER (WHERE j.user_id <> p.user_id) AS others
         FROM payments p JOIN payment_accounts a USING (source, payment_id)
-        LEFT JOIN ledger_journal j USING (source, payment_id)
+        LEFT JOIN ledger_journal_keyed j USING (source, payment_id)
         GROUP BY p.source, p.payment_id, a.debit_due_cents
     ) t
     WHERE exact_credits = 0 OR credited <> amount_cents OR others <> 0 OR debited <> debited_cents
@@ -61,27 +61,29 @@ WRONG_PAYMENTS = """
     ORDER BY source, payment_id
 """
 JOURNAL_WITHOUT_PAYMENT = """
-    SELECT j.id, j.kind, j.source, j.event_id, j.payment_id FROM ledger_journal j
+    SELECT j.id, j.kind, j.source, j.event_id, j.payment_id FROM ledger_journal_keyed j
     WHERE (j.kind NOT IN ('adjustment', 'spend', 'give_back') OR j.payment_id IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.source = j.source AND p.payment_id = j.payment_id)
     ORDER BY j.source, j.event_id
 """
-# A journal row says what made it: an event, or, for an adjustment, its reason and who made it, for a spend
-# or a give-back, its reference; none of these names an event or a movement, a spend or a give-back no payment
-# either (what schema.sql's ledger_journal_names_check holds).
+# A journal row says what made it: an event, or, for an adjustment, its reason and who made it, for a spend or a
+# give-back, its reference, for a payment's move into a connected account, its keys and who moved it; none of those
+# names an event or a movement, a spend or a give-back no payment either (what schema.sql's
+# ledger_journal_names_check holds).
 UNEXPLAINED = """
     SELECT id, kind, user_id, amount_cents FROM ledger_journal
     WHERE CASE kind WHEN 'adjustment' THEN reason IS NULL OR reason !~ '\\S' OR actor IS NULL
                                            OR num_nonnulls(source, payment_id) = 1
                     WHEN 'spend' THEN reference IS NULL OR num_nonnulls(source, payment_id) > 0
                     WHEN 'give_back' THEN reference IS NULL OR num_nonnulls(source, payment_id) > 0
+                    WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) < 4
                     ELSE source IS NULL OR event_id IS NULL END
-       OR kind IN ('adjustment', 'spend', 'give_back') AND num_nonnulls(event_id, movement_id) > 0
+       OR kind IN ('adjustment', 'spend', 'give_back', 'payment_moved') AND num_nonnulls(event_id, movement_id) > 0
     ORDER BY id
 """
 # A journal row of a refund object or a dispute names a movement of its own payment.
 JOURNAL_WITHOUT_MOVEMENT = """
-    SELECT j.source, j.event_id, j.kind, j.movement_id FROM ledger_journal j
+    SELECT j.source, j.event_id, j.kind, j.movement_id FROM ledger_journal_keyed j
     WHERE j.movement_id IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM movements m WHERE m.source = j.source AND m.movement_id = j.movement_id
         AND m.payment_id = j.payment_id AND m.kind = split_part(j.kind, '_', 1))
@@ -113,7 +115,7 @@ COMPLETED_EFFECTS = """
            e.ledger_currency, e.test_events_accepted, e.user_metadata_key, e.fetched,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
-    LEFT JOIN ledger_journal j USING (source, event_id)
+    LEFT JOIN ledger_journal_keyed j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
 PAYMENT = """
@@ -122,6 +124,13 @@ PAYMENT = """
 # A credit made through a link (a customer's, or a connected account's): links are never changed, so today's is
 # the one it was made by.
 LINK = "SELECT user_id, customer_id FROM customer_links WHERE source = %s AND customer_id = %s"
+# A connected account's customer's bare link made under 1.0, before migration 005 ran: read in every account, as 1.0
+# read it (money.sql's credit_payment), when the account has no link of its own for the customer.
+LINK_BEFORE_CONNECT = """
+    SELECT user_id, customer_id FROM customer_links
+    WHERE source = %s AND customer_id = %s
+        AND created_at < (SELECT applied_at FROM schema_migrations WHERE name = '005_connect_accounts.sql' AND ran)
+"""
 # A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
 ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
 APP_KEY = "SELECT user_id FROM user_keys WHERE app_key = %s"
@@ -305,6 +314,9 @@ def _linked_credit_problem(cur: psycopg.Cursor[NamedRow], row: NamedRow, effect:
     the payment's credit, nor its connected account's link's, nor the operator's assigned user's, or None."""
     payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
     link = effect.customer_id and cur.execute(LINK, [row.source, effect.customer_id]).fetchone()
+    if not link and effect.account and effect.customer_id and effect.customer_id.startswith(f"{effect.account}/"):
+        bare = effect.customer_id.removeprefix(f"{effect.account}/")
+        link = cur.execute(LINK_BEFORE_CONNECT, [row.source, bare]).fetchone()
     if not link and payment is not None and row.kind is None and payment.amount_cents == effect.amount_cents:
         return None  # a payment that another event credited to the user it named, announced again
     if not link and effect.account:  # read after the payment's own user, as money.sql's credit_payment does
@@ -351,6 +363,8 @@ EXPLAINS = {
                       "corrects (if any) by its source and id",
     Entry.SPEND: "a spend names its reference, and no event or payment",
     Entry.GIVE_BACK: "a give-back names the reference of its spend, and no event or payment",
+    Entry.PAYMENT_MOVED: "a payment's move names its source, its key now and before, and who moved it, no event or "
+                         "movement",
     None: "a row an event wrote names its source and event",
 }
 
