@@ -312,7 +312,8 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
                                       AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
                WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
                                  AND reference IS NOT NULL
-               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
+               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor,
+                                                  moved_from) = 0
                                      AND reference IS NOT NULL
                WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) = 4
                                          AND num_nonnulls(event_id, movement_id, reference, reason) = 0
