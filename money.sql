@@ -150,11 +150,13 @@ $$;
 -- then credit its payment or move its payment's balance (each journaling
 -- what it changed), then complete it. It returns the outcome ('processed',
 -- 'duplicate', 'failed', 'ignored', 'payload_mismatch' or
--- 'payment_mismatch'), why it failed, the SHA-256 of the bytes stored
--- before this delivery (when the event was stored already), the balance
--- change made ('credit', 'refund', 'refund_reversed', 'dispute_withdrawn',
--- 'dispute_reinstated', 'payment_duplicate': a credited payment announced
--- again, or NULL) and the balance it left.
+-- 'payment_mismatch'), why it failed (or, for 'payment_user_disagreed',
+-- what disagreed), the SHA-256 of the bytes stored before this delivery
+-- (when the event was stored already), the balance change made ('credit',
+-- 'refund', 'refund_reversed', 'dispute_withdrawn', 'dispute_reinstated',
+-- 'payment_duplicate': a credited payment announced again,
+-- 'payment_user_disagreed': announced again naming another user, or NULL)
+-- and the balance it left.
 --
 -- Locks, always in this order, so that two deliveries never wait on each
 -- other in a circle: the event's row (its insert, or FOR UPDATE), then the
@@ -285,14 +287,26 @@ BEGIN
 END
 $$;
 
+-- Whether an event of this type is read from its object as the provider
+-- has it when fetched, not as it was when the event happened: Stripe's thin
+-- events of API v1 resources, 'v1.' and their snapshot twin's type
+-- (docs/providers.md, "Thin events"). Its metadata may have changed since.
+-- tests/test_money.py holds it to app/providers/stripe.py's THIN_RULES.
+CREATE OR REPLACE FUNCTION read_when_fetched(p_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_type LIKE 'v1.%'
+$$;
+
 -- A credit: its user (the event's, or its customer's link, or, when
 -- neither names one, the user the payment was credited to already, or its
 -- connected account's link, or the one an operator assigned to it:
 -- payment_users), then the payment's key, then the user's balance and the
 -- journal; payments.customer_id records the customer (or account) whose
 -- link named the user. A payment named again with the same user, amount
--- and currency is a 'payment_duplicate'; otherwise a mismatch. ignored: no
--- user, under the source's 'ignore'.
+-- and currency is a 'payment_duplicate'; with another user, by a twin of
+-- which one is read when fetched, a 'payment_user_disagreed' (a duplicate,
+-- its note in problem); otherwise a mismatch. ignored: no user, under the
+-- source's 'ignore'.
 CREATE OR REPLACE FUNCTION credit_payment(d ledger_delivery, OUT change text, OUT balance_after bigint,
     OUT problem text, OUT ignored boolean, OUT mismatch boolean)
 LANGUAGE plpgsql AS $$
@@ -344,7 +358,8 @@ BEGIN
         END IF;
         IF v_user IS NULL THEN
             problem := format('no user: no data.object.metadata.%s%s, and %s', coalesce(d.user_key, 'user_id'),
-                              CASE WHEN d.type LIKE 'checkout.session.%' THEN ' nor data.object.client_reference_id'
+                              CASE WHEN d.type LIKE 'checkout.session.%' OR d.type LIKE 'v1.checkout.session.%'
+                                   THEN ' nor data.object.client_reference_id'
                                    ELSE '' END,
                               CASE WHEN d.customer IS NULL THEN 'no data.object.customer'
                                    ELSE format('customer %s is linked to no user (flask users link %s %s USER_ID)',
@@ -386,6 +401,17 @@ BEGIN
         problem := 'unknown user ' || v_user;
     ELSIF (v_payment.user_id, v_payment.amount_cents, v_payment.currency) = (v_user, d.amount, d.currency) THEN
         change := 'payment_duplicate';
+    ELSIF (v_payment.amount_cents, v_payment.currency) = (d.amount, d.currency)
+          AND (read_when_fetched(d.type) OR EXISTS (
+                SELECT 1 FROM webhook_events e
+                WHERE e.source = d.source AND e.event_id = v_payment.event_id AND read_when_fetched(e.event_type))) THEN
+        -- One payment's twins, one read as its object is now: metadata
+        -- changed after the payment succeeded. The first credit is final;
+        -- this one is a duplicate whose disagreement is logged and counted
+        -- (its note in problem), never a 409 retried for ever.
+        change := 'payment_user_disagreed';
+        problem := format('payment %s was credited to user %s by event %s; event %s names user %s: the first '
+                          'credit stands', d.payment, v_payment.user_id, v_payment.event_id, d.event_id, v_user);
     ELSE
         mismatch := true;
         problem := format('payment %s was credited by event %s with another user, amount or currency',
@@ -545,13 +571,14 @@ CREATE OR REPLACE FUNCTION complete_event(p_row_id bigint, p_new boolean, proble
                                           mismatch boolean, change text, OUT outcome text)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF problem IS NULL THEN
+    IF problem IS NULL OR change = 'payment_user_disagreed' THEN  -- applied (a disagreeing twin: its note)
         IF NOT p_new THEN
             UPDATE webhook_events SET status = 'completed', completed_at = now(), updated_at = now(),
                                       last_error = NULL
             WHERE id = p_row_id;
         END IF;
-        outcome := CASE WHEN change = 'payment_duplicate' THEN 'duplicate' ELSE 'processed' END;
+        outcome := CASE WHEN change IN ('payment_duplicate', 'payment_user_disagreed') THEN 'duplicate'
+                        ELSE 'processed' END;
     ELSE
         UPDATE webhook_events SET status = CASE WHEN ignored THEN 'ignored' ELSE 'failed' END, completed_at = NULL,
                                   last_error = problem, updated_at = now()

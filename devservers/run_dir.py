@@ -1,6 +1,7 @@
-"""`make run`'s own PostgreSQL and redis-server, under .run/ in the checkout:
-one `make run` per checkout at a time, the PostgreSQL cluster kept between
-runs, and what a killed run left running stopped first."""
+"""`make run`'s own PostgreSQL and redis-server, under .run/ in the checkout
+(MAKE_RUN_DIR moves it: the tests give each run a folder of its own): one
+`make run` per folder at a time, the PostgreSQL cluster kept between runs,
+and what a killed run left running stopped first."""
 
 import fcntl
 import os
@@ -16,7 +17,8 @@ import psycopg
 from . import ROOT, Postgres, Redis
 from .supervise import Failed
 
-RUN_DIR = ROOT / ".run"
+# Everything make run keeps: its cluster (pg/), Redis's files, env (the settings for `. .run/env`), metrics/.
+RUN_DIR = Path(os.environ.get("MAKE_RUN_DIR") or ROOT / ".run")
 DB_NAME = "webhook_ledger"
 # A Unix socket's path is limited to ~107 bytes: a deep checkout's goes to /tmp.
 MAX_SOCKET_DIR = 80
@@ -26,7 +28,7 @@ def start_servers(cleanup, log):
     """Start PostgreSQL and redis-server under .run/; export DATABASE_URL and REDIS_URL."""
     if not shutil.which("redis-server"):
         raise Failed("redis-server not found (install redis, or set DATABASE_URL and REDIS_URL)")
-    RUN_DIR.mkdir(exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
     _lock_run_dir(cleanup)
     _stop_leftover_redis(log)
     try:

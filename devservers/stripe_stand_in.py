@@ -32,9 +32,10 @@ https://docs.stripe.com/api/pagination.
 - List all connected accounts (`GET /v1/accounts`: https://docs.stripe.com/api/accounts/list), newest first,
   paginated as every list (`limit`, `starting_after`, `ending_before`), each an Account object
   (https://docs.stripe.com/api/accounts/object: `id`, `object` "account", `created`, ...);
-- retrieve a PaymentIntent, Charge, Refund or Dispute (`GET /v1/payment_intents/{id}`, `/v1/charges/{id}`,
-  `/v1/refunds/{id}`, `/v1/disputes/{id}`: https://docs.stripe.com/api/payment_intents/retrieve and its
-  siblings) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
+- retrieve a PaymentIntent, Charge, Refund, Dispute or Checkout Session (`GET /v1/payment_intents/{id}`,
+  `/v1/charges/{id}`, `/v1/refunds/{id}`, `/v1/disputes/{id}`, `/v1/checkout/sessions/{id}`:
+  https://docs.stripe.com/api/payment_intents/retrieve and its siblings,
+  https://docs.stripe.com/api/checkout/sessions/retrieve) and a thin event (`GET /v2/core/events/{id}`: https://docs.stripe.com/api/v2/core/events/retrieve),
   each in its current state (`put` replaces it) and in one account's context: `Stripe-Context` (or the
   older `Stripe-Account`) names it, https://docs.stripe.com/context; none is the key's own account; an
   unknown id there is 404 `resource_missing` ("No such payment_intent: 'pi_...'");
@@ -159,8 +160,8 @@ class StripeStandIn:
             self._disconnected.discard(account_id)
 
     def put(self, obj: Any, context: str | None = None) -> None:
-        """Add an object (a PaymentIntent, Charge, Refund, Dispute or thin event), or replace it by its current
-        state, in an account's context (None: the key's own account)."""
+        """Add an object (a PaymentIntent, Charge, Refund, Dispute, Checkout Session or thin event), or replace it
+        by its current state, in an account's context (None: the key's own account)."""
         document = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
         with self._lock:
             self._objects[(context, document["object"], document["id"])] = document
@@ -337,8 +338,8 @@ class StripeStandIn:
 
 # Each retrievable object's path, and its `object` value.
 _OBJECTS = {"v1/payment_intents": "payment_intent", "v1/charges": "charge", "v1/refunds": "refund",
-            "v1/disputes": "dispute", "v2/core/events": "v2.core.event"}
-_OBJECT_PATH = re.compile(r"/(v1/payment_intents|v1/charges|v1/refunds|v1/disputes|v2/core/events)/([^/]+)")
+            "v1/disputes": "dispute", "v1/checkout/sessions": "checkout.session", "v2/core/events": "v2.core.event"}
+_OBJECT_PATH = re.compile(r"/(" + "|".join(_OBJECTS) + r")/([^/]+)")
 
 
 def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:

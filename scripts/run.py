@@ -6,7 +6,8 @@ private PostgreSQL cluster (kept in .run/ between runs) and a redis-server are
 started on free loopback ports. Either way the schema is applied, a demo user
 is created, gunicorn runs with the committed gunicorn.conf.py, its logs on
 our terminal, and .run/env holds every setting it runs with, for `flask`
-commands in another terminal (`. .run/env`). Ctrl-C, SIGTERM or SIGHUP stops everything this script started,
+commands in another terminal (`. .run/env`). MAKE_RUN_DIR names another folder
+than .run/ for all of it (devservers/run_dir.py). Ctrl-C, SIGTERM or SIGHUP stops everything this script started,
 and nothing else; so does gunicorn exiting, or a start that fails half way.
 """
 
@@ -24,6 +25,7 @@ from app.settings.config import ConfigError, from_env
 from app.store.db import apply_schema
 from app.store.schema import SchemaError
 from devservers import Gunicorn
+from devservers.background import shown
 from devservers.demo import DEMO_USER, add_demo_user, banner, check_settings, write_env
 from devservers.run_dir import RUN_DIR, start_servers
 from devservers.supervise import Failed, logger, port_free, say, supervise
@@ -103,7 +105,7 @@ def prepare_database(config):
         raise Failed(f"preparing the database: {exc}") from None
     except SchemaError as exc:  # another LEDGER_CURRENCY than the kept cluster's, say
         raise Failed(f"preparing the database: {exc} (make run's own cluster is kept in {RUN_DIR}: with make run "
-                     "stopped, `rm -rf .run/pg` starts an empty one)") from None
+                     f"stopped, `rm -rf {shown(RUN_DIR / 'pg')}` starts an empty one)") from None
     log(f"demo user {DEMO_USER} exists, balance {balance} cents")
     return f"evt_demo_{number}", balance
 

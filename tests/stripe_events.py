@@ -123,7 +123,8 @@ def send_stripe(to, evt):
 
 
 # Thin events (https://docs.stripe.com/api/v2/core/events/object): what each related object is retrieved by.
-PATHS = {"payment_intent": "payment_intents", "charge": "charges", "refund": "refunds", "dispute": "disputes"}
+PATHS = {"payment_intent": "payment_intents", "charge": "charges", "refund": "refunds", "dispute": "disputes",
+         "checkout.session": "checkout/sessions"}
 
 
 def thin(event_type, obj=None, context=None, snapshot_event=None):

@@ -4,7 +4,8 @@ A page is one terminal session against a real stack: a fresh database, the
 tests' Redis, and `make run`'s own script serving on a free port, which the
 blocks' `127.0.0.1:8000` is replaced with (as devservers/readme.py does for
 the README's curl; the ports and folders of PayPal's and Stripe's local
-stand-ins likewise). A block `NAME=value ... make run` (re)starts it with those settings, on the
+stand-ins likewise, and `.run/env`: make run's folder is the page's, never the checkout's .run/). A block
+`NAME=value ... make run` (re)starts it with those settings, on the
 page's database (a new one after `rm -rf .run/pg`), with an empty Redis as
 make run's; a page's first other block starts it as plain `make run` does.
 The other blocks run in bash, one after the other, keeping the variables and
@@ -34,11 +35,9 @@ from app.providers import stripe
 from devservers import ROOT, free_port, readme, wait_until
 from devservers.demo import DEMO_SECRET
 
-from .helpers import db_url, http_get
+from .helpers import checkout_run_state, db_url, http_get
 
-# On one worker of `make test` (pytest-xdist) with test_run.py: `make run`'s script keeps
-# its metrics in the checkout's .run/metrics, which each start empties.
-pytestmark = [pytest.mark.core, pytest.mark.xdist_group("make-run")]
+pytestmark = pytest.mark.core
 
 PAGES = [page for page in readme.DOCS if any(not e.exempt for e in readme.examples(page))]
 MAKE_RUN_PORT = "127.0.0.1:8000"  # where the docs' examples find `make run`
@@ -90,6 +89,9 @@ class Session:
             value = str(workdir / place.rsplit("/", 1)[1]) if folder else str(free_port())
             self.base_env[variable] = value
             self.places[place] = value if folder else f"{place.split(':')[0]}:{value}"
+        # make run's folder (its env file, metrics), the page's own: never the checkout's .run/, the user's.
+        self.base_env["MAKE_RUN_DIR"] = str(workdir / "make-run")
+        self.places[".run/env"] = str(workdir / "make-run" / "env")
         self.groups = []  # the process group of each block run: what it left running is stopped at the end
         self.dir = workdir
         self.state = workdir / "state.sh"
@@ -185,6 +187,7 @@ class Session:
 def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgresql, redis_server, redis_client,
                                                                  tmp_path):
     # The schema alone, no user: `make run` adds its demo user, as on a new checkout.
+    checkout_before = checkout_run_state()
     session = Session(postgresql, redis_server.url, tmp_path)
     ran = []
     try:
@@ -210,6 +213,7 @@ def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgres
         session.close()
     for verified in session.verify():
         assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert checkout_run_state() == checkout_before, "the page's make run or blocks wrote the checkout's .run/"
     print(f"\n[docs] {page.relative_to(ROOT)}: {len(ran)} examples ran: {', '.join(ran)}")  # noqa: T201
 
 

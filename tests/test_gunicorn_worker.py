@@ -10,11 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
 
+from app.serving import gunicorn_worker as worker
 from devservers import ROOT, free_port
 
 from .helpers import encode, http_get, payment, read_answer, scrape, send, signed_headers
@@ -218,3 +220,53 @@ def test_a_head_sent_in_pieces_and_pipelined_requests_are_each_answered_in_order
         answers = _answers(_exchange(sock, b"".join(requests) + health))
     assert [(status, body.get("status")) for status, _, body in answers] == [
         (200, "duplicate"), (200, "duplicate"), (200, "ok")]
+
+
+def test_a_chunked_body_sent_in_pieces_is_read_whole_by_the_main_loop_and_applied(gunicorn, db):
+    server = gunicorn(workers=1, threads=1)
+    event = payment(f"evt_chunked_{uuid.uuid4().hex}")
+    body = encode(event)
+    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + 9]), body[i:i + 9]) for i in range(0, len(body), 9))
+    request = (b"POST /api/webhooks HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+               + b"".join(f"{name}: {value}\r\n".encode() for name, value in signed_headers(body).items())
+               + b"\r\n" + chunks + b"0\r\nX-Trailer: t\r\n\r\n")
+    with _connect(server.base) as sock:
+        for start in range(0, len(request), 5):
+            sock.sendall(request[start:start + 5])
+            time.sleep(0.002)
+        [(status, _, answer)] = _answers(_exchange(sock, b""))
+    assert (status, answer) == (200, {"status": "processed", "event_id": event["id"]})
+
+
+HEAD = b"POST /api/webhooks HTTP/1.1\r\nHost: t\r\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fields, expected", [
+    (b"Content-Length: 100", worker.Framing(100, False, False)),
+    (b"content-length: 100\r\nExpect: 100-Continue", worker.Framing(100, False, True)),
+    (b"Transfer-Encoding: gzip, chunked", worker.Framing(None, True, False)),
+    (b"X-Other: 1", None),  # no body to wait for
+    (b"Content-Length: 0", None),
+    (b"Content-Length: 2000", None),  # over the limit: the app answers 413 from the length alone
+    (b"Content-Length: 2\r\nContent-Length: 3", None),  # for gunicorn's parser to refuse
+    (b"Content-Length: 2\r\nTransfer-Encoding: chunked", None),
+    (b"Content-Length: -1", None),
+    (b"Transfer-Encoding: gzip", None),
+])
+def test_the_main_loop_reads_a_body_framed_by_its_length_or_its_chunks_and_no_other(fields, expected):
+    assert worker.framing(HEAD + fields, 1000) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("body, resume", [
+    (b"5\r\nhello\r\n0\r\n\r\n", None),  # whole
+    (b"5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n", None),  # whole, with a trailer
+    (b"5\r\nhel", 0),  # the first chunk not whole yet
+    (b"5\r\nhello\r\n3\r\nab", 10),  # the second one
+    (b"5\r\nhello\r\n0\r\nX-T: 1\r\n", 10),  # the trailers not ended
+    (b"5\r\nhello\r\nzz\r\n", None),  # malformed: gunicorn's parser refuses it
+    (b"400\r\n", None),  # over the limit: the app answers 413
+])
+def test_a_chunked_body_is_scanned_until_its_last_chunk_and_trailers(body, resume):
+    assert worker.chunked_end(body, 0, 0, 1000) == resume

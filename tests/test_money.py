@@ -143,7 +143,7 @@ LITERALS = {
     "journal-kinds": ("schema.sql's ledger_journal_kind_check",
                       _in_lists(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"))
                       | _compared(_constraint(SCHEMA, "ledger_journal", "ledger_journal_kind_check"), "kind"),
-                      (set(Change) - {Change.PAYMENT_DUPLICATE}) | set(Entry)),
+                      (set(Change) - {Change.PAYMENT_DUPLICATE, Change.PAYMENT_USER_DISAGREED}) | set(Entry)),
     "entries": ("money.sql's adjust, spend and move_payment_to_account (the kinds they journal and look up)",
                 _inserted(ENTRIES, "ledger_journal", "kind") | _compared(ENTRIES, "kind"), set(Entry)),
     "entries-names-check": ("schema.sql's ledger_journal_names_check",

@@ -8,6 +8,7 @@ import threading
 import psycopg
 import pytest
 
+from app.intake.events import RULES, read_when_fetched
 from app.store.ledger import APPLY_EVENT, DELIVERY
 from devservers import wait_until
 
@@ -252,6 +253,14 @@ def test_complete_event_records_the_outcome_on_a_retried_row(db, problem, ignore
     assert db.execute("SELECT status, last_error FROM webhook_events").fetchone() == (status, problem)
 
 
+def test_complete_event_completes_a_twin_that_disagreed_on_the_user_its_note_no_error(db):
+    assert apply(db, delivery("evt_1", problem="before"))["outcome"] == "failed"
+    row_id = db.execute("SELECT id FROM webhook_events").fetchone()[0]
+    assert db.execute("SELECT complete_event(%s, false, %s, false, false, 'payment_user_disagreed')",
+                      [row_id, "what disagreed"]).fetchone() == ("duplicate",)
+    assert db.execute("SELECT status, last_error FROM webhook_events").fetchone() == ("completed", None)
+
+
 # -- one payment, two connections --------------------------------------------------
 
 def test_two_refunds_of_one_payment_at_once_are_serialised_by_the_payments_row(db):
@@ -326,6 +335,16 @@ def test_link_customer_links_once_and_only_a_user_that_exists(db):
     assert db.execute("SELECT linked_at FROM link_customer('default', 'cus_2', %s, 'app')",
                       [NEW_USER]).fetchone()[0] is None  # no such user: nothing linked
     assert db.execute("SELECT count(*) FROM customer_links").fetchone()[0] == 1
+
+
+# -- read_when_fetched ------------------------------------------------------------------------
+
+def test_read_when_fetched_is_true_of_the_thin_types_alone_as_the_python_rule_says(db):
+    """money.sql's read_when_fetched and events.read_when_fetched agree on every type that moves money."""
+    types = sorted(RULES)
+    found = dict(db.execute("SELECT t, read_when_fetched(t) FROM unnest(%s::text[]) AS t", [types]).fetchall())
+    assert found == {t: read_when_fetched(t) for t in types}
+    assert found["v1.payment_intent.succeeded"] and not found["payment_intent.succeeded"]
 
 
 @pytest.mark.parametrize("debit, change", [

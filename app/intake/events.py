@@ -48,7 +48,7 @@ from ..providers import paypal, razorpay, stripe
 __all__ = ["DEFAULT_POLICY", "DEFAULT_SOURCE", "EFFECT_VERSION", "MAX_CENTS", "MAX_ID_CHARS", "MAX_KEY_CHARS",
            "PAYMENT_SUCCEEDED", "RULES", "Effect", "Event", "InvalidEventError", "InvalidJSONError", "Kind", "NoUser",
            "Policy", "State", "StoredBodyError", "UnprocessableError", "Users", "effect_of", "minor_units", "parse",
-           "stored_event"]
+           "read_when_fetched", "stored_event"]
 
 PAYMENT_SUCCEEDED = "payment.succeeded"
 PAYMENT_REFUNDED = "payment.refunded"
@@ -139,6 +139,12 @@ def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     if event.type in stripe.THIN_RULES and stripe.is_thin(event.document):
         return dataclasses.replace(effect, sha256=stripe.thin_sha256(event))
     return effect
+
+
+def read_when_fetched(event_type: str) -> bool:
+    """Whether an event of this type is read from its object as the provider has it when fetched (a Stripe thin
+    event), so its metadata may have changed since the event: money.sql's read_when_fetched."""
+    return event_type in stripe.THIN_RULES
 
 
 def _effect_of(event: Event, policy: Policy) -> Effect:
@@ -265,7 +271,7 @@ def _rule_of(event: Event) -> Rule | None:
     422 of one it does not send."""
     rule = RULES.get(event.type)
     if stripe.is_subscription_session(event):
-        return stripe.SUBSCRIPTION_SESSION
+        return stripe.subscription_session_rule(event)
     if rule is not None and event.type in EITHER_REFUND_EVENTS:
         return rule._replace(statuses=razorpay.REFUND_STATES if razorpay.is_razorpay(event.document)
                              else stripe.REFUND_STATES)

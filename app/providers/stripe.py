@@ -235,7 +235,14 @@ SUBSCRIPTION_STARTED = ("paid", "no_payment_required")
 
 
 def is_subscription_session(event: Event) -> bool:
-    return event.type in CHECKOUT_SESSION_EVENTS and an_object(event.data.get("object")).get("mode") == "subscription"
+    """A subscription Session's event, snapshot or thin (its Session fetched: a thin one's data is empty before)."""
+    return event.type.removeprefix("v1.") in CHECKOUT_SESSION_EVENTS \
+        and an_object(event.data.get("object")).get("mode") == "subscription"
+
+
+def subscription_session_rule(event: Event) -> Rule:
+    """SUBSCRIPTION_SESSION, with a thin event's labels (related_object.*) for a thin one."""
+    return THIN_SUBSCRIPTION_SESSION if is_thin(event.document) else SUBSCRIPTION_SESSION
 
 
 def _read_subscription_session(event: Event) -> Fields | None:
@@ -283,7 +290,7 @@ THIN_OBJECT = "v2.core.event"
 THIN_FETCH_VERSION = "2025-03-31.basil"
 # Where Stripe's API retrieves each object a thin event's money is read from, by related_object.type.
 THIN_OBJECTS = {"payment_intent": "/v1/payment_intents/", "charge": "/v1/charges/", "refund": "/v1/refunds/",
-                "dispute": "/v1/disputes/"}
+                "dispute": "/v1/disputes/", "checkout.session": "/v1/checkout/sessions/"}
 # Stripe-Context's value: account ids, a path of them for an account below a connected one (docs.stripe.com/context).
 # Each an account id, as ACCOUNT (Stripe-generated: MAX_ID_CHARS at most): the last is the account the keys are in
 # (account_of).
@@ -377,9 +384,13 @@ _THIN = {
                                                      REFUND_LABELS._replace(state=None)))
        for name, floor in (("created", None), ("updated", None), ("closed", None),
                            ("funds_withdrawn", State.APPLIED), ("funds_reinstated", State.REVERSED))},
+    # A Session, fetched, is read as its snapshot is: a paid payment Session credits its PaymentIntent, the key its
+    # v1.payment_intent.succeeded credits too (a subscription Session links: subscription_session_rule).
+    **{"v1." + session_event: ("checkout.session", RULES[session_event]) for session_event in CHECKOUT_SESSION_EVENTS},
 }
 THIN_RELATED = {thin_type: related for thin_type, (related, _) in _THIN.items()}
 THIN_RULES = {thin_type: rule._replace(labels=_thin_labels(rule.labels)) for thin_type, (_, rule) in _THIN.items()}
+THIN_SUBSCRIPTION_SESSION = SUBSCRIPTION_SESSION._replace(labels=_thin_labels(SUBSCRIPTION_SESSION.labels))
 
 
 # -- the API ------------------------------------------------------------------------------------

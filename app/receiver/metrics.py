@@ -61,6 +61,10 @@ CHANGES = {
     Change.PAYMENT_DUPLICATE: (
         "webhook_ledger_payment_duplicates",
         "Events announcing a payment already credited by another event (200 duplicate, nothing credited)"),
+    Change.PAYMENT_USER_DISAGREED: (
+        "webhook_ledger_payment_user_disagreements",
+        "Events announcing a credited payment with another user, one of the two read from its object as it is now "
+        "(its metadata changed after it succeeded): 200 duplicate, the first credit stands"),
     Change.REFUND: ("webhook_ledger_refunds_applied",
                     "Refund events that debited a refund (by its object, or what a higher refunded total adds)"),
     Change.REFUND_REVERSED: ("webhook_ledger_refunds_reversed",

@@ -1,6 +1,6 @@
-"""gunicorn's worker for this service: gthread, whose connections get a thread only once their request head has
-arrived, and must deliver each request within a deadline (docs/deploying.md, "Slow senders"). It imports nothing
-of the app: gunicorn's master loads it by its path."""
+"""gunicorn's worker for this service: gthread, whose connections get a thread only once their whole request (head
+and body) has arrived, and must deliver each request within a deadline (docs/deploying.md, "Slow senders"). It
+imports nothing of the app: gunicorn's master loads it by its path."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 # gunicorn ships no type hints.
 from gunicorn import util  # type: ignore[import-untyped]
@@ -26,6 +26,12 @@ SETTING = "REQUEST_READ_TIMEOUT_SECONDS"
 # data centre: 10 s is 100 kB/s for the largest body, and still frees a thread
 # held by a stalled sender within a provider's own timeout (GitHub waits 10 s).
 DEFAULT_SECONDS = 10.0
+
+# The app's MAX_BODY_BYTES default (app/settings/config.py): a body the main loop buffers at most, per connection.
+BODY_SETTING, DEFAULT_BODY_BYTES = "MAX_BODY_BYTES", 1048576
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# A chunk-size line longer than this is no sender's: gunicorn's parser, on a thread, refuses it.
+_MAX_CHUNK_LINE = 1024
 
 # The end of a request head; a line ending in a bare LF, which gunicorn's parser refuses without reading further.
 _HEAD_END = b"\r\n\r\n"
@@ -87,6 +93,59 @@ def read_timeout(environ: Mapping[str, str]) -> float:
     return seconds
 
 
+def body_limit(environ: Mapping[str, str]) -> int:
+    """MAX_BODY_BYTES as the app reads it (the app itself refuses a value that is not a positive integer)."""
+    value = environ.get(BODY_SETTING, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_BODY_BYTES
+
+
+class Framing(NamedTuple):
+    """How a request's body ends, read from its head: its Content-Length, or chunked; and whether the sender waits
+    for a 100 Continue before sending it."""
+
+    length: int | None
+    chunked: bool
+    expects_continue: bool
+
+
+def framing(head: bytes, limit: int) -> Framing | None:
+    """How the body after head ends; None when there is none to wait for: no body, one over limit (the app answers
+    413 from its length alone), or framing gunicorn's parser refuses (it answers 400 at once)."""
+    fields: dict[bytes, list[bytes]] = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon:
+            fields.setdefault(name.strip().lower(), []).append(value.strip().lower())
+    lengths, codings = fields.get(b"content-length", []), fields.get(b"transfer-encoding", [])
+    expects = fields.get(b"expect") == [b"100-continue"] and head.split(b"\r\n", 1)[0].endswith(b"HTTP/1.1")
+    if codings:
+        chunked = not lengths and codings[-1].rsplit(b",", 1)[-1].strip() == b"chunked"
+        return Framing(None, True, expects) if chunked else None
+    if len(lengths) != 1 or not lengths[0].isdigit() or not 0 < int(lengths[0]) <= limit:
+        return None
+    return Framing(int(lengths[0]), False, expects)
+
+
+def chunked_end(data: bytes, body_at: int, position: int, limit: int) -> int | None:
+    """Where to go on scanning the chunked body that starts at body_at in data, from its chunk at position: the
+    chunk not yet whole; None to scan no more (the body is whole, or over limit, or malformed: gunicorn's parser
+    reads it, or refuses it, on a thread)."""
+    while True:
+        line_end = data.find(b"\r\n", position)
+        if line_end < 0:
+            return position if len(data) - position <= _MAX_CHUNK_LINE else None
+        size = data[position:line_end].split(b";", 1)[0].strip()
+        if not size or len(size) > 16 or any(c not in b"0123456789abcdefABCDEF" for c in size):
+            return None
+        if int(size, 16) == 0:  # the last chunk, then trailers up to an empty line
+            whole = data.startswith(b"\r\n", line_end + 2) or data.find(_HEAD_END, line_end) >= 0
+            return None if whole else position
+        following = line_end + 2 + int(size, 16) + 2
+        if following - body_at > limit or following > len(data):
+            return None if following - body_at > limit else position
+        position = following
+
+
 class DeadlineSocket:
     """A client socket whose reads end at a deadline, for one request at a time; everything else is the socket's own."""
 
@@ -146,6 +205,11 @@ class _Captured:
         self.status = int(data.split(b" ", 2)[1])
 
 
+def _new_request(conn: Any, received: bytearray) -> None:
+    """conn about to read a request whose first bytes are received: nothing known yet of its body."""
+    conn.head, conn.body_at, conn.chunk_at, conn.framing, conn.continued = received, None, None, None, False
+
+
 def _head_limit(cfg: Any) -> int:
     """The longest head gunicorn's parser reads before it refuses one (gunicorn/http/message.py's arithmetic)."""
     fields = cfg.limit_request_fields if 0 < cfg.limit_request_fields <= message.MAX_HEADERS else message.MAX_HEADERS
@@ -156,14 +220,16 @@ def _head_limit(cfg: Any) -> int:
 
 
 class ThreadWorker(gthread.ThreadWorker):
-    """gthread, in which no thread waits for a request's head: the main loop reads it without blocking, and a
-    thread takes a connection once its head has arrived. The whole request must arrive within
-    REQUEST_READ_TIMEOUT_SECONDS of the connection's opening (its first request) or of its first byte (the
-    next ones on a kept-alive connection), its wait for a free thread not counted."""
+    """gthread, in which no thread waits for a request: the main loop reads its head and its body (up to
+    MAX_BODY_BYTES, by its Content-Length or its chunks) without blocking, and a thread takes a connection once
+    they have arrived. The whole request must arrive within REQUEST_READ_TIMEOUT_SECONDS of the connection's
+    opening (its first request) or of its first byte (the next ones on a kept-alive connection), its wait for a
+    free thread not counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.read_timeout = read_timeout(os.environ)  # checked by gunicorn.conf.py's on_starting
+        self.body_limit = body_limit(os.environ)
         self.head_limit = _head_limit(self.cfg)
         self.reading: deque[Any] = deque()  # connections reading their heads, in the order of their deadlines
 
@@ -175,7 +241,7 @@ class ThreadWorker(gthread.ThreadWorker):
         """A new connection's head is read by the main loop; a kept-alive one (readable, or holding pipelined
         bytes) goes to a thread, which takes what has arrived without waiting and hands back a head not whole."""
         if self._own_heads() and conn.parser is None and not getattr(conn, "head_read", False):
-            conn.head = bytearray()
+            _new_request(conn, bytearray())
             conn.head_deadline = time.monotonic() + self.read_timeout
             self._read_in_loop(conn)
         else:
@@ -217,15 +283,34 @@ class ThreadWorker(gthread.ThreadWorker):
         return self._examine(conn, held)
 
     def _examine(self, conn: Any, held: int) -> Any:
-        """What to do with conn, whose head's bytes from held on are new (None: wait for more)."""
+        """What to do with conn, whose request's bytes (conn.head) from held on are new (None: wait for more)."""
         head = conn.head
-        line_end = head.find(b"\r\n")
-        if (head.find(_HEAD_END, held) >= 0 or _BARE_LF.search(head, held)
-                or (line_end if line_end >= 0 else len(head) - 2) > self.cfg.limit_request_line > 0):
-            # Whole, or one that gunicorn's parser refuses as it stands (a bare LF, a request line too long).
+        if conn.body_at is None:
+            end = head.find(_HEAD_END, held)
+            line_end = head.find(b"\r\n")
+            if end < 0 and (_BARE_LF.search(head, held)
+                            or (line_end if line_end >= 0 else len(head) - 2) > self.cfg.limit_request_line > 0):
+                return self._hand_over  # one that gunicorn's parser refuses as it stands (a bare LF, a long line)
+            if end < 0:
+                return partial(self._refuse, status=431) if len(head) > self.head_limit else None
+            conn.body_at = conn.chunk_at = end + 4
+            conn.framing = framing(bytes(head[:end]), self.body_limit)
+        body = conn.framing
+        if body is None:
             return self._hand_over
-        if len(head) > self.head_limit:
-            return partial(self._refuse, status=431)
+        if body.chunked:
+            conn.chunk_at = chunked_end(head, conn.body_at, conn.chunk_at, self.body_limit)
+            arrived = conn.chunk_at is None
+        else:
+            arrived = len(head) - conn.body_at >= body.length
+        if arrived:
+            return self._hand_over
+        if body.expects_continue and not conn.continued:  # the sender waits for it before sending its body
+            conn.continued = True
+            try:
+                conn.sock.send(_CONTINUE, socket.MSG_DONTWAIT)  # into an empty send buffer
+            except OSError:
+                pass
         return None
 
     def _hand_over(self, conn: Any) -> None:
@@ -242,7 +327,11 @@ class ThreadWorker(gthread.ThreadWorker):
         while self.reading and self.reading[0].head_deadline <= now:
             conn = self.reading.popleft()
             self.poller.unregister(conn.sock)
-            if conn.head:
+            if conn.body_at is not None:
+                # A body cut short: to the app, which reads what came, meets the deadline passed at once, and
+                # answers 408 as a delivery of its own (logged and counted), on a thread for that moment only.
+                self._hand_over(conn)
+            elif conn.head:
                 self.log.warning("request from %s not received within %g s: answered 408, connection closed",
                                  conn.client[0] if conn.client else "?", self.read_timeout)
                 self._refuse(conn, status=408)
@@ -251,14 +340,14 @@ class ThreadWorker(gthread.ThreadWorker):
 
     def _refuse(self, conn: Any, status: int) -> None:
         try:
-            conn.sock.send(refusal(status, bytes(conn.head)), socket.MSG_DONTWAIT)  # into an empty send buffer
+            conn.sock.send(refusal(status, bytes(conn.head[:conn.body_at])), socket.MSG_DONTWAIT)  # an empty buffer
         except OSError:
             pass
         self._close(conn)
 
     def _close(self, conn: Any) -> None:
         self.nr_conns -= 1
-        conn.head = bytearray()
+        _new_request(conn, bytearray())
         util.close(conn.sock)
 
     def handle(self, conn: Any) -> Any:  # bool, or _IN_LOOP
@@ -270,14 +359,15 @@ class ThreadWorker(gthread.ThreadWorker):
         if conn.head_read:  # read by the main loop
             conn.head_read = False
         else:  # a kept-alive connection: what has arrived, pipelined bytes first
-            conn.head = bytearray(conn.parser.unreader.take_buffered())
+            _new_request(conn, bytearray(conn.parser.unreader.take_buffered()))
             conn.head_deadline = time.monotonic() + self.read_timeout
             if (self._examine(conn, 0) if conn.head else self._receive(conn)) != self._hand_over:
                 return _IN_LOOP  # not whole: the main loop reads on (or refuses, or closes)
             conn.time_left = self.read_timeout
-        head, conn.head = bytes(conn.head), bytearray()
+        received, head = bytes(conn.head), bytes(conn.head[:conn.body_at])
+        _new_request(conn, bytearray())
         conn.init()  # the parser, on the DeadlineSocket, if this is the connection's first request
-        conn.parser.unreader.unread(head)
+        conn.parser.unreader.unread(received)
         sock.start_request(time.monotonic() + conn.time_left, head)
         try:
             keepalive = super().handle(conn)

@@ -1,6 +1,7 @@
 """The ledger's unit of work: one delivery of one event, applied in ONE statement, money.sql's `apply_event`
 (docs/design.md, "Where the rule lives"); also `flask ledger adjust`'s call and the vocabulary of `spend`."""
 
+import logging
 import uuid
 from datetime import datetime
 from enum import StrEnum
@@ -22,6 +23,8 @@ from ..intake.events import (
 )
 from .db import Pool, one_query, transaction
 from .outcome import Outcome
+
+log = logging.getLogger(__name__)
 
 
 class RetryLaterError(RuntimeError):
@@ -61,6 +64,9 @@ class Change(StrEnum):
     DISPUTE_WITHDRAWN = "dispute_withdrawn"  # a dispute's funds taken from the payment's user
     DISPUTE_REINSTATED = "dispute_reinstated"  # a dispute's funds given back
     PAYMENT_DUPLICATE = "payment_duplicate"  # a credited payment announced again by another event: nothing
+    # Announced again by its twin naming another user, one of them read from its object as it is now (its metadata
+    # changed after the payment succeeded): nothing, the first credit stands; logged and counted.
+    PAYMENT_USER_DISAGREED = "payment_user_disagreed"
 
 
 class Entry(StrEnum):
@@ -169,6 +175,8 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
     row = one_query(pool, APPLY_EVENT + (KEEP_FETCHED if fetched is not None else ""), params)
     assert row is not None  # a SELECT of a function returning one row
     outcome, problem, stored_sha256, change, balance_after = row
+    if change == Change.PAYMENT_USER_DISAGREED:
+        log.warning("twins disagree on a payment's user (source %s): %s", event.source, problem)
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
 
 

@@ -18,6 +18,7 @@ from ..intake.events import (
     State,
     StoredBodyError,
     effect_of,
+    read_when_fetched,
     stored_event,
 )
 from .db import NamedRow
@@ -118,8 +119,12 @@ COMPLETED_EFFECTS = """
     LEFT JOIN ledger_journal_keyed j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
+# credited_by: the type of the event that credited it, while that event is stored.
 PAYMENT = """
-    SELECT user_id, amount_cents, refunded_cents, customer_id FROM payments WHERE source = %s AND payment_id = %s
+    SELECT p.user_id, p.amount_cents, p.refunded_cents, p.customer_id,
+           (SELECT e.event_type FROM webhook_events e WHERE e.source = p.source AND e.event_id = p.event_id)
+               AS credited_by
+    FROM payments p WHERE p.source = %s AND p.payment_id = %s
 """
 # A credit made through a link (a customer's, or a connected account's): links are never changed, so today's is
 # the one it was made by.
@@ -289,7 +294,9 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
         payment = cur.execute(PAYMENT, [row.source, effect.payment_id]).fetchone()
         if payment is None:
             return f"completed event {name}: no payment {effect.payment_id!r} in the ledger"
-        if (payment.user_id, payment.amount_cents) != (effect.user_id, effect.amount_cents):
+        disagreed = payment.amount_cents == effect.amount_cents and (
+            read_when_fetched(row.event_type) or read_when_fetched(payment.credited_by or ""))
+        if (payment.user_id, payment.amount_cents) != (effect.user_id, effect.amount_cents) and not disagreed:
             return f"completed event {name}: payment {effect.payment_id!r} was credited {payment.amount_cents} " \
                    f"cents to {payment.user_id}, its bytes say {effect.amount_cents} cents to {effect.user_id}"
         return None

@@ -2,8 +2,9 @@
 part of a body, then stall or trickle, re-opened as soon as they are cut,
 against deploy/haproxy.cfg in front of a 3 x 4 gunicorn host, and against the
 bare host. Through the proxy, `/health` (on the host's own address) and signed
-deliveries keep answering within 1 s and each delivery is credited once; the
-bare host's freeze is measured and printed (docs/deploying.md has the figures).
+deliveries keep answering within 1 s and each delivery is credited once; on the
+bare host every probe and delivery is answered, its times printed
+(docs/deploying.md has the figures).
 Then the proxy's per-address limits, body size and lanes, one each.
 
 The attackers bind 127.0.0.2 and up (all loopback on Linux), so the proxy's
@@ -250,15 +251,17 @@ def test_behind_the_proxy_slow_senders_freeze_nothing_and_each_delivery_is_credi
     assert_each_delivery_credited_at_most_once(db, client)
 
 
-def test_a_bare_host_freezes_under_the_same_waves(gunicorn, db):
-    """The measured freeze that docs/deploying.md gives as the reason for the proxy; if it ever stops
-    freezing, that page's advice is to be read again."""
+def test_a_bare_host_keeps_answering_under_the_same_waves(gunicorn, db):
+    """The worker reads heads and bodies in its main loop: the waves hold no thread, so every /health probe and
+    every delivery is answered (within the client's patience) and each delivery is credited once. The times are
+    printed for docs/deploying.md (not asserted)."""
     host = gunicorn(workers=WORKERS, threads=THREADS)
     with Attack(host.port) as attack:
         client = Client(host.base, host.base).run(ATTACK_SECONDS)
     report("bare gunicorn", client, attack)
-    assert max(took for took, _ in client.health) > ANSWER_WITHIN_S
-    host.stop()  # a delivery the client gave up on, still waiting for a thread, is credited now or never
+    assert [status for _, status in client.health if status != 200] == []
+    assert [answer for _, _, answer in client.deliveries if answer is None or answer[0] != 200] == []
+    host.stop()
     assert_each_delivery_credited_at_most_once(db, client)
 
 
