@@ -194,6 +194,15 @@ RECONCILE_LAST_SUCCESS = """
     GROUP BY w.source
 """
 
+# The application's holds (money.sql's place_hold): those that count now, what they reserve, and those past their
+# expiry that nobody closed (they count for nothing; `flask users tidy-holds` closes them). The partial index
+# holds_held_idx holds exactly the held ones.
+HOLDS = """
+    SELECT count(*) FILTER (WHERE expires_at > now()), coalesce(sum(amount_cents) FILTER (WHERE expires_at > now()), 0),
+           count(*) FILTER (WHERE expires_at <= now())
+    FROM holds WHERE state = 'held'
+"""
+
 
 # reconcile_runs.status of a run that ended (app/commands/reconcile.py's RunStatus, but for 'running').
 ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
@@ -203,7 +212,7 @@ SCRAPE_DB_MS = 500
 
 class ReconcileCollector(Collector):
     """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
-    how they ended."""
+    how they ended; and the application's holds. All read from PostgreSQL at each scrape."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -222,7 +231,13 @@ class ReconcileCollector(Collector):
                                         "delivery that was lost", labels=["source"])
         runs = CounterMetricFamily("webhook_ledger_reconcile_runs", "flask reconcile runs by how they ended",
                                    labels=["source", "status"])
+        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
+                                   "not expired)")
+        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
+        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
+                                    "captured nor released: they count for nothing (flask users tidy-holds)")
         pool = get_pool(self.app)
+        holds = None
         try:
             # Bounded well under a scrape's timeout: a database that is down or
             # frozen leaves these out, not the whole scrape.
@@ -231,6 +246,7 @@ class ReconcileCollector(Collector):
                 conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
                 lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
+                holds = conn.execute(HOLDS).fetchone()
         except psycopg.Error:
             rows, lasts = None, []  # PostgreSQL unavailable: the delivery metrics still answer
         keyed = {source.event_source for source in settings.sources.values() if source.api_key}
@@ -251,6 +267,10 @@ class ReconcileCollector(Collector):
                 max_age.add_metric([source], settings.reconcile_max_age_seconds)
             for source, total in totals.items():
                 recovered.add_metric([source], total)
+        if holds is not None:
+            for family, value in zip((active, active_cents, expired), holds, strict=True):
+                family.add_metric([], value)
+            return [last, max_age, recovered, runs, active, active_cents, expired]
         return [last, max_age, recovered, runs]
 
 
