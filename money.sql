@@ -120,7 +120,9 @@ CROSS JOIN LATERAL (
 --       WEBHOOK_<NAME>_USER_METADATA_KEY and _NO_USER, 'refuse' or
 --       'ignore'), recorded with the event for `flask ledger verify`;
 --   origin: 'delivery' or 'reconcile'; NULL, a replay of the stored bytes,
---       keeps the row's.
+--       keeps the row's;
+--   app_key: a credit's or a link's user named by the application's own key
+--       of it (user_keys) instead of user_id.
 -- A type is not replaced like a function: a change to its attributes is a
 -- DROP TYPE ... CASCADE in a migration, then this file creates it again.
 -- The rule as the commit tagged 1.0.0 made it took the delivery as 20
@@ -138,7 +140,7 @@ BEGIN
             source text, event_id text, type text, body bytea, sha256 bytea, effect bytea, problem text,
             kind text, payment text, user_id uuid, amount bigint, currency text, movement text, state text,
             ledger_currency text, test_events boolean, origin text, customer text, user_key text, no_user text,
-            account text);
+            account text, app_key text);
     END IF;
 END
 $$;
@@ -315,6 +317,13 @@ DECLARE
 BEGIN
     ignored := false;
     mismatch := false;
+    IF d.app_key IS NOT NULL THEN
+        v_user := user_of_key(d.app_key);
+        IF v_user IS NULL THEN
+            problem := format('no user has the application''s key %s (add_user_key adds it)', d.app_key);
+            RETURN;
+        END IF;
+    END IF;
     IF v_user IS NULL THEN
         -- The link is read, not locked: links are never changed nor deleted.
         SELECT l.user_id, l.customer_id INTO v_user, v_link FROM customer_links l
@@ -422,20 +431,25 @@ CREATE OR REPLACE FUNCTION link_session(d ledger_delivery, OUT change text, OUT 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_link customer_links%ROWTYPE;
+    v_user uuid := coalesce(d.user_id, user_of_key(d.app_key));
 BEGIN
     ignored := false;
     mismatch := false;
-    IF link_customer(p_source => d.source, p_customer => d.customer, p_user => d.user_id,
+    IF v_user IS NULL THEN
+        problem := format('no user has the application''s key %s (add_user_key adds it)', d.app_key);
+        RETURN;
+    END IF;
+    IF link_customer(p_source => d.source, p_customer => d.customer, p_user => v_user,
                      p_by => left('event ' || d.event_id, 128)) IS NOT NULL THEN
         RETURN;
     END IF;
     SELECT * INTO v_link FROM customer_links l WHERE l.source = d.source AND l.customer_id = d.customer;
     IF NOT FOUND THEN
-        problem := 'unknown user ' || d.user_id;
-    ELSIF v_link.user_id <> d.user_id THEN
+        problem := 'unknown user ' || v_user;
+    ELSIF v_link.user_id <> v_user THEN
         problem := format('customer %s is linked to user %s (by %s, %s); this Session names user %s: '
                           'a link is never changed', d.customer, v_link.user_id, v_link.linked_by,
-                          to_char(v_link.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), d.user_id);
+                          to_char(v_link.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'), v_user);
     END IF;
 END
 $$;
@@ -591,6 +605,74 @@ BEGIN
     ON CONFLICT (user_id) DO NOTHING;
     added := FOUND;
     SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances AS u WHERE u.user_id = p_user;
+END
+$$;
+
+-- The application's own keys of its users (user_keys): an integer's digits
+-- or a text key, 1 to 255 characters, one per user, never changed nor
+-- deleted, so that a payment whose metadata names the key credits the user
+-- it named when it was paid. user_of_key: the user of p_key, NULL when
+-- none (user_of, for the application's calls, raises P0002 instead:
+--   SELECT * FROM spend(p_user => user_of('42'), p_cents => 500, p_reference => 'order-1')).
+CREATE OR REPLACE FUNCTION user_of_key(p_key text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT k.user_id FROM user_keys k WHERE k.app_key = p_key
+$$;
+
+CREATE OR REPLACE FUNCTION user_of(p_key text) RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_user uuid := user_of_key(p_key);
+BEGIN
+    IF v_user IS NULL THEN
+        RAISE EXCEPTION 'no user has the key %', coalesce(p_key, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN v_user;
+END
+$$;
+
+-- A user named by the application's key p_key: the user p_user (a new
+-- UUID when NULL, added with p_opening unless it exists) gets the key. Again
+-- with the same key: its user, added false, nothing changed (p_user, when
+-- given, must be that user: else 23505, as for a user that has another key).
+-- A key that cannot be one (22023): empty, or over 255 characters. Returns
+-- the key's user, whether this call added the key, and the user's opening
+-- balance.
+CREATE OR REPLACE FUNCTION add_user_key(p_key text, p_opening bigint DEFAULT 0, p_user uuid DEFAULT NULL,
+                                        OUT user_id uuid, OUT added boolean, OUT opening_balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_made boolean;
+BEGIN
+    IF coalesce(char_length(p_key), 0) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'an application''s key of a user must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    user_id := user_of_key(p_key);
+    added := false;
+    IF user_id IS NULL THEN
+        IF EXISTS (SELECT 1 FROM user_keys k WHERE k.user_id = p_user) THEN
+            RAISE EXCEPTION 'user % has another key: a user has one key, never changed', p_user
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        user_id := coalesce(p_user, gen_random_uuid());
+        v_made := (add_user(p_user => user_id, p_opening => p_opening)).added;
+        -- A call adding the same key now makes this insert wait for it, then
+        -- find the key taken: the user this call made is deleted again.
+        INSERT INTO user_keys (app_key, user_id) VALUES (p_key, add_user_key.user_id)
+        ON CONFLICT (app_key) DO NOTHING;
+        added := FOUND;
+        IF NOT added THEN
+            IF v_made THEN
+                DELETE FROM user_balances u WHERE u.user_id = add_user_key.user_id;
+            END IF;
+            user_id := user_of_key(p_key);
+        END IF;
+    END IF;
+    IF p_user IS NOT NULL AND p_user <> user_id THEN
+        RAISE EXCEPTION 'key % is user %''s, not user %''s', p_key, user_id, p_user USING ERRCODE = 'unique_violation';
+    END IF;
+    SELECT u.opening_balance_cents INTO opening_balance_cents FROM user_balances u WHERE u.user_id = add_user_key.user_id;
 END
 $$;
 
@@ -802,8 +884,9 @@ $$;
 -- request id), journaled as a 'spend' of -p_cents. Call it with named
 -- arguments, alone or inside the application's own transaction:
 --   SELECT * FROM spend(p_user => $1, p_cents => $2, p_reference => $3)
--- A balance may not go below zero unless p_allow_negative (then it may,
--- within BIGINT's range). A second call with the same reference, user and
+-- The available balance (the balance less the user's active holds) may
+-- not go below zero unless p_allow_negative (then the balance may, within
+-- BIGINT's range). A second call with the same reference, user and
 -- amount changes nothing and returns the first call's row, outcome
 -- 'duplicate'; with another user or amount it is refused (23505). A refused
 -- call records nothing: its reference may be tried again. Returns the
@@ -816,6 +899,7 @@ CREATE OR REPLACE FUNCTION spend(p_user uuid, p_cents bigint, p_reference text, 
 LANGUAGE plpgsql AS $$
 DECLARE
     v_first ledger_journal%ROWTYPE;
+    v_held numeric;
 BEGIN
     IF p_cents IS NULL OR p_cents <= 0 THEN
         RAISE EXCEPTION 'a spend of % cents: the amount must be positive', coalesce(p_cents::text, 'NULL')
@@ -828,6 +912,9 @@ BEGIN
     SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    ELSIF EXISTS (SELECT 1 FROM holds h WHERE h.reference = p_reference) THEN
+        RAISE EXCEPTION 'reference % is a hold''s: capture_hold spends it', p_reference
+            USING ERRCODE = 'unique_violation';
     END IF;
     SELECT * INTO v_first FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference;
     IF FOUND THEN
@@ -840,9 +927,15 @@ BEGIN
         spent_at := v_first.created_at;
         RETURN;
     END IF;
-    IF balance_cents < p_cents AND NOT coalesce(p_allow_negative, false) THEN
-        RAISE EXCEPTION 'the balance of user % is % cents: spending % would take it below zero',
-                        p_user, balance_cents, p_cents USING ERRCODE = 'check_violation';
+    -- What the user's active holds reserve is not spendable (available_balance).
+    v_held := held_cents(p_user);
+    IF balance_cents - v_held < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        IF v_held = 0 THEN
+            RAISE EXCEPTION 'the balance of user % is % cents: spending % would take it below zero',
+                            p_user, balance_cents, p_cents USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'the available balance of user % is % cents (% cents held): spending % would take it '
+                        'below zero', p_user, balance_cents - v_held, v_held, p_cents USING ERRCODE = 'check_violation';
     ELSIF balance_cents < -9223372036854775808 + p_cents THEN
         RAISE EXCEPTION 'spending % cents would overflow the balance of user % (% cents)',
                         p_cents, p_user, balance_cents USING ERRCODE = 'numeric_value_out_of_range';
@@ -902,5 +995,372 @@ BEGIN
         v_to := pg_current_snapshot();
         v_after := 0;
     END LOOP;
+END
+$$;
+
+-- Holds: the application reserves up to p_cents of a user's credit before
+-- work whose cost it knows only after (docs/operations.md, "Holding credit
+-- before work"). A hold is 'held' until captured (one spend of what the
+-- work cost, up to the hold, the rest freed), released (nothing taken), or
+-- past its expires_at: then it no longer counts, whoever reads it, with no
+-- sweeper (release_hold closes it, `flask users tidy-holds` all of them).
+-- Holds only bound what the application itself takes (spend, place_hold):
+-- refunds and disputes never read them, and may take a balance below what
+-- is held. Each is idempotent by the application's reference, which is
+-- also the reference of the spend a capture writes, and refuses by raising,
+-- nothing changed (the SQLSTATEs of spend, and 55000
+-- object_not_in_prerequisite_state: a hold captured, released or expired
+-- asked to do what its state no longer allows).
+--
+-- Locks, in the order every function of the application takes them: the
+-- user's row (FOR UPDATE, as spend and every event's balance change: it
+-- serialises every change of one balance and every hold of one user), then
+-- the hold's row. An event's movement locks its payment's row, then the
+-- user's, and never a hold's: no cycle. A hold's user never changes, so it
+-- is read before the lock without one.
+
+-- What p_user's active holds reserve now: held, and not expired.
+CREATE OR REPLACE FUNCTION held_cents(p_user uuid) RETURNS numeric
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(h.amount_cents), 0) FROM holds h
+    WHERE h.user_id = p_user AND h.state = 'held' AND h.expires_at > now()
+$$;
+
+-- Each user's balance, what its active holds reserve, and what is left to
+-- spend or hold (available_cents, below zero when a refund or a dispute
+-- took credit that was held).
+CREATE OR REPLACE VIEW user_available AS
+SELECT
+    u.user_id,
+    u.balance_cents,
+    a.held::bigint AS held_cents,
+    (u.balance_cents - a.held)::bigint AS available_cents
+FROM user_balances AS u
+CROSS JOIN LATERAL (  -- held_cents's query, inline: a view reads its tables with its owner's rights, not its functions
+    SELECT coalesce(sum(h.amount_cents), 0) AS held FROM holds AS h
+    WHERE h.user_id = u.user_id AND h.state = 'held' AND h.expires_at > now()
+) AS a;
+
+-- One user's row of user_available (P0002 for an unknown user).
+CREATE OR REPLACE FUNCTION available_balance(p_user uuid, OUT balance_cents bigint, OUT held_cents bigint,
+                                             OUT available_cents bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT a.balance_cents, a.held_cents, a.available_cents INTO balance_cents, held_cents, available_cents
+    FROM user_available a WHERE a.user_id = p_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$$;
+
+-- Hold p_cents (> 0) of p_user's credit until p_expires_at (in the future),
+-- once per p_reference (1-128 characters, the application's key; not a
+-- spend's). Refused (23514) when the available balance is short, unless
+-- p_allow_negative. Again with the same reference, user, amount and expiry:
+-- outcome 'duplicate', whatever the hold's state now; with others, 23505.
+-- Returns the outcome ('held' or 'duplicate'), the hold's expiry and the
+-- user's available balance as the call leaves it.
+CREATE OR REPLACE FUNCTION place_hold(p_user uuid, p_cents bigint, p_reference text, p_expires_at timestamptz,
+                                      p_allow_negative boolean DEFAULT FALSE,
+                                      OUT outcome text, OUT expires_at timestamptz, OUT available_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_balance bigint;
+    v_first holds%ROWTYPE;
+    v_held numeric;
+BEGIN
+    IF p_cents IS NULL OR p_cents <= 0 THEN
+        RAISE EXCEPTION 'a hold of % cents: the amount must be positive', coalesce(p_cents::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF coalesce(char_length(p_reference), 0) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'a hold''s reference must be 1 to 128 characters' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_expires_at IS NULL OR p_expires_at <= now() THEN
+        RAISE EXCEPTION 'a hold must expire after now, not at %', coalesce(p_expires_at::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT u.balance_cents INTO v_balance FROM user_balances u WHERE u.user_id = p_user FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+    v_held := held_cents(p_user);
+    SELECT * INTO v_first FROM holds h WHERE h.reference = p_reference;
+    IF FOUND THEN
+        IF (v_first.user_id, v_first.amount_cents, v_first.expires_at) <> (p_user, p_cents, p_expires_at) THEN
+            RAISE EXCEPTION 'reference % was held with another user, amount or expiry', p_reference
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        outcome := 'duplicate';
+        expires_at := v_first.expires_at;
+        available_cents := v_balance - v_held;
+        RETURN;
+    ELSIF EXISTS (SELECT 1 FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference) THEN
+        RAISE EXCEPTION 'reference % was spent: a hold''s reference is the spend its capture writes', p_reference
+            USING ERRCODE = 'unique_violation';
+    ELSIF v_balance - v_held < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        RAISE EXCEPTION 'the available balance of user % is % cents (% cents held): holding % would take it '
+                        'below zero', p_user, v_balance - v_held, v_held, p_cents USING ERRCODE = 'check_violation';
+    ELSIF v_balance - v_held - p_cents < -9223372036854775808 THEN
+        RAISE EXCEPTION 'holding % cents would take the available balance of user % past BIGINT''s range',
+                        p_cents, p_user USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    -- A hold of the same reference for another user, placed now, makes this
+    -- insert wait for it, then fail on the key: 23505 as well.
+    INSERT INTO holds (reference, user_id, amount_cents, expires_at)
+    VALUES (p_reference, p_user, p_cents, p_expires_at);
+    outcome := 'held';
+    expires_at := p_expires_at;
+    available_cents := v_balance - v_held - p_cents;
+END
+$$;
+
+-- The hold p_reference, its user's row locked, then its own (P0002 when no
+-- hold has that reference).
+CREATE OR REPLACE FUNCTION lock_hold(p_reference text) RETURNS holds
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+BEGIN
+    SELECT * INTO v_hold FROM holds h WHERE h.reference = p_reference;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no hold %', coalesce(p_reference, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    PERFORM FROM user_balances u WHERE u.user_id = v_hold.user_id FOR UPDATE;
+    SELECT * INTO v_hold FROM holds h WHERE h.reference = p_reference FOR UPDATE;
+    RETURN v_hold;
+END
+$$;
+
+-- Capture p_cents (1 up to the hold's amount) of hold p_reference: one
+-- spend of p_cents, journaled with the hold's reference, the rest freed.
+-- The balance may not go below zero unless p_allow_negative (the hold's
+-- own credit counts; a refund or dispute since may have taken it). Again
+-- with the same amount: outcome 'duplicate' and the first capture's row;
+-- with another, 23505. A released or expired hold: 55000. Returns the
+-- outcome ('captured' or 'duplicate'), the spend's journal row and when it
+-- was made, and the user's balance as the call leaves it.
+CREATE OR REPLACE FUNCTION capture_hold(p_reference text, p_cents bigint, p_allow_negative boolean DEFAULT FALSE,
+                                        OUT outcome text, OUT journal_id bigint, OUT captured_at timestamptz,
+                                        OUT balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+BEGIN
+    IF p_cents IS NULL OR p_cents <= 0 THEN
+        RAISE EXCEPTION 'a capture of % cents: the amount must be positive (release_hold takes nothing)',
+                        coalesce(p_cents::text, 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_hold := lock_hold(p_reference);
+    SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = v_hold.user_id;
+    IF v_hold.state = 'captured' THEN
+        IF v_hold.captured_cents <> p_cents THEN
+            RAISE EXCEPTION 'hold % was captured for % cents, not %', p_reference, v_hold.captured_cents, p_cents
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        outcome := 'duplicate';
+        journal_id := v_hold.journal_id;
+        captured_at := v_hold.closed_at;
+        RETURN;
+    ELSIF v_hold.state = 'released' THEN
+        RAISE EXCEPTION 'hold % was released' , p_reference USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF v_hold.expires_at <= now() THEN
+        RAISE EXCEPTION 'hold % expired at %', p_reference, v_hold.expires_at
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF p_cents > v_hold.amount_cents THEN
+        RAISE EXCEPTION 'a capture of % cents is more than hold %''s % cents', p_cents, p_reference,
+                        v_hold.amount_cents USING ERRCODE = 'invalid_parameter_value';
+    ELSIF balance_cents < p_cents AND NOT coalesce(p_allow_negative, false) THEN
+        RAISE EXCEPTION 'the balance of user % is % cents: capturing % would take it below zero',
+                        v_hold.user_id, balance_cents, p_cents USING ERRCODE = 'check_violation';
+    ELSIF balance_cents < -9223372036854775808 + p_cents THEN
+        RAISE EXCEPTION 'capturing % cents would overflow the balance of user % (% cents)',
+                        p_cents, v_hold.user_id, balance_cents USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances u SET balance_cents = u.balance_cents - p_cents, updated_at = now()
+    WHERE u.user_id = v_hold.user_id RETURNING u.balance_cents INTO balance_cents;
+    INSERT INTO ledger_journal (kind, user_id, amount_cents, reference)
+    VALUES ('spend', v_hold.user_id, -p_cents, p_reference)
+    RETURNING id, created_at INTO journal_id, captured_at;
+    UPDATE holds h SET state = 'captured', captured_cents = p_cents, journal_id = capture_hold.journal_id,
+                       closed_at = captured_at
+    WHERE h.reference = p_reference;
+    outcome := 'captured';
+END
+$$;
+
+-- Release hold p_reference: it reserves nothing from now on, and takes
+-- nothing. Held (expired or not): outcome 'released'; released before:
+-- 'duplicate'; captured: 55000. Returns the outcome and the user's
+-- available balance as the call leaves it.
+CREATE OR REPLACE FUNCTION release_hold(p_reference text, OUT outcome text, OUT available_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hold holds%ROWTYPE;
+    v_balance bigint;
+BEGIN
+    v_hold := lock_hold(p_reference);
+    SELECT u.balance_cents INTO v_balance FROM user_balances u WHERE u.user_id = v_hold.user_id;
+    IF v_hold.state = 'captured' THEN
+        RAISE EXCEPTION 'hold % was captured (journal row %)', p_reference, v_hold.journal_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    ELSIF v_hold.state = 'released' THEN
+        outcome := 'duplicate';
+    ELSE
+        UPDATE holds h SET state = 'released', closed_at = now() WHERE h.reference = p_reference;
+        outcome := 'released';
+    END IF;
+    available_cents := v_balance - held_cents(v_hold.user_id);
+END
+$$;
+
+-- Release every hold that expired before p_before (`flask users
+-- tidy-holds`): tidying only, since an expired hold counts for nothing
+-- already. Locks each hold's row only (SKIP LOCKED: one being captured or
+-- released now is left to that call). Returns how many it released.
+CREATE OR REPLACE FUNCTION release_expired_holds(p_before timestamptz DEFAULT now(), OUT released integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH expired AS (
+        SELECT h.reference FROM holds h
+        WHERE h.state = 'held' AND h.expires_at <= least(p_before, now())
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE holds h SET state = 'released', closed_at = now() FROM expired e WHERE h.reference = e.reference;
+    GET DIAGNOSTICS released = ROW_COUNT;
+END
+$$;
+
+-- Give back the spend p_reference (a spend, or a hold's capture): once,
+-- journaled as a 'give_back' of the spend's amount to its user, naming its
+-- reference. Again: outcome 'duplicate' and the first give-back's row. An
+-- unknown spend: P0002; a balance past BIGINT's range: 22003. Locks the
+-- spend's user's row. Returns the outcome ('given_back' or 'duplicate'),
+-- the give-back's journal row and when it was made, and the user's balance
+-- as the call leaves it (on a duplicate, the balance now).
+CREATE OR REPLACE FUNCTION give_back(p_reference text, OUT outcome text, OUT journal_id bigint,
+                                     OUT given_back_at timestamptz, OUT balance_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_spend ledger_journal%ROWTYPE;
+    v_first ledger_journal%ROWTYPE;
+BEGIN
+    SELECT * INTO v_spend FROM ledger_journal j WHERE j.kind = 'spend' AND j.reference = p_reference;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no spend %', coalesce(p_reference, 'NULL') USING ERRCODE = 'no_data_found';
+    END IF;
+    -- A second call waits here for the first one's commit, then finds its row.
+    SELECT u.balance_cents INTO balance_cents FROM user_balances u WHERE u.user_id = v_spend.user_id FOR UPDATE;
+    SELECT * INTO v_first FROM ledger_journal j WHERE j.kind = 'give_back' AND j.reference = p_reference;
+    IF FOUND THEN
+        outcome := 'duplicate';
+        journal_id := v_first.id;
+        given_back_at := v_first.created_at;
+        RETURN;
+    ELSIF balance_cents > 9223372036854775807 + v_spend.amount_cents THEN
+        RAISE EXCEPTION 'giving back % cents would overflow the balance of user % (% cents)',
+                        -v_spend.amount_cents, v_spend.user_id, balance_cents
+            USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    UPDATE user_balances u SET balance_cents = u.balance_cents - v_spend.amount_cents, updated_at = now()
+    WHERE u.user_id = v_spend.user_id RETURNING u.balance_cents INTO balance_cents;
+    INSERT INTO ledger_journal (kind, user_id, amount_cents, reference)
+    VALUES ('give_back', v_spend.user_id, -v_spend.amount_cents, p_reference)
+    RETURNING id, created_at INTO journal_id, given_back_at;
+    outcome := 'given_back';
+END
+$$;
+
+-- Statements: a user's balance at a time, and its movements of a period,
+-- from the journal alone (balance = opening + journal). A journal row's
+-- time is its created_at, its transaction's start; the period [p_from,
+-- p_to) is half open, so consecutive periods share no row, and a
+-- statement's closing balance is the next one's opening. P0002 for an
+-- unknown user; 22023 for a period that ends before it starts.
+
+-- p_user's balance at p_at: its opening balance plus its journal rows
+-- before p_at.
+CREATE OR REPLACE FUNCTION balance_at(p_user uuid, p_at timestamptz, OUT balance_cents bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT u.opening_balance_cents + coalesce((
+        SELECT sum(j.amount_cents) FROM ledger_journal j WHERE j.user_id = p_user AND j.created_at < p_at), 0)
+    INTO balance_cents FROM user_balances u WHERE u.user_id = p_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown user %', p_user USING ERRCODE = 'no_data_found';
+    END IF;
+END
+$$;
+
+-- p_user's journal rows of [p_from, p_to), in the order they changed the
+-- balance (id: each locked the user's row before it took its id), each
+-- with the balance it left; the balance before the first is balance_at(
+-- p_user, p_from), after the last balance_at(p_user, p_to).
+CREATE OR REPLACE FUNCTION statement(p_user uuid, p_from timestamptz, p_to timestamptz)
+RETURNS TABLE (
+    id bigint, created_at timestamptz, kind text, amount_cents bigint, balance_after_cents bigint, source text,
+    event_id text, payment_id text, movement_id text, reference text, reason text, actor text
+)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_opening bigint := balance_at(p_user, p_from);
+BEGIN
+    IF p_to < p_from THEN
+        RAISE EXCEPTION 'a period from % to % ends before it starts', p_from, p_to
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT j.id, j.created_at, j.kind, j.amount_cents,
+               (v_opening + sum(j.amount_cents) OVER (ORDER BY j.id))::bigint, j.source, j.event_id, j.payment_id,
+               j.movement_id, j.reference, j.reason, j.actor
+        FROM ledger_journal j
+        WHERE j.user_id = p_user AND j.created_at >= p_from AND j.created_at < p_to
+        ORDER BY j.id;
+END
+$$;
+
+-- The application's role, webhook_ledger_app (NOLOGIN: a DBA grants it to
+-- the application's login role, docs/operations.md, "The application's
+-- role"). It may execute the application's functions below and read
+-- user_balances, ledger_journal, holds and user_available, nothing else:
+-- no table grants it a write. Each of these functions runs as its owner
+-- (SECURITY DEFINER) with search_path fixed to the ledger's schema then
+-- pg_temp, so that no object the caller creates is found in its place; the
+-- right to execute it is taken from PUBLIC (every role has it by default)
+-- and given to the role alone. A role is the cluster's, not a database's:
+-- one that exists is used as it is. An owner without CREATEROLE cannot
+-- create it: the notice says so, and the next init-db after a DBA's CREATE
+-- ROLE webhook_ledger_app NOLOGIN grants it.
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+        BEGIN
+            CREATE ROLE webhook_ledger_app NOLOGIN;
+        EXCEPTION WHEN insufficient_privilege OR duplicate_object OR unique_violation THEN
+            RAISE NOTICE 'role webhook_ledger_app not created (%): the application''s functions stay the owner''s', SQLERRM;
+        END;
+    END IF;
+    FOR v_function IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = current_schema()::regnamespace
+            AND p.proname IN ('add_user', 'add_user_key', 'user_of', 'link_customer', 'spend', 'journal_changes',
+                              'available_balance', 'place_hold', 'capture_hold', 'release_hold', 'give_back',
+                              'balance_at', 'statement')
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', v_function, current_schema());
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_function);
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO webhook_ledger_app', v_function);
+        END IF;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'webhook_ledger_app') THEN
+        GRANT SELECT ON user_balances, user_keys, ledger_journal, holds, user_available TO webhook_ledger_app;
+        BEGIN  -- the schema's owner grants it; public's usage is every role's already
+            EXECUTE format('GRANT USAGE ON SCHEMA %I TO webhook_ledger_app', current_schema());
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE NOTICE 'usage of schema % not granted to webhook_ledger_app (%)', current_schema(), SQLERRM;
+        END;
+    END IF;
 END
 $$;

@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     -- The rule that effect_sha256 was computed by (events.EFFECT_VERSION):
     -- `flask init-db` recomputes, from the stored bytes, the effects of rows
     -- stored under another, so that re-deliveries compare alike.
-    effect_version   SMALLINT DEFAULT 8,
+    effect_version   SMALLINT DEFAULT 9,
     -- The settings its outcome was decided under (LEDGER_CURRENCY,
     -- STRIPE_ACCEPT_TEST_EVENTS): `flask ledger verify` judges it by them,
     -- not by today's. No CHECK:
@@ -179,6 +179,17 @@ CREATE TABLE IF NOT EXISTS payments (
     PRIMARY KEY (source, payment_id)
 );
 
+-- The application's own key of a user -> the user (money.sql's
+-- add_user_key): an integer's digits or a text key, which the application
+-- passes to user_of() in its calls, and puts in a payment's metadata instead
+-- of the user's UUID. One per user; never changed nor deleted, so that a
+-- credit made through a key is checked against it (`flask ledger verify`).
+CREATE TABLE IF NOT EXISTS user_keys (
+    app_key    TEXT PRIMARY KEY CHECK (char_length(app_key) BETWEEN 1 AND 255),
+    user_id    UUID NOT NULL UNIQUE REFERENCES user_balances (user_id),
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
 -- A provider's customer -> the user its payments credit when their metadata
 -- names none (`flask users link`): Stripe's cus_Y, a connected account's
 -- customer acct_X/cus_Y, or a whole connected account acct_X (read after
@@ -259,10 +270,12 @@ CREATE INDEX IF NOT EXISTS movements_payment_idx ON movements (source, payment_i
 -- spend) names no event and no movement: an 'adjustment' (an operator's
 -- correction, either sign, never 0) names its reason and who made it, and
 -- the payment whose credit it corrects, if any; a 'spend' (amount < 0: the
--- application spent the user's credit) names the reference the application
--- gave, and the unique index on it (spends only: an event's row, most of
--- the journal, costs that index nothing) is what makes one spend apply
--- once, however often it is asked for.
+-- application spent the user's credit, or captured a hold) names the
+-- reference the application gave, and a 'give_back' (amount > 0: a spend
+-- given back) the reference of the spend it gives back. The unique index on
+-- (reference, kind) (spends and give-backs only: an event's row, most of the
+-- journal, costs that index nothing) is what makes one spend apply once,
+-- and its give-back once, however often either is asked for.
 CREATE TABLE IF NOT EXISTS ledger_journal (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source       TEXT CHECK (source ~ '^[a-z0-9-]{1,64}$'),
@@ -288,7 +301,7 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
     moved_from   TEXT CONSTRAINT ledger_journal_moved_from_check
                       CHECK (char_length(moved_from) BETWEEN 1 AND 511),
     CONSTRAINT ledger_journal_kind_check
-        CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
+        CHECK (kind IN ('credit', 'refund_reversed', 'dispute_reinstated', 'give_back') AND amount_cents > 0
                OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
                OR kind = 'adjustment' AND amount_cents <> 0
                OR kind = 'payment_moved' AND amount_cents = 0),
@@ -299,6 +312,9 @@ CREATE TABLE IF NOT EXISTS ledger_journal (
                                       AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
                WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
                                  AND reference IS NOT NULL
+               WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor,
+                                                  moved_from) = 0
+                                     AND reference IS NOT NULL
                WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) = 4
                                          AND num_nonnulls(event_id, movement_id, reference, reason) = 0
                ELSE num_nonnulls(source, event_id, payment_id) = 3
@@ -312,8 +328,35 @@ CREATE INDEX IF NOT EXISTS ledger_journal_xid_idx ON ledger_journal (xid, id);
 -- is another payment, which stays the platform's.
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_moved_from_key ON ledger_journal (source, moved_from)
     WHERE moved_from IS NOT NULL;
-CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference)
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_journal_reference_key ON ledger_journal (reference, kind)
     WHERE reference IS NOT NULL;
+
+-- One row per hold the application places on a user's credit (money.sql's
+-- place_hold, capture_hold, release_hold), keyed by the application's
+-- reference, which is also the reference of the spend its capture writes.
+-- 'held' counts against the user's available balance until expires_at
+-- (read as now() < expires_at: no sweeper needed); 'captured' names the
+-- spend's journal row and what it took (up to the hold's amount);
+-- 'released' took nothing. Refunds and disputes never read it.
+CREATE TABLE IF NOT EXISTS holds (
+    reference      TEXT PRIMARY KEY CHECK (char_length(reference) BETWEEN 1 AND 128),
+    user_id        UUID NOT NULL REFERENCES user_balances (user_id),
+    amount_cents   BIGINT NOT NULL CHECK (amount_cents > 0),
+    expires_at     TIMESTAMPTZ NOT NULL,
+    state          TEXT NOT NULL DEFAULT 'held' CHECK (state IN ('held', 'captured', 'released')),
+    captured_cents BIGINT CHECK (captured_cents BETWEEN 1 AND amount_cents),
+    journal_id     BIGINT REFERENCES ledger_journal (id),
+    created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    closed_at      TIMESTAMPTZ,
+    CONSTRAINT holds_closed_check
+        CHECK (CASE state
+               WHEN 'held' THEN num_nonnulls(captured_cents, journal_id, closed_at) = 0
+               WHEN 'captured' THEN num_nonnulls(captured_cents, journal_id, closed_at) = 3
+               ELSE num_nonnulls(captured_cents, journal_id) = 0 AND closed_at IS NOT NULL
+               END)
+);
+-- A user's active holds, summed by every place_hold and spend of the user.
+CREATE INDEX IF NOT EXISTS holds_held_idx ON holds (user_id) WHERE state = 'held';
 
 -- One row per `flask reconcile` run: the window it listed ([since, until),
 -- by the events' own creation time at the provider), what it found, and how
@@ -371,8 +414,8 @@ CREATE TABLE IF NOT EXISTS reconcile_watermarks (
 -- "The provider's pace"). The drain (app/receiver/drain.py) claims the
 -- oldest due rows FOR UPDATE SKIP LOCKED, pushing not_before past the claim
 -- (a host that dies mid-claim leaves them due again when it passes), reads
--- the provider's record, applies it through apply_event and deletes the row
--- in the same statement. 'unknown': the provider has no record of the event;
+-- the provider's record, applies it through apply_event, then deletes the
+-- row (a crash between the two: the next claim's apply_event says duplicate). 'unknown': the provider has no record of the event;
 -- a bounded row (no body) that no alert counts and no replay asks again, and
 -- that a genuine delivery of the id later replaces.
 CREATE TABLE IF NOT EXISTS waiting_notifications (
@@ -393,6 +436,68 @@ CREATE TABLE IF NOT EXISTS waiting_notifications (
 );
 CREATE INDEX IF NOT EXISTS waiting_notifications_due_idx
     ON waiting_notifications (not_before, id) WHERE state = 'waiting';
+
+-- One row per `flask audit` run: the window of the provider's money records
+-- it read ([since, until), by their creation at the provider), the grace
+-- under which young items were pending rather than broken, and its verdict:
+-- 'reconciled', 'reconciled_with_pending', 'breaks', or 'incomplete' (a
+-- partial read: rate limited, the provider failing, a type the adapter does
+-- not know), with the reason. statements: per currency, the ledger's and the
+-- provider's sums and the lines that explain the difference. The audit
+-- writes here and in audit_breaks only: never a money table.
+CREATE TABLE IF NOT EXISTS audit_runs (
+    id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source        TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    account       TEXT NOT NULL DEFAULT '' CHECK (account = '' OR account ~ '^acct_[A-Za-z0-9]{1,250}$'),
+    since         TIMESTAMPTZ NOT NULL,
+    until         TIMESTAMPTZ NOT NULL,
+    grace_seconds INTEGER NOT NULL CHECK (grace_seconds >= 0),
+    verdict       TEXT NOT NULL DEFAULT 'running'
+                  CHECK (verdict IN ('running', 'reconciled', 'reconciled_with_pending', 'breaks', 'incomplete')),
+    reason        TEXT,
+    listed        INTEGER NOT NULL DEFAULT 0 CHECK (listed >= 0),
+    pending       INTEGER NOT NULL DEFAULT 0 CHECK (pending >= 0),
+    breaks        INTEGER NOT NULL DEFAULT 0 CHECK (breaks >= 0),
+    statements    JSONB,
+    started_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+    finished_at   TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS audit_runs_source_idx ON audit_runs (source, account, verdict, finished_at);
+
+-- One row per break an audit found, under a stable id (its class and keys):
+-- 'new' in the run that first found it, 'persisting' while runs find it
+-- again, 'resolved' once a run that read its window whole no longer does.
+-- Both sides' keys and amounts (minor units), and the command that fixes it.
+CREATE TABLE IF NOT EXISTS audit_breaks (
+    source           TEXT NOT NULL CHECK (source ~ '^[a-z0-9-]{1,64}$'),
+    break_id         TEXT NOT NULL CHECK (break_id ~ '^brk_[0-9a-f]{20}$'),
+    account          TEXT NOT NULL DEFAULT '',
+    class            TEXT NOT NULL CHECK (class IN ('missing_in_ledger', 'missing_at_provider', 'amount_mismatch',
+                                                    'currency_mismatch', 'state_mismatch', 'user_mismatch',
+                                                    'matched_by_amount_only', 'unknown_provider_type')),
+    priority         BOOLEAN NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN ('new', 'persisting', 'resolved')),
+    provider_key     TEXT,
+    ledger_key       TEXT,
+    provider_amount  BIGINT,
+    ledger_amount    BIGINT,
+    provider_currency TEXT,
+    ledger_currency  TEXT,
+    provider_user    TEXT,
+    ledger_user      TEXT,
+    occurred_at      TIMESTAMPTZ NOT NULL,
+    detail           TEXT NOT NULL,
+    fix              TEXT NOT NULL,
+    runs_seen        INTEGER NOT NULL DEFAULT 1 CHECK (runs_seen >= 1),
+    first_run        BIGINT NOT NULL REFERENCES audit_runs (id),
+    last_run         BIGINT NOT NULL REFERENCES audit_runs (id),
+    first_seen_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+    last_seen_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    resolved_run     BIGINT REFERENCES audit_runs (id),
+    resolved_at      TIMESTAMPTZ,
+    PRIMARY KEY (source, break_id)
+);
+CREATE INDEX IF NOT EXISTS audit_breaks_open_idx ON audit_breaks (source, account, status);
 
 -- A user row's opening balance is its balance at insert, unless given.
 CREATE OR REPLACE FUNCTION user_balances_set_opening() RETURNS TRIGGER

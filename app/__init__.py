@@ -23,7 +23,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
-    from .commands import cli, payments, users
+    from .commands import audit_cli, cli, payments, users
     from .locking import lock
     from .receiver import delivery, errors, fetch, logs, metrics, openapi, release, webhooks
     from .store import db
@@ -54,5 +54,6 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     cli.init_app(app)
     users.init_app(app)
     payments.init_app(app)
+    audit_cli.init_app(app)
     app.register_blueprint(webhooks.bp)
     return app

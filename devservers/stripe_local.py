@@ -2,7 +2,8 @@
 devservers/stripe_stand_in.py on a fixed loopback port, in the background, holding what the recipe puts in it.
 
 `python -m devservers.stripe_local` starts it and returns once it answers; `python -m devservers.stripe_local put
-JSON` gives it an Event (kept as Retrieve an event and List events answer it) or an object (a PaymentIntent,
+JSON` gives it an Event (kept as Retrieve an event and List events answer it), a balance transaction (listed by
+List all balance transactions, in the connected account its `account` names) or an object (a PaymentIntent,
 Charge, Refund, Dispute or thin event, retrieved by id); `python -m devservers.stripe_local stop` stops it. Its pid
 file and log are in .run/stripe/ (STRIPE_LOCAL_DIR), its port 12111 (STRIPE_LOCAL_PORT), stripe-mock's."""
 
@@ -43,7 +44,10 @@ def serve():
             if self.path != PUT_PATH or not isinstance(document, dict):
                 self.send_response(404)
             else:
-                (stand_in.add if document.get("object") == "event" else stand_in.put)(document)
+                if document.get("object") == "balance_transaction":  # listed in its `account`'s list, if it names one
+                    stand_in.balance.add(document, account=document.pop("account", None))
+                else:
+                    (stand_in.add if document.get("object") == "event" else stand_in.put)(document)
                 self.send_response(204)
             self.send_header("Content-Length", "0")
             self.end_headers()

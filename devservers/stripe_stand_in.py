@@ -60,6 +60,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from .stripe_balance import BalanceTransactions
+
 API_KEY = "rk_test_standInRestrictedKey0123456789"
 HORIZON_SECONDS = 30 * 86400  # "going back up to 30 days"
 MAX_LIMIT, DEFAULT_LIMIT, MAX_TYPES = 100, 10, 20
@@ -120,6 +122,7 @@ class StripeStandIn:
         self._listed_under: dict[str, str | None] = {}  # event id -> the account whose list it is in (None: the key's)
         self._accounts: list[dict[str, Any]] = []  # connected accounts, oldest first
         self._disconnected: set[str] = set()  # listed, but refused as a Stripe-Account
+        self.balance = BalanceTransactions()  # GET /v1/balance_transactions: devservers/stripe_balance.py
 
     # -- the data ---------------------------------------------------------------
 
@@ -220,6 +223,25 @@ class StripeStandIn:
             page.reverse()  # the events just newer than the cursor, newest first
         return {"object": "list", "url": "/v1/events", "has_more": has_more, "data": page}
 
+    def list_balance_transactions(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any]:
+        """The answer to GET /v1/balance_transactions with params in account's context (devservers/stripe_balance.py);
+        raise BadRequestError."""
+        limit = _limit(params.get("limit"))
+        try:
+            return self.balance.list(params, account, limit, _created_range(params.get("created")))
+        except KeyError as exc:
+            param, cursor = exc.args
+            raise BadRequestError(param, f"No such balance_transaction: '{cursor}'", "resource_missing") from None
+
+    def list_payouts(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any]:
+        """The answer to GET /v1/payouts with params in account's context; raise BadRequestError."""
+        try:
+            return self.balance.list_payouts(params, account, _limit(params.get("limit")),
+                                             _created_range(params.get("created")))
+        except KeyError as exc:
+            param, cursor = exc.args
+            raise BadRequestError(param, f"No such payout: '{cursor}'", "resource_missing") from None
+
     def hostile_answer(self, params: Mapping[str, Any], account: str | None = None) -> dict[str, Any] | bytes:
         """The answer to GET /v1/events in the mode `hostile` names (HOSTILE)."""
         mode = self.hostile
@@ -300,7 +322,9 @@ class StripeStandIn:
             return self.retrieve_object(_OBJECTS[retrieved[1]], retrieved[2], context)
         retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
         accounts = path.rstrip("/") == "/v1/accounts"
-        if path.rstrip("/") != "/v1/events" and not retrieve and not accounts:
+        balance = path.rstrip("/") == "/v1/balance_transactions"
+        payouts = path.rstrip("/") == "/v1/payouts"
+        if path.rstrip("/") != "/v1/events" and not retrieve and not accounts and not balance and not payouts:
             return 404, _error("invalid_request_error", None, f"Unrecognized request URL (GET: {path}).")
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
@@ -317,6 +341,10 @@ class StripeStandIn:
         try:
             if accounts:
                 return 200, self.list_accounts(params)
+            if balance:
+                return 200, self.list_balance_transactions(params, context)
+            if payouts:
+                return 200, self.list_payouts(params, context)
             return 200, (self.list_events(params, context) if self.hostile is None else
                          self.hostile_answer(params, context))
         except BadRequestError as exc:

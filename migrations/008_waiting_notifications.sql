@@ -2,8 +2,7 @@
 -- whose money must be read from its provider's API, when the provider cannot
 -- be asked now (no slot, over the shared budget, unavailable, 429), is
 -- recorded here as received and answered 2xx `accepted`; the drain applies it
--- through apply_event once the provider's record is read, and deletes it in
--- the same statement. A notification the provider has no record of keeps a
+-- through apply_event once the provider's record is read, then deletes it. A notification the provider has no record of keeps a
 -- bounded row here ('unknown': no body), not a failed event.
 CREATE TABLE IF NOT EXISTS waiting_notifications (
     id             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

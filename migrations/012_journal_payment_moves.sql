@@ -8,14 +8,17 @@
 -- ledger_journal_keyed, `flask ledger verify`, a consumer of the feed)
 -- reads a row of the old key written before that row under the new key.
 -- The CHECKs are replaced under their names, NOT VALID (validated by
--- `flask init-db` after its commit, as 007's): every row meets them.
+-- `flask init-db` after its commit, as 007's): every row meets them. They
+-- also allow migration 009's kind 'give_back' (a spend given back: amount >
+-- 0, its reference), which 009 leaves to this file, the one that replaces
+-- them last.
 ALTER TABLE ledger_journal
     ADD COLUMN moved_from TEXT CONSTRAINT ledger_journal_moved_from_check
     CHECK (char_length(moved_from) BETWEEN 1 AND 511),
     DROP CONSTRAINT ledger_journal_kind_check,
     ADD CONSTRAINT ledger_journal_kind_check
     CHECK (
-        kind IN ('credit', 'refund_reversed', 'dispute_reinstated') AND amount_cents > 0
+        kind IN ('credit', 'refund_reversed', 'dispute_reinstated', 'give_back') AND amount_cents > 0
         OR kind IN ('refund', 'dispute_withdrawn', 'spend') AND amount_cents < 0
         OR kind = 'adjustment' AND amount_cents <> 0
         OR kind = 'payment_moved' AND amount_cents = 0
@@ -27,6 +30,8 @@ ALTER TABLE ledger_journal
             WHEN 'adjustment' THEN num_nonnulls(event_id, movement_id, reference, moved_from) = 0
                 AND num_nonnulls(source, payment_id) IN (0, 2) AND num_nonnulls(reason, actor) = 2
             WHEN 'spend' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
+                AND reference IS NOT NULL
+            WHEN 'give_back' THEN num_nonnulls(source, event_id, payment_id, movement_id, reason, actor, moved_from) = 0
                 AND reference IS NOT NULL
             WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) = 4
                 AND num_nonnulls(event_id, movement_id, reference, reason) = 0

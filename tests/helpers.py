@@ -4,6 +4,7 @@ delivery (send: in-process or over HTTP, one Answer either way), HTTP to a
 real server, and the ledger checks."""
 
 import base64
+import dataclasses
 import http.client
 import json
 import queue
@@ -300,6 +301,9 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
                                   policy)
         if effect.kind is None:
             continue
+        if effect.app_key is not None:  # the application's key names the user (never changed)
+            (user_id,) = conn.execute("SELECT user_id FROM user_keys WHERE app_key = %s", [effect.app_key]).fetchone()
+            effect = dataclasses.replace(effect, user_id=user_id)
         if effect.kind == events.Kind.LINK:  # no money: the customer is linked to the user its bytes name
             assert conn.execute("SELECT user_id FROM customer_links WHERE source = %s AND customer_id = %s",
                                 [source, effect.customer_id]).fetchone() == (effect.user_id,), event_id
@@ -334,7 +338,7 @@ def assert_ledger_consistent(conn, policy=DEFAULT_POLICY):
     for key, (user, cents) in credits.items():
         expected[user] = expected.get(user, 0) + cents - expected_debits(cents, moves.get(key, []))
     for user, cents in conn.execute("SELECT user_id, sum(amount_cents) FROM ledger_journal"
-                                    " WHERE kind IN ('adjustment', 'spend') GROUP BY user_id").fetchall():
+                                    " WHERE kind IN ('adjustment', 'spend', 'give_back') GROUP BY user_id").fetchall():
         expected[user] = expected.get(user, 0) + cents
     for user, cents in expected.items():
         assert balance(conn, user) == cents, user

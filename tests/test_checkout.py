@@ -108,10 +108,10 @@ def test_a_session_naming_no_user_is_refused_naming_where_it_looked(client, db):
     assert balance(db) == OPENING[ALICE]
 
 
-def test_a_client_reference_id_that_is_not_a_uuid_is_refused(client, db):
+def test_a_client_reference_id_that_is_no_users_key_is_refused(client, db):
     response = send_stripe(client, session("pi_order", user="order_1234"))
     assert response.status == 422
-    assert "data.object.client_reference_id must be a user's UUID" in response.json["message"]
+    assert "no user has the application's key order_1234" in response.json["message"]
 
 
 def test_an_unpaid_session_moves_nothing_then_its_async_payment_succeeded_credits(client, db):

@@ -47,7 +47,8 @@ pytestmark = pytest.mark.core
 
 CURRENCY = "001_ledger_currency.sql"  # the first migration after 1.0.0
 
-TABLES = ("ledger_journal", "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
+TABLES = ("holds", "user_keys", "ledger_journal",
+          "payments", "webhook_events", "user_balances", "schema_migrations", "ledger_currency",
           "reconcile_watermarks", "reconcile_runs", "customer_links", "ignored_payments", "payment_users")
 
 
@@ -73,7 +74,8 @@ def test_schema_applies_twice_without_error(db):
     assert tables == {"user_balances", "webhook_events", "payments", "movements", "ledger_journal",
                       "schema_migrations", "payment_accounts", "webhook_events_json",
                       "reconcile_runs", "reconcile_watermarks", "customer_links", "ignored_payments",
-                      "ledger_currency", "payment_users", "ledger_journal_keyed", "waiting_notifications"}
+                      "ledger_currency", "payment_users", "ledger_journal_keyed", "audit_runs", "audit_breaks",
+                      "holds", "user_available", "user_keys", "waiting_notifications"}
     assert db.execute("SELECT count(*) FROM user_balances").fetchone()[0] == 2  # data kept
     # an empty database got schema.sql: release 1.0.0 and this release's migrations, none run; and the money
     # rule, each time
@@ -150,7 +152,8 @@ def _differences(conn, fresh):
 def _drop_schema(db):
     """Empty db of what init-db made: the views, the tables and the functions (every overload)."""
     db.execute("DROP TYPE ledger_delivery CASCADE")  # first: the rule's steps that take it, and a table's type
-    db.execute("DROP VIEW payment_accounts, webhook_events_json, ledger_journal_keyed")
+    db.execute("DROP FUNCTION lock_hold")  # it returns a holds row
+    db.execute("DROP VIEW payment_accounts, webhook_events_json, ledger_journal_keyed, user_available")
     db.execute(f"DROP TABLE movements, {', '.join(TABLES)}")
     for (function,) in db.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname IN"
                                   " ('apply_event', 'adjust', 'spend', 'event_json')"
@@ -400,8 +403,44 @@ AT_006 = {
 }
 
 
+def _before_009(db):
+    """db as the migrations before 009 left it: no holds (nor the view and function that read them), no user keys, a
+    spend's reference unique across the journal, effect version 8, and 009 not recorded (the journal's CHECKs that
+    allow a give-back are 012's)."""
+    db.execute("DROP VIEW user_available")
+    db.execute("DROP FUNCTION lock_hold")
+    db.execute("DROP TABLE holds, user_keys")
+    db.execute("DROP INDEX ledger_journal_reference_key")
+    db.execute("CREATE UNIQUE INDEX ledger_journal_reference_key ON ledger_journal (reference)"
+               " WHERE reference IS NOT NULL")
+    db.execute("ALTER TABLE webhook_events ALTER COLUMN effect_version SET DEFAULT 8")
+    db.execute("DELETE FROM schema_migrations WHERE name = '009_application_side.sql'")
+
+
+def test_a_database_before_009_migrated_keeps_its_spends_and_takes_holds_and_give_backs(app, db):
+    """The tables come out as schema.sql makes them, a spend made before is still one, and a hold and a give-back of
+    it apply."""
+    fresh = _catalog(db)
+    db.execute("SELECT spend(p_user => %s, p_cents => 100, p_reference => 'order-1')", [ALICE])
+    _before_009(db)
+    journal = db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall()
+
+    assert apply_schema(db) == (False, ["009_application_side.sql"])
+
+    assert _differences(db, fresh) == []
+    assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []
+    assert db.execute("SELECT * FROM ledger_journal ORDER BY id").fetchall() == journal
+    assert db.execute("SELECT outcome FROM give_back(p_reference => 'order-1')").fetchone() == ("given_back",)
+    assert db.execute("SELECT outcome FROM place_hold(p_user => %s, p_cents => 5, p_reference => 'job-1',"
+                      " p_expires_at => now() + interval '1 hour')", [ALICE]).fetchone() == ("held",)
+    assert balance(db) == OPENING[ALICE]
+    verified = app.test_cli_runner().invoke(args=["ledger", "verify"])
+    assert verified.exit_code == 0, verified.output
+
+
 def _as_006_made_it(db):
     """db as migration 006 left it: 007's CHECKs at 128 characters, effect version 7, and 007 not recorded."""
+    _before_009(db)
     for table, checks in AT_006.items():
         db.execute(f"ALTER TABLE {table} " + ", ".join(f"DROP CONSTRAINT {name}, ADD CONSTRAINT {name} CHECK ({check})"
                                                       for name, check in checks.items()))
@@ -423,7 +462,8 @@ def _as_1_0_made_it(db):
                " ADD PRIMARY KEY (source)")
     db.execute("ALTER TABLE reconcile_runs DROP COLUMN account")
     db.execute("CREATE INDEX reconcile_runs_source_idx ON reconcile_runs (source, status, finished_at)")
-    db.execute("DELETE FROM schema_migrations WHERE name LIKE '00%'")
+    db.execute("DROP TABLE audit_breaks, audit_runs")  # 010: flask audit's runs and breaks
+    db.execute("DELETE FROM schema_migrations WHERE name ~ '^[0-9]{3}_'")
 
 
 def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_characters(app, db):
@@ -442,7 +482,7 @@ def test_a_006_database_migrated_to_007_keeps_its_rows_and_takes_ids_of_255_char
         db.execute("INSERT INTO customer_links (source, customer_id, user_id, linked_by) VALUES ('default', %s, %s,"
                    " 'ops')", ["c" * 129, ALICE])
 
-    assert apply_schema(db) == (False, ["007_longer_ids.sql"])
+    assert apply_schema(db) == (False, ["007_longer_ids.sql", "009_application_side.sql"])
 
     assert _differences(db, fresh) == []
     assert db.execute("SELECT conname FROM pg_constraint WHERE NOT convalidated").fetchall() == []

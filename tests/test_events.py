@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from app.intake.events import MAX_CENTS, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
+from app.intake.events import MAX_CENTS, Event, InvalidEventError, InvalidJSONError, Kind, Policy, effect_of, parse
 
 from .helpers import ALICE, BOB
 from .providers.effects import NOTHING, credit, refused, refused_by, running_total, seen
@@ -192,7 +192,7 @@ def test_payment_succeeded_credits_its_user(data, policy, expected):
 
 CURRENCY = "data.currency must be a currency's three-letter code"
 PAYMENT_ID = "data.paymentId must be a payment id of 1 to 255 characters"
-USER = "data.userId must be a user's UUID"
+USER = "data.userId must be a user's UUID or the application's key of one (1 to 255 characters)"
 AMOUNT = "data.amountCents must be a positive integer"
 
 
@@ -201,7 +201,8 @@ AMOUNT = "data.amountCents must be a positive integer"
     ("currency", "dollars", CURRENCY), ("currency", 840, CURRENCY),
     ("paymentId", None, PAYMENT_ID), ("paymentId", "", PAYMENT_ID), ("paymentId", "p" * 256, PAYMENT_ID),
     ("paymentId", 42, PAYMENT_ID), ("paymentId", "pay\u0000", PAYMENT_ID),
-    ("userId", MISSING, USER), ("userId", None, USER), ("userId", "alice", USER), ("userId", 7, USER),
+    ("userId", MISSING, USER), ("userId", None, USER), ("userId", "", USER), ("userId", "u" * 256, USER),
+    ("userId", True, USER), ("userId", 1.5, USER),
     ("amountCents", MISSING, AMOUNT), ("amountCents", None, AMOUNT), ("amountCents", 0, AMOUNT),
     ("amountCents", -5, AMOUNT), ("amountCents", 1.5, AMOUNT), ("amountCents", "250", AMOUNT),
     ("amountCents", True, AMOUNT),
@@ -209,6 +210,12 @@ AMOUNT = "data.amountCents must be a positive integer"
 ])
 def test_a_payment_its_shape_refuses_names_the_field(field, value, problem):
     assert seen(effect("payment.succeeded", _paid(**{field: value}))) == refused(problem)
+
+
+@pytest.mark.parametrize("value, key", [("alice", "alice"), (7, "7"), ("4217", "4217")])
+def test_a_user_that_is_not_a_uuid_is_the_applications_key_of_one(value, key):
+    seen_ = seen(effect("payment.succeeded", _paid(userId=value)))
+    assert (seen_["kind"], seen_["app_key"], "user_id" in seen_) == (Kind.CREDIT, key, False)
 
 
 @pytest.mark.parametrize("data, policy, expected", [

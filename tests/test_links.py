@@ -115,11 +115,11 @@ def test_verify_reads_a_credit_by_the_metadata_key_it_was_decided_under(make_app
     assert _cli(make_app(config))("ledger", "verify").exit_code == 0
 
 
-def test_a_metadata_value_that_is_not_a_uuid_is_refused_whatever_no_user_says(make_app, config, db):
+def test_a_metadata_value_that_is_no_users_key_is_refused_whatever_no_user_says(make_app, config, db):
     client = make_app({**config, "WEBHOOK_NO_USER": "ignore"}).test_client()
     response = send_stripe(client, intent_succeeded("pi_bad", metadata={"user_id": "12345"}))
     assert response.status == 422
-    assert "data.object.metadata.user_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)" in response.json["message"]
+    assert "no user has the application's key 12345 (add_user_key adds it)" in response.json["message"]
 
 
 @pytest.mark.parametrize("setting, value", [("WEBHOOK_NO_USER", "drop"), ("WEBHOOK_USER_METADATA_KEY", "a b"),

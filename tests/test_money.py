@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from app.intake import events
 from app.intake.events import Kind, State
 from app.providers import stripe
-from app.store.ledger import Change, Entry, SpendOutcome, Status
+from app.store.ledger import Change, Entry, GiveBackOutcome, HoldOutcome, HoldState, SpendOutcome, Status
 from app.store.outcome import Outcome
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
@@ -112,10 +112,14 @@ def _webhook_event_statuses(sql):
 
 
 MONEY, SCHEMA = _sql("money.sql"), _sql("schema.sql")
-# The functions that write the journal rows no event writes, and the rule that events move money by.
+# The functions that write the journal rows no event writes (and the holds), and the rule that events move money by.
 # move_payment_to_account journals a move ('payment_moved'), as adjust and spend journal theirs.
-ENTRIES, SPEND = _functions(MONEY, "adjust", "spend", "move_payment_to_account"), _functions(MONEY, "spend")
-RULE = _without_functions(MONEY, "adjust", "spend")
+APPLICATIONS = ("adjust", "spend", "place_hold", "lock_hold", "capture_hold", "release_hold", "release_expired_holds",
+                "held_cents", "give_back")
+ENTRIES, SPEND = _functions(MONEY, *APPLICATIONS, "move_payment_to_account"), _functions(MONEY, "spend")
+HOLDS, GIVE_BACK = _functions(MONEY, "place_hold", "capture_hold", "release_hold"), _functions(MONEY, "give_back")
+AVAILABLE = _first(r"(CREATE OR REPLACE VIEW user_available .*?;)", MONEY, re.DOTALL)
+RULE = _without_functions(MONEY, *APPLICATIONS).replace(AVAILABLE, "")
 ACCOUNTS = _first(r"(CREATE VIEW payment_accounts .*?;)", MONEY, re.DOTALL)
 # What apply_event may answer; the other outcomes (in_progress, unavailable, ...) are decided before it.
 APPLY_EVENT_OUTCOMES = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.PAYLOAD_MISMATCH,
@@ -147,6 +151,11 @@ LITERALS = {
                             set(Entry)),
     "spend-outcomes": ("money.sql's spend's outcomes (outcome := ...)", _assigned(SPEND, "outcome"),
                        set(SpendOutcome)),
+    "hold-outcomes": ("money.sql's holds' outcomes (outcome := ...)", _assigned(HOLDS, "outcome"), set(HoldOutcome)),
+    "hold-states": ("money.sql's holds' states", _compared(ENTRIES + AVAILABLE, "state"), set(HoldState)),
+    "hold-states-check": ("schema.sql's holds state CHECK", _column_check(SCHEMA, "holds", "state"), set(HoldState)),
+    "give-back-outcomes": ("money.sql's give_back's outcomes (outcome := ...)", _assigned(GIVE_BACK, "outcome"),
+                           set(GiveBackOutcome)),
 }
 
 

@@ -27,7 +27,7 @@ def delivery(event_id, kind="credit", payment="pay_1", amount=1000, **fields):
             "problem": None, "kind": kind, "payment": payment, "user_id": ALICE if kind == "credit" else None,
             "amount": amount, "currency": "usd", "movement": None, "state": None, "ledger_currency": "usd",
             "test_events": False, "origin": "delivery", "customer": None, "user_key": "user_id",
-            "no_user": "refuse", "account": None, **fields}
+            "no_user": "refuse", "account": None, "app_key": None, **fields}
 
 
 def refund(event_id, refund_id, amount, state="applied", payment="pay_1"):

@@ -678,7 +678,7 @@ CANNOT_APPLY = pytest.mark.parametrize("event, problem", [
     (capture_completed("C3", user=BOB, value=10.5), "resource.amount.value must be a positive integer"),
     (capture_completed("C4", user=BOB, value="10.00", currency="EUR"),
      "resource.amount.currency_code must be the ledger's currency, 'usd'"),
-    (capture_completed("C5", user=BOB, custom_id="order-17"), "resource.custom_id must be a user's UUID"),
+    (capture_completed("C5", user=BOB, custom_id="order-17"), "no user has the application's key order-17"),
     (refund_event("PAYMENT.CAPTURE.REFUNDED", "R1", "C6", "-1.00"), "resource.amount.value must be a decimal"),
     ({**refund_event("PAYMENT.CAPTURE.REFUNDED", "R2", "C7", "1.00"), "resource": {
         "id": "R2", "amount": {"currency_code": "USD", "value": "1.00"}, "status": "COMPLETED", "links": []}},

@@ -203,7 +203,7 @@ def test_payment_captured_and_order_paid_concurrently_credit_once(gunicorn, db):
 
 
 @pytest.mark.parametrize("change, problem", [
-    ({"notes": []}, "payload.payment.entity.notes.user_id must be a user's UUID"),
+    ({"notes": []}, "payload.payment.entity.notes.user_id must be a user's UUID or the application's key of one"),
     ({"amount": 12.5}, "payload.payment.entity.amount must be a positive integer"),
     ({"currency": "USD"}, "payload.payment.entity.currency must be the ledger's currency, 'inr'"),
 ])

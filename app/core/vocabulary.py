@@ -16,6 +16,9 @@ DEFAULT_SOURCE = "default"
 # bound, the longest any provider documents ("Stripe-generated object IDs, which can contain up to 255
 # characters": https://docs.stripe.com/upgrades).
 MAX_ID_CHARS = 255
+# An application's own key of a user (user_keys.app_key: an integer's digits, or its text key), as its payments'
+# metadata names the user instead of the user's UUID.
+MAX_APP_KEY_CHARS = 255
 # A key in a Stripe connected account (acct_X/pi_Y, acct_X/re_Y, acct_X/cus_Y): two ids and the "/" between.
 MAX_KEY_CHARS = MAX_ID_CHARS + 1 + MAX_ID_CHARS
 
@@ -113,6 +116,9 @@ class Effect:
     # A Stripe Connect event's connected account (acct_...), whose link names the user when neither the
     # metadata nor the customer's link does; its keys (payment_id, movement_id, customer_id) are in it.
     account: str | None = None
+    # A credit's or a link's user named by the application's own key (user_keys) instead of its UUID: money.sql
+    # reads the user it names (user_id is then None).
+    app_key: str | None = None
 
 
 class NoUser(StrEnum):
@@ -264,6 +270,19 @@ CURRENCY_EXPONENTS = {
     **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
     **dict.fromkeys(("CLF", "UYW"), 4),
 }
+# What a balance's unit is called in the commands' words: the minor unit of the currencies the providers here settle
+# in most (ISO 4217 names them only by exponent). One not listed is "minor units of XXX".
+MINOR_UNIT_NAMES = {
+    **dict.fromkeys(("usd", "eur", "cad", "aud", "nzd", "sgd", "hkd", "mxn", "myr"), "cents"),
+    "gbp": "pence", "inr": "paise", "jpy": "yen", "krw": "won", "chf": "rappen", "brl": "centavos",
+}
+
+
+def minor_unit_name(currency: str) -> str:
+    """The name of currency's minor unit, as a balance in it is printed: "cents" for usd, "paise" for inr."""
+    return MINOR_UNIT_NAMES.get(currency.lower(), f"minor units of {currency.upper()}")
+
+
 # PayPal's Money.value pattern (digits, or digits around one point, up to 32 characters), less its sign:
 # an amount paid or refunded is never negative.
 _DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?|()\.([0-9]+)")
@@ -305,6 +324,16 @@ CURRENCY = re.compile(r"[a-z]{3}")
 
 def is_id(value: object, max_chars: int = MAX_ID_CHARS) -> bool:
     return isinstance(value, str) and 1 <= len(value) <= max_chars and storable(value)
+
+
+def app_key_of(value: object) -> str | None:
+    """The application's key of a user that value names instead of the user's UUID (an integer, or text of 1 to
+    MAX_APP_KEY_CHARS characters), or None: a UUID, or no key."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and is_id(value, MAX_APP_KEY_CHARS) and not is_uuid(uuid_text(value)):
+        return value
+    return None
 
 
 def is_uuid(value: object) -> TypeGuard[str]:

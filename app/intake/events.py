@@ -12,6 +12,7 @@ from ..core.vocabulary import (
     DEFAULT_POLICY,
     DEFAULT_SOURCE,
     LEDGERS_CURRENCY,
+    MAX_APP_KEY_CHARS,
     MAX_CENTS,
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
@@ -31,6 +32,7 @@ from ..core.vocabulary import (
     StoredBodyError,
     UnprocessableError,
     Users,
+    app_key_of,
     is_cents,
     is_id,
     is_uuid,
@@ -53,7 +55,7 @@ PAYMENT_REFUNDED = "payment.refunded"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
-EFFECT_VERSION = 8
+EFFECT_VERSION = 9
 
 
 def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = None,
@@ -172,19 +174,24 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     payment_id, user_id, amount, currency, livemode, movement_id, state, customer, account = \
         cast(_CheckedFields, fields)
     setting, problem = _refused_by(rule, livemode, currency, policy)
-    users, user = None, cast(object, user_id)
+    users, user, app_key = None, cast(object, user_id), None
     if isinstance(user_id, Metadata):  # which key names the user is a setting: read after the hash
         users = policy.users_of(event.source)
         user = uuid_text(user_id.get(users.metadata_key))
-        if user is not None and not is_uuid(user) and not problem:
+        if user is not None and app_key_of(user) is not None:  # the application's own key of the user
+            user, app_key = None, app_key_of(user)
+        elif user is not None and not is_uuid(user) and not problem:
             label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
                 else f"data.object.metadata.{users.metadata_key}"
-            setting, problem = users.setting, f"{label} must be a user's UUID ({users.setting})"
-    if rule.kind == Kind.LINK and user is None and not problem:  # a Session that names no user: nothing to link
+            setting, problem = users.setting, (f"{label} must be a user's UUID or the application's key of one "
+                                               f"(1 to {MAX_APP_KEY_CHARS} characters) ({users.setting})")
+    elif app_key_of(user) is not None:  # a field that names the user by the application's own key
+        user, app_key = None, app_key_of(user)
+    if rule.kind == Kind.LINK and user is None and app_key is None and not problem:  # no user named: nothing to link
         return Effect(None, sha256=sha256)
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,
                   problem=problem, sha256=sha256, movement_id=movement_id, state=state, setting=setting,
-                  customer_id=customer, users=users, account=account)
+                  customer_id=customer, users=users, account=account, app_key=app_key)
 
 
 def _sha256(values: list[object]) -> bytes:
@@ -222,8 +229,10 @@ def _problem(rule: Rule, fields: Fields) -> str | None:
         return f"{labels.currency} must be a currency's three-letter code"
     if not is_id(fields.payment_id, key_chars):
         return f"{labels.payment_id} must be a payment id of 1 to {MAX_ID_CHARS} characters"
-    if rule.kind == Kind.CREDIT and not (isinstance(fields.user_id, Metadata) or is_uuid(fields.user_id)):
-        return f"{labels.user_id} must be a user's UUID"
+    if rule.kind == Kind.CREDIT and not (isinstance(fields.user_id, Metadata) or is_uuid(fields.user_id)
+                                         or app_key_of(fields.user_id) is not None):
+        return f"{labels.user_id} must be a user's UUID or the application's key of one (1 to {MAX_APP_KEY_CHARS} " \
+               "characters)"
     if fields.customer is not None and not is_id(fields.customer, key_chars):
         return f"{labels.customer} must be a customer id of 1 to {MAX_ID_CHARS} characters"
     if not is_cents(fields.amount):

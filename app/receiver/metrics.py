@@ -199,6 +199,15 @@ RECONCILE_LAST_SUCCESS = """
     GROUP BY w.source
 """
 
+# The application's holds (money.sql's place_hold): those that count now, what they reserve, and those past their
+# expiry that nobody closed (they count for nothing; `flask users tidy-holds` closes them). The partial index
+# holds_held_idx holds exactly the held ones.
+HOLDS = """
+    SELECT count(*) FILTER (WHERE expires_at > now()), coalesce(sum(amount_cents) FILTER (WHERE expires_at > now()), 0),
+           count(*) FILTER (WHERE expires_at <= now())
+    FROM holds WHERE state = 'held'
+"""
+
 
 # reconcile_runs.status of a run that ended (app/commands/reconcile.py's RunStatus, but for 'running').
 ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
@@ -208,7 +217,7 @@ SCRAPE_DB_MS = 500
 
 class ReconcileCollector(Collector):
     """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
-    how they ended."""
+    how they ended; and the application's holds. All read from PostgreSQL at each scrape."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -227,7 +236,13 @@ class ReconcileCollector(Collector):
                                         "delivery that was lost", labels=["source"])
         runs = CounterMetricFamily("webhook_ledger_reconcile_runs", "flask reconcile runs by how they ended",
                                    labels=["source", "status"])
+        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
+                                   "not expired)")
+        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
+        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
+                                    "captured nor released: they count for nothing (flask users tidy-holds)")
         pool = get_pool(self.app)
+        holds = None
         try:
             # Bounded well under a scrape's timeout: a database that is down or
             # frozen leaves these out, not the whole scrape.
@@ -236,6 +251,7 @@ class ReconcileCollector(Collector):
                 conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
                 lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
+                holds = conn.execute(HOLDS).fetchone()
         except psycopg.Error:
             rows, lasts = None, []  # PostgreSQL unavailable: the delivery metrics still answer
         keyed = {source.event_source for source in settings.sources.values() if source.api_key}
@@ -256,12 +272,36 @@ class ReconcileCollector(Collector):
                 max_age.add_metric([source], settings.reconcile_max_age_seconds)
             for source, total in totals.items():
                 recovered.add_metric([source], total)
+        if holds is not None:
+            for family, value in zip((active, active_cents, expired), holds, strict=True):
+                family.add_metric([], value)
+            return [last, max_age, recovered, runs, active, active_cents, expired]
         return [last, max_age, recovered, runs]
 
 
 class WaitingCollector(Collector):
     """Per source that asks its provider: the notifications waiting for the provider's record, and the oldest's age
     (invariant 7: none waits unseen)."""
+
+
+# `flask audit` runs outside gunicorn too: its open breaks and last complete run, read from PostgreSQL at each scrape.
+AUDIT_OPEN_BREAKS = "SELECT source, class, count(*) FROM audit_breaks WHERE status <> 'resolved' GROUP BY 1, 2"
+# A priority break (money known in the wrong place) seen again by a second run: alerted on.
+AUDIT_PERSISTING = """
+    SELECT source, count(*) FROM audit_breaks WHERE status <> 'resolved' AND priority AND runs_seen >= 2 GROUP BY 1
+"""
+# A complete run read its window whole (whatever it found); an incomplete one did not.
+AUDIT_LAST_COMPLETE = """
+    SELECT source, extract(epoch FROM max(finished_at)) FROM audit_runs
+    WHERE verdict IN ('reconciled', 'reconciled_with_pending', 'breaks') GROUP BY source
+"""
+# audit_breaks.class (app/commands/audit.py's BreakClass): each reported from 0.
+BREAK_CLASSES = ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
+                 "state_mismatch", "user_mismatch", "matched_by_amount_only", "unknown_provider_type")
+
+
+class AuditCollector(Collector):
+    """Per source: the audit's open breaks by class, its priority breaks that persist, its last complete run."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -286,6 +326,36 @@ class WaitingCollector(Collector):
         return [count, oldest]
 
 
+        open_breaks = GaugeMetricFamily("webhook_ledger_audit_open_breaks",
+                                        "Breaks flask audit found and no later run resolved, by class",
+                                        labels=["source", "class"])
+        persisting = GaugeMetricFamily("webhook_ledger_audit_priority_breaks_persisting",
+                                       "Open priority breaks (money in the wrong place) found by two runs or more",
+                                       labels=["source"])
+        last = GaugeMetricFamily("webhook_ledger_audit_last_complete_timestamp_seconds",
+                                 "When the last flask audit of the source that read its window whole ended (0: never)",
+                                 labels=["source"])
+        pool = get_pool(self.app)
+        try:
+            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
+                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
+                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+                counts = conn.execute(AUDIT_OPEN_BREAKS).fetchall()
+                persist = dict(conn.execute(AUDIT_PERSISTING).fetchall())
+                lasts = dict(conn.execute(AUDIT_LAST_COMPLETE).fetchall())
+        except psycopg.Error:
+            return [open_breaks, persisting, last]  # PostgreSQL unavailable: left out, the rest still answers
+        keyed = {source.event_source for source in Settings.of(self.app).sources.values() if source.api_key}
+        sources = keyed | {source for source, _, _ in counts} | set(lasts)
+        found = {(source, klass): count for source, klass, count in counts}
+        for source in sorted(sources):
+            for klass in BREAK_CLASSES:
+                open_breaks.add_metric([source, klass], found.get((source, klass), 0))
+            persisting.add_metric([source], persist.get(source, 0))
+            last.add_metric([source], float(lasts.get(source) or 0))
+        return [open_breaks, persisting, last]
+
+
 _made = threading.Lock()
 
 
@@ -295,6 +365,10 @@ def init_app(app: Flask) -> None:
     registry.register(collector)
     app.extensions["metrics_waiting"] = waiting_collector = WaitingCollector(app)
     registry.register(waiting_collector)
+
+
+    app.extensions["metrics_audit"] = audited = AuditCollector(app)
+    registry.register(audited)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
@@ -332,6 +406,9 @@ def scrape() -> Response:
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
         registry.register(current_app.extensions["metrics_waiting"])
+
+
+        registry.register(current_app.extensions["metrics_audit"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -75,7 +75,8 @@ class Entry(StrEnum):
     move_payment_to_account (and migration 012) write them."""
 
     ADJUSTMENT = "adjustment"  # an operator's correction, either sign, with its reason and who made it
-    SPEND = "spend"  # the application spent the user's credit, once per reference it gave
+    SPEND = "spend"  # the application spent the user's credit (or captured a hold), once per reference it gave
+    GIVE_BACK = "give_back"  # the application gave a spend back, once, naming the spend's reference
     # 0 cents: a payment keyed in a connected account, its key before in moved_from (the journal is append-only)
     PAYMENT_MOVED = "payment_moved"
 
@@ -85,6 +86,30 @@ class SpendOutcome(StrEnum):
 
     SPENT = "spent"  # this call spent the credit
     DUPLICATE = "duplicate"  # a call with the same reference, user and amount spent it before: nothing changed
+
+
+class HoldOutcome(StrEnum):
+    """What a call of money.sql's place_hold, capture_hold or release_hold came to; a refusal raises instead."""
+
+    HELD = "held"  # place_hold reserved the credit
+    CAPTURED = "captured"  # capture_hold spent what the work cost, the rest freed
+    RELEASED = "released"  # release_hold freed it all
+    DUPLICATE = "duplicate"  # the same call was made before: nothing changed
+
+
+class HoldState(StrEnum):
+    """A hold's state (holds.state); a 'held' hold past its expiry counts for nothing all the same."""
+
+    HELD = "held"
+    CAPTURED = "captured"
+    RELEASED = "released"
+
+
+class GiveBackOutcome(StrEnum):
+    """What a call of money.sql's give_back came to; a refusal raises instead."""
+
+    GIVEN_BACK = "given_back"  # this call gave the spend back
+    DUPLICATE = "duplicate"  # it was given back before: nothing changed
 
 
 class Result(NamedTuple):
@@ -122,7 +147,7 @@ DELIVERY = (("source", "text"), ("event_id", "text"), ("type", "text"), ("body",
             ("effect", "bytea"), ("problem", "text"), ("kind", "text"), ("payment", "text"), ("user_id", "uuid"),
             ("amount", "bigint"), ("currency", "text"), ("movement", "text"), ("state", "text"),
             ("ledger_currency", "text"), ("test_events", "boolean"), ("origin", "text"), ("customer", "text"),
-            ("user_key", "text"), ("no_user", "text"), ("account", "text"))
+            ("user_key", "text"), ("no_user", "text"), ("account", "text"), ("app_key", "text"))
 APPLY_EVENT = ("SELECT * FROM apply_event(ROW("
                + ", ".join(f"%({name})s::{type_}" for name, type_ in DELIVERY) + ")::ledger_delivery)")
 
@@ -168,7 +193,7 @@ def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy:
             "payment": effect.payment_id, "user_id": effect.user_id, "amount": effect.amount_cents,
             "currency": effect.currency, "movement": effect.movement_id, "state": effect.state,
             "ledger_currency": policy.currency, "test_events": policy.accept_test_events, "origin": origin,
-            "customer": effect.customer_id, "account": effect.account,
+            "customer": effect.customer_id, "account": effect.account, "app_key": effect.app_key,
             # The source's way of naming users, recorded with the event (verify reads a credit by it).
             "user_key": users.metadata_key, "no_user": users.no_user}
 

@@ -63,21 +63,23 @@ WRONG_PAYMENTS = """
 """
 JOURNAL_WITHOUT_PAYMENT = """
     SELECT j.id, j.kind, j.source, j.event_id, j.payment_id FROM ledger_journal_keyed j
-    WHERE (j.kind NOT IN ('adjustment', 'spend') OR j.payment_id IS NOT NULL)
+    WHERE (j.kind NOT IN ('adjustment', 'spend', 'give_back') OR j.payment_id IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.source = j.source AND p.payment_id = j.payment_id)
     ORDER BY j.source, j.event_id
 """
-# A journal row says what made it: an event, or, for an adjustment, its reason and who made it, for a spend,
-# its reference, for a payment's move into a connected account, its keys and who moved it; none of those names an
-# event or a movement, a spend no payment either (what schema.sql's ledger_journal_names_check holds).
+# A journal row says what made it: an event, or, for an adjustment, its reason and who made it, for a spend or a
+# give-back, its reference, for a payment's move into a connected account, its keys and who moved it; none of those
+# names an event or a movement, a spend or a give-back no payment either (what schema.sql's
+# ledger_journal_names_check holds).
 UNEXPLAINED = """
     SELECT id, kind, user_id, amount_cents FROM ledger_journal
     WHERE CASE kind WHEN 'adjustment' THEN reason IS NULL OR reason !~ '\\S' OR actor IS NULL
                                            OR num_nonnulls(source, payment_id) = 1
                     WHEN 'spend' THEN reference IS NULL OR num_nonnulls(source, payment_id) > 0
+                    WHEN 'give_back' THEN reference IS NULL OR num_nonnulls(source, payment_id) > 0
                     WHEN 'payment_moved' THEN num_nonnulls(source, payment_id, moved_from, actor) < 4
                     ELSE source IS NULL OR event_id IS NULL END
-       OR kind IN ('adjustment', 'spend', 'payment_moved') AND num_nonnulls(event_id, movement_id) > 0
+       OR kind IN ('adjustment', 'spend', 'give_back', 'payment_moved') AND num_nonnulls(event_id, movement_id) > 0
     ORDER BY id
 """
 # A journal row of a refund object or a dispute names a movement of its own payment.
@@ -87,6 +89,25 @@ JOURNAL_WITHOUT_MOVEMENT = """
         SELECT 1 FROM movements m WHERE m.source = j.source AND m.movement_id = j.movement_id
         AND m.payment_id = j.payment_id AND m.kind = split_part(j.kind, '_', 1))
     ORDER BY j.source, j.event_id
+"""
+# A give-back gives its spend's amount back to its spend's user: the spend of its reference.
+WRONG_GIVE_BACKS = """
+    SELECT g.id, g.user_id, g.amount_cents, g.reference, s.id AS spend_id, s.user_id AS spend_user,
+           -s.amount_cents AS spent
+    FROM ledger_journal g LEFT JOIN ledger_journal s ON s.kind = 'spend' AND s.reference = g.reference
+    WHERE g.kind = 'give_back' AND (s.id IS NULL OR s.user_id <> g.user_id OR s.amount_cents <> -g.amount_cents)
+    ORDER BY g.id
+"""
+# A captured hold names the spend of its reference, to its user, of what it captured (up to its amount, which
+# schema.sql's CHECK holds); a hold not captured has no spend of its reference.
+WRONG_HOLDS = """
+    SELECT h.reference, h.user_id, h.state, h.captured_cents, h.journal_id, s.id AS spend_id,
+           s.user_id AS spend_user, -s.amount_cents AS spent
+    FROM holds h LEFT JOIN ledger_journal s ON s.kind = 'spend' AND s.reference = h.reference
+    WHERE CASE WHEN h.state = 'captured' THEN s.id IS DISTINCT FROM h.journal_id OR s.user_id <> h.user_id
+                                               OR s.amount_cents <> -h.captured_cents
+               ELSE s.id IS NOT NULL END
+    ORDER BY h.reference
 """
 # Each completed event of a type that moves money, still stored, with its journal row (if any): what it
 # did, to compare with what its bytes say.
@@ -98,6 +119,8 @@ COMPLETED_EFFECTS = """
     LEFT JOIN ledger_journal_keyed j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
+# How many rows COMPLETED_EFFECTS streams, on the same snapshot: the total a progress bar counts to.
+COMPLETED_COUNT = "SELECT count(*) FROM webhook_events WHERE status = 'completed' AND event_type = ANY(%s)"
 # credited_by: the type of the event that credited it, while that event is stored.
 PAYMENT = """
     SELECT p.user_id, p.amount_cents, p.refunded_cents, p.customer_id,
@@ -117,6 +140,7 @@ LINK_BEFORE_CONNECT = """
 """
 # A credit made through an operator's assignment (`flask payments assign-user`): never changed either.
 ASSIGNED = "SELECT user_id FROM payment_users WHERE source = %s AND payment_id = %s"
+APP_KEY = "SELECT user_id FROM user_keys WHERE app_key = %s"
 MOVEMENT = "SELECT payment_id, amount_cents, state FROM movements WHERE source = %s AND kind = %s AND movement_id = %s"
 COUNTS = """
     SELECT (SELECT count(*) FROM user_balances), (SELECT count(*) FROM webhook_events),
@@ -153,8 +177,10 @@ class Report(NamedTuple):
 
 
 def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
-          on_row: Callable[[int], object] = lambda n: None) -> Report:
-    """Return a Report of the ledger's invariants on one snapshot; on_row(1) is told of each stored event read."""
+          on_row: Callable[[int], object] = lambda n: None,
+          on_total: Callable[[int], object] = lambda n: None) -> Report:
+    """Return a Report of the ledger's invariants on one snapshot; on_total(n) is told how many stored events it
+    reads, then on_row(1) of each as it is read."""
     with conn.transaction():
         # One consistent snapshot, however busy the receiver is, and no
         # statement timeout: the sums read whole tables.
@@ -172,8 +198,13 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
                      for r in cur.execute(JOURNAL_OF_UNFINISHED)]
         problems += [_payment_problem(r) for r in cur.execute(WRONG_PAYMENTS)]
         problems += [f"{_row(r)}: no payment {r.payment_id!r}" for r in cur.execute(JOURNAL_WITHOUT_PAYMENT)]
+        problems += [_give_back_problem(r) for r in cur.execute(WRONG_GIVE_BACKS)]
+        problems += [_hold_problem(r) for r in cur.execute(WRONG_HOLDS)]
         problems += [f"journal row of event {_name(r.source, r.event_id)}: a {r.kind} of no movement "
                      f"{r.movement_id!r} of its payment" for r in cur.execute(JOURNAL_WITHOUT_MOVEMENT)]
+        counted = conn.execute(COMPLETED_COUNT, [list(RULES)]).fetchone()
+        assert counted is not None  # an aggregate returns one row
+        on_total(counted[0])
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
             settings_changed: list[str] = []
@@ -208,6 +239,21 @@ def _row(row: NamedRow) -> str:
     """A journal row, named by its event, or (an adjustment, a spend) by its id and kind."""
     return f"journal row {row.id} ({row.kind})" if row.event_id is None else \
         f"journal row of event {_name(row.source, row.event_id)}"
+
+
+def _give_back_problem(row: NamedRow) -> str:
+    spend = f"no spend {row.reference!r}" if row.spend_id is None else \
+        f"spend {row.reference!r} took {row.spent} cents from user {row.spend_user}"
+    return f"journal row {row.id} (give_back) gives back {row.amount_cents} cents to user {row.user_id}: {spend}"
+
+
+def _hold_problem(row: NamedRow) -> str:
+    spend = "no spend" if row.spend_id is None else \
+        f"spend row {row.spend_id} of {row.spent} cents from user {row.spend_user}"
+    if row.state == "captured":
+        return f"hold {row.reference!r} of user {row.user_id}: captured {row.captured_cents} cents in journal row " \
+               f"{row.journal_id}, its reference has {spend}"
+    return f"hold {row.reference!r} of user {row.user_id} is {row.state}, but its reference has {spend}"
 
 
 def _payment_problem(row: NamedRow) -> str:
@@ -254,6 +300,11 @@ def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow
                                 f"it was decided {decided}")
     elif effect.problem:
         return f"completed event {name}: {effect.problem}"
+    if effect.app_key is not None:  # the application's key names the user (user_keys: never changed)
+        key = cur.execute(APP_KEY, [effect.app_key]).fetchone()
+        if key is None:
+            return f"completed event {name}: no user has the application's key {effect.app_key!r}"
+        effect = replace(effect, user_id=key.user_id)
     if effect.kind is None:  # its bytes say it moves no money
         return f"completed event {name}: journal has a {row.kind}, its bytes move no money" if row.kind else None
     if effect.kind == Kind.LINK:
@@ -349,6 +400,7 @@ EXPLAINS = {
     Entry.ADJUSTMENT: "an adjustment names its reason and who made it, no event or movement, and the payment it "
                       "corrects (if any) by its source and id",
     Entry.SPEND: "a spend names its reference, and no event or payment",
+    Entry.GIVE_BACK: "a give-back names the reference of its spend, and no event or payment",
     Entry.PAYMENT_MOVED: "a payment's move names its source, its key now and before, and who moved it, no event or "
                          "movement",
     None: "a row an event wrote names its source and event",

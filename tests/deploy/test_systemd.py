@@ -36,6 +36,9 @@ SERVICE, SOCKET = "webhook-ledger.service", "webhook-ledger.socket"
 # flask reconcile's, a template per source; verified as an instance (a link named for it, as systemctl does).
 RECONCILE, TIMER = "webhook-ledger-reconcile@.service", "webhook-ledger-reconcile@.timer"
 RECONCILE_DEFAULT, TIMER_DEFAULT = "webhook-ledger-reconcile@default.service", "webhook-ledger-reconcile@default.timer"
+# flask audit's, the same way; installed, but off until its timer is enabled.
+AUDIT, AUDIT_TIMER = "webhook-ledger-audit@.service", "webhook-ledger-audit@.timer"
+AUDIT_DEFAULT, AUDIT_TIMER_DEFAULT = "webhook-ledger-audit@default.service", "webhook-ledger-audit@default.timer"
 ENV_EXAMPLE = UNITS / "webhook-ledger.env"
 # Where the units expect the virtualenv; the tests put theirs there instead.
 PREFIX = "/opt/webhook-ledger"
@@ -73,16 +76,19 @@ def units(installed_venv, tmp_path):
     """The committed units, with the test's virtualenv where they expect /opt/webhook-ledger."""
     folder = tmp_path / "units"
     folder.mkdir()
-    for name in (SERVICE, SOCKET, RECONCILE, TIMER):
+    for name in (SERVICE, SOCKET, RECONCILE, TIMER, AUDIT, AUDIT_TIMER):
         (folder / name).write_text((UNITS / name).read_text().replace(PREFIX, str(installed_venv)))
     (folder / RECONCILE_DEFAULT).symlink_to(RECONCILE)
     (folder / TIMER_DEFAULT).symlink_to(TIMER)
+    (folder / AUDIT_DEFAULT).symlink_to(AUDIT)
+    (folder / AUDIT_TIMER_DEFAULT).symlink_to(AUDIT_TIMER)
     return folder
 
 
 def test_the_units_verify_clean(units):
     done = subprocess.run(["systemd-analyze", "verify", SERVICE, SOCKET, f"./{RECONCILE_DEFAULT}",
-                           f"./{TIMER_DEFAULT}"], cwd=units, capture_output=True, text=True, timeout=60)
+                           f"./{TIMER_DEFAULT}", f"./{AUDIT_DEFAULT}", f"./{AUDIT_TIMER_DEFAULT}"], cwd=units,
+                          capture_output=True, text=True, timeout=60)
     # verify exits 0 on an option it cannot parse ("ignoring"): any output is a finding.
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
@@ -109,7 +115,15 @@ def test_the_reconcile_run_writes_its_counts_in_the_services_metrics_folder_as_t
     assert (reconcile["User"], reconcile["DynamicUser"]) == (service["User"], service["DynamicUser"])
 
 
-@pytest.mark.parametrize("unit", [SERVICE, RECONCILE_DEFAULT])
+def test_the_audit_service_runs_the_sources_audit_with_the_services_settings_daily():
+    service = read_unit((UNITS / AUDIT).read_text())["Service"]
+    assert service["ExecStart"] == [f"{PREFIX}/bin/flask --app app audit %i"]
+    assert service["Type"] == ["oneshot"]
+    assert service["EnvironmentFile"] == read_unit((UNITS / SERVICE).read_text())["Service"]["EnvironmentFile"]
+    assert read_unit((UNITS / AUDIT_TIMER).read_text())["Timer"]["OnCalendar"] == ["daily"]
+
+
+@pytest.mark.parametrize("unit", [SERVICE, RECONCILE_DEFAULT, AUDIT_DEFAULT])
 def test_the_service_is_hardened(units, unit):
     done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", f"./{unit}"], cwd=units,
                           capture_output=True, text=True, timeout=60)

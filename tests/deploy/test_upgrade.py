@@ -3,9 +3,11 @@ history by its hash, runs its own `flask init-db`, gunicorn and commands on a th
 `init-db` upgrades that database and today's gunicorn takes the later deliveries. Stripe events as Stripe sends them
 (tests/stripe_events.py); a connected account's carry `account` (https://docs.stripe.com/connect/webhooks)."""
 
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import uuid
 
 import psycopg
@@ -35,7 +37,8 @@ def _tree(commit, folder):
                     "or clone it whole", pytrace=False)
     folder.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
     return folder
 
 

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app.core.signing import SignatureError
-from app.intake.events import InvalidEventError, Policy, State, effect_of, parse
+from app.intake.events import InvalidEventError, Kind, Policy, State, effect_of, parse
 from app.providers import paypal
 
 from ..helpers import ALICE
@@ -219,6 +219,10 @@ POSITIVE = ("resource.dispute_outcome.amount_refunded.value (the buyer's win) or
             "be a positive integer")
 
 
+# A capture whose custom_id names no user: neither a UUID nor the application's key of one.
+NO_USER = "resource.custom_id must be a user's UUID or the application's key of one (1 to 255 characters)"
+
+
 @pytest.mark.parametrize("document, policy, problem", [
     # An amount that does not convert exactly: more decimals than the currency has, a sign, an exponent.
     *(pytest.param(capture_completed("CAP1", value=value, currency=code), Policy(code.lower()),
@@ -233,10 +237,10 @@ POSITIVE = ("resource.dispute_outcome.amount_refunded.value (the buyer's win) or
                  id="capture-of-nothing"),
     pytest.param(capture_completed("CAP1", currency="dollars"), USD,
                  "resource.amount.currency_code must be a currency's three-letter code", id="capture-no-currency-code"),
-    pytest.param(capture_completed("CAP1", custom_id=None), USD, "resource.custom_id must be a user's UUID",
-                 id="capture-no-custom-id"),
-    pytest.param(capture_completed("CAP1", custom_id="order-1234"), USD, "resource.custom_id must be a user's UUID",
-                 id="capture-custom-id-not-a-user"),
+    pytest.param(capture_completed("CAP1", custom_id=None), USD,
+                 NO_USER, id="capture-no-custom-id"),
+    pytest.param(capture_completed("CAP1", custom_id=""), USD,
+                 NO_USER, id="capture-custom-id-empty"),
     pytest.param(capture_completed(None), USD, "resource.id must be a payment id of 1 to 255 characters",
                  id="capture-no-id"),
     # A Refund whose up link is missing or names no capture.
@@ -272,6 +276,11 @@ POSITIVE = ("resource.dispute_outcome.amount_refunded.value (the buyer's win) or
 ])
 def test_an_event_its_shape_refuses_names_the_field(document, policy, problem):
     assert seen(effect(document, policy)) == refused(problem)
+
+
+def test_a_custom_id_that_is_not_a_uuid_is_the_applications_key_of_a_user():
+    seen_ = seen(effect(capture_completed("CAP1", custom_id="4217"), USD))
+    assert (seen_["kind"], seen_["app_key"], "user_id" in seen_) == (Kind.CREDIT, "4217", False)
 
 
 # PayPal's Refund statuses: CANCELLED, FAILED, PENDING, COMPLETED (Payments v2, the refund's `status`,

@@ -140,7 +140,8 @@ def test_a_payment_in_a_currency_not_the_ledgers_is_refused_by_the_setting():
 
 # -- what a rule refuses whatever the settings ----------------------------------------------------------------
 
-NO_USER = "payload.payment.entity.notes.user_id must be a user's UUID"
+NO_USER = ("payload.payment.entity.notes.user_id must be a user's UUID or the application's key of one (1 to 255 "
+           "characters)")
 
 
 @pytest.mark.parametrize("document, problem", [
@@ -148,7 +149,7 @@ NO_USER = "payload.payment.entity.notes.user_id must be a user's UUID"
     pytest.param(payment_captured("pay_1", notes=[]), NO_USER, id="payment-notes-empty"),
     pytest.param(entity(order_paid("pay_1"), "payment", notes=[]), NO_USER, id="order-paid-notes-empty"),
     pytest.param(payment_captured("pay_1", notes={"customer": "Gaurav"}), NO_USER, id="payment-notes-without-user"),
-    pytest.param(payment_captured("pay_1", notes={"user_id": "gaurav"}), NO_USER, id="payment-notes-user-not-a-uuid"),
+    pytest.param(payment_captured("pay_1", notes={"user_id": ""}), NO_USER, id="payment-notes-user-empty"),
     pytest.param(payment_captured("pay_1", paise=0), "payload.payment.entity.amount must be a positive integer",
                  id="payment-of-nothing"),
     pytest.param(entity(payment_captured("pay_1"), "payment", amount="500.00"),

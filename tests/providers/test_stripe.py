@@ -137,10 +137,13 @@ MOVES = [
                  id="session-metadata-before-client-reference-id"),
     pytest.param(checkout_session("pi_1", user=None, customer="cus_1"), credit("pi_1", None, 250, "usd", "cus_1"),
                  id="session-customer-only"),
-    pytest.param(checkout_session("pi_1", user="order_7"), refused_by(
+    pytest.param(checkout_session("pi_1", user="4217"), {**credit("pi_1", None, 250, "usd"), "app_key": "4217"},
+                 id="session-client-reference-id-the-applications-key"),
+    pytest.param(checkout_session("pi_1", user="o" * 256), refused_by(
         "WEBHOOK_USER_METADATA_KEY",
-        "data.object.client_reference_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)",
-        credit("pi_1", None, 250, "usd")), id="session-client-reference-id-not-a-uuid"),
+        "data.object.client_reference_id must be a user's UUID or the application's key of one (1 to 255 characters)"
+        " (WEBHOOK_USER_METADATA_KEY)",
+        credit("pi_1", None, 250, "usd")), id="session-client-reference-id-too-long-for-a-key"),
     # Unpaid (a delayed payment method, until async_payment_succeeded), nothing to pay, or no payment here.
     *(pytest.param(checkout_session("pi_1", event_type, payment_status=status, mode=mode), NOTHING,
                    id=f"{event_type}-{mode}-{status}")
@@ -160,10 +163,8 @@ MOVES = [
     *(pytest.param(checkout_session(None, payment_status=status, mode="subscription", user=user, customer="cus_1"),
                    NOTHING, id=f"subscription-session-{status}-{user}")
       for status, user in [("unpaid", ALICE), ("paid", None)]),
-    pytest.param(checkout_session(None, mode="subscription", user="order_7", customer="cus_1"), refused_by(
-        "WEBHOOK_USER_METADATA_KEY",
-        "data.object.client_reference_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)",
-        link("cus_1", None)), id="subscription-session-client-reference-id-not-a-uuid"),
+    pytest.param(checkout_session(None, mode="subscription", user="order_7", customer="cus_1"),
+                 {**link("cus_1", None), "app_key": "order_7"}, id="subscription-session-the-applications-key-links"),
     # Types no rule knows.
     *(pytest.param(event(event_type, obj), NOTHING, id=event_type) for event_type, obj in [
         ("payment_intent.created", {"id": "pi_1", "object": "payment_intent", "amount": 250, "currency": "usd"}),
@@ -222,13 +223,15 @@ BOTH_KEYS = {"ledger_user_id": str(BOB), "user_id": "usr_8812"}
     pytest.param(BOTH_KEYS, "stripe", credit("pi_1", BOB, 250, "usd"), id="the-sources-key"),
     pytest.param({"user_id": str(ALICE)}, "stripe", credit("pi_1", None, 250, "usd"),
                  id="another-key-names-no-one-here"),
-    pytest.param({"ledger_user_id": "bob"}, "stripe", refused_by(
+    pytest.param({"ledger_user_id": "bob"}, "stripe", {**credit("pi_1", None, 250, "usd"), "app_key": "bob"},
+                 id="the-applications-key-under-the-sources-key"),
+    pytest.param(BOTH_KEYS, "default", {**credit("pi_1", None, 250, "usd"), "app_key": "usr_8812"},
+                 id="the-applications-key-under-another-sources-default-key"),
+    pytest.param({"ledger_user_id": ""}, "stripe", refused_by(
         "WEBHOOK_STRIPE_USER_METADATA_KEY",
-        "data.object.metadata.ledger_user_id must be a user's UUID (WEBHOOK_STRIPE_USER_METADATA_KEY)",
-        credit("pi_1", None, 250, "usd")), id="not-a-uuid-under-the-sources-key"),
-    pytest.param(BOTH_KEYS, "default", refused_by(
-        "WEBHOOK_USER_METADATA_KEY", "data.object.metadata.user_id must be a user's UUID (WEBHOOK_USER_METADATA_KEY)",
-        credit("pi_1", None, 250, "usd")), id="not-a-uuid-under-another-sources-default-key"),
+        "data.object.metadata.ledger_user_id must be a user's UUID or the application's key of one (1 to 255 "
+        "characters) (WEBHOOK_STRIPE_USER_METADATA_KEY)",
+        credit("pi_1", None, 250, "usd")), id="empty-under-the-sources-key"),
 ])
 def test_the_metadata_key_that_names_the_user_is_the_sources(metadata, source, expected):
     effect_ = effect(intent_succeeded("pi_1", metadata=metadata), OWN_KEY, source)
