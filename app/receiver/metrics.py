@@ -283,6 +283,28 @@ class WaitingCollector(Collector):
     """Per source that asks its provider: the notifications waiting for the provider's record, and the oldest's age
     (invariant 7: none waits unseen)."""
 
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily]":
+        count = GaugeMetricFamily("webhook_ledger_waiting_notifications",
+                                  "Notifications answered accepted whose provider's record is not read yet",
+                                  labels=["source"])
+        oldest = GaugeMetricFamily("webhook_ledger_waiting_oldest_seconds",
+                                   "Age of the oldest notification waiting for its provider's record (0: none)",
+                                   labels=["source"])
+        try:
+            rows = waiting.backlog(get_pool(self.app), SCRAPE_DB_MS)
+        except psycopg.Error:
+            return []  # PostgreSQL unavailable: the delivery metrics still answer
+        asking = {source.event_source: (0, 0.0) for source in Settings.of(self.app).sources.values()
+                  if source.api_key}
+        asking.update({row.source: (row.waiting, row.oldest_seconds) for row in rows})
+        for source, (waiting_now, age) in sorted(asking.items()):
+            count.add_metric([source], waiting_now)
+            oldest.add_metric([source], age)
+        return [count, oldest]
+
 
 # `flask audit` runs outside gunicorn too: its open breaks and last complete run, read from PostgreSQL at each scrape.
 AUDIT_OPEN_BREAKS = "SELECT source, class, count(*) FROM audit_breaks WHERE status <> 'resolved' GROUP BY 1, 2"
@@ -307,25 +329,6 @@ class AuditCollector(Collector):
         self.app = app
 
     def collect(self) -> "list[GaugeMetricFamily]":
-        count = GaugeMetricFamily("webhook_ledger_waiting_notifications",
-                                  "Notifications answered accepted whose provider's record is not read yet",
-                                  labels=["source"])
-        oldest = GaugeMetricFamily("webhook_ledger_waiting_oldest_seconds",
-                                   "Age of the oldest notification waiting for its provider's record (0: none)",
-                                   labels=["source"])
-        try:
-            rows = waiting.backlog(get_pool(self.app), SCRAPE_DB_MS)
-        except psycopg.Error:
-            return []  # PostgreSQL unavailable: the delivery metrics still answer
-        asking = {source.event_source: (0, 0.0) for source in Settings.of(self.app).sources.values()
-                  if source.api_key}
-        asking.update({row.source: (row.waiting, row.oldest_seconds) for row in rows})
-        for source, (waiting_now, age) in sorted(asking.items()):
-            count.add_metric([source], waiting_now)
-            oldest.add_metric([source], age)
-        return [count, oldest]
-
-
         open_breaks = GaugeMetricFamily("webhook_ledger_audit_open_breaks",
                                         "Breaks flask audit found and no later run resolved, by class",
                                         labels=["source", "class"])
