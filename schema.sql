@@ -415,7 +415,8 @@ CREATE TABLE IF NOT EXISTS reconcile_watermarks (
 -- oldest due rows FOR UPDATE SKIP LOCKED, pushing not_before past the claim
 -- (a host that dies mid-claim leaves them due again when it passes), reads
 -- the provider's record, applies it through apply_event, then deletes the
--- row (a crash between the two: the next claim's apply_event says duplicate). 'unknown': the provider has no record of the event;
+-- row (a crash between the two: the next claim's apply_event says
+-- duplicate). 'unknown': the provider has no record of the event;
 -- a bounded row (no body) that no alert counts and no replay asks again, and
 -- that a genuine delivery of the id later replaces.
 CREATE TABLE IF NOT EXISTS waiting_notifications (
