@@ -260,11 +260,21 @@ def test_an_audit_never_writes_money_and_verify_stays_clean(app, db, stand_in, t
     (["audit", "default", "--grace", "soon"], "is not a duration"),
     (["audit", "default", "--since", "2026-12-02", "--until", "2026-12-01"], "--since must be before --until"),
     (["audit", "show", "999"], "no audit run 999"),
+    (["audit", "default", "--grace", "99999999999d"], "longer than a duration can be"),
+    (["audit", "default", "--until", "0001-01-01"], "--until is too early to be a window's end"),
+    (["audit", "default", "--json", "/nonexistent/audit.json"], "not a file this user can write"),
 ])
 def test_bad_arguments_are_refused_in_one_line(app, db, args, message):
     result = cli(app, *args)
     assert result.exit_code != 0 and message in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # click's refusal, not a traceback
     assert db.execute("SELECT count(*) FROM audit_runs").fetchone()[0] == 0
+
+
+def test_a_since_before_the_unix_epoch_lists_from_the_epoch(app, db, tmp_path):
+    result = cli(app, "audit", "default", "--since", "0001-01-01", "--json", str(tmp_path / "run.json"))
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads((tmp_path / "run.json").read_text())["header"]["verdict"] == "reconciled"
 
 
 def test_the_stand_in_lists_balance_transactions_newest_first_by_cursor_and_expands_the_source(stand_in):

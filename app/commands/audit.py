@@ -371,7 +371,8 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
     unknown: list[Record] = []
     start = int(since.timestamp())
     try:
-        for page in records.pages(int((since - LOOKBACK).timestamp()), int(until.timestamp())):
+        # No provider has a record before the Unix epoch: a --since before it lists from there.
+        for page in records.pages(max(start - int(LOOKBACK.total_seconds()), 0), int(until.timestamp())):
             for record in page:
                 _take(run, seen, unknown, record, record.created >= start)
         if payouts:

@@ -2,6 +2,7 @@
 (app/commands/audit.py), read-only for the money tables (docs/operations.md, "Auditing against the provider")."""
 
 import json
+import os
 import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -52,7 +53,10 @@ class Duration(click.ParamType):
         match = _DURATION.fullmatch(str(value).strip())
         if match is None:
             self.fail(f"{value!r} is not a duration (90m, 2h, 1d, 0s)", param, ctx)
-        return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+        try:
+            return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+        except OverflowError:
+            self.fail(f"{value!r} is longer than a duration can be ({timedelta.max.days} days)", param, ctx)
 
 
 # The schemes whose money an audit can read, and what it reads of each.
@@ -103,8 +107,12 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     if api_key is None:
         raise ConfigError(f"{key_setting} is not set: the audit needs the provider's API key (Stripe: a restricted "
                           "key that may read Balance)")
+    if json_file is not None and (json_file.is_dir() or not os.access(json_file.parent, os.W_OK)):
+        raise click.UsageError(f"--json {json_file}: not a file this user can write")
     now = datetime.now(UTC)  # not rounded: a ledger item made this second is in the window
     until = min(until or now, now)
+    if since is None and until - datetime.min.replace(tzinfo=UTC) < audit.DEFAULT_WINDOW:
+        raise click.UsageError("--until is too early to be a window's end: give --since too")
     since = since or until - audit.DEFAULT_WINDOW
     if since >= until:
         raise click.UsageError("--since must be before --until")
