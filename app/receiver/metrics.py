@@ -26,6 +26,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..commands.audit import BreakClass
 from ..locking.lock import LockState
 from ..settings.config import Settings
 from ..store.db import Pool, get_pool, statement_timeout
@@ -285,9 +286,6 @@ AUDIT_LAST_COMPLETE = """
     SELECT source, extract(epoch FROM max(finished_at)) FROM audit_runs
     WHERE verdict IN ('reconciled', 'reconciled_with_pending', 'breaks') GROUP BY source
 """
-# audit_breaks.class (app/commands/audit.py's BreakClass): each reported from 0.
-BREAK_CLASSES = ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
-                 "state_mismatch", "user_mismatch", "matched_by_amount_only", "unknown_provider_type")
 
 
 class AuditCollector(Collector):
@@ -320,7 +318,7 @@ class AuditCollector(Collector):
         sources = keyed | {source for source, _, _ in counts} | set(lasts)
         found = {(source, klass): count for source, klass, count in counts}
         for source in sorted(sources):
-            for klass in BREAK_CLASSES:
+            for klass in BreakClass:  # each reported from 0
                 open_breaks.add_metric([source, klass], found.get((source, klass), 0))
             persisting.add_metric([source], persist.get(source, 0))
             last.add_metric([source], float(lasts.get(source) or 0))
