@@ -36,6 +36,7 @@ class PayPalTransactions:
     """One PayPal account's transactions, read with its REST app's client id and secret."""
 
     name = NAME
+    what = "transactions"
     account: str | None = None
     delay = DELAY
 
