@@ -750,7 +750,7 @@ class Fixes:
             for event_id, _, effect in stored_effects(self._conn, self.source, UNAPPLIED, item.key.rsplit("/", 1)[-1]):
                 if effect.payment_id != item.payment:
                     continue
-                if item.kind == Kind.PAYMENT and effect.user_id is None and effect.problem is None:
+                if item.kind == Kind.PAYMENT and not effect.names_user and effect.problem is None:
                     return f"flask payments assign-user {self.source} {item.key} {item.user or 'USER_ID'}"
                 return f"flask events replay {event_id} --source {self.source}"
         return self.reconcile(item.latest)

@@ -197,7 +197,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
         waiting = [(event_id, status) for event_id, status, effect in unapplied(conn, source)
-                   if effect.kind == Kind.CREDIT and effect.user_id is None and effect.app_key is None
+                   if effect.kind == Kind.CREDIT and not effect.names_user
                    and (effect.customer_id == customer_id or account is not None and effect.account == account)]
     if link is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")
