@@ -18,8 +18,8 @@ from devservers.stripe_balance import charge, payout, transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
 from .helpers import ALICE, assert_ledger_consistent
-from .stripe_events import intent_succeeded, send_stripe
 from .stripe_audit_seed import seeded
+from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 

@@ -6,8 +6,8 @@ history by its hash, runs its own `flask init-db`, gunicorn and commands on a th
 import io
 import os
 import subprocess
-import tarfile
 import sys
+import tarfile
 import uuid
 
 import psycopg
