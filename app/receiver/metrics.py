@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from flask import Flask, Response, current_app
@@ -211,6 +212,17 @@ ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
 SCRAPE_DB_MS = 500
 
 
+@contextmanager
+def _scrape_reads(app: Flask) -> "Iterator[psycopg.Connection[Any]]":
+    """A pooled connection for a collector's reads, in one transaction, each bounded well under a scrape's timeout:
+    a database that is down or frozen leaves the collector's metrics out (psycopg.Error), not the whole scrape."""
+    pool = get_pool(app)
+    with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, statement_timeout(pool, conn, SCRAPE_DB_MS), \
+            conn.transaction():
+        conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+        yield conn
+
+
 class ReconcileCollector(Collector):
     """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
     how they ended; and the application's holds. All read from PostgreSQL at each scrape."""
@@ -237,14 +249,9 @@ class ReconcileCollector(Collector):
         active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
         expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
                                     "captured nor released: they count for nothing (flask users tidy-holds)")
-        pool = get_pool(self.app)
         holds = None
         try:
-            # Bounded well under a scrape's timeout: a database that is down or
-            # frozen leaves these out, not the whole scrape.
-            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
-                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
-                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+            with _scrape_reads(self.app) as conn:
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
                 lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
                 holds = conn.execute(HOLDS).fetchone()
@@ -304,11 +311,8 @@ class AuditCollector(Collector):
         last = GaugeMetricFamily("webhook_ledger_audit_last_complete_timestamp_seconds",
                                  "When the last flask audit of the source that read its window whole ended (0: never)",
                                  labels=["source"])
-        pool = get_pool(self.app)
         try:
-            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
-                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
-                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+            with _scrape_reads(self.app) as conn:
                 counts = conn.execute(AUDIT_OPEN_BREAKS).fetchall()
                 persist = dict(conn.execute(AUDIT_PERSISTING).fetchall())
                 lasts = dict(conn.execute(AUDIT_LAST_COMPLETE).fetchall())
