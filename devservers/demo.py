@@ -6,16 +6,20 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from app.intake.events import DEFAULT_SOURCE
 from app.intake.signature import sign
 from app.settings.config import SETTINGS, ConfigError, from_env
 
+from . import ROOT, stripe_local
 from .supervise import Failed
 
 DEMO_USER = "00000000-0000-4000-8000-000000000001"
 DEMO_SECRET = "dev-secret-change-me"
+# How the banner gives devservers/stripe_local.py's stand-in of Stripe's API the demo event, from the checkout.
+STAND_IN_PUT = ".venv/bin/python -m devservers.stripe_local put"
 
 
 def check_settings(log):
@@ -41,9 +45,14 @@ def add_demo_user(conn):
 
 def banner(base_url, event_id, balance, config, secret_from_env, external, env_file=None):
     """What to paste into another terminal. Only the demo secret is ever printed (env_file holds the others)."""
-    body = json.dumps({"id": event_id, "type": "payment.succeeded",
-                       "data": {"userId": DEMO_USER, "amountCents": 1000}}, separators=(",", ":"))
     scheme = config.webhook_signature_scheme
+    default = config.sources.get(DEFAULT_SOURCE)
+    fetching = default is not None and default.fetch
+    stand_in = fetching and scheme == "stripe" and (default.api_base or config.stripe_api_base) == stripe_local.API_URL
+    document = {"id": event_id, "type": "payment.succeeded", "data": {"userId": DEMO_USER, "amountCents": 1000}}
+    if stand_in:  # an Event, as the stand-in keeps one for Retrieve an event
+        document = {"id": event_id, "object": "event", "created": int(time.time()), **document}
+    body = json.dumps(document, separators=(",", ":"))
     headers = {"Content-Type": "application/json",
                **sign(scheme, body.encode(), config.webhook_secret, msg_id=event_id)}
     signed_with = "WEBHOOK_SECRET" if secret_from_env else f"the DEMO secret '{DEMO_SECRET}'"
@@ -52,6 +61,17 @@ def banner(base_url, event_id, balance, config, secret_from_env, external, env_f
     curl = " ".join([f"curl -sS -w 'HTTP %{{http_code}}\\n' -X POST {base_url}/api/webhooks",
                      *(f"-H {shlex.quote(f'{name}: {value}')}" for name, value in headers.items()),
                      '--data-binary "$BODY"'])
+    if stand_in:  # the service reads each event from Stripe's API: the stand-in must have it before it is sent
+        curl = f"{STAND_IN_PUT} \"$BODY\"\n{curl}"
+    delivery = f"""Credit the demo user 1000 cents ({scheme}, signed with {signed_with}); paste it twice:
+the first answer is "processed", the second "duplicate".
+
+BODY={shlex.quote(body)}
+{curl}"""
+    if fetching and not stand_in:
+        delivery = ("No demo delivery: the default source reads each event from its provider's API (WEBHOOK_FETCH), "
+                    "which has\nno made-up event (one would be answered 422); send a test event from the provider, "
+                    f"with the demo user\n{DEMO_USER} in its metadata.")
     psql_target = '"$DATABASE_URL"' if external else shlex.quote(config.database_url)
     demo = "" if secret_from_env else f"\nWEBHOOK_SECRET = {DEMO_SECRET}  <- a DEMO secret, for local use only\n"
     rule = "=" * 70
@@ -61,11 +81,7 @@ webhook-ledger is up at {base_url}   (Ctrl-C stops it{'' if external else ' and 
 {demo}
 {routes(base_url, config)}
 
-Credit the demo user 1000 cents ({scheme}, signed with {signed_with}); paste it twice:
-the first answer is "processed", the second "duplicate".
-
-BODY={shlex.quote(body)}
-{curl}
+{delivery}
 
 The balance ({balance} cents now, {balance + 1000} after that):
 
@@ -115,8 +131,9 @@ flask events list"""
 flask events list"""
 
 
-def write_env(path, config):
-    """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source.
+def write_env(path, config, base_url=None):
+    """Write path (mode 600): `export` lines of every setting this process runs with, for a shell to source, the
+    service's address as LEDGER_URL, and a `flask` that says in one line when the file is not this shell's any more.
 
     Secrets included: the file is the developer's own, as the terminal is; the banner names the file, not them.
     The settings this run leaves at their default are unset, so that a terminal that sourced an earlier run's file
@@ -127,15 +144,41 @@ def write_env(path, config):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         settings["PROMETHEUS_MULTIPROC_DIR"] = os.environ["PROMETHEUS_MULTIPROC_DIR"]  # replays' counts: /metrics
     unset = sorted(name for name in SETTINGS if name not in settings)
+    # Which run wrote the file: its pid (alive while it serves) and when (a pid is reused).
+    run = f"{os.getpid()}:{time.time_ns()}"
+    extra = [f"LEDGER_RUN={run}", *([f"LEDGER_URL={shlex.quote(base_url)}"] if base_url else [])]
     lines = [f"export {word}" for word in
-             [*_flask_shell(), *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
+             [*_flask_shell(), *extra, *(f"{name}={shlex.quote(value)}" for name, value in sorted(settings.items()))]]
     lines += [f"unset {' '.join(unset)}"] if unset else []
+    lines += _stale_guard(path)
+    lines += [  # the docs' one helper for a signed Stripe event (devservers/stripe_send.py), from any folder
+        "stripe_send() {  # stripe_send EVENT_ID TYPE OBJECT_JSON [--account acct_X] [--source NAME], or EVENT_JSON",
+        f"  (cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m devservers.stripe_send \"$@\")",
+        "}",
+    ]
     path.parent.mkdir(exist_ok=True)
     path.unlink(missing_ok=True)  # created anew, mode 600 from the start
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
         file.write("# make run's settings, for `flask` commands in another terminal: . " + str(path) + "\n")
         file.write("\n".join(lines) + "\n")
     return path
+
+
+def _stale_guard(path):
+    """A shell function `flask`: one line, not a connection timeout, when the make run that wrote path was started
+    again since (new ports: the file was written anew) or has stopped."""
+    file = shlex.quote(str(path))
+    return [
+        "flask() {  # make run's: says so when this terminal's settings are not the running make run's",
+        f"  if [ \"$(sed -n 's/^export LEDGER_RUN=//p' {file} 2>/dev/null)\" != \"$LEDGER_RUN\" ]; then",
+        f"    echo \"flask: this terminal's settings are an earlier make run's ({path} was written again since):"
+        f" run . {file} again\" >&2; return 1",
+        "  elif ! kill -0 \"${LEDGER_RUN%%:*}\" 2>/dev/null; then",
+        f"    echo \"flask: the make run that wrote {path} has stopped: start it, then . {file} again\" >&2; return 1",
+        "  fi",
+        '  command flask "$@"',
+        "}",
+    ]
 
 
 def _flask_shell():

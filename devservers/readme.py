@@ -46,9 +46,9 @@ ANSWER = "output"  # the fence of an answer: what the shell block before it prin
 MARKER = re.compile(r"<!--\s*example:\s*(.*?)\s*-->\s*\Z", re.S)
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _MAKE_RUN = re.compile(r"(?:^|\s)make run(?:\s|$)")
-# A block that starts `make run` may first remove its kept cluster: the next start makes an empty one (a ledger
-# in another LEDGER_CURRENCY than the kept one's, say).
-FRESH_CLUSTER = "rm -rf .run/pg"
+# What a block a reader pastes must never do: delete what make run keeps in .run/ (their ledger, its cluster).
+# make run keeps a ledger per LEDGER_CURRENCY, so a page in rupees needs no empty cluster.
+DELETES_READERS_DATA = re.compile(r"\brm\s+-\w*\s+[^\n;&|]*\.run\b|\bmake\s+clean\b")
 
 
 @dataclass
@@ -71,20 +71,13 @@ class Example:
         if not any(_MAKE_RUN.search(line) for line in commands):
             return None
         settings = {}
-        for number, command in enumerate(commands):
-            if number == 0 and command == FRESH_CLUSTER:
-                continue
+        for command in commands:
             words = shlex.split(command)
             if words[-2:] != ["make", "run"] or not all("=" in word for word in words[:-2]):
                 raise ValueError(f"{self.where}: a block that starts `make run` holds only `NAME=value ... make run`"
-                                 f" lines, after `{FRESH_CLUSTER}` if it starts on an empty cluster, not {command!r}")
+                                 f" lines, not {command!r}")
             settings = dict(word.split("=", 1) for word in words[:-2])
         return settings
-
-    @property
-    def fresh_cluster(self):
-        """Whether the block removes make run's kept cluster before starting it."""
-        return [line for line in _commands(self.script) if line][:1] == [FRESH_CLUSTER]
 
 
 def _commands(script):

@@ -19,7 +19,7 @@ from .supervise import Failed
 
 # Everything make run keeps: its cluster (pg/), Redis's files, env (the settings for `. .run/env`), metrics/.
 RUN_DIR = Path(os.environ.get("MAKE_RUN_DIR") or ROOT / ".run")
-DB_NAME = "webhook_ledger"
+DB_NAME = "webhook_ledger"  # the usd ledger's; another LEDGER_CURRENCY's is DB_NAME_<currency>
 # A Unix socket's path is limited to ~107 bytes: a deep checkout's goes to /tmp.
 MAX_SOCKET_DIR = 80
 
@@ -50,13 +50,16 @@ def start_servers(cleanup, log):
         tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
         raise Failed("\n".join([exc.stderr.decode(errors="replace").strip(), *tail,
                                 f"PostgreSQL did not start (log: {log_file})"])) from None
+    currency = (os.environ.get("LEDGER_CURRENCY") or "usd").strip().lower()  # as parsers.currency reads it
+    name = database_name(currency)
     try:
         with psycopg.connect(pg.url(), autocommit=True) as conn:
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone():
-                conn.execute(f"CREATE DATABASE {DB_NAME}")
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+                conn.execute(f"CREATE DATABASE {name}")
     except psycopg.Error as exc:
-        raise Failed(f"creating the database {DB_NAME}: {exc}") from None
-    os.environ["DATABASE_URL"] = pg.url(DB_NAME)
+        raise Failed(f"creating the database {name}: {exc}") from None
+    log(f"the ledger in {currency}: database {name}")
+    os.environ["DATABASE_URL"] = pg.url(name)
 
     redis = Redis(workdir=RUN_DIR, new_session=True)
     log(f"starting redis-server on 127.0.0.1:{redis.port}")
@@ -66,6 +69,12 @@ def start_servers(cleanup, log):
     except TimeoutError:
         raise Failed(f"redis-server did not come up (log: {RUN_DIR / 'redis.log'})") from None
     os.environ["REDIS_URL"] = redis.url
+
+
+def database_name(currency):
+    """make run's database for a ledger in currency: one per currency, since a ledger holds one (docs/operations.md),
+    so that a page of the docs in rupees starts its own ledger and leaves the reader's in dollars as it was."""
+    return DB_NAME if currency == "usd" else f"{DB_NAME}_{currency}"
 
 
 def _lock_run_dir(cleanup):

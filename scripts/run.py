@@ -62,9 +62,9 @@ def run(cleanup):
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(RUN_DIR / "metrics"))
     # For `flask` commands in another terminal: every setting this service runs with (docs/operations.md).
     # Written before gunicorn answers, so that a terminal that sees it answering reads this run's settings.
-    env_file = write_env(RUN_DIR / "env", config)
-    log(f"starting gunicorn on {host}:{http_port}")
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    env_file = write_env(RUN_DIR / "env", config, f"http://{url_host}:{http_port}")
+    log(f"starting gunicorn on {host}:{http_port}")
     server = Gunicorn({}, workers=None, threads=None, log_path="-", port=http_port, host=url_host)
     cleanup.callback(stop_gunicorn, server)
     try:

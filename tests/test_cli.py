@@ -2,6 +2,8 @@
 
 import getpass
 import os
+import pty
+import re
 import subprocess
 import sys
 import time
@@ -215,7 +217,7 @@ def test_verify_off_a_terminal_prints_plain_progress_lines(client, db, run, monk
     result = run("ledger", "verify")
     assert result.exit_code == 0, result.output
     progress = [line for line in result.output.splitlines() if line.startswith("stored events checked")]
-    assert progress == ["stored events checked: 2", "stored events checked: 4"]
+    assert progress == ["stored events checked: 2 of 5", "stored events checked: 4 of 5"]
 
 
 @pytest.mark.parametrize("scheme", ["stripe"])
@@ -234,6 +236,64 @@ def test_reconcile_off_a_terminal_prints_a_plain_progress_line_per_hundred_liste
     # A line once a page takes the count past each hundred: "events listed: 101" (a page is up to 100 events).
     progress = [line for line in result.output.splitlines() if line.startswith("events listed: ")]
     assert [int(line.removeprefix("events listed: ")) // 100 for line in progress] == [1, 2], result.output
+
+
+def _on_a_terminal(config, *args):
+    """`flask ARGS` with its stderr on a pseudo-terminal, as an operator runs it: (exit status, stdout, what the
+    terminal showed)."""
+    env = {"PATH": os.environ["PATH"], "COLUMNS": "120", **{name: str(value) for name, value in config.items()}}
+    terminal, side = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=side, text=True)
+    os.close(side)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # EIO: the command ended, its side of the terminal closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(terminal)
+    out = proc.stdout.read()
+    return proc.wait(120), out, shown.decode()
+
+
+def test_verify_on_a_terminal_shows_a_bar_with_the_position_and_percentage_of_its_total(client, db, config):
+    for number in range(250):
+        send(client, payment(f"evt_t{number}", cents=1))
+    status, out, shown = _on_a_terminal(config, "ledger", "verify")
+    assert (status, out) == (0, "ledger consistent: 2 users, 250 stored events, 250 payments, 250 journal rows\n")
+    assert re.search(r"stored events checked\s+\[#+-*\]\s+\d+/250\s+\d+%", shown), shown
+    assert re.search(r"\[#+\]\s+250/250\s+100%", shown), shown
+
+
+def test_purge_on_a_terminal_shows_a_bar_of_the_rows_to_go(client, db, config):
+    for number in range(30):
+        send(client, payment(f"evt_old{number}", cents=1))
+        _age(db, f"evt_old{number}", 40)
+    send(client, payment("evt_new", cents=1))
+    status, out, shown = _on_a_terminal(config, "events", "purge", "--batch-size", "7")
+    assert status == 0, out + shown
+    assert out.startswith("purged 30 completed events received before "), out
+    assert re.search(r"events purged\s+\[#+\]\s+30/30\s+100%", shown), shown
+
+
+@pytest.mark.parametrize("scheme", ["stripe"])
+def test_reconcile_on_a_terminal_counts_the_events_listed_in_place(config, db):
+    with StripeStandIn() as stand_in:
+        an_hour_ago = int(time.time()) - 3600
+        events = [intent_succeeded(f"pi_{number:03d}", cents=1) for number in range(250)]
+        for evt in events:
+            evt["created"] = an_hour_ago
+        stand_in.add(*events)
+        status, out, shown = _on_a_terminal({**config, "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stand_in.url},
+                                            "reconcile", "default")
+    assert status == 0, out + shown
+    # Listed a page (up to 100) at a time, the count redrawn in place: no total to draw a bar to.
+    assert re.findall(r"\revents listed: (\d+)", shown)[-1] == "250", shown
+    assert "[" not in shown, shown
 
 
 @pytest.mark.parametrize("args", [(), ("evt_x", "--all-failed")])
@@ -378,7 +438,8 @@ def test_an_adjustment_is_reported_in_one_line_naming_its_journal_row(db, run):
     [str(ALICE), "-500", "--reason", REASON],
     ["--reason", REASON, str(ALICE), "-500"],
     ["--reason", REASON, "--", str(ALICE), "-500"],
-], ids=["before-the-options", "after-the-options", "after-a-double-dash"])
+    [str(ALICE), "--", "-500", "--reason", REASON],  # docs/operations.md's "`--` works too"
+], ids=["before-the-options", "after-the-options", "after-a-double-dash", "a-double-dash-before-the-amount"])
 def test_adjust_takes_a_negative_amount_wherever_it_is_written(db, run, args):
     result = run("ledger", "adjust", *args)
     assert result.exit_code == 0, result.output

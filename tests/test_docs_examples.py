@@ -6,8 +6,11 @@ blocks' `127.0.0.1:8000` is replaced with (as devservers/readme.py does for
 the README's curl; the ports and folders of PayPal's and Stripe's local
 stand-ins likewise, and `.run/env`: make run's folder is the page's, never the checkout's .run/). A block
 `NAME=value ... make run` (re)starts it with those settings, on the
-page's database (a new one after `rm -rf .run/pg`), with an empty Redis as
+page's database of its LEDGER_CURRENCY (make run keeps one per currency), with an empty Redis as
 make run's; a page's first other block starts it as plain `make run` does.
+The pages run alone (each from an empty ledger), and then all of them one
+after another in the order the README's "Where to read on" lists them, in
+one session on one ledger, as a reader who follows them does.
 The other blocks run in bash, one after the other, keeping the variables and
 functions the earlier ones set, with the service's settings in the
 environment (as where the app's environment is set); each `output` block
@@ -81,8 +84,8 @@ class Session:
         self.base_env = {name: value for name, value in os.environ.items() if not name.startswith(NOT_INHERITED)}
         self.base_env["PATH"] = f"{Path(sys.executable).parent}:{self.base_env.get('PATH', '/usr/bin:/bin')}"
         self.postgresql = postgresql
-        self.databases = [db_url(postgresql)]  # the page's, then one per `rm -rf .run/pg`
-        self.servers = {"DATABASE_URL": self.databases[0], "REDIS_URL": redis_url}
+        self.databases = {"usd": db_url(postgresql)}  # by currency, as make run keeps them (devservers/run_dir.py)
+        self.servers = {"DATABASE_URL": self.databases["usd"], "REDIS_URL": redis_url}
         self.places = {MAKE_RUN_PORT: f"127.0.0.1:{self.port}", "localhost:8000": f"localhost:{self.port}"}
         for place, variable in STAND_INS.items():
             folder = variable.endswith("_DIR")
@@ -107,19 +110,21 @@ class Session:
             text = text.replace(place, value)
         return text
 
-    def make_run(self, settings, fresh_cluster=False):
-        """`make run` with settings, as `make run` execs it (scripts/run.py), on this page's servers and port: on a
-        new database after `rm -rf .run/pg`, and with an empty Redis, as make run's own redis-server starts."""
+    def make_run(self, settings):
+        """`make run` with settings, as `make run` execs it (scripts/run.py), on this page's servers and port: on the
+        database of its LEDGER_CURRENCY (a new one for a currency not seen yet, as make run's cluster gets), and with
+        an empty Redis, as make run's own redis-server starts."""
         self.stop()
-        if fresh_cluster:
-            name = f"docs_{len(self.databases)}"
+        currency = (settings.get("LEDGER_CURRENCY") or "usd").strip().lower()
+        if currency not in self.databases:
+            name = f"{self.postgresql.info.dbname}_{currency}"
             info = self.postgresql.info
             with psycopg.connect(host=info.host, port=info.port, user=info.user, dbname="postgres",
                                  autocommit=True) as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {name}")
                 conn.execute(f"CREATE DATABASE {name}")
-            self.databases.append(f"postgresql://{info.user}@{info.host}:{info.port}/{name}")
-            self.servers["DATABASE_URL"] = self.databases[-1]
+            self.databases[currency] = f"postgresql://{info.user}@{info.host}:{info.port}/{name}"
+        self.servers["DATABASE_URL"] = self.databases[currency]
         with redis.Redis.from_url(self.servers["REDIS_URL"]) as client:
             client.flushall()
         settings = {name: self.here(value) for name, value in settings.items()}
@@ -140,8 +145,6 @@ class Session:
 
     def run(self, example):
         """Run the block once in bash, after the earlier ones; return (exit status, stdout and stderr)."""
-        if self.service is None:
-            self.make_run({})
         script = self.dir / "block.sh"
         script.write_text(self.here(example.script))
         env = {**self.base_env, **self.servers, **self.settings,
@@ -156,7 +159,7 @@ class Session:
         """`flask ledger verify` on each database of the page: the answers, with the settings its service last ran
         with (the currency of the last one's: LEDGER_CURRENCY, of each database in turn)."""
         answers = []
-        for database in self.databases:
+        for database in self.databases.values():
             env = {**self.base_env, **self.servers, **(self.settings or {}), "DATABASE_URL": database}
             with psycopg.connect(database) as conn:
                 row = conn.execute("SELECT currency FROM ledger_currency").fetchone()
@@ -183,38 +186,71 @@ class Session:
                 pass
 
 
+def run_page(session, page, first=False):
+    """Run every block of page in session, checking each answer; return where each ran. first: the session's first
+    page, whose first block other than a `make run` starts the service as plain `make run` does."""
+    ran = []
+    for example in readme.examples(page):
+        if example.exempt:
+            continue
+        settings = example.service_settings()
+        if settings is not None:
+            session.make_run(settings)
+            ran.append(example.where)
+            continue
+        if first and session.service is None:
+            session.make_run({})
+        for number, answer in enumerate(example.answers or [None], start=1):
+            status, output = session.run(example)
+            run = f"{example.where} (run {number})"
+            if answer is None:
+                assert status == 0, f"{run} exited {status}:\n{output}"
+                assert not output.strip(), f"{run} printed what the page does not show (```output):\n{output}"
+            else:
+                answer = session.here(answer)
+                assert matches(answer, output), f"{run} answered:\n{output}\nwhere the page shows:\n{answer}"
+        ran.append(example.where)
+    return ran
+
+
+def reading_order():
+    """The pages with examples as a reader meets them: the README, then those its "Where to read on" lists, in order."""
+    section = readme.README.read_text().split("## Where to read on\n", 1)[1].split("\n## ", 1)[0]
+    listed = [ROOT / path for path in re.findall(r"^- \[[^]]+\]\(([^)]+)\)", section, re.M)]
+    return [page for page in [readme.README, *listed] if page in PAGES]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_every_example_of_the_page_runs_and_answers_what_it_shows(page, postgresql, redis_server, redis_client,
                                                                  tmp_path):
     # The schema alone, no user: `make run` adds its demo user, as on a new checkout.
     checkout_before = checkout_run_state()
     session = Session(postgresql, redis_server.url, tmp_path)
-    ran = []
     try:
-        for example in readme.examples(page):
-            if example.exempt:
-                continue
-            settings = example.service_settings()
-            if settings is not None:
-                session.make_run(settings, example.fresh_cluster)
-                ran.append(example.where)
-                continue
-            for number, answer in enumerate(example.answers or [None], start=1):
-                status, output = session.run(example)
-                run = f"{example.where} (run {number})"
-                if answer is None:
-                    assert status == 0, f"{run} exited {status}:\n{output}"
-                    assert not output.strip(), f"{run} printed what the page does not show (```output):\n{output}"
-                else:
-                    answer = session.here(answer)
-                    assert matches(answer, output), f"{run} answered:\n{output}\nwhere the page shows:\n{answer}"
-            ran.append(example.where)
+        ran = run_page(session, page, first=True)
     finally:
         session.close()
     for verified in session.verify():
         assert verified.returncode == 0, verified.stdout + verified.stderr
     assert checkout_run_state() == checkout_before, "the page's make run or blocks wrote the checkout's .run/"
     print(f"\n[docs] {page.relative_to(ROOT)}: {len(ran)} examples ran: {', '.join(ran)}")  # noqa: T201
+
+
+def test_every_page_runs_after_the_ones_before_it_in_reading_order(postgresql, redis_server, redis_client, tmp_path):
+    """One reader, one ledger: each page's answers hold after what the pages before it did (their users, events and
+    balances kept), so no page may count on an empty ledger or reuse another page's users."""
+    checkout_before = checkout_run_state()
+    session = Session(postgresql, redis_server.url, tmp_path)
+    pages = reading_order()
+    assert set(pages) == set(PAGES), f"pages with examples the README's list does not reach: {set(PAGES) - set(pages)}"
+    try:
+        for number, page in enumerate(pages):
+            run_page(session, page, first=number == 0)
+    finally:
+        session.close()
+    for verified in session.verify():
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert checkout_run_state() == checkout_before, "the pages' make run or blocks wrote the checkout's .run/"
 
 
 # -- what a page may hold (no server: in `make check`) -------------------------------
@@ -238,6 +274,15 @@ def _marker(example):
     `not run, because ...` nor `run by tests/...`."""
     return re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:deploy/)?test_\w+\.py)\b.*", example.exempt,
                         re.S)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", readme.DOCS, ids=[str(page.relative_to(ROOT)) for page in readme.DOCS])
+def test_no_block_deletes_the_readers_ledger(page):
+    # A reader pastes the pages one after another: a block that removes .run/ loses what the pages before it did.
+    for example in readme.examples(page):
+        assert not readme.DELETES_READERS_DATA.search(example.script), \
+            f"{example.where}: it deletes what make run keeps in .run/ (the reader's ledger)"
 
 
 @pytest.mark.unit
@@ -288,9 +333,10 @@ def test_a_block_that_starts_make_run_gives_its_settings():
     example = readme.Example(ROOT / "README.md", 1, "A=1 B='two words' \\\n  make run   # a comment\n")
     assert example.service_settings() == {"A": "1", "B": "two words"}
     assert readme.Example(ROOT / "README.md", 1, "curl http://127.0.0.1:8000/health\n").service_settings() is None
-    fresh = readme.Example(ROOT / "README.md", 1, "rm -rf .run/pg  # an empty cluster\nLEDGER_CURRENCY=inr make run\n")
-    assert (fresh.service_settings(), fresh.fresh_cluster) == ({"LEDGER_CURRENCY": "inr"}, True)
-    assert not example.fresh_cluster
+    inr = readme.Example(ROOT / "README.md", 1, "LEDGER_CURRENCY=inr make run  # its own ledger\n")
+    assert inr.service_settings() == {"LEDGER_CURRENCY": "inr"}
+    with pytest.raises(ValueError, match="holds only"):
+        readme.Example(ROOT / "README.md", 1, "rm -rf .run/pg\nLEDGER_CURRENCY=inr make run\n").service_settings()
     with pytest.raises(ValueError, match="holds only"):
         readme.Example(ROOT / "README.md", 1, "make run\nrm -rf .run/pg\n").service_settings()
     with pytest.raises(ValueError, match="holds only"):

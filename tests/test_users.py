@@ -4,8 +4,10 @@ import uuid
 
 import pytest
 
+from app.core.vocabulary import minor_unit_name
+
 from .application import call, hold
-from .helpers import ALICE, BOB, OPENING, payment, payment_refunded, send
+from .helpers import ALICE, BOB, OPENING, payment, payment_refunded, record_currency, send
 
 pytestmark = pytest.mark.core
 
@@ -90,6 +92,24 @@ def test_list_shows_every_user_with_balance_and_journal_rows(client, run):
     rows = {line.split()[0]: line.split()[1:4] for line in listed[1:]}
     assert rows == {str(ALICE): [str(OPENING[ALICE] + 10), str(OPENING[ALICE]), "1"],
                     str(BOB): [str(OPENING[BOB]), str(OPENING[BOB]), "0"]}
+
+
+@pytest.mark.parametrize(("currency", "unit"), [("usd", "cents"), ("inr", "paise"), ("gbp", "pence"), ("jpy", "yen"),
+                                               ("kwd", "minor units of KWD")])
+def test_amounts_are_printed_in_the_ledgers_minor_unit_by_its_name(run, db, currency, unit):
+    record_currency(db, currency)
+    added = run("users", "add", str(CAROL), "--opening", "1500")
+    adjusted = run("ledger", "adjust", str(CAROL), "--", "-20", "--reason", "rounding", "--by", "ana")
+    shown = run("users", "show", str(CAROL))
+    assert added.output == f"added user {CAROL} with an opening balance of 1500 {unit}\n"
+    assert f"by -20 {unit} to 1480 {unit} " in adjusted.output, adjusted.output
+    lines = {line.split(":", 1)[0]: line for line in shown.output.splitlines()[:6]}
+    assert lines["balance"] == f"balance:    1480 {unit}"
+    assert lines["available"] == f"available:  1480 {unit} (nothing held)"
+    assert lines["opening"].startswith(f"opening:    1500 {unit}, created ")
+    assert lines["journal"] == f"journal:    1 rows, -20 {unit}"
+    assert shown.output.splitlines()[5].split()[3] == unit.split()[0].upper()
+    assert minor_unit_name(currency.upper()) == unit
 
 
 def test_add_gives_the_user_the_applications_key_and_show_finds_it_by_that_key(run, db):

@@ -3,7 +3,6 @@ cli.py's and users.py's commands are built from it."""
 
 import functools
 import getpass
-import itertools
 import logging
 import logging.handlers
 import os
@@ -17,11 +16,13 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from ..core.vocabulary import minor_unit_name
 from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
 from ..serving.logformat import json_formatter
 from ..settings.config import PROBLEMS, Needs, Settings
 from ..settings.parsers import ConfigError
 from ..store.db import unavailable_in_one_line
+from ..store.schema import recorded_currency
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,6 +86,12 @@ _needs = needs  # for Commands.command, whose keyword hides it
 CENTS = click.IntRange(-2**63, 2**63 - 1)
 
 
+def unit_name(conn: Any) -> str:
+    """What the ledger's balances count, by name ("cents", "paise"): its recorded currency's minor unit, else
+    LEDGER_CURRENCY's (a database before its first init-db)."""
+    return minor_unit_name(recorded_currency(conn) or Settings.of(current_app).policy.currency)
+
+
 def audit(message: str, *args: object) -> None:
     """Log what an operator's command changed to the system log (SYSTEM_LOG), as one JSON line tagged
     webhook-ledger; to the process's log on stderr where the machine has no system log."""
@@ -123,30 +130,59 @@ def os_user() -> str:
 
 # Off a terminal, one progress line each this many items: a log gets a few lines of a long run, not one per row.
 PROGRESS_EVERY = 1000
-# On a terminal, the bar is drawn again once each this many items at most (each drawing is a write).
+# On a terminal, the bar or count is drawn again once each this many items at most (each drawing is a write).
 BAR_STEPS = 100
 
 
-@contextmanager
-def progress(done_what: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
-    """Yield advance(n), told of each n items done: click's progress bar on a terminal, else a plain line on
-    stderr each PROGRESS_EVERY items ("events replayed: 2000 of 5000")."""
-    if sys.stderr.isatty():
-        items = itertools.count() if total is None else None  # no length: click draws no percentage
-        steps = BAR_STEPS if total is None else max(1, min(BAR_STEPS, total // 100))
-        with click.progressbar(items, length=total, label=done_what, file=sys.stderr,
-                               update_min_steps=steps) as bar:
-            yield bar.update
-        return
-    done = 0
-    of = "" if total is None else f" of {total}"
+class Progress:
+    """advance(n), told of each n items done; total(n), told of how many there are once that is known.
 
-    def advance(n: int = 1) -> None:
-        nonlocal done
-        before, done = done, done + n
-        if done // PROGRESS_EVERY > before // PROGRESS_EVERY:
-            click.echo(f"{done_what}: {done}{of}", err=True)
-    yield advance
+    On a terminal (stderr): click's progress bar with the position, percentage and an estimate of the time left
+    when the total is known, else a count redrawn in place ("events listed: 1200"); off a terminal, a plain line
+    each PROGRESS_EVERY items ("events replayed: 2000 of 5000"), for a log.
+    """
+
+    def __init__(self, done_what: str, total: int | None = None) -> None:
+        self.done_what, self.of, self.done = done_what, total, 0
+        self.terminal = sys.stderr.isatty()
+        self.bar: Any = None  # click's, made on the first item once the total is known
+        self.drawn = 0  # the count last drawn in place
+
+    def total(self, total: int) -> None:
+        self.of = total
+
+    def __call__(self, n: int = 1) -> None:
+        before, self.done = self.done, self.done + n
+        if not self.terminal:
+            if self.done // PROGRESS_EVERY > before // PROGRESS_EVERY:
+                of = "" if self.of is None else f" of {self.of}"
+                click.echo(f"{self.done_what}: {self.done}{of}", err=True)
+        elif self.of is not None:
+            if self.bar is None:
+                self.bar = click.progressbar(length=self.of, label=self.done_what, file=sys.stderr, show_eta=True,
+                                             show_percent=True, show_pos=True,
+                                             update_min_steps=max(1, min(BAR_STEPS, self.of // 100)))
+                self.bar.__enter__()
+            self.bar.update(n)
+        elif self.done - self.drawn >= BAR_STEPS or self.drawn == 0:
+            self.drawn = self.done
+            click.echo(f"\r{self.done_what}: {self.done}", err=True, nl=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+        elif self.terminal and self.done:
+            click.echo(f"\r{self.done_what}: {self.done}", err=True)  # the last count, and the line ended
+
+
+@contextmanager
+def progress(done_what: str, total: int | None = None) -> Iterator[Progress]:
+    """A Progress of done_what (its total, when known), closed at the end: the terminal's line is ended."""
+    shown = Progress(done_what, total)
+    try:
+        yield shown
+    finally:
+        shown.close()
 
 
 # A source's stored events of some statuses, oldest first, those whose bytes (or the provider's, kept with them) hold

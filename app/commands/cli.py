@@ -2,6 +2,7 @@
 verify|adjust`, `flask redis forget-done` and `flask reconcile`."""
 
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout
 from ..store.outcome import Outcome
 from ..store.schema import SchemaError, one_line, other_currency, recorded_currency, set_currency, why_not_at_release
 from . import reconcile, replay
-from .base import CENTS, Commands, needs, os_user, progress, table, utc
+from .base import CENTS, Commands, needs, os_user, progress, table, unit_name, utc
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
@@ -382,7 +383,9 @@ def purge_events(days: int, include_failed: bool, force: bool, batch_size: int, 
                                "outlasts providers' resend windows; add --force to purge anyway")
     if include_failed and not force:
         raise click.UsageError("--include-failed deletes events that never took effect; add --force")
-    deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source)
+    with progress("events purged") as advance:
+        deleted, cutoff = retention.purge(get_pool(current_app), days, include_failed, batch_size, source,
+                                          advance.total, advance)
     kinds = "completed and failed" if include_failed else "completed"
     click.echo(f"purged {deleted} {kinds} events received before {utc(cutoff)}; the ledger's journal kept")
 
@@ -398,7 +401,7 @@ def verify_ledger() -> None:
         raise click.ClickException(f"the ledger cannot be checked: {reason}")
     # check() runs its own read-only snapshot, with no statement timeout: no client deadline either.
     with pool.connection() as conn, statement_timeout(pool, conn, 0), progress("stored events checked") as advance:
-        report = verify.check(conn, Settings.of(current_app).policy, advance)
+        report = verify.check(conn, Settings.of(current_app).policy, advance, advance.total)
     for line in report.problems + report.below_zero + report.settings_changed:
         click.echo(line)
     users, events_, payments, journal = report.counts
@@ -430,8 +433,22 @@ def set_ledger_currency(currency: str) -> None:
     click.echo(f"the ledger's currency is {currency} (it was {was}): start the service with LEDGER_CURRENCY={currency}")
 
 
+class SignedAmountCommand(click.Command):
+    """A command whose negative amount may follow a `--`, as POSIX tools take one: `USER -- -20 --reason R`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # click ends option parsing at `--`, so the `--reason` after it would be one more argument; here the `--`
+        # only quotes the amount after it, which ignore_unknown_options reads as the argument without it anyway.
+        if "--" in args:
+            at = args.index("--")
+            if at + 1 < len(args) and re.fullmatch(r"[-+]?[0-9]+", args[at + 1]):
+                args = args[:at] + args[at + 1:]
+        return super().parse_args(ctx, args)
+
+
 # ignore_unknown_options: a negative CENTS ("-500") is the argument, not an unknown option.
-@ledger_group.command("adjust", needs=Needs.DATABASE, context_settings={"ignore_unknown_options": True})
+@ledger_group.command("adjust", needs=Needs.DATABASE, cls=SignedAmountCommand,
+                      context_settings={"ignore_unknown_options": True})
 @click.argument("user_id", type=click.UUID)
 @click.argument("cents", type=CENTS)
 @click.option("--reason", required=True, help="Why the balance is corrected (required): journaled with it.")
@@ -444,13 +461,16 @@ def adjust_balance(user_id: uuid.UUID, cents: int, reason: str, actor: str | Non
     """Add CENTS (signed: -500 takes 500 cents away) to USER_ID's balance, journaled as an adjustment."""
     actor = os_user() if actor is None else actor
     payment = None if payment_id is None else (source, payment_id)
+    pool = get_pool(current_app)
     try:
-        adjusted = ledger.adjust(get_pool(current_app), user_id, cents, reason, actor, payment)
+        adjusted = ledger.adjust(pool, user_id, cents, reason, actor, payment)
     except ledger.AdjustmentError as exc:
         raise click.ClickException(str(exc)) from None
+    with pool.connection() as conn:
+        unit = unit_name(conn)
     named = payment_id if source == DEFAULT_SOURCE else f"{source}/{payment_id}"
     corrects = "" if payment_id is None else f", correcting payment {named}"
-    click.echo(f"adjusted the balance of user {user_id} by {cents:+} cents to {adjusted.balance_after} cents "
+    click.echo(f"adjusted the balance of user {user_id} by {cents:+} {unit} to {adjusted.balance_after} {unit} "
                f"(journal row {adjusted.journal_id}, by {actor}{corrects})")
 
 

@@ -20,7 +20,7 @@ from ..settings.config import Needs
 from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
 from ..store.ledger import Entry
-from .base import CENTS, Commands, os_user, table, unapplied, utc
+from .base import CENTS, Commands, os_user, table, unapplied, unit_name, utc
 from .reconcile import excerpt
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
@@ -67,6 +67,7 @@ def add_user(user_id: uuid.UUID, cents: int, key: str | None) -> None:
     """Create the user USER_ID (a UUID) with its opening balance; a second call with the same one changes nothing."""
     with transaction(get_pool(current_app)) as conn:
         added, opening = ledger.add_user(conn, user_id, cents)
+        unit = unit_name(conn)
         if key is not None:
             if app_key_of(key) != key:  # a UUID's spelling would be read as the UUID in a payment's metadata
                 raise click.BadParameter(f"'{excerpt(key, 64)}' cannot be a key: 1 to {MAX_APP_KEY_CHARS} characters, "
@@ -78,12 +79,12 @@ def add_user(user_id: uuid.UUID, cents: int, key: str | None) -> None:
             if keyed and keyed[0]:
                 click.echo(f"user {user_id} has the key {key}")
     if added:
-        click.echo(f"added user {user_id} with an opening balance of {cents} cents")
+        click.echo(f"added user {user_id} with an opening balance of {cents} {unit}")
     elif opening != cents:
         raise click.ClickException(f"user {user_id} exists, with an opening balance of {opening} "
-                                   f"cents, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
+                                   f"{unit}, not {cents}: nothing changed (`flask ledger adjust` corrects a balance)")
     else:
-        click.echo(f"user {user_id} exists already, opening balance {cents} cents: nothing changed")
+        click.echo(f"user {user_id} exists already, opening balance {cents} {unit}: nothing changed")
 
 
 def user_named(conn: psycopg.Connection[Any], name: str) -> uuid.UUID:
@@ -111,23 +112,24 @@ def show_user(name: str) -> None:
         links: list[NamedRow] = cursor.execute(LINKS_OF, [user_id]).fetchall()
         available: NamedRow | None = cursor.execute(AVAILABLE, [user_id]).fetchone()
         holds: list[NamedRow] = cursor.execute(HOLDS_OF, [user_id]).fetchall()
+        unit = unit_name(conn)
     if user is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it)")
     changed = sum(row.amount_cents for row in journal)
     click.echo(f"user:       {user.user_id}" + (f" (key {key[0]})" if key else ""))
-    click.echo(f"balance:    {user.balance_cents} cents")
+    click.echo(f"balance:    {user.balance_cents} {unit}")
     if available is not None:
-        held = f"{available.held_cents} cents held by {len(holds)} holds" if holds else "nothing held"
-        click.echo(f"available:  {available.available_cents} cents ({held})")
+        held = f"{available.held_cents} {unit} held by {len(holds)} holds" if holds else "nothing held"
+        click.echo(f"available:  {available.available_cents} {unit} ({held})")
     for hold in holds:
-        click.echo(f"hold:       {hold.reference}, {hold.amount_cents} cents until {utc(hold.expires_at)}")
-    click.echo(f"opening:    {user.opening_balance_cents} cents, created {utc(user.created_at)}")
-    click.echo(f"journal:    {len(journal)} rows, {changed:+} cents")
+        click.echo(f"hold:       {hold.reference}, {hold.amount_cents} {unit} until {utc(hold.expires_at)}")
+    click.echo(f"opening:    {user.opening_balance_cents} {unit}, created {utc(user.created_at)}")
+    click.echo(f"journal:    {len(journal)} rows, {changed:+} {unit}")
     for link in links:
         click.echo(f"linked:     {_linked(link.customer_id)} of source {link.source} (by {link.linked_by}, "
                    f"{utc(link.created_at)})")
     if journal:
-        table(("WHEN (UTC)", "KIND", "CENTS", "MOVEMENT", "MADE BY"),
+        table(("WHEN (UTC)", "KIND", unit.upper(), "MOVEMENT", "MADE BY"),
                [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
 
 

@@ -276,6 +276,19 @@ CURRENCY_EXPONENTS = {
     **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
     **dict.fromkeys(("CLF", "UYW"), 4),
 }
+# What a balance's unit is called in the commands' words: the minor unit of the currencies the providers here settle
+# in most (ISO 4217 names them only by exponent). One not listed is "minor units of XXX".
+MINOR_UNIT_NAMES = {
+    **dict.fromkeys(("usd", "eur", "cad", "aud", "nzd", "sgd", "hkd", "mxn", "myr"), "cents"),
+    "gbp": "pence", "inr": "paise", "jpy": "yen", "krw": "won", "chf": "rappen", "brl": "centavos",
+}
+
+
+def minor_unit_name(currency: str) -> str:
+    """The name of currency's minor unit, as a balance in it is printed: "cents" for usd, "paise" for inr."""
+    return MINOR_UNIT_NAMES.get(currency.lower(), f"minor units of {currency.upper()}")
+
+
 # PayPal's Money.value pattern (digits, or digits around one point, up to 32 characters), less its sign:
 # an amount paid or refunded is never negative.
 _DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?|()\.([0-9]+)")

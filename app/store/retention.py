@@ -1,7 +1,10 @@
 """Retention: `flask events purge` deletes old events in short batches.
 Only webhook_events rows go; the journal and payments are kept for ever (docs/design.md, "Invariant 5")."""
 
+from collections.abc import Callable
 from datetime import datetime
+
+import psycopg
 
 from .db import Pool, transaction
 from .ledger import Status
@@ -23,6 +26,12 @@ NEXT_ROWS = """
            created_at >= %(cutoff)s
     FROM webhook_events WHERE id > %(after)s ORDER BY id LIMIT %(batch)s
 """
+# The rows a purge will delete, for its progress: a scan of the table (no index of created_at), once, before the
+# batches; rows a delivery holds then are left, so fewer may go.
+TO_DELETE = """
+    SELECT count(*) FROM webhook_events
+    WHERE created_at < %(cutoff)s AND status = ANY(%(statuses)s) AND (%(source)s::text IS NULL OR source = %(source)s)
+"""
 # SKIP LOCKED: a row that a delivery or a replay holds now is left for the
 # next purge instead of being waited for; the row is judged again as it is now.
 DELETE_ROWS = """
@@ -34,11 +43,12 @@ DELETE_ROWS = """
 
 
 def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int = BATCH_SIZE,
-          source: str | None = None) -> tuple[int, datetime]:
+          source: str | None = None, on_total: Callable[[int], object] = lambda n: None,
+          on_deleted: Callable[[int], object] = lambda n: None) -> tuple[int, datetime]:
     """Delete the events received more than days ago; return (rows deleted, cutoff).
 
     Completed events only, and failed ones too when include_failed; every
-    source's, or source's only.
+    source's, or source's only. on_total(n) is told how many rows are to go, then on_deleted(n) of each batch's.
     """
     statuses = [Status.COMPLETED, Status.FAILED] if include_failed else [Status.COMPLETED]
     deleted = 0
@@ -46,6 +56,13 @@ def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int =
         row = conn.execute(CUTOFF, [days]).fetchone()
     assert row is not None  # a SELECT without FROM returns one row
     cutoff = row[0]
+    try:
+        with transaction(pool) as conn:
+            counted = conn.execute(TO_DELETE, {"cutoff": cutoff, "statuses": statuses, "source": source}).fetchone()
+        assert counted is not None  # an aggregate returns one row
+        on_total(counted[0])
+    except psycopg.errors.QueryCanceled:  # a table too big to count within the statement timeout: no total, a count
+        pass
     after = 0
     while True:  # each batch is a transaction of its own, with the pool's timeouts
         params = {"cutoff": cutoff, "statuses": statuses, "source": source, "after": after, "batch": batch_size}
@@ -53,7 +70,9 @@ def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int =
             rows = conn.execute(NEXT_ROWS, params).fetchall()
             ids = [id_ for id_, goes, _ in rows if goes]
             if ids:
-                deleted += conn.execute(DELETE_ROWS, {**params, "ids": ids}).rowcount
+                batch = conn.execute(DELETE_ROWS, {**params, "ids": ids}).rowcount
+                deleted += batch
+                on_deleted(batch)
         # A row received after the cutoff ends it: every later id is later
         # still (but for the seconds a transaction may take, which the next
         # purge finds).

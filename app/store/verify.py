@@ -119,6 +119,8 @@ COMPLETED_EFFECTS = """
     LEFT JOIN ledger_journal_keyed j USING (source, event_id)
     WHERE e.status = 'completed' AND e.event_type = ANY(%s)
 """
+# How many rows COMPLETED_EFFECTS streams, on the same snapshot: the total a progress bar counts to.
+COMPLETED_COUNT = "SELECT count(*) FROM webhook_events WHERE status = 'completed' AND event_type = ANY(%s)"
 # credited_by: the type of the event that credited it, while that event is stored.
 PAYMENT = """
     SELECT p.user_id, p.amount_cents, p.refunded_cents, p.customer_id,
@@ -162,8 +164,10 @@ class Report(NamedTuple):
 
 
 def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
-          on_row: Callable[[int], object] = lambda n: None) -> Report:
-    """Return a Report of the ledger's invariants on one snapshot; on_row(1) is told of each stored event read."""
+          on_row: Callable[[int], object] = lambda n: None,
+          on_total: Callable[[int], object] = lambda n: None) -> Report:
+    """Return a Report of the ledger's invariants on one snapshot; on_total(n) is told how many stored events it
+    reads, then on_row(1) of each as it is read."""
     with conn.transaction():
         # One consistent snapshot, however busy the receiver is, and no
         # statement timeout: the sums read whole tables.
@@ -185,6 +189,9 @@ def check(conn: psycopg.Connection[Any], policy: Policy = DEFAULT_POLICY,
         problems += [_hold_problem(r) for r in cur.execute(WRONG_HOLDS)]
         problems += [f"journal row of event {_name(r.source, r.event_id)}: a {r.kind} of no movement "
                      f"{r.movement_id!r} of its payment" for r in cur.execute(JOURNAL_WITHOUT_MOVEMENT)]
+        counted = conn.execute(COMPLETED_COUNT, [list(RULES)]).fetchone()
+        assert counted is not None  # an aggregate returns one row
+        on_total(counted[0])
         with conn.cursor(name="completed_effects", row_factory=namedtuple_row) as rows:  # streamed, not loaded whole
             rows.execute(COMPLETED_EFFECTS, [list(RULES)])
             settings_changed: list[str] = []
