@@ -225,7 +225,7 @@ def _scrape_reads(app: Flask) -> "Iterator[psycopg.Connection[Any]]":
 
 class ReconcileCollector(Collector):
     """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
-    how they ended; and the application's holds. All read from PostgreSQL at each scrape."""
+    how they ended. All read from PostgreSQL at each scrape."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -244,17 +244,10 @@ class ReconcileCollector(Collector):
                                         "delivery that was lost", labels=["source"])
         runs = CounterMetricFamily("webhook_ledger_reconcile_runs", "flask reconcile runs by how they ended",
                                    labels=["source", "status"])
-        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
-                                   "not expired)")
-        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
-        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
-                                    "captured nor released: they count for nothing (flask users tidy-holds)")
-        holds = None
         try:
             with _scrape_reads(self.app) as conn:
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
                 lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
-                holds = conn.execute(HOLDS).fetchone()
         except psycopg.Error:
             rows, lasts = None, []  # PostgreSQL unavailable: the delivery metrics still answer
         keyed = {source.event_source for source in settings.sources.values() if source.api_key}
@@ -275,11 +268,29 @@ class ReconcileCollector(Collector):
                 max_age.add_metric([source], settings.reconcile_max_age_seconds)
             for source, total in totals.items():
                 recovered.add_metric([source], total)
-        if holds is not None:
-            for family, value in zip((active, active_cents, expired), holds, strict=True):
-                family.add_metric([], value)
-            return [last, max_age, recovered, runs, active, active_cents, expired]
         return [last, max_age, recovered, runs]
+
+
+class HoldsCollector(Collector):
+    """The application's holds (HOLDS), read from PostgreSQL at each scrape; left out when it does not answer."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily]":
+        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
+                                   "not expired)")
+        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
+        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
+                                    "captured nor released: they count for nothing (flask users tidy-holds)")
+        try:
+            with _scrape_reads(self.app) as conn:
+                holds = conn.execute(HOLDS).fetchone()
+        except psycopg.Error:
+            return []  # PostgreSQL unavailable: the delivery metrics still answer
+        for family, value in zip((active, active_cents, expired), holds or (0, 0, 0), strict=True):
+            family.add_metric([], value)
+        return [active, active_cents, expired]
 
 
 # `flask audit` runs outside gunicorn too: its open breaks and last complete run, read from PostgreSQL at each scrape.
@@ -338,6 +349,8 @@ def init_app(app: Flask) -> None:
     registry.register(collector)
     app.extensions["metrics_audit"] = audited = AuditCollector(app)
     registry.register(audited)
+    app.extensions["metrics_holds"] = holding = HoldsCollector(app)
+    registry.register(holding)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
@@ -375,6 +388,7 @@ def scrape() -> Response:
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
         registry.register(current_app.extensions["metrics_audit"])
+        registry.register(current_app.extensions["metrics_holds"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
