@@ -19,6 +19,7 @@ from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
 from .helpers import ALICE, assert_ledger_consistent
 from .stripe_audit_seed import seeded
+from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 
@@ -260,11 +261,21 @@ def test_an_audit_never_writes_money_and_verify_stays_clean(app, db, stand_in, t
     (["audit", "default", "--grace", "soon"], "is not a duration"),
     (["audit", "default", "--since", "2026-12-02", "--until", "2026-12-01"], "--since must be before --until"),
     (["audit", "show", "999"], "no audit run 999"),
+    (["audit", "default", "--grace", "99999999999d"], "longer than a duration can be"),
+    (["audit", "default", "--until", "0001-01-01"], "--until is too early to be a window's end"),
+    (["audit", "default", "--json", "/nonexistent/audit.json"], "not a file this user can write"),
 ])
 def test_bad_arguments_are_refused_in_one_line(app, db, args, message):
     result = cli(app, *args)
     assert result.exit_code != 0 and message in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # click's refusal, not a traceback
     assert db.execute("SELECT count(*) FROM audit_runs").fetchone()[0] == 0
+
+
+def test_a_since_before_the_unix_epoch_lists_from_the_epoch(app, db, tmp_path):
+    result = cli(app, "audit", "default", "--since", "0001-01-01", "--json", str(tmp_path / "run.json"))
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads((tmp_path / "run.json").read_text())["header"]["verdict"] == "reconciled"
 
 
 def test_the_stand_in_lists_balance_transactions_newest_first_by_cursor_and_expands_the_source(stand_in):
@@ -351,3 +362,24 @@ def test_a_refund_the_ledger_gave_back_but_stripe_kept_is_a_state_mismatch_fixed
     code, document, output = audit(app, tmp_path)
     assert (code, document["breaks"]) == (0, []), output
     assert_ledger_consistent(db)
+
+
+def test_a_payment_refused_for_want_of_its_user_is_fixed_by_assign_user_one_naming_a_key_by_replay(
+        app, db, client, stand_in, tmp_path):
+    """A payment whose event named no user waits for an operator's assignment; one whose event names the
+    application's key of a user waits for that key (`flask users add --key`), then its replay: assigning it a
+    user would not apply it."""
+    now = int(time.time())
+    unnamed, keyed = intent_succeeded("pi_unnamed", metadata={}, cents=500), \
+        intent_succeeded("pi_keyed", metadata={"user_id": "5150"}, cents=700)
+    for evt in (unnamed, keyed):
+        assert send_stripe(client, evt).status == 422
+    stand_in.balance.add(transaction("txn_unnamed", now - 7200, "charge", "charge", 500,
+                                     charge("pi_unnamed", 500, created=now - 7200)),
+                         transaction("txn_keyed", now - 7200, "charge", "charge", 700,
+                                     charge("pi_keyed", 700, user="5150", created=now - 7200)))
+    code, document, output = audit(app, tmp_path)
+    assert code == 1 and found(document) == {"missing_in_ledger": {"pi_unnamed", "pi_keyed"}}, output
+    fixes = {item["provider_key"]: item["fix"] for item in document["breaks"]}
+    assert fixes["pi_unnamed"] == "flask payments assign-user default pi_unnamed USER_ID", fixes
+    assert fixes["pi_keyed"] == f"flask events replay {keyed.id} --source default", fixes

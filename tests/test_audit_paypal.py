@@ -69,3 +69,16 @@ def test_transactions_younger_than_paypals_three_hours_are_pending(app, db, send
     code, document, output = audit(app, tmp_path, "--grace", "0s")
     assert (code, document["header"]["verdict"]) == (0, "reconciled_with_pending"), output
     assert [item["key"] for item in document["pending"]] == [capture]
+
+
+def test_credentials_paypal_refuses_end_the_run_incomplete_naming_the_setting(app, db, send_paypal,  # noqa: F811
+                                                                              paypal_api, tmp_path):
+    configured, paypal_api.credentials = paypal_api.credentials, "another-client:another-secret"
+    try:  # PayPal no longer knows the configured key
+        code, document, output = audit(app, tmp_path)
+    finally:
+        paypal_api.credentials = configured  # the stand-in serves the module's other tests
+    assert (code, document["header"]["verdict"]) == (2, "incomplete"), output
+    assert "PayPal refused our credentials" in document["header"]["reason"], document["header"]
+    assert "WEBHOOK_PAYPAL_API_KEY" in document["header"]["reason"], document["header"]
+    assert paypal_api.api_key.split(":")[1] not in output + json.dumps(document)

@@ -401,3 +401,12 @@ def test_verify_reports_a_spend_of_a_hold_not_captured(db):
     (spend_id,) = db.execute("SELECT id FROM ledger_journal WHERE reference = 'job-1'").fetchone()
     assert f"hold 'job-1' of user {ALICE} is held, but its reference has spend row {spend_id} of 5 cents from user " \
            f"{ALICE}" in verify.check(db).problems
+
+
+def test_metrics_under_gunicorns_multiprocess_mode_show_the_holds_too(client, db, monkeypatch, tmp_path):
+    """A worker's scrape (PROMETHEUS_MULTIPROC_DIR set) registers each collector that reads PostgreSQL itself."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    hold(db, ALICE, 300, "job-1")
+    scraped = samples(client.get("/metrics").get_data(as_text=True))
+    assert (scraped[("webhook_ledger_holds_active", ())], scraped[("webhook_ledger_holds_active_cents", ())],
+            scraped[("webhook_ledger_holds_expired_open", ())]) == (1, 300, 0)

@@ -140,3 +140,23 @@ def test_a_payment_refused_before_keys_for_a_user_not_a_uuid_applies_after_init_
     assert send(client, paid).json["status"] == "duplicate"
     assert balance(db, user) == 700
     assert run("ledger", "verify").exit_code == 0
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, "a\x00b", str(CAROL)], ids=["empty", "too-long", "nul", "a-uuid"])
+def test_users_add_refuses_a_key_that_cannot_be_one_in_one_line_adding_nothing(db, run, key):
+    """A UUID's spelling would be read as that UUID in a payment's metadata, never as the key."""
+    refused = run("users", "add", str(CAROL), "--key", key)
+    assert refused.exit_code == 2 and "cannot be a key" in refused.output, refused.output
+    assert refused.exception is None or isinstance(refused.exception, SystemExit)
+    assert db.execute("SELECT count(*) FROM user_balances WHERE user_id = %s", [CAROL]).fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM user_keys").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "k" * 300], ids=["nul", "too-long"])
+@pytest.mark.parametrize("command", [["users", "show"], ["users", "statement", "--from", "2026-01-01"]],
+                         ids=["show", "statement"])
+def test_a_user_named_by_what_cannot_be_a_key_is_refused_in_one_line(db, run, command, name):
+    refused = run(*command[:2], name, *command[2:])
+    assert refused.exit_code == 1 and "Error: no user has the key" in refused.output, refused.output
+    assert isinstance(refused.exception, SystemExit)
+    assert len(refused.output.splitlines()) == 1

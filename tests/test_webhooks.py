@@ -246,8 +246,11 @@ def test_a_refused_delivery_writes_nothing(make_app, config, db, settings, body,
 
 UNPROCESSABLE = [
     ({"userId": str(UNKNOWN_USER), "amountCents": 100}, "unknown user"),
-    ({"userId": "not-a-uuid", "amountCents": 100}, "userId"),
-    ({"userId": 7, "amountCents": 100}, "userId"),
+    # Not a UUID: the application's key of a user (user_keys), which no user has here.
+    ({"userId": "not-a-uuid", "amountCents": 100}, "no user has the application's key not-a-uuid"),
+    ({"userId": 7, "amountCents": 100}, "no user has the application's key 7"),
+    ({"userId": True, "amountCents": 100}, "userId"),
+    ({"userId": "k" * 256, "amountCents": 100}, "userId"),
     ({"amountCents": 100}, "userId"),
     ({"userId": str(BOB), "amountCents": 0}, "amountCents"),
     ({"userId": str(BOB), "amountCents": -5}, "amountCents"),

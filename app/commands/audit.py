@@ -120,6 +120,7 @@ class MoneyRecords(Protocol):
     """What a provider's audit adapter implements (app/providers/stripe_audit.py)."""
 
     name: str  # "Stripe"
+    what: str  # what its records are called: "balance transactions"
     account: str | None  # a connected account's id, or None for the key's own account
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
@@ -231,6 +232,7 @@ class Run:
     new: int = 0
     resolved: int = 0
     payouts: list[PayoutCheck] | None = None  # with --payouts
+    what: str = "records"  # what the provider's records are called (MoneyRecords.what)
 
     def statement(self, currency: str) -> Statement:
         return self.statements.setdefault(currency, Statement())
@@ -361,7 +363,7 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
     run and its breaks (never a money table). A read that fails midway ends the run incomplete, with its reason."""
     now = now or datetime.now(UTC)
     account = records.account
-    run = Run(source, records.name, account, since, until, grace)
+    run = Run(source, records.name, account, since, until, grace, what=records.what)
     fixes = fixes or Fixes(source, account)
     with transaction(pool) as conn:
         run.run_id = conn.execute(START_RUN, {"source": source, "account": account or PLATFORM, "since": since,
@@ -371,7 +373,8 @@ def audit(pool: Pool, source: str, records: MoneyRecords, since: datetime, until
     unknown: list[Record] = []
     start = int(since.timestamp())
     try:
-        for page in records.pages(int((since - LOOKBACK).timestamp()), int(until.timestamp())):
+        # No provider has a record before the Unix epoch: a --since before it lists from there.
+        for page in records.pages(max(start - int(LOOKBACK.total_seconds()), 0), int(until.timestamp())):
             for record in page:
                 _take(run, seen, unknown, record, record.created >= start)
         if payouts:
@@ -747,7 +750,7 @@ class Fixes:
             for event_id, _, effect in stored_effects(self._conn, self.source, UNAPPLIED, item.key.rsplit("/", 1)[-1]):
                 if effect.payment_id != item.payment:
                     continue
-                if item.kind == Kind.PAYMENT and effect.user_id is None and effect.problem is None:
+                if item.kind == Kind.PAYMENT and not effect.names_user and effect.problem is None:
                     return f"flask payments assign-user {self.source} {item.key} {item.user or 'USER_ID'}"
                 return f"flask events replay {event_id} --source {self.source}"
         return self.reconcile(item.latest)

@@ -2,6 +2,7 @@
 (app/commands/audit.py), read-only for the money tables (docs/operations.md, "Auditing against the provider")."""
 
 import json
+import os
 import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ from flask import Flask, current_app
 from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 
-from ..providers import stripe
+from ..providers import paypal, razorpay, stripe
 from ..settings.config import Needs, Settings
 from ..settings.parsers import ConfigError
 from ..settings.sources import api_key_setting
@@ -52,11 +53,14 @@ class Duration(click.ParamType):
         match = _DURATION.fullmatch(str(value).strip())
         if match is None:
             self.fail(f"{value!r} is not a duration (90m, 2h, 1d, 0s)", param, ctx)
-        return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+        try:
+            return timedelta(seconds=int(match[1]) * _UNITS[match[2]])
+        except OverflowError:
+            self.fail(f"{value!r} is longer than a duration can be ({timedelta.max.days} days)", param, ctx)
 
 
-# The schemes whose money an audit can read, and what it reads of each.
-ADAPTERS = {stripe.SCHEME: "balance transactions", "razorpay": "settlements", "paypal": "transactions"}
+# The schemes whose money an audit can read (an adapter each: run_audit).
+AUDITED = (stripe.SCHEME, razorpay.SCHEME, paypal.SCHEME)
 
 
 def init_app(app: Flask) -> None:
@@ -89,7 +93,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     source = settings.sources.get(source_name)
     if source is None:
         raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
-    if source.scheme not in ADAPTERS:
+    if source.scheme not in AUDITED:
         raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe, razorpay or "
                                "paypal source's money can be audited")
     if source.scheme != stripe.SCHEME and (account is not None or all_accounts or payouts):
@@ -103,8 +107,12 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     if api_key is None:
         raise ConfigError(f"{key_setting} is not set: the audit needs the provider's API key (Stripe: a restricted "
                           "key that may read Balance)")
+    if json_file is not None and (json_file.is_dir() or not os.access(json_file.parent, os.W_OK)):
+        raise click.UsageError(f"--json {json_file}: not a file this user can write")
     now = datetime.now(UTC)  # not rounded: a ledger item made this second is in the window
     until = min(until or now, now)
+    if since is None and until - datetime.min.replace(tzinfo=UTC) < audit.DEFAULT_WINDOW:
+        raise click.UsageError("--until is too early to be a window's end: give --since too")
     since = since or until - audit.DEFAULT_WINDOW
     if since >= until:
         raise click.UsageError("--since must be before --until")
@@ -114,7 +122,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
         records: audit.MoneyRecords
         if source.scheme == stripe.SCHEME:
             records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
-        elif source.scheme == "razorpay":
+        elif source.scheme == razorpay.SCHEME:
             records = RazorpaySettlements(api_key, source.api_base, key_setting)
         else:
             records = PayPalTransactions(api_key, source.api_base, key_setting)
@@ -142,8 +150,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
 def summary_lines(run: audit.Run) -> list[str]:
     """A run as `flask audit` prints it."""
     whose = f" (connected account {run.account})" if run.account else ""
-    records = {"Stripe": "balance transactions", "Razorpay": "settlements"}.get(run.provider, "transactions")
-    lines = [f"audit {run.source}{whose} against {run.provider}'s {records}, run {run.run_id}: created "
+    lines = [f"audit {run.source}{whose} against {run.provider}'s {run.what}, run {run.run_id}: created "
              f"{utc(run.since)} to {utc(run.until)}, grace {run.grace}: {run.verdict.upper()}"
              + (f": {run.reason}" if run.reason else "")]
     objects = ", ".join(f"{count} {kind}s" for kind, count in run.objects.items())

@@ -33,7 +33,7 @@ def waiting_for(conn: Any, source: str, payment_id: str) -> tuple[list[str], boo
             continue
         if effect.kind != Kind.CREDIT:
             others.append(event_id)
-        elif effect.user_id is None and effect.app_key is None and effect.problem is None:
+        elif not effect.names_user and effect.problem is None:
             credits.append(event_id)
     return credits + others, bool(credits)
 

@@ -78,8 +78,7 @@ def _lifted(recorded: Policy, shell: Policy, source: str, refused: Effect) -> Po
         return replace(recorded, accept_test_events=shell.accept_test_events)
     if refused.setting == "LEDGER_CURRENCY":
         return replace(recorded, currency=shell.currency)
-    if refused.setting == users.setting or (refused.kind == Kind.CREDIT and refused.user_id is None
-                                            and refused.app_key is None):
+    if refused.setting == users.setting or (refused.kind == Kind.CREDIT and not refused.names_user):
         users = replace(users, metadata_key=theirs.metadata_key, no_user=theirs.no_user)
         return replace(recorded, users={**recorded.users, source: users})
     return recorded

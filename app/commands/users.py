@@ -13,7 +13,7 @@ import psycopg
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
-from ..core.vocabulary import MAX_ID_CHARS
+from ..core.vocabulary import MAX_APP_KEY_CHARS, MAX_ID_CHARS, app_key_of
 from ..intake.events import Kind
 from ..providers import stripe
 from ..settings.config import Needs
@@ -21,6 +21,7 @@ from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
 from ..store.ledger import Entry
 from .base import CENTS, Commands, os_user, table, unapplied, unit_name, utc
+from .reconcile import excerpt
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
@@ -68,6 +69,9 @@ def add_user(user_id: uuid.UUID, cents: int, key: str | None) -> None:
         added, opening = ledger.add_user(conn, user_id, cents)
         unit = unit_name(conn)
         if key is not None:
+            if app_key_of(key) != key:  # a UUID's spelling would be read as the UUID in a payment's metadata
+                raise click.BadParameter(f"'{excerpt(key, 64)}' cannot be a key: 1 to {MAX_APP_KEY_CHARS} characters, "
+                                         "no NUL, and not a UUID", param_hint="--key")
             try:
                 keyed = conn.execute(ADD_KEY, [key, user_id]).fetchone()
             except (psycopg.errors.UniqueViolation, psycopg.errors.InvalidParameterValue) as exc:
@@ -88,9 +92,9 @@ def user_named(conn: psycopg.Connection[Any], name: str) -> uuid.UUID:
     try:
         return uuid.UUID(name)
     except ValueError:
-        row = conn.execute(USER_OF_KEY, [name]).fetchone()
+        row = conn.execute(USER_OF_KEY, [name]).fetchone() if app_key_of(name) == name else None
     if row is None or row[0] is None:
-        raise click.ClickException(f"no user has the key {name} (nor is it a UUID)")
+        raise click.ClickException(f"no user has the key {excerpt(name, 64)} (nor is it a UUID)")
     return cast(uuid.UUID, row[0])
 
 
@@ -195,7 +199,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()
         waiting = [(event_id, status) for event_id, status, effect in unapplied(conn, source)
-                   if effect.kind == Kind.CREDIT and effect.user_id is None and effect.app_key is None
+                   if effect.kind == Kind.CREDIT and not effect.names_user
                    and (effect.customer_id == customer_id or account is not None and effect.account == account)]
     if link is None:
         raise click.ClickException(f"no user {user_id} (`flask users add {user_id}` creates it): nothing linked")

@@ -120,6 +120,12 @@ class Effect:
     # reads the user it names (user_id is then None).
     app_key: str | None = None
 
+    @property
+    def names_user(self) -> bool:
+        """Whether the event names its user itself, by UUID or by the application's key (else a link, an
+        assignment or the payment's own row may)."""
+        return self.user_id is not None or self.app_key is not None
+
 
 class NoUser(StrEnum):
     """What a payment that names no user (no metadata, no linked customer) gets: WEBHOOK_<NAME>_NO_USER."""

@@ -174,19 +174,18 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     payment_id, user_id, amount, currency, livemode, movement_id, state, customer, account = \
         cast(_CheckedFields, fields)
     setting, problem = _refused_by(rule, livemode, currency, policy)
-    users, user, app_key = None, cast(object, user_id), None
+    users, user = None, cast(object, user_id)
     if isinstance(user_id, Metadata):  # which key names the user is a setting: read after the hash
         users = policy.users_of(event.source)
         user = uuid_text(user_id.get(users.metadata_key))
-        if user is not None and app_key_of(user) is not None:  # the application's own key of the user
-            user, app_key = None, app_key_of(user)
-        elif user is not None and not is_uuid(user) and not problem:
-            label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
-                else f"data.object.metadata.{users.metadata_key}"
-            setting, problem = users.setting, (f"{label} must be a user's UUID or the application's key of one "
-                                               f"(1 to {MAX_APP_KEY_CHARS} characters) ({users.setting})")
-    elif app_key_of(user) is not None:  # a field that names the user by the application's own key
-        user, app_key = None, app_key_of(user)
+    app_key = app_key_of(user)  # the application's own key of the user, which money.sql resolves
+    if app_key is not None:
+        user = None
+    elif users is not None and user is not None and not is_uuid(user) and not problem:
+        label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
+            else f"data.object.metadata.{users.metadata_key}"
+        setting, problem = users.setting, (f"{label} must be a user's UUID or the application's key of one "
+                                           f"(1 to {MAX_APP_KEY_CHARS} characters) ({users.setting})")
     if rule.kind == Kind.LINK and user is None and app_key is None and not problem:  # no user named: nothing to link
         return Effect(None, sha256=sha256)
     return Effect(rule.kind, payment_id, uuid.UUID(user) if is_uuid(user) else None, amount, currency,

@@ -55,6 +55,7 @@ from ..core.vocabulary import (
     uuid_text,
 )
 from .outbound import (
+    MAX_ANSWER_BYTES,
     AnswerTooLargeError,
     Budget,
     BudgetSpentError,
@@ -528,19 +529,27 @@ class API:
         ProviderUnavailableError when PayPal cannot answer now, ProviderRefusedError when it refuses our
         credentials; both within the process's deadline and one slot.
         """
-        deadline, path = self.outbound.deadline(), f"/v1/notifications/webhooks-events/{quote(event.id, safe='')}"
+        return self.get(f"/v1/notifications/webhooks-events/{quote(event.id, safe='')}", "its event",
+                        endpoint="webhooks-events")
+
+    def get(self, path: str, what: str, endpoint: str, max_bytes: int = MAX_ANSWER_BYTES) -> bytes | None:
+        """The body PayPal's API answers GET path with (a query included), or None for a 404; what names it in
+        an error, endpoint in the account's budget. Raises as event does, within the deadline and one slot."""
+        deadline = self.outbound.deadline()
         with self.outbound.slot(SCHEME):
             # A token PayPal revoked before its time: one more, once. Only the second 401 refuses our credentials.
-            reply = self._get(path, deadline, unauthorized_as=STALE_TOKEN)
+            reply = self._get(path, deadline, max_bytes, endpoint, unauthorized_as=STALE_TOKEN)
             if reply.status == 401:
                 self._token = None
-                reply = self._get(path, deadline)
-        return record(reply, NAME, "its event")
+                reply = self._get(path, deadline, max_bytes, endpoint)
+        return record(reply, NAME, what)
 
-    def _get(self, path: str, deadline: Deadline, unauthorized_as: str | None = None) -> Reply:
+    def _get(self, path: str, deadline: Deadline, max_bytes: int, endpoint: str,
+             unauthorized_as: str | None = None) -> Reply:
         return self.outbound.request(SCHEME, "GET", self.base + path, deadline, headers={
             "Authorization": f"Bearer {self._access_token(deadline)}", "Accept": "application/json"},
-            unauthorized_as=unauthorized_as, spend=None if self.budget is None else self.budget.on("webhooks-events"))
+            max_bytes=max_bytes, unauthorized_as=unauthorized_as,
+            spend=None if self.budget is None else self.budget.on(endpoint))
 
     def _access_token(self, deadline: Deadline) -> str:
         with self._lock:

@@ -12,24 +12,22 @@ PayPal's transactions").
   deposits and withdrawals, reserves and conversions (`T01`..`T09`, `T15`, `T16`, `T21`, `T22`) are not a user's.
 """
 
-import base64
-import json
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
-from .paypal import API_BASE, _money
+from ..core.vocabulary import InvalidJSONError, load
+from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from .paypal import API, API_BASE, NAME, _money
 
-NAME = "PayPal"
 SEARCH_DAYS = 31  # the most one query may span
 PAGE_SIZE = 500  # the most one page gives
 DELAY = timedelta(hours=3)  # "a maximum of three hours" before a transaction is listed
 TIMEOUT = 30  # seconds per request
+MAX_PAGE_BYTES = 16 * 1024 * 1024  # a page of PAGE_SIZE transactions with fields=all, a few KiB each
 DISPUTE_CODES = ("T1106", "T1201")
 NON_USER = ("T01", "T02", "T03", "T04", "T05", "T06", "T07", "T08", "T09", "T15", "T16", "T21", "T22")
 
@@ -38,14 +36,14 @@ class PayPalTransactions:
     """One PayPal account's transactions, read with its REST app's client id and secret."""
 
     name = NAME
+    what = "transactions"
     account: str | None = None
     delay = DELAY
 
     def __init__(self, api_key: str, api_base: str | None, key_setting: str) -> None:
-        self._credentials = base64.b64encode(api_key.encode()).decode()
-        self._base = (api_base or API_BASE).rstrip("/")
+        # One call at a time, each within TIMEOUT: a command's, not a worker's share of PROVIDER_SLOTS.
+        self._api = API((api_base or API_BASE).rstrip("/"), api_key, Outbound(1, TIMEOUT))
         self._key_setting = key_setting
-        self._token: str | None = None
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
         """The transactions initiated in [since, until), 31 days a query, a page at a time."""
@@ -77,7 +75,11 @@ class PayPalTransactions:
         code = str(info.get("transaction_event_code") or "?")
         cents, currency, problem = _signed(info.get("transaction_amount"), "transaction_amount")
         fee, _, _ = _signed(info.get("fee_amount"), "fee_amount")
-        created = int(datetime.fromisoformat(str(info.get("transaction_initiation_date"))).timestamp())
+        try:
+            created = int(datetime.fromisoformat(str(info.get("transaction_initiation_date"))).timestamp())
+        except ValueError:
+            raise ProviderError(f"{NAME} listed a transaction whose transaction_initiation_date is not a time") \
+                from None
         txn, reference = str(info.get("transaction_id") or "?"), info.get("paypal_reference_id")
         base = Record(txn, created, str(currency or "?"), cents, -fee, code[:3], code)
         if problem:
@@ -94,35 +96,18 @@ class PayPalTransactions:
         return base._replace(unknown=f"event code {code!r} is not one the PayPal adapter knows")
 
     def _call(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One request (every call the audit makes to PayPal is this one, the token's aside)."""
-        request = urllib.request.Request(f"{self._base}{path}?{urlencode(params)}",
-                                         headers={"Authorization": f"Bearer {self._bearer()}"})
-        return self._json(request)
-
-    def _bearer(self) -> str:
-        if self._token is None:
-            request = urllib.request.Request(f"{self._base}/v1/oauth2/token", b"grant_type=client_credentials",
-                                             {"Authorization": f"Basic {self._credentials}",
-                                              "Content-Type": "application/x-www-form-urlencoded"})
-            token = self._json(request).get("access_token")
-            if not isinstance(token, str):
-                raise ProviderError(f"{NAME} answered no access token")
-            self._token = token
-        return self._token
-
-    def _json(self, request: urllib.request.Request) -> dict[str, Any]:
+        """One request (every call the audit makes to PayPal is this one), through the API the service fetches
+        events with (its token, and its renewal); its JSON object, or ProviderError."""
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:  # noqa: S310 - the configured base
-                document = json.loads(answer.read())
-        except HTTPError as exc:
-            if exc.code in (401, 403):
-                raise ProviderError(f"{NAME} refused the credentials in {self._key_setting} ({exc.code})") from None
-            raise ProviderError(f"{NAME} failed ({exc.code})") from None
-        except (URLError, OSError, ValueError) as exc:
-            raise ProviderError(f"{NAME} failed: {type(exc).__name__}") from None
-        if not isinstance(document, dict):
-            raise ProviderError(f"{NAME} answered something that is not a JSON object")
-        return document
+            body = self._api.get(f"{path}?{urlencode(params)}", "its transactions", "reporting-transactions",
+                                     max_bytes=MAX_PAGE_BYTES)
+            if body is None:
+                raise ProviderError(f"{NAME} answered 404 for {path}")
+            return load(body)
+        except ProviderRefusedError as exc:
+            raise ProviderError(f"{exc} ({self._key_setting})") from None
+        except (ProviderUnavailableError, InvalidJSONError) as exc:
+            raise ProviderError(f"{NAME} failed: {exc}") from None
 
 
 def _signed(money: Any, label: str) -> tuple[int, object, str | None]:

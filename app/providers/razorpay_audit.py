@@ -21,8 +21,8 @@ import razorpay  # type: ignore[import-untyped]  # no hints
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
+from .razorpay import NAME
 
-NAME = "Razorpay"
 RECON_COUNT = 1000  # the most one recon request gives
 PAYMENTS_COUNT = 100  # the most Fetch Multiple Payments gives
 # Recon types that are not a user's money, summed under their type (https://razorpay.com/docs/api/settlements).
@@ -33,6 +33,7 @@ class RazorpaySettlements:
     """One Razorpay account's settled transactions and captured payments, read with its API key."""
 
     name = NAME
+    what = "settlements"
     account: str | None = None  # Razorpay has no connected accounts here
 
     def __init__(self, api_key: str, api_base: str | None, key_setting: str) -> None:

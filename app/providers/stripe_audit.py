@@ -51,6 +51,7 @@ class StripeBalance(StripeAPI):
     with a restricted key that may read Balance."""
 
     name = NAME
+    what = "balance transactions"
 
     def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None,
                  user_key: str = "user_id") -> None:

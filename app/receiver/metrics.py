@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from flask import Flask, Response, current_app
@@ -26,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..commands.audit import BreakClass
 from ..locking.lock import LockState
 from ..settings.config import Settings
 from ..store import waiting
@@ -215,9 +217,20 @@ ENDED = ("completed", "incomplete", "failed", "interrupted", "yielded")
 SCRAPE_DB_MS = 500
 
 
+@contextmanager
+def _scrape_reads(app: Flask) -> "Iterator[psycopg.Connection[Any]]":
+    """A pooled connection for a collector's reads, in one transaction, each bounded well under a scrape's timeout:
+    a database that is down or frozen leaves the collector's metrics out (psycopg.Error), not the whole scrape."""
+    pool = get_pool(app)
+    with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, statement_timeout(pool, conn, SCRAPE_DB_MS), \
+            conn.transaction():
+        conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+        yield conn
+
+
 class ReconcileCollector(Collector):
     """Per source: the last successful reconcile (of its least recent account), the events it recovered, its runs by
-    how they ended; and the application's holds. All read from PostgreSQL at each scrape."""
+    how they ended. All read from PostgreSQL at each scrape."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
@@ -236,22 +249,10 @@ class ReconcileCollector(Collector):
                                         "delivery that was lost", labels=["source"])
         runs = CounterMetricFamily("webhook_ledger_reconcile_runs", "flask reconcile runs by how they ended",
                                    labels=["source", "status"])
-        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
-                                   "not expired)")
-        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
-        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
-                                    "captured nor released: they count for nothing (flask users tidy-holds)")
-        pool = get_pool(self.app)
-        holds = None
         try:
-            # Bounded well under a scrape's timeout: a database that is down or
-            # frozen leaves these out, not the whole scrape.
-            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
-                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
-                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+            with _scrape_reads(self.app) as conn:
                 rows = conn.execute(RECONCILE_RUNS).fetchall()
                 lasts = conn.execute(RECONCILE_LAST_SUCCESS).fetchall()
-                holds = conn.execute(HOLDS).fetchone()
         except psycopg.Error:
             rows, lasts = None, []  # PostgreSQL unavailable: the delivery metrics still answer
         keyed = {source.event_source for source in settings.sources.values() if source.api_key}
@@ -272,10 +273,6 @@ class ReconcileCollector(Collector):
                 max_age.add_metric([source], settings.reconcile_max_age_seconds)
             for source, total in totals.items():
                 recovered.add_metric([source], total)
-        if holds is not None:
-            for family, value in zip((active, active_cents, expired), holds, strict=True):
-                family.add_metric([], value)
-            return [last, max_age, recovered, runs, active, active_cents, expired]
         return [last, max_age, recovered, runs]
 
 
@@ -306,6 +303,28 @@ class WaitingCollector(Collector):
         return [count, oldest]
 
 
+class HoldsCollector(Collector):
+    """The application's holds (HOLDS), read from PostgreSQL at each scrape; left out when it does not answer."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> "list[GaugeMetricFamily]":
+        active = GaugeMetricFamily("webhook_ledger_holds_active", "The application's holds that count now (held, "
+                                   "not expired)")
+        active_cents = GaugeMetricFamily("webhook_ledger_holds_active_cents", "What the active holds reserve, in cents")
+        expired = GaugeMetricFamily("webhook_ledger_holds_expired_open", "Holds past their expiry that were neither "
+                                    "captured nor released: they count for nothing (flask users tidy-holds)")
+        try:
+            with _scrape_reads(self.app) as conn:
+                holds = conn.execute(HOLDS).fetchone()
+        except psycopg.Error:
+            return []  # PostgreSQL unavailable: the delivery metrics still answer
+        for family, value in zip((active, active_cents, expired), holds or (0, 0, 0), strict=True):
+            family.add_metric([], value)
+        return [active, active_cents, expired]
+
+
 # `flask audit` runs outside gunicorn too: its open breaks and last complete run, read from PostgreSQL at each scrape.
 AUDIT_OPEN_BREAKS = "SELECT source, class, count(*) FROM audit_breaks WHERE status <> 'resolved' GROUP BY 1, 2"
 # A priority break (money known in the wrong place) seen again by a second run: alerted on.
@@ -317,9 +336,6 @@ AUDIT_LAST_COMPLETE = """
     SELECT source, extract(epoch FROM max(finished_at)) FROM audit_runs
     WHERE verdict IN ('reconciled', 'reconciled_with_pending', 'breaks') GROUP BY source
 """
-# audit_breaks.class (app/commands/audit.py's BreakClass): each reported from 0.
-BREAK_CLASSES = ("missing_in_ledger", "missing_at_provider", "amount_mismatch", "currency_mismatch",
-                 "state_mismatch", "user_mismatch", "matched_by_amount_only", "unknown_provider_type")
 
 
 class AuditCollector(Collector):
@@ -338,11 +354,8 @@ class AuditCollector(Collector):
         last = GaugeMetricFamily("webhook_ledger_audit_last_complete_timestamp_seconds",
                                  "When the last flask audit of the source that read its window whole ended (0: never)",
                                  labels=["source"])
-        pool = get_pool(self.app)
         try:
-            with pool.connection(timeout=SCRAPE_DB_MS / 1000) as conn, \
-                    statement_timeout(pool, conn, SCRAPE_DB_MS), conn.transaction():
-                conn.execute(f"SET LOCAL statement_timeout = {SCRAPE_DB_MS}")
+            with _scrape_reads(self.app) as conn:
                 counts = conn.execute(AUDIT_OPEN_BREAKS).fetchall()
                 persist = dict(conn.execute(AUDIT_PERSISTING).fetchall())
                 lasts = dict(conn.execute(AUDIT_LAST_COMPLETE).fetchall())
@@ -352,7 +365,7 @@ class AuditCollector(Collector):
         sources = keyed | {source for source, _, _ in counts} | set(lasts)
         found = {(source, klass): count for source, klass, count in counts}
         for source in sorted(sources):
-            for klass in BREAK_CLASSES:
+            for klass in BreakClass:  # each reported from 0
                 open_breaks.add_metric([source, klass], found.get((source, klass), 0))
             persisting.add_metric([source], persist.get(source, 0))
             last.add_metric([source], float(lasts.get(source) or 0))
@@ -368,10 +381,10 @@ def init_app(app: Flask) -> None:
     registry.register(collector)
     app.extensions["metrics_waiting"] = waiting_collector = WaitingCollector(app)
     registry.register(waiting_collector)
-
-
     app.extensions["metrics_audit"] = audited = AuditCollector(app)
     registry.register(audited)
+    app.extensions["metrics_holds"] = holding = HoldsCollector(app)
+    registry.register(holding)
     app.add_url_rule("/metrics", "metrics", scrape)
     app.before_request(lambda: None if of(app) else None)  # made by the first request (delivery.py counts each)
     app.after_request(_observe_pool)
@@ -409,9 +422,8 @@ def scrape() -> Response:
         multiprocess.MultiProcessCollector(registry)
         registry.register(current_app.extensions["metrics_reconcile"])
         registry.register(current_app.extensions["metrics_waiting"])
-
-
         registry.register(current_app.extensions["metrics_audit"])
+        registry.register(current_app.extensions["metrics_holds"])
     else:
         registry = current_app.extensions["metrics_registry"]
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
