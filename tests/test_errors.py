@@ -62,7 +62,7 @@ def test_other_database_errors_answer_500_naming_only_their_class(make_app, conf
 # -- the same, from the real PostgreSQL ----------------------------------------
 
 def _send_without_the_journal(client, db):
-    db.execute("DROP TABLE ledger_journal")
+    db.execute("DROP TABLE ledger_journal CASCADE")  # and the views that read it
     return send(client, payment("evt_no_table"))
 
 
