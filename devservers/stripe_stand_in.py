@@ -39,6 +39,13 @@ https://docs.stripe.com/api/pagination.
   each in its current state (`put` replaces it) and in one account's context: `Stripe-Context` (or the
   older `Stripe-Account`) names it, https://docs.stripe.com/context; none is the key's own account; an
   unknown id there is 404 `resource_missing` ("No such payment_intent: 'pi_...'");
+- list them (`GET /v1/payment_intents`, `/v1/charges`, `/v1/refunds`, `/v1/disputes`, `/v1/checkout/sessions`:
+  https://docs.stripe.com/api/payment_intents/list and its siblings), each in the context it was put in (as
+  retrieving), newest first by `created` (objects created in the same second newest put first), paginated as every
+  list (`limit` 1 to 100, `starting_after`, `ending_before`, `created` as a Unix time or `created[gt|gte|lt|lte]`),
+  `{"object": "list", "url": "/v1/payment_intents", "has_more": ..., "data": [...]}`;
+- the limiter counts each list as its own endpoint (`event_list`, `payment_intent_list`, ...), apart from
+  retrieving one (`event`, `payment_intent`, ...), as Stripe counts each operation (https://docs.stripe.com/rate-limits);
 - injected answers: `fail_next(429)` or `fail_next(500, times=3)`, Stripe's
   error shape; `delay` per answer and `on_request` let a test act mid-run;
 - hostile answers, which Stripe's contract rules out, for reconcile's
@@ -119,6 +126,7 @@ class StripeStandIn:
         self.hostile: str | None = None  # one of HOSTILE's modes, for every list request
         self._server: ThreadingHTTPServer | None = None
         self._objects: dict[tuple[str | None, str, str], dict[str, Any]] = {}  # (context, object, id) -> it
+        self._put_order: dict[tuple[str | None, str, str], int] = {}  # its first put's number: the list's tie-break
         self._listed_under: dict[str, str | None] = {}  # event id -> the account whose list it is in (None: the key's)
         self._accounts: list[dict[str, Any]] = []  # connected accounts, oldest first
         self._disconnected: set[str] = set()  # listed, but refused as a Stripe-Account
@@ -180,7 +188,9 @@ class StripeStandIn:
         by its current state, in an account's context (None: the key's own account)."""
         document = obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
         with self._lock:
-            self._objects[(context, document["object"], document["id"])] = document
+            key = (context, document["object"], document["id"])
+            self._objects[key] = document
+            self._put_order.setdefault(key, len(self._put_order))
 
     def fail_next(self, status: int, times: int = 1) -> None:
         """Answer the next `times` requests with status (429, 500, 503) in Stripe's error shape."""
@@ -274,6 +284,28 @@ class StripeStandIn:
             page, has_more = rest[:limit], len(rest) > limit
         return {"object": "list", "url": "/v1/accounts", "has_more": has_more, "data": page}
 
+    def list_objects(self, kind: str, params: Mapping[str, Any], context: str | None) -> dict[str, Any]:
+        """The answer to listing kind's objects (GET /v1/payment_intents ...) with params in context: newest first;
+        raise BadRequestError."""
+        limit = _limit(params.get("limit"))
+        low, high = _created_range(params.get("created"))
+        with self._lock:
+            keyed = sorted(((int(obj.get("created") or 0), self._put_order[key]), obj)
+                           for key, obj in self._objects.items() if key[0] == context and key[1] == kind)
+        newest_first = [obj for (created, _), obj in reversed(keyed) if low[0] <= created < high[0]]
+        ids = [obj["id"] for obj in newest_first]
+        after, before = params.get("starting_after"), params.get("ending_before")
+        for param, cursor in (("starting_after", after), ("ending_before", before)):
+            if cursor is not None and cursor not in ids:
+                raise BadRequestError(param, f"No such {kind}: '{cursor}'", "resource_missing")
+        if before is not None:
+            newer = newest_first[:ids.index(before)]
+            page, has_more = newer[-limit:], len(newer) > limit
+        else:
+            rest = newest_first[ids.index(after) + 1:] if after is not None else newest_first
+            page, has_more = rest[:limit], len(rest) > limit
+        return {"object": "list", "url": "/" + _LISTS[kind], "has_more": has_more, "data": page}
+
     def retrieve_event(self, event_id: str, account: str | None = None) -> tuple[int, dict[str, Any]]:
         """The answer to GET /v1/events/{id} as account (Stripe-Account; None: the platform's own): the Event, or 404
         resource_missing, for an event of another account too."""
@@ -320,6 +352,17 @@ class StripeStandIn:
         retrieved = _OBJECT_PATH.fullmatch(path)
         if retrieved:
             return self.retrieve_object(_OBJECTS[retrieved[1]], retrieved[2], context)
+        listed = _LIST_PATH.fullmatch(path)
+        if listed:
+            kind = _OBJECTS[listed[1]]
+            params = _decode(parse_qsl(query, keep_blank_values=True))
+            fault = self._arrive({**params, "list": kind, "context": context}, f"{kind}_list")
+            if fault is not None:
+                return fault, _error(*ERRORS[fault])
+            try:
+                return 200, self.list_objects(kind, params, context)
+            except BadRequestError as exc:
+                return 400, _error("invalid_request_error", exc.code, str(exc), exc.param)
         retrieve = path.startswith("/v1/events/") and path.count("/") == 3 and not path.endswith("/")
         accounts = path.rstrip("/") == "/v1/accounts"
         balance = path.rstrip("/") == "/v1/balance_transactions"
@@ -329,7 +372,7 @@ class StripeStandIn:
         params = _decode(parse_qsl(query, keep_blank_values=True))
         if retrieve:
             params = {"id": path.rsplit("/", 1)[1], "account": context}
-        fault = self._arrive(params)
+        fault = self._arrive(params, "event" if retrieve else _LIST_ENDPOINTS[path.rstrip("/")])
         if fault is not None:
             return fault, _error(*ERRORS[fault])
         if retrieve:
@@ -356,15 +399,16 @@ class StripeStandIn:
             return account is not None and (account in self._disconnected or
                                             account not in {known["id"] for known in self._accounts})
 
-    def _arrive(self, request: dict[str, Any]) -> int | None:
-        """Count request (its on_request hook, its delay) and return the fault injected for it, if any."""
+    def _arrive(self, request: dict[str, Any], endpoint: str | None = None) -> int | None:
+        """Count request (its on_request hook, its delay) as endpoint's (the limiter's name of its operation; None:
+        the object it retrieves) and return the fault injected for it, if any."""
         with self._lock:
             self.requests.append(request)
             self.arrivals.append(time.monotonic())
             number = len(self.requests)
             fault = self._faults.popleft() if self._faults else None
             if fault is None and self.limiter:
-                fault = self._limit(request.get("object", "event"))
+                fault = self._limit(endpoint or request.get("object", "event"))
         if self.on_request is not None:
             self.on_request(number)
         if self.delay:
@@ -402,6 +446,11 @@ class StripeStandIn:
 _OBJECTS = {"v1/payment_intents": "payment_intent", "v1/charges": "charge", "v1/refunds": "refund",
             "v1/disputes": "dispute", "v1/checkout/sessions": "checkout.session", "v2/core/events": "v2.core.event"}
 _OBJECT_PATH = re.compile(r"/(" + "|".join(_OBJECTS) + r")/([^/]+)")
+# The lists of those objects (a thin event's is retrieved only).
+_LISTS = {kind: path for path, kind in _OBJECTS.items() if not path.startswith("v2/")}
+_LIST_PATH = re.compile(r"/(" + "|".join(_LISTS.values()) + r")/?")
+_LIST_ENDPOINTS = {"/v1/events": "event_list", "/v1/accounts": "account_list",
+                   "/v1/balance_transactions": "balance_transaction_list", "/v1/payouts": "payout_list"}
 
 
 def _handler(stand_in: StripeStandIn) -> type[BaseHTTPRequestHandler]:

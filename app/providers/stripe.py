@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
 from ..core.vocabulary import (
@@ -26,7 +26,7 @@ from ..core.vocabulary import (
     lower,
     text,
 )
-from .outbound import Outbound, record
+from .outbound import Outbound, ProviderUnavailableError, record
 
 if TYPE_CHECKING:
     from .budget import Budget, Spend
@@ -294,6 +294,14 @@ THIN_FETCH_VERSION = "2025-03-31.basil"
 # Where Stripe's API retrieves each object a thin event's money is read from, by related_object.type.
 THIN_OBJECTS = {"payment_intent": "/v1/payment_intents/", "charge": "/v1/charges/", "refund": "/v1/refunds/",
                 "dispute": "/v1/disputes/", "checkout.session": "/v1/checkout/sessions/"}
+# The lists a drain that is behind reads in pages (app/receiver/pages.py): List Events
+# (https://docs.stripe.com/api/events/list) and each thin event's object type's list
+# (https://docs.stripe.com/api/payment_intents/list, /api/charges/list, /api/refunds/list, /api/disputes/list,
+# /api/checkout/sessions/list), 100 a page at most, newest first, `created[gte|lte]` and `starting_after` in each.
+LISTS = {"event": "/v1/events", **{kind: path.rstrip("/") for kind, path in THIN_OBJECTS.items()}}
+# An answer's bound for a page: 100 records, each an event or object of some kilobytes (one answer's bound is
+# outbound.MAX_ANSWER_BYTES); a larger page is refused as unavailable, and its records are read one by one.
+MAX_PAGE_BYTES = 8 * 1024 * 1024
 # Stripe-Context's value: account ids, a path of them for an account below a connected one (docs.stripe.com/context).
 # Each an account id, as ACCOUNT (Stripe-generated: MAX_ID_CHARS at most): the last is the account the keys are in
 # (account_of).
@@ -437,6 +445,28 @@ class API:
                                           f"{quote(related.id, safe='')}", deadline, headers=headers,
                                           spend=self._spend(related.type))
         return record(reply, NAME, f"its {related.type}")
+
+    def page(self, listed: str, params: Sequence[tuple[str, str]], account: str | None = None,
+             context: str | None = None) -> bytes:
+        """One page of a Stripe list (LISTS' key: "event" for List Events, else a THIN_OBJECTS type) as Stripe's API
+        returns it, as account (Stripe-Account, List Events) or in context (Stripe-Context, a thin event's objects,
+        read in THIN_FETCH_VERSION as related() reads one); ProviderUnavailableError unless 200."""
+        headers = {"Authorization": self._authorization}
+        if listed != "event":
+            headers["Stripe-Version"] = THIN_FETCH_VERSION
+        if context is not None:
+            headers["Stripe-Context"] = context
+        elif account is not None:
+            headers["Stripe-Account"] = account
+        deadline = self.outbound.deadline()
+        with self.outbound.slot(SCHEME):
+            reply = self.outbound.request(SCHEME, "GET", f"{self.base}{LISTS[listed]}?{urlencode(params)}", deadline,
+                                          headers=headers, max_bytes=MAX_PAGE_BYTES,
+                                          spend=self._spend(f"{listed}_list"))
+        body = record(reply, NAME, f"a page of {LISTS[listed]}")
+        if body is None:
+            raise ProviderUnavailableError(f"{NAME} answered 404 for {LISTS[listed]}")
+        return body
 
     def _spend(self, endpoint: str) -> "Spend | None":
         """Stripe counts each named operation as an endpoint: GET /v1/payment_intents/{id} for any id is one."""

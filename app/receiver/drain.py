@@ -15,7 +15,7 @@ from ..settings.config import Settings
 from ..store import ledger, waiting
 from ..store.db import get_pool
 from ..store.outcome import Outcome
-from . import fetch, metrics
+from . import fetch, metrics, pages
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 # Claimed at once by one drain: few enough that a host dying mid-batch delays few, enough to keep a drain busy
 # between two claims.
 BATCH = 10
+# Claimed at once by a drain that found a full BATCH due (behind): enough for several pages of one source's records
+# (pages.PAGED_AFTER), few enough to apply within half a claim (each a short transaction, a few milliseconds).
+BEHIND_BATCH = 500
 # A batch's claim: BATCH calls at the provider's deadline each would take longer, but the budget paces a drain
 # well below that; a claim that expires while its drain still works is only a wasted call (the ledger's unique keys
 # decide), and a host that died frees its rows after this.
@@ -76,13 +79,19 @@ class Drain:
     def round(self) -> int:
         """Claim due notifications and apply each; return how many ended (applied, failed or unknown)."""
         pool = get_pool(self.app)
-        claimed = waiting.claim(pool, BATCH, CLAIM_SECONDS)
         started, ended, self.pause = time.monotonic(), 0, 0.0
+        claimed = waiting.claim(pool, BATCH, CLAIM_SECONDS)
+        if len(claimed) == BATCH:  # behind: claim enough to read their records in pages
+            claimed += waiting.claim(pool, BEHIND_BATCH - BATCH, CLAIM_SECONDS)
+        listed = pages.read(fetch.of(self.app), claimed) if len(claimed) >= pages.PAGED_AFTER else {}
         for index, item in enumerate(claimed):
             if time.monotonic() - started > CLAIM_SECONDS / 2:
-                break  # the rest's claim is running out: another round (or host) takes them
+                # The rest's claim is running out: due again now, for another round (or host).
+                for rest in claimed[index:]:
+                    waiting.release(pool, rest)
+                break
             try:
-                ended += self.apply(item)
+                ended += self.apply(item, listed.get((item.source, item.event_id)))
             except ProviderUnavailableError as exc:
                 seconds = _backoff(item.attempts)
                 waiting.back_off(pool, item, seconds, str(exc))
@@ -93,9 +102,10 @@ class Drain:
                 break
         return ended
 
-    def apply(self, item: waiting.Claimed) -> int:
-        """Fetch item's record and apply it (1), or record that its provider has none (1); raise
-        ProviderUnavailableError when the provider cannot answer, waiting for a slot or the budget first."""
+    def apply(self, item: waiting.Claimed, listed: bytes | None = None) -> int:
+        """Fetch item's record (listed: as a page carried it, pages.read) and apply it (1), or record that its
+        provider has none (1); raise ProviderUnavailableError when the provider cannot answer, waiting for a slot or
+        the budget first."""
         settings, calls, pool = Settings.of(self.app), fetch.of(self.app), get_pool(self.app)
         source = calls.serving(item.source)
         try:
@@ -107,7 +117,7 @@ class Drain:
             raise ProviderUnavailableError(f"no source serves {item.source}'s events with an API key on this host")
         while True:
             try:
-                fetched = calls.fetch(source, event, settings.policy)
+                fetched = calls.fetch(source, event, settings.policy, listed)
                 break
             except OverBudgetError as exc:  # the shared budget: wait for it, as long as it says
                 time.sleep(exc.wait_seconds)

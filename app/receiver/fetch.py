@@ -90,8 +90,10 @@ class Providers:
         api = self.fetchers.get(source.name)
         return api is not None and api.names(event) is not None
 
-    def fetch(self, source: Source, event: Event, policy: Policy) -> Fetched:
+    def fetch(self, source: Source, event: Event, policy: Policy, listed: bytes | None = None) -> Fetched:
         """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
+        listed: the record's bytes as a page of the provider's list carried them (app/receiver/pages.py), read
+        here as the API's answer for it would be, without asking again.
 
         ProviderUnavailableError (503) when the provider cannot answer now, or
         refuses our credentials (its subclass ProviderRefusedError: an alert).
@@ -99,13 +101,13 @@ class Providers:
         problem saying so (422, recorded).
         """
         if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
-            return self._thin(source, event, policy)
+            return self._thin(source, event, policy, listed)
         said = effect_of(event, policy)
         api = self.fetchers.get(source.name)
         what = None if api is None else api.names(event)
         if api is None or what is None:
             return Fetched(event, said)
-        body = api.get(event)
+        body = api.get(event) if listed is None else listed
         if body is None:
             # Any later effect of the id replaces this one (money.sql): a body forged under a genuine event's id
             # before the genuine one exists cannot keep it from applying.
@@ -122,7 +124,7 @@ class Providers:
         return Fetched(record, effect, body, contradicts)
 
 
-    def _thin(self, source: Source, event: Event, policy: Policy) -> Fetched:
+    def _thin(self, source: Source, event: Event, policy: Policy, listed: bytes | None = None) -> Fetched:
         """A thin event with its related object as Stripe's API has it now, in the event's account context."""
         related = stripe.related_object(event)
         if related is None:  # a type that moves no money (meters, accounts): stored and acknowledged
@@ -132,7 +134,7 @@ class Providers:
             self.outbound.observe(stripe.SCHEME, "no_api_key", 0.0)
             raise NoAPIKeyError(f"source {source.name} received thin event {event.id}, whose money is read from "
                                 f"Stripe's API: set {api_key_setting(source.name)}")
-        body = api.related(related)
+        body = api.related(related) if listed is None else listed
         if body is None:
             where = f" in {related.context}" if related.context else ""
             return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(

@@ -130,6 +130,19 @@ def back_off(pool: Pool, claimed: Claimed, seconds: float, reason: str) -> None:
     one_query(pool, BACK_OFF, {"id": claimed.id, "seconds": seconds, "reason": reason[:MAX_REASON_CHARS]})
 
 
+# A claim given back untried: due again now, its claim not counted as an attempt.
+RELEASE = """
+    UPDATE waiting_notifications SET not_before = now(), attempts = greatest(attempts - 1, 0)
+    WHERE id = %(id)s AND state = 'waiting'
+    RETURNING id
+"""
+
+
+def release(pool: Pool, claimed: Claimed) -> None:
+    """Give claimed back untried: any drain may claim it now."""
+    one_query(pool, RELEASE, {"id": claimed.id})
+
+
 END = "DELETE FROM waiting_notifications WHERE id = %(id)s RETURNING id"
 
 
