@@ -403,16 +403,19 @@ PACE_RETRY_SECONDS = 5  # a refused delivery is sent again after this (far soone
 
 
 def _pace_deliveries(stand_in, stamp):
-    """PACE_EVENTS thin v1.payment_intent.succeeded events, signed; their PaymentIntents at the stand-in."""
+    """PACE_EVENTS thin v1.payment_intent.succeeded events, signed; their PaymentIntents at the stand-in, each
+    created (https://docs.stripe.com/api/payment_intents/object) a few seconds before its event."""
     deliveries = []
     for n in range(PACE_EVENTS):
         cents = 1 + n % 997
+        created = stamp + n // PACE_RATE
         intent = {"id": f"pi_pace_{n:06d}", "object": "payment_intent", "amount": cents, "amount_received": cents,
-                  "currency": "usd", "status": "succeeded", "livemode": True,
+                  "currency": "usd", "status": "succeeded", "livemode": True, "created": created - 5,
                   "metadata": {"user_id": str(USERS[n % len(USERS)])}}
         stand_in.put(intent)
         body = json.dumps({"id": f"evt_pace_{n:06d}", "object": "v2.core.event", "type": "v1.payment_intent.succeeded",
-                           "created": "2026-12-07T00:00:00.000Z", "livemode": True, "context": None,
+                           "created": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(created)),
+                           "livemode": True, "context": None,
                            "related_object": {"id": intent["id"], "type": "payment_intent",
                                               "url": f"/v1/payment_intents/{intent['id']}"}},
                           separators=(",", ":")).encode()
@@ -500,6 +503,10 @@ def bench_pace(pg, redis, work):
     print(f"| 429s the stand-in answered | {stand_in.limited} |")
     print(f"| peak requests in one second, GET /v1/payment_intents/{{id}} | {stand_in.peaks.get('payment_intent', 0)} "
           f"(budget {budget}, Stripe's limit 25) |")
+    print(f"| peak requests in one second, GET /v1/payment_intents (pages) | "
+          f"{stand_in.peaks.get('payment_intent_list', 0)} (budget {budget}) |")
+    print(f"| pages read / single reads | {sum(1 for r in stand_in.requests if 'limit' in r)} / "
+          f"{sum(1 for r in stand_in.requests if 'limit' not in r)} |")
     print(f"| provider requests per event | {len(stand_in.requests) / PACE_EVENTS:.2f} |")
     print(f"| the burst's last notification offered to the last credit | {last_credit - burst_end:.1f} s |")
     print(f"| the last 2xx answer to the last credit | {last_credit - last_sent:.1f} s |")

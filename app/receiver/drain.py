@@ -81,9 +81,15 @@ class Drain:
         pool = get_pool(self.app)
         started, ended, self.pause = time.monotonic(), 0, 0.0
         claimed = waiting.claim(pool, BATCH, CLAIM_SECONDS)
-        if len(claimed) == BATCH:  # behind: claim enough to read their records in pages
+        calls, listed = fetch.of(self.app), {}
+        if len(claimed) == BATCH and any(pages.pageable(calls, item) for item in claimed):
+            # Behind, on a source whose records Stripe lists: claim enough to read them in pages.
             claimed += waiting.claim(pool, BEHIND_BATCH - BATCH, CLAIM_SECONDS)
-        listed = pages.read(fetch.of(self.app), claimed) if len(claimed) >= pages.PAGED_AFTER else {}
+            listed = pages.read(calls, claimed) if len(claimed) >= pages.PAGED_AFTER else {}
+            if not listed:  # nothing read in pages: the rest are other drains' again, each round a BATCH as before
+                for rest in claimed[BATCH:]:
+                    waiting.release(pool, rest)
+                claimed = claimed[:BATCH]
         for index, item in enumerate(claimed):
             if time.monotonic() - started > CLAIM_SECONDS / 2:
                 # The rest's claim is running out: due again now, for another round (or host).

@@ -66,6 +66,11 @@ def read(calls: Providers, claimed: Sequence[Claimed]) -> dict[tuple[str, str], 
     return found
 
 
+def pageable(calls: Providers, item: Claimed) -> bool:
+    """Whether item's record is one a page of Stripe's lists could carry."""
+    return _group(calls, item) is not None
+
+
 def _group(calls: Providers, item: Claimed) -> tuple[Group, Wanted] | None:
     """The group item's record is listed in, and what is wanted of it; None: read singly."""
     source = calls.serving(item.source)
