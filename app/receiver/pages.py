@@ -29,6 +29,11 @@ PAGED_AFTER = PAGE
 # pages list the objects created from this long before the group's oldest event to its newest. One created earlier
 # (a Charge refunded days after its payment) is not in them and is read singly.
 LOOKBACK_SECONDS = 3600
+# A group's pages cost at most one request per this many of its records, found or not: a list also carries the
+# merchant's other records (and, newest first, objects created before the group's newest event whose own events
+# come later), so a group may need several pages per page of its own; past this bound reading in pages could no
+# longer keep a backlog under 0.1 requests a record, and what is left is read singly.
+RECORDS_PER_PAGE = 10
 # Stripe's `types` takes at most 20 names (https://docs.stripe.com/api/events/list); a group of more lists every type.
 MAX_TYPES = 20
 
@@ -105,7 +110,7 @@ def _unix(created: object) -> int | None:
 
 def _read_group(api: stripe.API, group: Group, wanted: list[Wanted]) -> dict[tuple[str, str], bytes]:
     """Page through group's list over its notifications' creation times, newest first, until every record is found,
-    the list ends, or twice the pages its own records fill were read (a list half the merchant's others')."""
+    the list ends, or one page per RECORDS_PER_PAGE of its records was read."""
     by_record: dict[str, list[Wanted]] = {}
     for one in wanted:
         by_record.setdefault(one.record_id, []).append(one)
@@ -119,7 +124,7 @@ def _read_group(api: stripe.API, group: Group, wanted: list[Wanted]) -> dict[tup
     expected = "event" if not thin else group.listed
     found: dict[tuple[str, str], bytes] = {}
     left, after = set(by_record), None
-    for _ in range(2 * math.ceil(len(by_record) / PAGE) + 1):
+    for _ in range(math.ceil(len(by_record) / RECORDS_PER_PAGE)):
         page = _page(api, group, params + ([("starting_after", after)] if after else []))
         if page is None:
             break
