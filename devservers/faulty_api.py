@@ -17,6 +17,7 @@ class FaultyAPI:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.requests: list[tuple[str, str]] = []  # (method, path) of each request, in order
+        self.arrivals: list[float] = []  # when each arrived (time.monotonic()), in the same order
         self.delay = 0.0  # seconds before an answer
         self.drip = 0.0  # seconds between an answer's bytes
         self.hang = False  # no answer until reset()
@@ -33,6 +34,7 @@ class FaultyAPI:
             self._forget()
             self._faults.clear()
             self.requests.clear()
+            self.arrivals.clear()
             self._closed.set()
             self._closed = threading.Event()
         self.delay, self.drip, self.hang = 0.0, 0.0, False
@@ -53,6 +55,19 @@ class FaultyAPI:
     def count(self, path_prefix: str) -> int:
         with self._lock:
             return sum(path.startswith(path_prefix) for _, path in self.requests)
+
+    def peak(self, path_prefix: str = "/") -> int:
+        """The most requests to paths starting with path_prefix that arrived within any one second (the rate a
+        provider's limiter counts over a sliding second)."""
+        with self._lock:
+            times = [at for at, (_, path) in zip(self.arrivals, self.requests, strict=True)
+                     if path.startswith(path_prefix)]
+        most, first = 0, 0
+        for last, at in enumerate(times):  # arrivals are in order: a window slides over them
+            while at - times[first] >= 1.0:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
 
     @property
     def url(self) -> str:
@@ -91,6 +106,7 @@ class FaultyAPI:
         form = handler.rfile.read(length) if length else b""
         with self._lock:
             self.requests.append((method, handler.path))
+            self.arrivals.append(time.monotonic())
             fault = self._faults.popleft() if self._faults else None
         closed = self._closed
         if self.hang:
