@@ -58,8 +58,8 @@ class RazorpaySettlements:
         while int(day.timestamp()) < until:
             skip = 0
             while True:
-                items = self._call("settlement", "report", {"year": day.year, "month": day.month, "day": day.day, "count": RECON_COUNT,
-                                    "skip": skip})
+                items = self._call("settlement", "report", {"year": day.year, "month": day.month, "day": day.day,
+                                                            "count": RECON_COUNT, "skip": skip})
                 page = [self.record(item) for item in items if since <= _int(item.get("settled_at")) < until]
                 settled |= {str(item.get("entity_id")) for item in items if item.get("type") == "payment"}
                 yield page
@@ -69,7 +69,8 @@ class RazorpaySettlements:
             day += timedelta(days=1)
         skip = 0
         while True:
-            items = self._call("payment", "all", {"from": since, "to": until - 1, "count": PAYMENTS_COUNT, "skip": skip})
+            items = self._call("payment", "all",
+                               {"from": since, "to": until - 1, "count": PAYMENTS_COUNT, "skip": skip})
             yield [self._captured(item) for item in items
                    if item.get("status") == "captured" and item.get("id") not in settled]
             if len(items) < PAYMENTS_COUNT:
