@@ -5,6 +5,7 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import takewhile
 from typing import Self
 
 
@@ -17,6 +18,12 @@ class FaultyAPI:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.requests: list[tuple[str, str]] = []  # (method, path) of each request, in order
+        self.arrivals: list[float] = []  # when each arrived (time.monotonic()), in the same order
+        # A rate limiter, when set: beyond this many requests in one sliding second, 429 in the provider's shape
+        # (PayPal publishes no number, only the 429 RATE_LIMIT_REACHED: https://developer.paypal.com/api/rest/
+        # reference/rate-limiting/); how many it refused.
+        self.limit: int | None = None
+        self.limited = 0
         self.delay = 0.0  # seconds before an answer
         self.drip = 0.0  # seconds between an answer's bytes
         self.hang = False  # no answer until reset()
@@ -33,9 +40,11 @@ class FaultyAPI:
             self._forget()
             self._faults.clear()
             self.requests.clear()
+            self.arrivals.clear()
+            self.limited = 0
             self._closed.set()
             self._closed = threading.Event()
-        self.delay, self.drip, self.hang = 0.0, 0.0, False
+        self.delay, self.drip, self.hang, self.limit = 0.0, 0.0, False, None
 
     def _forget(self) -> None:
         """A subclass's records, cleared by reset() (under the lock)."""
@@ -53,6 +62,19 @@ class FaultyAPI:
     def count(self, path_prefix: str) -> int:
         with self._lock:
             return sum(path.startswith(path_prefix) for _, path in self.requests)
+
+    def peak(self, path_prefix: str = "/") -> int:
+        """The most requests to paths starting with path_prefix that arrived within any one second (the rate a
+        provider's limiter counts over a sliding second)."""
+        with self._lock:
+            times = [at for at, (_, path) in zip(self.arrivals, self.requests, strict=True)
+                     if path.startswith(path_prefix)]
+        most, first = 0, 0
+        for last, at in enumerate(times):  # arrivals are in order: a window slides over them
+            while at - times[first] >= 1.0:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
 
     @property
     def url(self) -> str:
@@ -90,8 +112,13 @@ class FaultyAPI:
         length = int(handler.headers.get("Content-Length") or 0)
         form = handler.rfile.read(length) if length else b""
         with self._lock:
-            self.requests.append((method, handler.path))
+            now = time.monotonic()
             fault = self._faults.popleft() if self._faults else None
+            if fault is None and self.limit is not None and \
+                    sum(1 for _ in takewhile(lambda at: at > now - 1.0, reversed(self.arrivals))) >= self.limit:
+                fault, self.limited = 429, self.limited + 1
+            self.requests.append((method, handler.path))
+            self.arrivals.append(now)
         closed = self._closed
         if self.hang:
             closed.wait()

@@ -1,11 +1,11 @@
-"""`flask audit` over AUDIT_TRANSACTIONS (default 100,000) Stripe balance transactions (docs/performance.md).
-
-Starts a throwaway PostgreSQL and Redis and Stripe's stand-in (devservers/stripe_stand_in.py, in a process of its
-own, serving List all balance transactions), fills the ledger with the matching payments, refunds and disputes
-(straight into the tables, as scripts/million.py fills its events: the audit only reads them), then runs `flask
-audit default` as an operator would and prints its wall time, the peak memory (max RSS) of its process, and the
-requests per second it made. The stand-in holds 90% charges, 7% refunds, 1% disputes and 2% non-user
-transactions over the last 10 days. `python scripts/audit_figures.py`.
+"""`flask audit` over AUDIT_TRANSACTIONS (default 100,000) Stripe balance transactions (docs/performance.md). Starts a
+throwaway PostgreSQL and Redis and Stripe's stand-in (devservers/stripe_stand_in.py, in a process of its own,
+serving List all balance transactions), fills the ledger with the matching payments, refunds and disputes (straight
+into the tables, as scripts/million.py fills its events: the audit only reads them), then runs `flask audit default`
+as an operator would and prints its wall time, the peak memory (max RSS) of its process, the requests per second it
+made, and the most requests Stripe's stand-in (its rate limiter on) saw in any second against the account's budget
+(WEBHOOK_API_RATE, _TOTAL: their defaults unless set), which every request spends. The stand-in holds 90% charges,
+7% refunds, 1% disputes and 2% non-user transactions over the last 10 days. `python scripts/audit_figures.py`.
 """
 
 import json
@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,10 +25,14 @@ import psycopg
 
 from app.store.db import apply_schema
 from devservers import ROOT, Postgres, Redis, wait_until
+from devservers.background import wait_for_signal
 from devservers.stripe_balance import charge, dispute, refund, transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 
 TRANSACTIONS = int(os.environ.get("AUDIT_TRANSACTIONS", "100000"))
+# The account's budget the audit spends: WEBHOOK_API_RATE's and _TOTAL's defaults unless given (docs/configuration.md).
+RATE = int(os.environ.get("WEBHOOK_API_RATE", "10"))
+RATE_TOTAL = int(os.environ.get("WEBHOOK_API_RATE_TOTAL", "20"))
 USER = "00000000-0000-4000-8000-000000000001"
 SPAN = 10 * 86400  # the transactions' window, seconds
 
@@ -56,8 +61,10 @@ def objects(now, count):
 
 
 def serve(port, now, count):
-    """The stand-in, holding the transactions, until killed."""
+    """The stand-in, holding the transactions, with Stripe's rate limiter on, until SIGTERM; then what the limiter
+    saw, as one JSON line: the peak requests in any second (per endpoint and in all) and the 429s it answered."""
     stand_in = StripeStandIn()
+    stand_in.limiter = True  # Stripe's 25 per endpoint and 100 in all per sliding second (https://docs.stripe.com/rate-limits)
     stand_in.balance.add(*(txn for txn, _ in objects(now, count)))
     from http.server import ThreadingHTTPServer
 
@@ -65,8 +72,12 @@ def serve(port, now, count):
 
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(stand_in))
     server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     print("ready", flush=True)  # noqa: T201
-    server.serve_forever()
+    wait_for_signal()
+    server.shutdown()
+    print(json.dumps({"peak": max(stand_in.peaks.values(), default=0), "peak_total": stand_in.peak_total,  # noqa: T201
+                      "limited": stand_in.limited, "requests": len(stand_in.requests)}), flush=True)
 
 
 def fill(conn, now, count):
@@ -120,13 +131,16 @@ def main():
         out = Path(pg_dir) / "run.json"
         env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": redis.url, "WEBHOOK_SECRET": "whsec_figures0123456789",
                "WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_API_KEY": API_KEY,
-               "STRIPE_API_BASE": f"http://127.0.0.1:{port}"}
+               "STRIPE_API_BASE": f"http://127.0.0.1:{port}", "WEBHOOK_API_RATE": str(RATE),
+               "WEBHOOK_API_RATE_TOTAL": str(RATE_TOTAL)}
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now - SPAN - 60))
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", "audit", "default", "--since", since,
                                "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         seconds = time.monotonic() - started
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        stand_in.terminate()
+        seen = json.loads(stand_in.communicate(timeout=60)[0].strip().splitlines()[-1])
         header = json.loads(out.read_text())["header"]
         pages = -(-header["listed"] // 100)
         print(f"ledger: {counted[0]} payments, {counted[1]} refunds and disputes")  # noqa: T201
@@ -134,6 +148,11 @@ def main():
               f"transactions listed, objects {header['objects']}")
         print(f"time {seconds:.1f} s, peak memory (max RSS) {peak_mb:.0f} MB, {pages} requests, "  # noqa: T201
               f"{pages / seconds:.1f} requests/s")
+        # The audit spends the account's budget (WEBHOOK_API_RATE per endpoint, _TOTAL in all, a second): the most
+        # requests Stripe's stand-in saw in any one second, against it and against Stripe's own limiter.
+        print(f"Stripe saw {seen['requests']} requests, at most {seen['peak']} in any second to one endpoint and "  # noqa: T201
+              f"{seen['peak_total']} in all (budget: {RATE}/s per endpoint, {RATE_TOTAL}/s in all; Stripe's limit "
+              f"25 and 100), {seen['limited']} answered 429")
         if done.returncode not in (0, 1, 2):
             print(done.stdout[-2000:], done.stderr[-2000:])  # noqa: T201
     finally:

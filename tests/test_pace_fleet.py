@@ -1,7 +1,10 @@
 """The provider's pace on a fleet: two gunicorn hosts sharing PostgreSQL and Redis, Stripe's API stood in with its
 rate limiter (25 per endpoint and 100 in all per sliding second, https://docs.stripe.com/rate-limits) and a 150 ms
 answer. A burst of thin events above the budget is all 2xx at first delivery, never a 429, every payment credited
-once without a re-delivery; and so when Redis is flushed, the provider fails for a while, or a host dies mid-drain."""
+once without a re-delivery; and so when Redis is flushed or stopped, the provider fails for a while, or a host dies
+mid-drain. PayPal's deliveries, each fetched from its REST API, likewise: PayPal publishes no rate limit, only that
+too many requests are answered 429 RATE_LIMIT_REACHED (https://developer.paypal.com/api/rest/reference/
+rate-limiting/), so its stand-in refuses what goes over the budget itself."""
 
 import os
 import signal
@@ -12,10 +15,26 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import stripe
 
+from devservers import Redis
+from devservers.paypal_stand_in import EVENTS_PATH
 from devservers.stripe_stand_in import API_KEY, ENDPOINT_LIMIT
 
-from .helpers import ALICE, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, send, wait_drained
+from .helpers import (
+    ALICE,
+    OPENING,
+    SECRETS,
+    assert_ledger_consistent,
+    balance,
+    db_url,
+    encode,
+    send,
+    sources_config,
+    wait_drained,
+)
+from .paypal_certificates import WEBHOOK_ID, paypal_headers
+from .paypal_events import capture_completed, new_id
 from .stripe_events import intent_succeeded, thin, thin_signed
+from .test_paypal_scheme import cert_host, pki  # noqa: F401 - PayPal's certificate host and its PKI
 
 pytestmark = pytest.mark.core
 
@@ -24,10 +43,14 @@ RATE, RATE_TOTAL = 10, 20
 
 
 @pytest.fixture
-def config(db, redis_server, redis_client, stripe_api):
-    return {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
+def config(db, redis_server, redis_client, stripe_api, pki, cert_host, paypal_api):  # noqa: F811
+    """Stripe as the default source, PayPal as the source `paypal` (its budget the same default: RATE, RATE_TOTAL)."""
+    base = {"DATABASE_URL": db_url(db), "REDIS_URL": redis_server.url, "WEBHOOK_SIGNATURE_SCHEME": "stripe",
             "WEBHOOK_SECRET": SECRETS["stripe"], "WEBHOOK_API_KEY": API_KEY, "STRIPE_API_BASE": stripe_api.url,
             "WEBHOOK_API_RATE": str(RATE), "WEBHOOK_API_RATE_TOTAL": str(RATE_TOTAL)}
+    return sources_config(base, {"paypal": None}, WEBHOOK_PAYPAL_SECRET=WEBHOOK_ID,
+                          PAYPAL_CERT_HOSTS=f"localhost:{cert_host.port}", PAYPAL_CA_FILE=str(pki.ca_file),
+                          WEBHOOK_PAYPAL_API_KEY=paypal_api.api_key, WEBHOOK_PAYPAL_API_BASE=paypal_api.url)
 
 
 @pytest.fixture
@@ -40,6 +63,25 @@ def stripe_at_pace(stripe_api):
     stripe_api.limiter = False
 
 
+@pytest.fixture
+def paypal_at_pace(paypal_api):
+    """PayPal's REST API answering in 150 ms, refusing 429 RATE_LIMIT_REACHED past the budget's total a second."""
+    paypal_api.delay, paypal_api.limit = 0.15, RATE_TOTAL
+    return paypal_api
+
+
+def _paypal_payments(paypal_api, pki, cert_host, count):  # noqa: F811
+    """count PAYMENT.CAPTURE.COMPLETED deliveries of 1.00 USD to ALICE (bytes and headers signed as PayPal signs),
+    each event held by PayPal's API to be fetched."""
+    deliveries = []
+    for _ in range(count):
+        event = capture_completed(new_id(), user=ALICE, value="1.00")
+        paypal_api.add(event)
+        body = encode(event)
+        deliveries.append((body, paypal_headers(body, pki, cert_host)))
+    return deliveries
+
+
 def _payments(stripe_api, count, cents=100):
     """count thin v1.payment_intent.succeeded deliveries (signed bytes and headers), their objects at Stripe."""
     deliveries = []
@@ -50,15 +92,16 @@ def _payments(stripe_api, count, cents=100):
     return deliveries
 
 
-def _burst(hosts, deliveries, midway=None):
-    """Each delivery sent once, to the hosts in turn, 16 at once; midway() runs once half have been sent. Statuses."""
+def _burst(hosts, deliveries, midway=None, source=None):
+    """Each delivery sent once, to the hosts in turn (source's endpoint: the default source's unless given), 16 at
+    once; midway() runs once half have been sent. Statuses."""
     half = threading.Event()
     sent = [0]
     lock = threading.Lock()
 
     def post(indexed):
         index, delivery = indexed
-        answer = send(hosts[index % len(hosts)].base, *delivery)
+        answer = send(hosts[index % len(hosts)].base, *delivery, source=source)
         with lock:
             sent[0] += 1
             if sent[0] == len(deliveries) // 2:
@@ -111,6 +154,40 @@ def test_redis_flushed_mid_burst_loses_nothing_and_doubles_nothing(gunicorn, db,
     wait_drained(db, within=120)
     assert balance(db, ALICE) == OPENING[ALICE] + 80 * 100
     assert stripe_at_pace.limited == 0  # a flushed window lets through one more second's budget: still under 25
+    assert_ledger_consistent(db)
+
+
+def test_redis_stopped_mid_burst_loses_nothing_and_doubles_nothing(gunicorn, db, stripe_at_pace):
+    own = Redis().start()  # the hosts' Redis alone: stopped, not flushed, halfway
+    try:
+        hosts = [gunicorn(workers=2, threads=4, REDIS_URL=own.url) for _ in range(2)]
+        deliveries = _payments(stripe_at_pace, 80)
+        statuses = _burst(hosts, deliveries, midway=own.stop)
+    finally:
+        own.stop()
+    assert set(statuses) <= {200, 202}, statuses
+    wait_drained(db, within=120)
+    assert balance(db, ALICE) == OPENING[ALICE] + 80 * 100
+    # Each process went on with its share of the budget (1/8), and said so once.
+    assert all("Redis cannot be used" in host.log_path.read_text() for host in hosts)
+    # The second Redis stopped lets through its last window's grants and every process's first share of its own
+    # (here 10 + 4 in one second, over the budget for that second): still never a 429.
+    assert stripe_at_pace.limited == 0
+    assert_ledger_consistent(db)
+
+
+def test_a_paypal_burst_above_the_budget_on_two_hosts_is_2xx_never_429_and_credited_once(
+        gunicorn, db, pki, cert_host, paypal_at_pace):  # noqa: F811
+    hosts = [gunicorn(workers=2, threads=4) for _ in range(2)]
+    deliveries = _paypal_payments(paypal_at_pace, pki, cert_host, 120)
+    statuses = _burst(hosts, deliveries, source="paypal")
+    assert set(statuses) <= {200, 202}, statuses  # every notification 2xx at its first delivery
+    wait_drained(db, within=120)
+    assert balance(db, ALICE) == OPENING[ALICE] + 120 * 100  # each credited once, none delivered again
+    assert paypal_at_pace.limited == 0  # never a 429
+    assert paypal_at_pace.peak(EVENTS_PATH) <= RATE  # never over the budget: per endpoint...
+    assert paypal_at_pace.peak("/v1/") <= RATE_TOTAL  # ...and in all, the tokens' requests with them
+    assert paypal_at_pace.count(EVENTS_PATH) >= 120
     assert_ledger_consistent(db)
 
 

@@ -15,6 +15,7 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 
 from ..providers import paypal, razorpay, stripe
+from ..providers.budget import Budget
 from ..settings.config import Needs, Settings
 from ..settings.parsers import ConfigError
 from ..settings.sources import api_key_setting
@@ -117,22 +118,25 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     if since >= until:
         raise click.UsageError("--since must be before --until")
     metadata_key = source.users.metadata_key
+    # The account's budget, shared with every host's fetches and `flask reconcile` through Redis
+    # (app/providers/budget.py): every request the audit makes spends it, and a 429 pauses them all.
+    budget = Budget(current_app.extensions.get("redis"), source.scheme, api_key, source.api_rate, source.api_rate_total)
 
     def one(of: str | None) -> audit.Run:
         records: audit.MoneyRecords
         if source.scheme == stripe.SCHEME:
-            records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key)
+            records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key, budget)
         elif source.scheme == razorpay.SCHEME:
-            records = RazorpaySettlements(api_key, source.api_base, key_setting)
+            records = RazorpaySettlements(api_key, source.api_base, key_setting, budget)
         else:
-            records = PayPalTransactions(api_key, source.api_base, key_setting)
+            records = PayPalTransactions(api_key, source.api_base, key_setting, budget)
         return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now,
                            payouts=payouts)
 
     with unavailable_in_one_line():
         if all_accounts:
             try:
-                accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting).ids()
+                accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting, budget).ids()
             except ProviderError as exc:
                 raise click.ClickException(str(exc)) from None
             runs = [one(of) for of in accounts if stripe.is_account(of)]

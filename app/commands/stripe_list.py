@@ -34,6 +34,8 @@ LIST_ENDPOINT = "list"
 class StripeAPI:
     """Stripe's API with a restricted key: a list's pages, Stripe's failures as ProviderError in one line."""
 
+    endpoint = LIST_ENDPOINT  # what its requests spend of the account's budget
+
     def __init__(self, api_key: str, api_base: str, key_setting: str, budget: "Budget | None" = None) -> None:
         self._budget = budget  # the account's, shared with the service's fetches (app/providers/budget.py)
         self._client = stripe.StripeClient(api_key, base_addresses={"api": api_base},
@@ -59,7 +61,7 @@ class StripeAPI:
         """Spend one request of the account's budget, waiting as long as it says (a command may wait)."""
         while self._budget is not None:
             try:
-                self._budget.take(LIST_ENDPOINT)
+                self._budget.take(self.endpoint)
                 return
             except OverBudgetError as exc:
                 time.sleep(exc.wait_seconds)

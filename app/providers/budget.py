@@ -7,10 +7,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from ..locking.redis_client import RedisLink, UnusableError
-from .outbound import OverBudgetError
+from .outbound import OverBudgetError, RateLimitedError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,10 @@ for i = 1, 2 do
 end
 return 0
 """
+# A command's 429s (the audit's, through outbound; reconcile's stripe-python ones in app/commands/stripe_list.py),
+# asked again after 1 s, 2 s, 4 s, ... up to 16 s, about a minute in all, then the run ends incomplete.
+RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
+
 # KEYS: pause. ARGV: milliseconds. A longer pause already set is kept.
 PAUSE = """
 if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('set', KEYS[1], '1', 'PX', ARGV[1]) end
@@ -162,3 +169,21 @@ class _LocalWindow:
             self._grants[""].append(now)
             self._grants[endpoint].append(now)
             return 0
+
+
+def patiently(call: Callable[[], T]) -> T:
+    """call (one request that spends a budget, through outbound), for a command, which may wait: the budget's
+    refusals waited out as long as it says, a 429 (which paused every host) asked again after a growing delay.
+    RateLimitedError once the provider has answered 429 RATE_LIMIT_RETRIES times more."""
+    delay, retries = RATE_LIMIT_FIRST_DELAY, 0
+    while True:
+        try:
+            return call()
+        except OverBudgetError as exc:
+            time.sleep(exc.wait_seconds)
+        except RateLimitedError:
+            if retries == RATE_LIMIT_RETRIES:
+                raise
+            retries += 1
+            time.sleep(delay)
+            delay = min(delay * 2, RATE_LIMIT_MAX_DELAY)

@@ -36,6 +36,10 @@ class OverBudgetError(ProviderUnavailableError):
         self.wait_seconds = wait_seconds  # until the budget may give one
 
 
+class RateLimitedError(ProviderUnavailableError):
+    """The provider answered 429: it limits our requests (a command waits and asks again, budget.patiently)."""
+
+
 class DeadlinePassedError(ProviderUnavailableError):
     """The call's deadline passed before its answer ended."""
 
@@ -214,6 +218,8 @@ def record(reply: Reply, provider: str, what: str) -> bytes | None:
     if reply.status in (401, 403):
         raise ProviderRefusedError(f"{provider} refused our credentials for {what} (HTTP {reply.status}): "
                                    f"check the source's API key")
+    if reply.status == 429:
+        raise RateLimitedError(f"{provider} answered 429 for {what}")
     if reply.status != 200:
         raise ProviderUnavailableError(f"{provider} answered {reply.status} for {what}")
     return reply.body

@@ -20,7 +20,8 @@ from urllib.parse import urlencode
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
 from ..core.vocabulary import InvalidJSONError, load
-from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from .budget import Budget, patiently
+from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
 from .paypal import API, API_BASE, NAME, _money
 
 SEARCH_DAYS = 31  # the most one query may span
@@ -40,9 +41,10 @@ class PayPalTransactions:
     account: str | None = None
     delay = DELAY
 
-    def __init__(self, api_key: str, api_base: str | None, key_setting: str) -> None:
-        # One call at a time, each within TIMEOUT: a command's, not a worker's share of PROVIDER_SLOTS.
-        self._api = API((api_base or API_BASE).rstrip("/"), api_key, Outbound(1, TIMEOUT))
+    def __init__(self, api_key: str, api_base: str | None, key_setting: str, budget: Budget | None = None) -> None:
+        # One call at a time, each within TIMEOUT: a command's, not a worker's share of PROVIDER_SLOTS; each spends
+        # the account's budget, shared with every host's fetches (app/providers/budget.py).
+        self._api = API((api_base or API_BASE).rstrip("/"), api_key, Outbound(1, TIMEOUT), budget)
         self._key_setting = key_setting
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
@@ -99,13 +101,15 @@ class PayPalTransactions:
         """One request (every call the audit makes to PayPal is this one), through the API the service fetches
         events with (its token, and its renewal); its JSON object, or ProviderError."""
         try:
-            body = self._api.get(f"{path}?{urlencode(params)}", "its transactions", "reporting-transactions",
-                                     max_bytes=MAX_PAGE_BYTES)
+            body = patiently(lambda: self._api.get(f"{path}?{urlencode(params)}", "its transactions",
+                                                   "reporting-transactions", max_bytes=MAX_PAGE_BYTES))
             if body is None:
                 raise ProviderError(f"{NAME} answered 404 for {path}")
             return load(body)
         except ProviderRefusedError as exc:
             raise ProviderError(f"{exc} ({self._key_setting})") from None
+        except RateLimitedError:
+            raise ProviderError(f"{NAME} kept answering 429 (rate limited) for about a minute") from None
         except (ProviderUnavailableError, InvalidJSONError) as exc:
             raise ProviderError(f"{NAME} failed: {exc}") from None
 

@@ -28,7 +28,7 @@ from ..core.vocabulary import (
     text,
     uuid_text,
 )
-from .outbound import Deadline, Outbound, ProviderUnavailableError, record
+from .outbound import MAX_ANSWER_BYTES, Deadline, Outbound, ProviderUnavailableError, record
 
 if TYPE_CHECKING:
     from .budget import Budget, Spend
@@ -246,9 +246,11 @@ class _Transport(BaseAdapter):
     """razorpay.Client's HTTP through the process's outbound calls (one deadline, the status read as every
     provider's): the client sees only a 200, whose bytes are kept."""
 
-    def __init__(self, outbound: Outbound, deadline: Deadline, what: str, spend: "Spend | None") -> None:
+    def __init__(self, outbound: Outbound, deadline: Deadline, what: str, spend: "Spend | None",
+                 max_bytes: int = MAX_ANSWER_BYTES) -> None:
         super().__init__()
         self.outbound, self.deadline, self.what, self.spend = outbound, deadline, what, spend
+        self.max_bytes = max_bytes  # an entity's by default; a page of the audit's lists more
         self.body: bytes | None = None
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
@@ -256,7 +258,8 @@ class _Transport(BaseAdapter):
                    for name, value in request.headers.items()}
         # The client's fetches are GETs, without a body; an answer in its bytes, not compressed.
         reply = self.outbound.request(SCHEME, "GET", request.url or "", self.deadline,
-                                      headers={**headers, "Accept-Encoding": "identity"}, spend=self.spend)
+                                      headers={**headers, "Accept-Encoding": "identity"}, spend=self.spend,
+                                      max_bytes=self.max_bytes)
         # Razorpay answers an id it does not know (or another account's) 400 BAD_REQUEST_ERROR.
         found = record(reply._replace(status=404) if reply.status == 400 else reply, NAME, self.what)
         if found is None:

@@ -17,14 +17,20 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import razorpay  # type: ignore[import-untyped]  # no hints
+import requests
+from razorpay import Client  # type: ignore[import-untyped]  # no hints
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
-from .razorpay import NAME
+from ..core.vocabulary import InvalidJSONError, load
+from .budget import Budget, patiently
+from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from .razorpay import API_BASE, NAME, SCHEME, _NoRecordError, _Transport
 
 RECON_COUNT = 1000  # the most one recon request gives
 PAYMENTS_COUNT = 100  # the most Fetch Multiple Payments gives
+TIMEOUT = 30  # seconds per request, connection to last byte: a command's, not a delivery's PROVIDER_DEADLINE_MS
+MAX_PAGE_BYTES = 16 * 1024 * 1024  # a recon page of RECON_COUNT items, under a KiB each
 # Recon types that are not a user's money, summed under their type (https://razorpay.com/docs/api/settlements).
 NON_USER = frozenset({"transfer", "adjustment", "settlement", "fee"})
 
@@ -36,10 +42,12 @@ class RazorpaySettlements:
     what = "settlements"
     account: str | None = None  # Razorpay has no connected accounts here
 
-    def __init__(self, api_key: str, api_base: str | None, key_setting: str) -> None:
+    def __init__(self, api_key: str, api_base: str | None, key_setting: str, budget: Budget | None = None) -> None:
         key_id, _, secret = api_key.partition(":")
-        self._client = razorpay.Client(auth=(key_id, secret), base_url=api_base) if api_base else \
-            razorpay.Client(auth=(key_id, secret))
+        self._auth, self._base = (key_id, secret), api_base or API_BASE
+        # One call at a time, each within TIMEOUT, through the outbound calls the service's fetches make; each spends
+        # the account's budget, shared with every host's fetches (app/providers/budget.py).
+        self._outbound, self._budget = Outbound(1, TIMEOUT), budget
         self._key_setting = key_setting
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
@@ -50,9 +58,8 @@ class RazorpaySettlements:
         while int(day.timestamp()) < until:
             skip = 0
             while True:
-                items = self._call(self._client.settlement.report,
-                                   {"year": day.year, "month": day.month, "day": day.day, "count": RECON_COUNT,
-                                    "skip": skip})
+                items = self._call("settlement", "report", {"year": day.year, "month": day.month, "day": day.day,
+                                                            "count": RECON_COUNT, "skip": skip})
                 page = [self.record(item) for item in items if since <= _int(item.get("settled_at")) < until]
                 settled |= {str(item.get("entity_id")) for item in items if item.get("type") == "payment"}
                 yield page
@@ -62,7 +69,7 @@ class RazorpaySettlements:
             day += timedelta(days=1)
         skip = 0
         while True:
-            items = self._call(self._client.payment.all,
+            items = self._call("payment", "all",
                                {"from": since, "to": until - 1, "count": PAYMENTS_COUNT, "skip": skip})
             yield [self._captured(item) for item in items
                    if item.get("status") == "captured" and item.get("id") not in settled]
@@ -76,14 +83,31 @@ class RazorpaySettlements:
     def paid_out(self, payout: str) -> Iterator[list[Record]]:
         raise ProviderError(f"{NAME}: --payouts is Stripe's")
 
-    def _call(self, request: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """One request (every call the audit makes to Razorpay is this one); its items, or ProviderError."""
+    def _call(self, resource: str, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One request (every call the audit makes to Razorpay is this one): razorpay.Client's resource.method(params)
+        over the outbound calls, within the budget (a 429 asked again); its items, or ProviderError."""
+
+        def once() -> bytes | None:
+            transport = _Transport(self._outbound, self._outbound.deadline(), f"its {resource}s",
+                                   None if self._budget is None else self._budget.on(f"{resource}-{method}"),
+                                   MAX_PAGE_BYTES)
+            session = requests.Session()
+            session.trust_env = False  # no proxy or .netrc from the environment: the call is the outbound's alone
+            session.mount("https://", transport)
+            session.mount("http://", transport)
+            with self._outbound.slot(SCHEME):
+                getattr(getattr(Client(session=session, auth=self._auth, base_url=self._base), resource), method)(
+                    params)
+            return transport.body
+
         try:
-            answer = request(params)
-        except razorpay.errors.BadRequestError as exc:
-            raise ProviderError(f"{NAME} refused the request ({exc}): is {self._key_setting} right?") from None
-        except (razorpay.errors.ServerError, razorpay.errors.GatewayError, OSError) as exc:
-            raise ProviderError(f"{NAME} failed: {type(exc).__name__}") from None
+            answer = load(patiently(once) or b"")
+        except (_NoRecordError, ProviderRefusedError):
+            raise ProviderError(f"{NAME} refused the request: is {self._key_setting} right?") from None
+        except RateLimitedError:
+            raise ProviderError(f"{NAME} kept answering 429 (rate limited) for about a minute") from None
+        except (ProviderUnavailableError, InvalidJSONError) as exc:
+            raise ProviderError(f"{NAME} failed: {exc}") from None
         items = answer.get("items") if isinstance(answer, dict) else None
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             raise ProviderError(f"{NAME} answered a page that is not a collection")

@@ -22,6 +22,7 @@ from typing import Any
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.reconcile import ProviderError
 from ..commands.stripe_list import NAME, PAGE_LIMIT, StripeAPI, _cursor
+from .budget import Budget
 
 BALANCE = "/v1/balance_transactions"
 # Types whose source is a Charge: the payment's captured money (https://docs.stripe.com/reports/balance-transaction-types).
@@ -52,10 +53,13 @@ class StripeBalance(StripeAPI):
 
     name = NAME
     what = "balance transactions"
+    # Stripe counts each named operation as an endpoint (https://docs.stripe.com/rate-limits): the audit's lists
+    # (balance transactions, and payouts with --payouts) spend one of their own, beside reconcile's List Events.
+    endpoint = "balance_transactions"
 
     def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None,
-                 user_key: str = "user_id") -> None:
-        super().__init__(api_key, api_base, key_setting)
+                 user_key: str = "user_id", budget: Budget | None = None) -> None:
+        super().__init__(api_key, api_base, key_setting, budget)
         self.account = account
         self.user_key = user_key  # the metadata key that names a user (WEBHOOK_<NAME>_USER_METADATA_KEY)
         if account:
@@ -99,8 +103,9 @@ class StripeBalance(StripeAPI):
             params = {**params, "starting_after": _cursor(data[-1], cursors, f"one of the {what}")}
 
     def _page(self, path: str, what: str, params: dict[str, Any]) -> tuple[list[Any], bool]:
-        """One request: one page, in the account's context. Every call to Stripe the audit makes is this one, so
-        that a shared request budget can be drawn from here."""
+        """One request: one page, in the account's context. Every call to Stripe the audit makes is this one: it
+        spends the account's budget, shared with every host (StripeAPI._call: the budget waited for, a 429 pausing
+        the fleet and asked again)."""
         return self._list_page(path, what, {**params, **self._context})
 
     def record(self, document: Any) -> Record:

@@ -3,7 +3,8 @@ image itself is built and run by test_image.py): the image is built once and
 reused by `migrate`, never pulled; no service repeats the image's CMD; the
 app's stop grace period outlasts gunicorn's graceful timeout; PostgreSQL is
 the major version the tests run; the schema is applied before the app
-starts; every setting passed is one the app knows, the service's own from an
+starts; the daily audit is off by default (its own profile), with the app's
+settings and Redis; every setting passed is one the app knows, the service's own from an
 env file whose documented example names the README's settings; only the
 proxy's port is published, in front of the app's, with deploy/haproxy.cfg
 (tests/deploy/test_slow_senders.py runs that file)."""
@@ -52,7 +53,7 @@ def app_image_services():
 def test_the_image_is_built_once_from_the_dockerfile_and_reused():
     assert list(builders()) == ["app"]
     assert builders()["app"]["build"] == "." and (ROOT / "Dockerfile").exists()
-    assert set(app_image_services()) == {"app", "migrate"}
+    assert set(app_image_services()) == {"app", "migrate", "audit"}
     for name, service in app_image_services().items():
         if "build" not in service:
             assert service.get("pull_policy") == "never", f"{name} would try to pull the locally built image"
@@ -87,7 +88,7 @@ def test_the_schema_is_applied_before_the_app_starts():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name", ["migrate", "app"])
+@pytest.mark.parametrize("name", ["migrate", "app", "audit"])
 def test_every_setting_passed_is_one_the_app_reads(name):
     environment = SERVICES[name]["environment"]
     assert set(environment) <= set(SETTINGS), set(environment) - set(SETTINGS)
@@ -95,7 +96,7 @@ def test_every_setting_passed_is_one_the_app_reads(name):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name", ["migrate", "app"])
+@pytest.mark.parametrize("name", ["migrate", "app", "audit"])
 def test_the_services_settings_come_from_the_env_file_whose_example_is_documented(name):
     assert SERVICES[name]["env_file"] == ["webhook-ledger.env"]
     example = (ROOT / "webhook-ledger.env.example").read_text()
@@ -107,6 +108,24 @@ def test_the_services_settings_come_from_the_env_file_whose_example_is_documente
                and not any(n.startswith(f"WEBHOOK_{source.upper()}_") for source in sources if source)]
     assert "WEBHOOK_SECRET" in values and unknown == []
     assert "webhook-ledger.env" in (ROOT / ".gitignore").read_text().splitlines()  # it holds the secrets
+
+
+@pytest.mark.unit
+def test_the_daily_audit_is_off_by_default_and_shares_the_apps_settings_and_redis():
+    audit = SERVICES["audit"]
+    # `docker compose up` starts only the services of no profile: the audit is not one of them.
+    assert [name for name, service in SERVICES.items() if "profiles" in service] == ["audit"]
+    assert audit["profiles"] == ["audit"]
+    assert (audit["env_file"], audit["environment"]) == (SERVICES["app"]["env_file"], SERVICES["app"]["environment"])
+    for needed, condition in (("migrate", "service_completed_successfully"), ("postgres", "service_healthy"),
+                              ("redis", "service_healthy")):  # Redis: the request budget every host shares
+        assert audit["depends_on"][needed]["condition"] == condition
+    shell, flag, script = audit["command"]
+    assert (shell, flag) == ("sh", "-c") and "flask --app app audit default;" in script
+    assert "sleep 86400" in script  # daily, as deploy/systemd/webhook-ledger-audit@.timer
+    # compose passes the script as it is ($$ would be its escape of a $): the shell reads it.
+    assert "$" not in script
+    subprocess.run(["sh", "-n", "-c", script], check=True)
 
 
 @pytest.mark.unit
