@@ -88,7 +88,7 @@ def test_a_stripe_audit_never_asks_more_than_the_budget(app, stand_in, monkeypat
     code, header, output = audit(app, tmp_path, "default", 1)
     assert (code, header["verdict"]) == (0, "reconciled"), output
     assert len(stand_in.requests) == 20
-    assert stand_in.limited == 0 and stand_in.peaks["event"] <= RATE, stand_in.peaks
+    assert stand_in.limited == 0 and stand_in.peaks["balance_transaction_list"] <= RATE, stand_in.peaks
 
 
 def test_a_429_storm_pauses_every_host_and_ends_a_stripe_audit_incomplete(app, stand_in, storm, tmp_path):
