@@ -14,7 +14,7 @@ pytestmark = pytest.mark.deploy
 
 SOURCES = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("devservers/*.py"), *ROOT.glob("scripts/*.py")]
 # Run by name but not installed by the list: the shell, and apt itself.
-NOT_LISTED = {"bash", "apt-get", "git", "env", "flask"}  # a shell, apt, git, coreutils; flask: the venv's
+NOT_LISTED = {"bash", "sh", "apt-get", "git", "env", "flask"}  # shells, apt, git, coreutils; flask: the venv's
 CALLS = [re.compile(r'program\("([\w.-]+)"\)'), re.compile(r'subprocess\.(?:run|Popen)\(\s*\["([\w.-]+)"')]
 
 
