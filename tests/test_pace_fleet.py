@@ -9,6 +9,7 @@ rate-limiting/), so its stand-in refuses what goes over the budget itself."""
 import os
 import signal
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +31,7 @@ from .helpers import (
     send,
     sources_config,
     wait_drained,
+    waiting_rows,
 )
 from .paypal_certificates import WEBHOOK_ID, paypal_headers
 from .paypal_events import capture_completed, new_id
@@ -194,9 +196,14 @@ def test_a_paypal_burst_above_the_budget_on_two_hosts_is_2xx_never_429_and_credi
 def test_stripe_failing_for_a_while_then_recovering_loses_nothing_and_doubles_nothing(gunicorn, db, stripe_at_pace):
     hosts = [gunicorn(workers=2, threads=4) for _ in range(2)]
     deliveries = _payments(stripe_at_pace, 60)
-    stripe_at_pace.fail_next(500, times=40)  # Stripe answers 500 to the next 40 requests, then recovers
+    stripe_at_pace.fail_next(500, times=10_000)  # Stripe answers 500 to everything for a while
     statuses = _burst(hosts, deliveries)
     assert set(statuses) <= {200, 202}, statuses
+    # Down for a while (by time, not by a count of failures: each drain backs off, so a count would last as long
+    # as the backoff makes it), then up: everything that waits is tried within MAX_BACKOFF_SECONDS of it.
+    time.sleep(15)
+    assert waiting_rows(db) > 0
+    stripe_at_pace.recover()
     wait_drained(db, within=180)
     assert balance(db, ALICE) == OPENING[ALICE] + 60 * 100
     assert_ledger_consistent(db)
