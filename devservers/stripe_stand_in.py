@@ -272,17 +272,7 @@ class StripeStandIn:
         after, before = params.get("starting_after"), params.get("ending_before")
         with self._lock:
             newest_first = self._accounts[::-1]
-        ids = [account["id"] for account in newest_first]
-        for param, cursor in (("starting_after", after), ("ending_before", before)):
-            if cursor is not None and cursor not in ids:
-                raise BadRequestError(param, f"No such account: '{cursor}'", "resource_missing")
-        if before is not None:
-            newer = newest_first[:ids.index(before)]
-            page, has_more = newer[-limit:], len(newer) > limit
-        else:
-            rest = newest_first[ids.index(after) + 1:] if after is not None else newest_first
-            page, has_more = rest[:limit], len(rest) > limit
-        return {"object": "list", "url": "/v1/accounts", "has_more": has_more, "data": page}
+        return _page(newest_first, limit, after, before, "account", "/v1/accounts")
 
     def list_objects(self, kind: str, params: Mapping[str, Any], context: str | None) -> dict[str, Any]:
         """The answer to listing kind's objects (GET /v1/payment_intents ...) with params in context: newest first;
@@ -293,18 +283,8 @@ class StripeStandIn:
             keyed = sorted(((int(obj.get("created") or 0), self._put_order[key]), obj)
                            for key, obj in self._objects.items() if key[0] == context and key[1] == kind)
         newest_first = [obj for (created, _), obj in reversed(keyed) if low[0] <= created < high[0]]
-        ids = [obj["id"] for obj in newest_first]
-        after, before = params.get("starting_after"), params.get("ending_before")
-        for param, cursor in (("starting_after", after), ("ending_before", before)):
-            if cursor is not None and cursor not in ids:
-                raise BadRequestError(param, f"No such {kind}: '{cursor}'", "resource_missing")
-        if before is not None:
-            newer = newest_first[:ids.index(before)]
-            page, has_more = newer[-limit:], len(newer) > limit
-        else:
-            rest = newest_first[ids.index(after) + 1:] if after is not None else newest_first
-            page, has_more = rest[:limit], len(rest) > limit
-        return {"object": "list", "url": "/" + _LISTS[kind], "has_more": has_more, "data": page}
+        return _page(newest_first, limit, params.get("starting_after"), params.get("ending_before"), kind,
+                     "/" + _LISTS[kind])
 
     def retrieve_event(self, event_id: str, account: str | None = None) -> tuple[int, dict[str, Any]]:
         """The answer to GET /v1/events/{id} as account (Stripe-Account; None: the platform's own): the Event, or 404
@@ -558,3 +538,20 @@ def _cursor(keys: Mapping[str, tuple[int, int]], event_id: str, param: str) -> t
     if event_id not in keys:
         raise BadRequestError(param, f"No such event: '{event_id}'", "resource_missing")
     return keys[event_id]
+
+
+def _page(newest_first: list[dict[str, Any]], limit: int, after: str | None, before: str | None, what: str,
+          url: str) -> dict[str, Any]:
+    """A Stripe list object of newest_first's page after the cursor starting_after (or before ending_before);
+    raise BadRequestError for a cursor not in the list (https://docs.stripe.com/api/pagination)."""
+    ids = [obj["id"] for obj in newest_first]
+    for param, cursor in (("starting_after", after), ("ending_before", before)):
+        if cursor is not None and cursor not in ids:
+            raise BadRequestError(param, f"No such {what}: '{cursor}'", "resource_missing")
+    if before is not None:
+        newer = newest_first[:ids.index(before)]
+        page, has_more = newer[-limit:], len(newer) > limit
+    else:
+        rest = newest_first[ids.index(after) + 1:] if after is not None else newest_first
+        page, has_more = rest[:limit], len(rest) > limit
+    return {"object": "list", "url": url, "has_more": has_more, "data": page}
