@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from app.providers.outbound import DeadlinePassedError, Outbound, ProviderUnavailableError
+from app.core.errors import DeadlinePassedError, ProviderUnavailableError
+
+from app.providers.outbound import Outbound
 from devservers.paypal_stand_in import TOKEN_PATH
 
 pytestmark = pytest.mark.core

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from app.intake.events import Policy
 from app.intake.signature import SignatureError, sign, verify
-from app.providers.outbound import Budget, BudgetSpentError, Outbound
+from app.core.errors import BudgetSpentError
+from app.providers.outbound import Budget, Outbound
 from app.providers.paypal import CERT_FETCHES_PER_MINUTE, Certificates, CertificateUnavailableError
 from app.receiver import fetch
 from app.settings import config as app_config

@@ -12,8 +12,9 @@ from typing import Any, NamedTuple, Protocol
 
 import psycopg
 
+from ..core.errors import ProviderError
 from ..store.db import Pool, transaction
-from .reconcile import PLATFORM, ProviderError
+from .reconcile import PLATFORM
 
 # A run without --since reads this far back: a daily run (deploy/systemd/webhook-ledger-audit@.timer) overlaps the
 # previous one by 12 hours.

@@ -14,6 +14,7 @@ from flask import Flask, current_app
 from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 
+from ..core.errors import ProviderError
 from ..providers import paypal, razorpay, stripe
 from ..providers.budget import Budget
 from ..settings.config import Needs, Settings
@@ -23,7 +24,7 @@ from ..store.db import get_pool, transaction, unavailable_in_one_line
 from . import audit
 from .base import Commands, needs, table, utc
 from .cli import When
-from .reconcile import ProviderError, excerpt
+from .reconcile import excerpt
 
 
 class AuditGroup(Commands):

@@ -16,12 +16,12 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
+from ..core.errors import ProviderError, ProviderUnavailableError
 from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from ..locking import lock
 from ..locking.redis_client import reason_of
 from ..providers import stripe
 from ..providers.budget import Budget
-from ..providers.outbound import ProviderUnavailableError
 from ..receiver import fetch, metrics
 from ..settings import parsers
 from ..settings.config import Needs, Settings
@@ -596,13 +596,13 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
     if all_accounts:
         try:
             accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting, budget).ids()
-        except reconcile.ProviderError as exc:
+        except ProviderError as exc:
             raise click.ClickException(str(exc)) from None
         raise click.exceptions.Exit(_reconcile_accounts(accounts, run))
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         try:
             summary = run(account, counts, advance)
-        except reconcile.ProviderError as exc:
+        except ProviderError as exc:
             raise click.ClickException(str(exc)) from None
     for line in summary_lines(summary):
         click.echo(line)
@@ -625,7 +625,7 @@ def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summar
                 continue
             try:
                 summary = run(account, counts, advance)
-            except reconcile.ProviderError as exc:
+            except ProviderError as exc:
                 click.echo(f"{account}: failed: {exc}")
                 ended.append(reconcile.RunStatus.FAILED)
                 continue

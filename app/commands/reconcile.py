@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 import psycopg
 
+from ..core.errors import ProviderError
 from ..core.vocabulary import MAX_ID_CHARS, MAX_TYPE_CHARS, load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..receiver.webhooks import too_large
@@ -59,14 +60,6 @@ class ListedEvent(NamedTuple):
 
     id: str
     body: bytes
-
-
-class ProviderError(RuntimeError):
-    """The provider could not list the window (after its retries): the run fails, in one line."""
-
-
-class ProviderRefusedError(ProviderError):
-    """The provider refused the key (401, 403)."""
 
 
 class EventList(Protocol):

@@ -11,10 +11,10 @@ from typing import Any
 
 import stripe
 
+from ..core.errors import OverBudgetError, ProviderError, ProviderRefusedError
 from ..core.vocabulary import is_id
 from ..providers.budget import Budget
-from ..providers.outbound import OverBudgetError
-from .reconcile import ListedEvent, ProviderError, ProviderRefusedError, excerpt
+from .reconcile import ListedEvent, excerpt
 
 NAME = "Stripe"
 HORIZON_DAYS = 30  # "List events, going back up to 30 days"

@@ -240,6 +240,10 @@ class Metadata(dict[str, Any]):
     """A PaymentIntent's metadata, whole, in its Fields: which key names the user is a per-source setting
     (Users.metadata_key), so the effect is hashed by all of it, and the key is read after."""
 
+    def label(self, key: str) -> str:
+        """Where get(key) read the user from, for a 422's message."""
+        return f"data.object.metadata.{key}"
+
 
 class Rule(NamedTuple):
     kind: Kind
@@ -251,6 +255,11 @@ class Rule(NamedTuple):
     # A refund rule's statuses as its provider spells them, and what each says: the 422 of a status the provider
     # does not send lists these. None where the state is not read from a status.
     statuses: Mapping[str, State] | None = None
+    # The rule that reads this event, when more than its type decides (a Checkout Session's mode).
+    refine: "Callable[[Event], Rule] | None" = None
+    # A thin event's: its money is read from its object when fetched, so its copies compare by what the signed
+    # body names (this digest, None for a body that is not thin), not by that money.
+    compared_by: Callable[[Event], bytes | None] | None = None
 
 
 def uuid_text(value: object) -> object:

@@ -5,8 +5,9 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from typing import Any, cast
+from typing import cast
 
+from ..core.provider import recorded
 from ..core.vocabulary import (
     CURRENCY,
     DEFAULT_POLICY,
@@ -16,7 +17,6 @@ from ..core.vocabulary import (
     MAX_CENTS,
     MAX_ID_CHARS,
     MAX_KEY_CHARS,
-    MAX_TYPE_CHARS,
     Effect,
     Event,
     Fields,
@@ -37,21 +37,17 @@ from ..core.vocabulary import (
     is_id,
     is_uuid,
     load,
-    lower,
     minor_units,
-    text,
     uuid_text,
 )
-from ..providers import paypal, razorpay, stripe
+from ..providers import PROVIDERS, RULES, of
 
 # Re-exported: what the rest of the app and the tests read from here.
 __all__ = ["DEFAULT_POLICY", "DEFAULT_SOURCE", "EFFECT_VERSION", "MAX_CENTS", "MAX_ID_CHARS", "MAX_KEY_CHARS",
-           "PAYMENT_SUCCEEDED", "RULES", "Effect", "Event", "InvalidEventError", "InvalidJSONError", "Kind", "NoUser",
+           "RULES", "Effect", "Event", "InvalidEventError", "InvalidJSONError", "Kind", "NoUser",
            "Policy", "State", "StoredBodyError", "UnprocessableError", "Users", "effect_of", "minor_units", "parse",
            "read_when_fetched", "stored_event"]
 
-PAYMENT_SUCCEEDED = "payment.succeeded"
-PAYMENT_REFUNDED = "payment.refunded"
 # The rule effect_of hashes effects by; webhook_events.effect_version's default. Change
 # both when the rule changes (the default in schema.sql and in a new migration):
 # `flask init-db` then recomputes the stored effects (ledger.recompute_effects).
@@ -62,65 +58,33 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
           source: str = DEFAULT_SOURCE) -> Event:
     """Return the event in body (and, per scheme, headers), or raise InvalidJSONError / InvalidEventError."""
     document = load(body)
-    headers = {} if headers is None else headers
-    if scheme == "github" and "type" not in document:
-        return _github_event(document, body, headers, source)
-    if scheme == razorpay.SCHEME and "type" not in document:
-        return razorpay.parse(document, body, headers, source)
-    if scheme == paypal.SCHEME and "type" not in document:
-        return paypal.parse(document, body, source)
-    if scheme == stripe.SCHEME and stripe.is_thin(document):
-        return stripe.parse_thin(document, body, source)
-    if scheme == stripe.SCHEME:
-        stripe.check_account(document)
-    if scheme == "standard-webhooks":
-        event_id = text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS)
-    else:
-        event_id = text(document.get("id"), "'id'", MAX_ID_CHARS)
-    event_type = text(document.get("type"), "'type'", MAX_TYPE_CHARS)
-    return Event(event_id, event_type, _data_field(document), document, body, source)
+    provider = of(scheme)
+    event = provider.parse(document, body, {} if headers is None else headers, source)
+    if provider.type_header is not None and "type" not in document and event.type in RULES:
+        raise InvalidEventError(f"a payment must name its type in the signed body, not in the {provider.type_header} "
+                                "header")
+    return event
 
 
 def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_sha256: bytes | None,
                  fetched: bytes | None = None) -> Event:
     """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
 
-    The bytes are checked against their SHA-256 (StoredBodyError says why they cannot be used) and decoded by the
-    live path's own function, so that both decide alike; the id and type are the row's, as a scheme may take them
-    from headers. fetched, the provider's bytes of the event (a thin event's: its related object), is read when kept;
-    body stays the bytes of record.
+    The bytes are checked against their SHA-256 and read as the live path reads them; fetched, the provider's
+    bytes of the event when kept, is read in their place (body stays the bytes of record).
     """
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
         document = load(body if fetched is None else bytes(fetched))
-        delivered = document  # the delivered body, parsed again only where the kept bytes are a part of it
-        if fetched is not None and (razorpay.is_entity(document) or event_type in stripe.THIN_RULES):
-            delivered = load(body)
-        if fetched is not None and razorpay.is_entity(document):  # Razorpay's entity, read in its delivered event
-            document = razorpay.with_entity(delivered, document)
+        for provider in PROVIDERS.values():
+            event = provider.stored and provider.stored(event_id, event_type, document, fetched is not None, body,
+                                                        source)
+            if event:
+                return event
     except InvalidJSONError as exc:
         raise StoredBodyError(f"its stored bytes do not parse: {exc}") from None
-    if event_type in stripe.THIN_RULES and stripe.is_thin(delivered):  # fetched, if kept, is its related object
-        thin = Event(event_id, event_type, {}, delivered, body, source)
-        return thin if fetched is None else stripe.with_related(thin, document)
-    data = document["data"] if isinstance(document.get("data"), dict) else document
-    return Event(id=event_id, type=event_type, data=data, document=document, body=body, source=source)
-
-
-def _github_event(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
-    event_type = text(headers.get("X-GitHub-Event"), "the X-GitHub-Event header", MAX_TYPE_CHARS)
-    if event_type in RULES:
-        raise InvalidEventError("a payment must name its type in the signed body, not in the X-GitHub-Event header")
-    event_id = text(headers.get("X-GitHub-Delivery"), "the X-GitHub-Delivery header", MAX_ID_CHARS)
-    return Event(event_id, event_type, document, document, body, source)
-
-
-def _data_field(document: dict[str, Any]) -> dict[str, Any]:
-    data = document.get("data")
-    if not isinstance(data, dict):
-        raise InvalidEventError("'data' must be an object")
-    return data
+    return recorded(event_id, event_type, document, body, source)
 
 
 # Fields of the types _problem has just checked (for the type checker; built once, not per event).
@@ -131,20 +95,20 @@ _CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | Non
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
     """What applying event does to the ledger under policy (never raises: a refusal is the Effect's problem).
 
-    A Stripe thin event's money is its object's state when fetched, which moves on between copies of the
-    event: they compare by what the signed body names (stripe.thin_sha256), so a copy of a completed one is
-    a duplicate and one refused before is tried again.
+    A thin event's copies compare by what their signed body names (Rule.compared_by), not by the money its
+    object had when each was fetched.
     """
     effect = _effect_of(event, policy)
-    if event.type in stripe.THIN_RULES and stripe.is_thin(event.document):
-        return dataclasses.replace(effect, sha256=stripe.thin_sha256(event))
-    return effect
+    rule = RULES.get(event.type)
+    compared_by = rule.compared_by(event) if rule is not None and rule.compared_by is not None else None
+    return effect if compared_by is None else dataclasses.replace(effect, sha256=compared_by)
 
 
 def read_when_fetched(event_type: str) -> bool:
-    """Whether an event of this type is read from its object as the provider has it when fetched (a Stripe thin
+    """Whether an event of this type is read from its object as the provider has it when fetched (a thin
     event), so its metadata may have changed since the event: money.sql's read_when_fetched."""
-    return event_type in stripe.THIN_RULES
+    rule = RULES.get(event_type)
+    return rule is not None and rule.compared_by is not None
 
 
 def _effect_of(event: Event, policy: Policy) -> Effect:
@@ -182,8 +146,7 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     if app_key is not None:
         user = None
     elif users is not None and user is not None and not is_uuid(user) and not problem:
-        label = user_id.label(users.metadata_key) if isinstance(user_id, stripe.SessionMetadata) \
-            else f"data.object.metadata.{users.metadata_key}"
+        label = cast(Metadata, user_id).label(users.metadata_key)
         setting, problem = users.setting, (f"{label} must be a user's UUID or the application's key of one "
                                            f"(1 to {MAX_APP_KEY_CHARS} characters) ({users.setting})")
     if rule.kind == Kind.LINK and user is None and app_key is None and not problem:  # no user named: nothing to link
@@ -195,25 +158,6 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
 
 def _sha256(values: list[object]) -> bytes:
     return hashlib.sha256(json.dumps(values, sort_keys=True, separators=(",", ":")).encode()).digest()
-
-
-def _currency_or_ledgers(data: dict[str, Any]) -> object:
-    """This service's own shape may omit the currency: it is then the ledger's."""
-    return lower(data["currency"]) if "currency" in data else LEDGERS_CURRENCY
-
-
-def _read_payment(event: Event) -> Fields:
-    data = event.data
-    # Without a paymentId, each event is its own payment.
-    payment_id = data["paymentId"] if "paymentId" in data else event.id
-    currency = _currency_or_ledgers(data)
-    return Fields(payment_id, uuid_text(data.get("userId")), data.get("amountCents"), currency, None)
-
-
-def _read_payment_refunded(event: Event) -> Fields:
-    data = event.data
-    currency = _currency_or_ledgers(data)
-    return Fields(data.get("paymentId"), None, data.get("amountRefundedCents"), currency, None)
 
 
 def _problem(rule: Rule, fields: Fields) -> str | None:
@@ -259,46 +203,8 @@ def _refused_by(rule: Rule, livemode: object, currency: str, policy: Policy) -> 
     return None, None
 
 
-def _read_either_refund(event: Event) -> Fields | str | None:
-    """refund.created and refund.failed are Stripe's and Razorpay's names: read in the shape they came in."""
-    return razorpay.read_refund(event) if razorpay.is_razorpay(event.document) else stripe.read_refund(event)
-
-
 def _rule_of(event: Event) -> Rule | None:
-    """event's rule, by its type; a Stripe Checkout Session's by its mode too (a subscription's links, a payment's
-    credits); refund.created and refund.failed with the statuses of the provider whose shape they came in, for the
-    422 of one it does not send."""
+    """event's rule, by its type, refined by its content where the rule says (a Checkout Session's mode, the shape a
+    type two providers send came in)."""
     rule = RULES.get(event.type)
-    if stripe.is_subscription_session(event):
-        return stripe.subscription_session_rule(event)
-    if rule is not None and event.type in EITHER_REFUND_EVENTS:
-        return rule._replace(statuses=razorpay.REFUND_STATES if razorpay.is_razorpay(event.document)
-                             else stripe.REFUND_STATES)
-    return rule
-
-
-def _stating(rules: dict[str, Rule], statuses: dict[str, State]) -> dict[str, Rule]:
-    """rules, each refund rule naming statuses, its provider's (app/providers/stripe.py's rules name none)."""
-    return {name: rule._replace(statuses=statuses) if rule.kind == Kind.REFUND else rule
-            for name, rule in rules.items()}
-
-
-EITHER_REFUND_EVENTS = ("refund.created", "refund.failed")  # Stripe's names and Razorpay's
-# Both providers' fields, each named in a 422.
-_EITHER_REFUND = Fields(*(f"{s} (Stripe) or {r} (Razorpay)" if s and r else s
-                          for s, r in zip(stripe.REFUND_LABELS, razorpay.REFUND_LABELS, strict=True)))
-
-# Keyed by type, not by scheme: the names do not collide (but for the two
-# refund events both Stripe and Razorpay send), so a Stripe event relayed by
-# another sender still applies.
-RULES = {
-    PAYMENT_SUCCEEDED: Rule(Kind.CREDIT, _read_payment, Fields(
-        "data.paymentId", "data.userId", "data.amountCents", "data.currency", None)),
-    PAYMENT_REFUNDED: Rule(Kind.REFUNDED_TOTAL, _read_payment_refunded, Fields(
-        "data.paymentId", None, "data.amountRefundedCents", "data.currency", None)),
-    **_stating(stripe.RULES, stripe.REFUND_STATES),
-    **_stating(stripe.THIN_RULES, stripe.REFUND_STATES),
-    **_stating(razorpay.RULES, razorpay.REFUND_STATES),
-    **_stating(paypal.RULES, paypal.REFUND_STATES),
-    **{refund: Rule(Kind.REFUND, _read_either_refund, _EITHER_REFUND) for refund in EITHER_REFUND_EVENTS},
-}
+    return rule.refine(event) if rule is not None and rule.refine is not None else rule

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from ..core.errors import OverBudgetError, RateLimitedError
 from ..locking.redis_client import RedisLink, UnusableError
-from .outbound import OverBudgetError, RateLimitedError
 
 T = TypeVar("T")
 

@@ -12,49 +12,23 @@ from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
+from ..core.errors import (
+    AnswerTooLargeError,
+    BudgetSpentError,
+    DeadlinePassedError,
+    NoSlotError,
+    OverBudgetError,
+    ProviderRefusedError,
+    ProviderUnavailableError,
+    RateLimitedError,
+)
+
 # An answer past this is refused, whatever the provider: an event or an object is a few kilobytes.
 MAX_ANSWER_BYTES = 1024 * 1024
 
 # What is told of each call (app/receiver/metrics.py counts it): the provider, its result (the status, "timeout",
 # "unreachable", "no_slot", "no_budget"), and the seconds it took.
 Observer = Callable[[str, str, float], None]
-
-
-class ProviderUnavailableError(Exception):
-    """The provider could not answer in time (no slot, unreachable, past the deadline, 429, 5xx): 503, retry."""
-
-
-class NoSlotError(ProviderUnavailableError):
-    """Every one of the process's slots is in flight."""
-
-
-class OverBudgetError(ProviderUnavailableError):
-    """The provider account's shared budget has no request to give now (app/providers/budget.py)."""
-
-    def __init__(self, message: str, wait_seconds: float) -> None:
-        super().__init__(message)
-        self.wait_seconds = wait_seconds  # until the budget may give one
-
-
-class RateLimitedError(ProviderUnavailableError):
-    """The provider answered 429: it limits our requests (a command waits and asks again, budget.patiently)."""
-
-
-class DeadlinePassedError(ProviderUnavailableError):
-    """The call's deadline passed before its answer ended."""
-
-
-class AnswerTooLargeError(ProviderUnavailableError):
-    """The answer was larger than the call allows."""
-
-
-class ProviderRefusedError(ProviderUnavailableError):
-    """The provider refused our credentials (401, 403): 503 as any unavailable provider, and an alert: a
-    misconfiguration, not the sender's fault."""
-
-
-class BudgetSpentError(ProviderUnavailableError):
-    """A host's budget for calls made before a request is proven authentic is spent for now: 503, retry."""
 
 
 class Reply(NamedTuple):

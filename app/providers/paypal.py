@@ -33,6 +33,8 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
+from ..core.errors import AnswerTooLargeError, BudgetSpentError, ProviderUnavailableError
+from ..core.provider import EventById, Provider, envelope, with_statuses
 from ..core.signing import Certificates as CertificateSource
 from ..core.signing import SignatureError, check_age, required
 from ..core.vocabulary import (
@@ -42,6 +44,7 @@ from ..core.vocabulary import (
     MAX_TYPE_CHARS,
     Event,
     Fields,
+    Headers,
     InvalidEventError,
     InvalidJSONError,
     Kind,
@@ -54,17 +57,7 @@ from ..core.vocabulary import (
     text,
     uuid_text,
 )
-from .outbound import (
-    MAX_ANSWER_BYTES,
-    AnswerTooLargeError,
-    Budget,
-    BudgetSpentError,
-    Deadline,
-    Outbound,
-    ProviderUnavailableError,
-    Reply,
-    record,
-)
+from .outbound import MAX_ANSWER_BYTES, Budget, Deadline, Outbound, Reply, record
 
 log = logging.getLogger(__name__)
 
@@ -572,3 +565,19 @@ class API:
         return token
 
 
+
+
+# -- the provider -------------------------------------------------------------------------------
+
+def _parse(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
+    """PayPal's own shape, or the common one when the body names its type."""
+    return envelope(document, body, headers, source) if "type" in document else parse(document, body, source)
+
+
+def _api(base: str, key: str, outbound: Outbound, budget: "shared.Budget | None",
+         every_event: bool) -> EventById | None:
+    return EventById(API(base, key, outbound, budget), _parse) if every_event else None
+
+
+PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, None, parse=_parse,
+                    rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE)

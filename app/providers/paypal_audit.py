@@ -18,10 +18,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
-from ..commands.reconcile import ProviderError
+from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
 from ..core.vocabulary import InvalidJSONError, load
 from .budget import Budget, patiently
-from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from .outbound import Outbound
 from .paypal import API, API_BASE, NAME, _money
 
 SEARCH_DAYS = 31  # the most one query may span

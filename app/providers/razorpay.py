@@ -10,6 +10,8 @@ import requests
 from razorpay import Client  # type: ignore[import-untyped]  # no hints
 from requests.adapters import BaseAdapter
 
+from ..core.errors import ProviderUnavailableError
+from ..core.provider import Provider, envelope, recorded, with_statuses
 from ..core.signing import Certificates, hex_digest, mac, match, required
 from ..core.vocabulary import (
     MAX_ID_CHARS,
@@ -28,7 +30,7 @@ from ..core.vocabulary import (
     text,
     uuid_text,
 )
-from .outbound import MAX_ANSWER_BYTES, Deadline, Outbound, ProviderUnavailableError, record
+from .outbound import MAX_ANSWER_BYTES, Deadline, Outbound, record
 
 if TYPE_CHECKING:
     from .budget import Budget, Spend
@@ -279,3 +281,29 @@ class _Transport(BaseAdapter):
 
     def close(self) -> None:
         pass  # each call its own connection, closed by outbound
+
+
+# -- the provider -------------------------------------------------------------------------------
+
+def _parse(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
+    """Razorpay's own shape, or the common one when the body names its type."""
+    return envelope(document, body, headers, source) if "type" in document else parse(document, body, headers, source)
+
+
+def _stored(event_id: str, event_type: str, document: dict[str, Any], fetched: bool, body: bytes,
+            source: str) -> Event | None:
+    """A stored event whose kept bytes are the entity Razorpay's API returned, read in its delivered event."""
+    if not (fetched and is_entity(document)):
+        return None
+    return recorded(event_id, event_type, with_entity(load(body), document), body, source)
+
+
+def _api(base: str, key: str, outbound: Outbound, budget: "Budget | None", every_event: bool) -> API | None:
+    return API(base, key, outbound, budget) if every_event else None
+
+
+PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=_parse,
+                    rules=with_statuses({**RULES, **{refund: Rule(Kind.REFUND, read_refund, REFUND_LABELS)
+                                                     for refund in ("refund.created", "refund.failed")}},
+                                        REFUND_STATES),
+                    owns=is_razorpay, stored=_stored, api=_api, api_base=API_BASE)

@@ -21,10 +21,10 @@ import requests
 from razorpay import Client  # type: ignore[import-untyped]  # no hints
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
-from ..commands.reconcile import ProviderError
+from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
 from ..core.vocabulary import InvalidJSONError, load
 from .budget import Budget, patiently
-from .outbound import Outbound, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from .outbound import Outbound
 from .razorpay import API_BASE, NAME, SCHEME, _NoRecordError, _Transport
 
 RECON_COUNT = 1000  # the most one recon request gives

@@ -9,13 +9,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 from urllib.parse import quote, urlencode
 
+from ..core.errors import ProviderUnavailableError
+from ..core.provider import EventById, Provider, envelope, with_statuses
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
 from ..core.vocabulary import (
     MAX_ID_CHARS,
     MAX_TYPE_CHARS,
     Event,
     Fields,
+    Headers,
     InvalidEventError,
+    InvalidJSONError,
     Kind,
     Metadata,
     Rule,
@@ -23,10 +27,11 @@ from ..core.vocabulary import (
     an_object,
     is_cents,
     is_id,
+    load,
     lower,
     text,
 )
-from .outbound import Outbound, ProviderUnavailableError, record
+from .outbound import Outbound, record
 
 if TYPE_CHECKING:
     from .budget import Budget, Spend
@@ -471,3 +476,91 @@ class API:
     def _spend(self, endpoint: str) -> "Spend | None":
         """Stripe counts each named operation as an endpoint: GET /v1/payment_intents/{id} for any id is one."""
         return None if self.budget is None else self.budget.on(endpoint)
+
+
+# -- the provider -------------------------------------------------------------------------------
+
+def parse(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
+    """A thin event, or a snapshot event (its `account` checked)."""
+    if is_thin(document):
+        return parse_thin(document, body, source)
+    check_account(document)
+    return envelope(document, body, headers, source)
+
+
+def _stored(event_id: str, event_type: str, document: dict[str, Any], fetched: bool, body: bytes,
+            source: str) -> Event | None:
+    """A stored thin event, with its related object when the row kept it (fetched)."""
+    if event_type not in THIN_RULES:
+        return None
+    delivered = load(body) if fetched else document
+    if not is_thin(delivered):
+        return None
+    thin = Event(event_id, event_type, {}, delivered, body, source)
+    return with_related(thin, document) if fetched else thin
+
+
+def _compared_by(event: Event) -> bytes | None:
+    return thin_sha256(event) if is_thin(event.document) else None
+
+
+def _subscription_or(rule: Rule) -> Rule:
+    """rule, refined to SUBSCRIPTION_SESSION (THIN_SUBSCRIPTION_SESSION) for a subscription Session's event."""
+    return rule._replace(refine=lambda event: subscription_session_rule(event) if is_subscription_session(event)
+                         else rule)
+
+
+def _needs_api(event: Event) -> bool:
+    return is_thin(event.document) and related_object(event) is not None
+
+
+class Records:
+    """Stripe's API as the fetch step asks it: a thin event's related object, and with FETCH every event by id."""
+
+    name = NAME
+
+    def __init__(self, api: API, every_event: bool) -> None:
+        self.api, self.every_event = api, every_event
+        self._events = EventById(api, parse)
+
+    def names(self, event: Event) -> str | None:
+        if not is_thin(event.document):
+            return self._events.names(event) if self.every_event else None
+        related = related_object(event)
+        if related is None:  # a type that moves no money (meters, accounts)
+            return None
+        where = f" in {related.context}" if related.context else ""
+        return f"{related.type} {related.id}{where} (thin event {event.id})"
+
+    def get(self, event: Event) -> bytes | None:
+        related = related_object(event) if is_thin(event.document) else None
+        return self._events.get(event) if related is None else self.api.related(related)
+
+    def read(self, event: Event, body: bytes) -> Event:
+        related = related_object(event) if is_thin(event.document) else None
+        return self._events.read(event, body) if related is None else \
+            with_related(event, related_document(body, related))
+
+
+def related_document(body: bytes, related: Related) -> dict[str, Any]:
+    """The object Stripe's API answered for related, or ProviderUnavailableError when it is not that object."""
+    try:
+        document = load(body)
+    except InvalidJSONError as exc:
+        raise ProviderUnavailableError(f"Stripe's API answered with a {related.type} that does not parse: {exc}") \
+            from None
+    if (document.get("object"), document.get("id")) != (related.type, related.id):
+        raise ProviderUnavailableError(f"Stripe's API answered with another object than {related.type} {related.id}")
+    return document
+
+
+def _api(base: str, key: str, outbound: Outbound, budget: "Budget | None", every_event: bool) -> Records:
+    return Records(API(base, key, outbound, budget), every_event)
+
+
+_RULES = {name: _subscription_or(rule) if name in CHECKOUT_SESSION_EVENTS else rule for name, rule in RULES.items()}
+_THIN_RULES = {name: (_subscription_or(rule) if name.removeprefix("v1.") in CHECKOUT_SESSION_EVENTS else rule)
+               ._replace(compared_by=_compared_by) for name, rule in THIN_RULES.items()}
+PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
+                    rules=with_statuses({**_RULES, **_THIN_RULES}, REFUND_STATES), stored=_stored, api=_api,
+                    api_base="https://api.stripe.com", needs_api=_needs_api)

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
-from ..commands.reconcile import ProviderError
 from ..commands.stripe_list import NAME, PAGE_LIMIT, StripeAPI, _cursor
+from ..core.errors import ProviderError
 from .budget import Budget
 
 BALANCE = "/v1/balance_transactions"

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from ..core.errors import NoSlotError, OverBudgetError, ProviderUnavailableError
 from ..intake.events import Event, StoredBodyError, stored_event
-from ..providers.outbound import NoSlotError, OverBudgetError, ProviderUnavailableError
 from ..settings.config import Settings
 from ..store import ledger, waiting
 from ..store.db import get_pool

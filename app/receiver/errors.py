@@ -10,10 +10,10 @@ from flask import Flask, Response, current_app, jsonify
 from gunicorn.http.errors import ParseException as MalformedRequest  # type: ignore[import-untyped]  # no hints
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge, RequestTimeout
 
+from ..core.errors import BudgetSpentError, ProviderUnavailableError
 from ..intake.events import InvalidEventError, InvalidJSONError, UnprocessableError
 from ..intake.signature import SignatureError
 from ..locking.lock import InProgressError
-from ..providers.outbound import BudgetSpentError, ProviderUnavailableError
 from ..settings.config import Settings
 from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
 from ..store.outcome import Outcome

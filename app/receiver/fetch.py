@@ -3,13 +3,15 @@
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..core.vocabulary import load
-from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
-from ..providers import paypal, razorpay, stripe
+from ..core.errors import ProviderRefusedError
+from ..core.provider import Fetcher
+from ..intake.events import Effect, Event, Policy, effect_of
+from ..providers import of as provider_of
 from ..providers.budget import Budget
-from ..providers.outbound import Outbound, ProviderRefusedError, ProviderUnavailableError
+from ..providers.outbound import Outbound
+from ..providers.paypal import Certificates
 from ..settings.config import Settings
 from ..settings.sources import Source, api_key_setting
 from ..store import ledger
@@ -23,34 +25,6 @@ log = logging.getLogger(__name__)
 EXTENSION = "fetch"
 
 
-class Fetcher(Protocol):
-    """How the fetch step asks a provider for the record an event's money is read from."""
-
-    name: str  # the provider's, in messages
-
-    def names(self, event: Event) -> str | None: ...  # the record, in messages ("event evt_1"); None: none to ask
-
-    def get(self, event: Event) -> bytes | None: ...  # its bytes; None: the provider has no such record
-
-    def read(self, event: Event, body: bytes) -> Event: ...  # event, its money as the record says
-
-
-class ByEventId:
-    """A Fetcher over an API that answers an event by its id (Stripe's, PayPal's): the record is the event."""
-
-    def __init__(self, api: "stripe.API | paypal.API", scheme: str) -> None:
-        self.api, self.scheme, self.name = api, scheme, api.name
-
-    def names(self, event: Event) -> str | None:
-        return f"event {event.id}"
-
-    def get(self, event: Event) -> bytes | None:
-        return self.api.event(event)
-
-    def read(self, event: Event, body: bytes) -> Event:
-        return as_fetched(event, body, self.scheme, self.name)
-
-
 class Fetched(NamedTuple):
     """The event the money is decided from, its effect, and the provider's bytes of it (None: none fetched)."""
 
@@ -61,37 +35,33 @@ class Fetched(NamedTuple):
 
 
 class NoAPIKeyError(ProviderRefusedError):
-    """A thin event that moves money reached a source with no API key to fetch its object with: 503, counted as
-    a call refused for credentials ("no_api_key"), until the key is set."""
+    """An event whose money is read from its provider's API (a thin event) reached a source with no API key: 503,
+    counted as a call refused for credentials ("no_api_key"), until the key is set."""
 
 
 class Providers:
-    """The process's calls to providers: the PayPal certificates and each fetching source's API."""
+    """The process's calls to providers: the PayPal certificates and each source's API."""
 
-    def __init__(self, outbound: Outbound, certificates: paypal.Certificates, fetchers: dict[str, Fetcher],
-                 stripe_apis: dict[str, stripe.API], sources: "Mapping[str, Source]", budgets: "list[Budget]") -> None:
+    def __init__(self, outbound: Outbound, certificates: Certificates, fetchers: dict[str, Fetcher],
+                 sources: "Mapping[str, Source]", budgets: "list[Budget]") -> None:
         self.sources = sources
         self.budgets = budgets  # one per provider account
         self.outbound = outbound
         self.certificates = certificates
-        self.fetchers = fetchers  # by source name: the sources that fetch each event
-        self.stripe_apis = stripe_apis  # by source name: the stripe sources with an API key (thin events' objects)
+        self.fetchers = fetchers  # by source name: the sources that ask their provider's API
 
     def serving(self, event_source: str) -> Source | None:
         """A served source of event_source's events that can ask its provider (its settings are the service's)."""
-        return next((s for s in self.sources.values()
-                     if s.event_source == event_source and (s.name in self.fetchers or s.name in self.stripe_apis)),
+        return next((s for s in self.sources.values() if s.event_source == event_source and s.name in self.fetchers),
                     None)
 
     def asks(self, source: Source, event: Event) -> bool:
         """Whether fetch asks event's provider (a thin event's object, or a fetching source's record)."""
-        if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
-            return stripe.related_object(event) is not None
         api = self.fetchers.get(source.name)
-        return api is not None and api.names(event) is not None
+        return provider_of(source.scheme).needs_api(event) if api is None else api.names(event) is not None
 
     def fetch(self, source: Source, event: Event, policy: Policy, listed: bytes | None = None) -> Fetched:
-        """event as its provider's API has it, when source fetches; event itself otherwise; and its effect.
+        """event as its provider's API has it, when source asks it; event itself otherwise; and its effect.
         listed: the record's bytes as a page of the provider's list carried them (app/receiver/pages.py), read
         here as the API's answer for it would be, without asking again.
 
@@ -100,10 +70,13 @@ class Providers:
         An event the provider has no record of has the unknown effect, its
         problem saying so (422, recorded).
         """
-        if source.scheme == stripe.SCHEME and stripe.is_thin(event.document):
-            return self._thin(source, event, policy, listed)
         said = effect_of(event, policy)
         api = self.fetchers.get(source.name)
+        provider = provider_of(source.scheme)
+        if api is None and provider.needs_api(event):
+            self.outbound.observe(provider.scheme, "no_api_key", 0.0)
+            raise NoAPIKeyError(f"source {source.name} received event {event.id}, whose money is read from "
+                                f"{provider.name}'s API: set {api_key_setting(source.name)}")
         what = None if api is None else api.names(event)
         if api is None or what is None:
             return Fetched(event, said)
@@ -124,38 +97,6 @@ class Providers:
         return Fetched(record, effect, body, contradicts)
 
 
-    def _thin(self, source: Source, event: Event, policy: Policy, listed: bytes | None = None) -> Fetched:
-        """A thin event with its related object as Stripe's API has it now, in the event's account context."""
-        related = stripe.related_object(event)
-        if related is None:  # a type that moves no money (meters, accounts): stored and acknowledged
-            return Fetched(event, effect_of(event, policy))
-        api = self.stripe_apis.get(source.name)
-        if api is None:
-            self.outbound.observe(stripe.SCHEME, "no_api_key", 0.0)
-            raise NoAPIKeyError(f"source {source.name} received thin event {event.id}, whose money is read from "
-                                f"Stripe's API: set {api_key_setting(source.name)}")
-        body = api.related(related) if listed is None else listed
-        if body is None:
-            where = f" in {related.context}" if related.context else ""
-            return Fetched(event, Effect(None, sha256=ledger.UNKNOWN_EFFECT, problem=(
-                f"Stripe's API has no {related.type} {related.id}{where} (thin event {event.id}): nothing applied; "
-                f"a retry, or `flask events replay`, applies it once Stripe has it")))
-        record = stripe.with_related(event, related_document(body, related))
-        return Fetched(record, effect_of(record, policy), body)
-
-
-def related_document(body: bytes, related: stripe.Related) -> dict[str, Any]:
-    """The object Stripe's API answered for related, or ProviderUnavailableError when it is not that object."""
-    try:
-        document = load(body)
-    except InvalidJSONError as exc:
-        raise ProviderUnavailableError(f"Stripe's API answered with a {related.type} that does not parse: {exc}") \
-            from None
-    if (document.get("object"), document.get("id")) != (related.type, related.id):
-        raise ProviderUnavailableError(f"Stripe's API answered with another object than {related.type} {related.id}")
-    return document
-
-
 def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None":
     """How `flask events replay` asks again for an event of event_source that its provider had no record of;
     None unless a served source of those events fetches (its settings are the service's)."""
@@ -169,17 +110,6 @@ def refetch(app: "Flask", event_source: str, policy: Policy) -> "Refetch | None"
     return ask
 
 
-def as_fetched(event: Event, body: bytes, scheme: str, provider: str) -> Event:
-    """event with the document its provider's API returned (body): its id, source and delivered bytes kept."""
-    try:
-        record = parse(body, scheme, None, event.source)
-    except (InvalidJSONError, InvalidEventError) as exc:
-        raise ProviderUnavailableError(f"{provider}'s API answered with an event that does not parse: {exc}") from None
-    if record.id != event.id:
-        raise ProviderUnavailableError(f"{provider}'s API answered with another event than the one asked for")
-    return Event(event.id, record.type, record.data, record.document, event.body, event.source)
-
-
 def init_app(app: "Flask") -> None:
     """The process's outbound calls (no connection is opened until a delivery needs one)."""
     settings = Settings.of(app)
@@ -191,31 +121,22 @@ def init_app(app: "Flask") -> None:
 
     outbound = Outbound(settings.provider_slots, settings.provider_deadline_ms / 1000, observe)
     fetchers: dict[str, Fetcher] = {}
-    stripe_apis: dict[str, stripe.API] = {}
     budgets: dict[tuple[str, str], Budget] = {}
     for source in settings.sources.values():
-        if source.api_key is None:
+        provider = provider_of(source.scheme)
+        if source.api_key is None or provider.api is None:
             continue
         # One budget per provider account (its provider and key), however many sources name it; Redis shares it
         # between hosts.
         account = (source.scheme, source.api_key)
         budget = budgets[account] = budgets.get(account) or Budget(
             app.extensions.get("redis"), source.scheme, source.api_key, source.api_rate, source.api_rate_total)
-        if source.scheme == paypal.SCHEME:
-            fetchers[source.name] = ByEventId(paypal.API(source.api_base or paypal.API_BASE, source.api_key, outbound,
-                                                         budget), source.scheme)
-        elif source.scheme == razorpay.SCHEME:
-            fetchers[source.name] = razorpay.API(source.api_base or razorpay.API_BASE, source.api_key, outbound,
-                                                 budget)
-        elif source.scheme == stripe.SCHEME:  # thin events' objects, whether or not it fetches every event
-            stripe_apis[source.name] = stripe.API(source.api_base or settings.stripe_api_base, source.api_key, outbound,
-                                                  budget)
-            fetchers[source.name] = ByEventId(stripe_apis[source.name], source.scheme)
-        if not source.fetch:
-            fetchers.pop(source.name, None)
-    certificates = paypal.Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
-    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, stripe_apis, settings.sources,
-                                          list(budgets.values()))
+        base = source.api_base or settings.api_base_of(provider.scheme) or provider.api_base
+        api = provider.api(base or "", source.api_key, outbound, budget, source.fetch)
+        if api is not None:
+            fetchers[source.name] = api
+    certificates = Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
+    app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, settings.sources, list(budgets.values()))
 
 
 def of(app: "Flask") -> Providers:

@@ -4,9 +4,9 @@ provider cannot be asked about now is recorded and accepted (docs/design.md, "Th
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..core.errors import ProviderRefusedError, ProviderUnavailableError
 from ..intake.events import Event, Policy, UnprocessableError
 from ..locking import lock
-from ..providers.outbound import ProviderRefusedError, ProviderUnavailableError
 from ..settings.sources import Source
 from ..store import ledger, waiting
 from ..store.db import get_pool

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from ..core.errors import NoSlotError, OverBudgetError, ProviderUnavailableError
 from ..core.vocabulary import load
 from ..intake.events import InvalidJSONError, StoredBodyError, stored_event
 from ..providers import stripe
-from ..providers.outbound import NoSlotError, OverBudgetError, ProviderUnavailableError
 from ..store.waiting import Claimed
 from .fetch import Providers
 
@@ -67,7 +67,7 @@ def read(calls: Providers, claimed: Sequence[Claimed]) -> dict[tuple[str, str], 
     found: dict[tuple[str, str], bytes] = {}
     for group, wanted in groups.items():
         if len(wanted) >= PAGED_AFTER:
-            found.update(_read_group(calls.stripe_apis[group.source], group, wanted))
+            found.update(_read_group(calls.fetchers[group.source].api, group, wanted))  # type: ignore[attr-defined]
     return found
 
 
@@ -79,7 +79,8 @@ def pageable(calls: Providers, item: Claimed) -> bool:
 def _group(calls: Providers, item: Claimed) -> tuple[Group, Wanted] | None:
     """The group item's record is listed in, and what is wanted of it; None: read singly."""
     source = calls.serving(item.source)
-    if source is None or source.scheme != stripe.SCHEME or source.name not in calls.stripe_apis:
+    records = None if source is None else _records(calls, source.name)
+    if source is None or records is None:
         return None
     try:
         event = stored_event(item.source, item.event_id, item.event_type, item.body, item.payload_sha256)
@@ -92,7 +93,7 @@ def _group(calls: Providers, item: Claimed) -> tuple[Group, Wanted] | None:
             return None
         return Group(source.name, related.type, None, related.context), Wanted(key, related.id, created, event.type)
     account, created = stripe.account_of(event), event.document.get("created")
-    if calls.fetchers.get(source.name) is None or not isinstance(created, int) or isinstance(created, bool) \
+    if not records.every_event or not isinstance(created, int) or isinstance(created, bool) \
             or account is not None and not stripe.is_account(account):
         return None
     return Group(source.name, "event", account, None), Wanted(key, event.id, created, event.type)
@@ -169,3 +170,8 @@ def _page(api: stripe.API, group: Group, params: list[tuple[str, str]]) -> tuple
         log.warning("drain: Stripe answered a page of %s that is not a list: read singly", stripe.LISTS[group.listed])
         return None
     return [record for record in records if isinstance(record, dict)], has_more
+
+
+def _records(calls: Providers, source: str) -> stripe.Records | None:
+    fetcher = calls.fetchers.get(source)
+    return fetcher if isinstance(fetcher, stripe.Records) else None

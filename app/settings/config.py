@@ -179,6 +179,10 @@ class Settings:
         settings: Settings = app.extensions[EXTENSION]
         return settings
 
+    def api_base_of(self, scheme: str) -> str | None:
+        """The address a global setting gives a provider's API where a source names none (STRIPE_API_BASE)."""
+        return self.stripe_api_base if scheme == "stripe" else None
+
 
 # Each setting's name -> its declaration, in the order of Settings' fields.
 SETTINGS: dict[str, Setting] = {
