@@ -15,6 +15,8 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 
 from ..core.errors import ProviderError
+from ..core.records import MoneyRecords
+from ..core.vocabulary import excerpt
 from ..providers import paypal, razorpay, stripe
 from ..providers.budget import Budget
 from ..settings.config import Needs, Settings
@@ -24,7 +26,6 @@ from ..store.db import get_pool, transaction, unavailable_in_one_line
 from . import audit
 from .base import Commands, needs, table, utc
 from .cli import When
-from .reconcile import excerpt
 
 
 class AuditGroup(Commands):
@@ -124,7 +125,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     budget = Budget(current_app.extensions.get("redis"), source.scheme, api_key, source.api_rate, source.api_rate_total)
 
     def one(of: str | None) -> audit.Run:
-        records: audit.MoneyRecords
+        records: MoneyRecords
         if source.scheme == stripe.SCHEME:
             records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key, budget)
         elif source.scheme == razorpay.SCHEME:

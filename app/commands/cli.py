@@ -17,6 +17,8 @@ from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from ..core.errors import ProviderError, ProviderUnavailableError
+from ..core.records import EventList, ListedEvent
+from ..core.vocabulary import excerpt
 from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from ..locking import lock
 from ..locking.redis_client import reason_of
@@ -574,7 +576,7 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
     if account is not None and all_accounts:
         raise click.ClickException("--account and --all-accounts: give one or the other")
     if account is not None and not stripe.is_account(account):
-        raise click.ClickException(f"--account '{reconcile.excerpt(account, 64)}' is not a Stripe account id (acct_ "
+        raise click.ClickException(f"--account '{excerpt(account, 64)}' is not a Stripe account id (acct_ "
                                    "then letters and digits)")
     key_setting, api_key = api_key_setting(source.name), source.api_key
     if api_key is None:
@@ -619,7 +621,7 @@ def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summar
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         for account in accounts:
             if not stripe.is_account(account):
-                click.echo(f"{reconcile.excerpt(account, 64)}: failed: Stripe listed it as an account, but it is no "
+                click.echo(f"{excerpt(account, 64)}: failed: Stripe listed it as an account, but it is no "
                            "account id (acct_ then letters and digits): not reconciled")
                 ended.append(reconcile.RunStatus.FAILED)
                 continue
@@ -645,11 +647,11 @@ def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summar
 class Counted:
     """A provider's event list that tells advance of each page it lists (the run's progress)."""
 
-    def __init__(self, listing: reconcile.EventList, advance: Callable[[int], None]) -> None:
+    def __init__(self, listing: EventList, advance: Callable[[int], None]) -> None:
         self.name, self.horizon_days, self.account = listing.name, listing.horizon_days, listing.account
         self._listing, self._advance = listing, advance
 
-    def pages(self, since: int, until: int) -> Iterator[list[reconcile.ListedEvent]]:
+    def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
         for page in self._listing.pages(since, until):
             self._advance(len(page))
             yield page

@@ -10,12 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import psycopg
 
 from ..core.errors import ProviderError
-from ..core.vocabulary import MAX_ID_CHARS, MAX_TYPE_CHARS, load
+from ..core.records import EventList, ListedEvent
+from ..core.vocabulary import MAX_ID_CHARS, MAX_TYPE_CHARS, excerpt, load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..receiver.webhooks import too_large
 from ..store.db import Pool, transaction
@@ -45,33 +46,10 @@ TRANSIENT_TRIES = 5
 # event is recorded failed in PostgreSQL whatever this keeps, and those
 # beyond it are counted, and left to `flask events replay`.
 REFUSED_KEPT = 1000
-# What an error or a refusal quotes of what the provider sent: enough to
-# recognise it by, not a page of customer data in a log line.
-EXCERPT_CHARS = 200
 # reconcile_runs.account and reconcile_watermarks.account of the platform's own (the API key's) account.
 PLATFORM = ""
 TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
              psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
-
-
-class ListedEvent(NamedTuple):
-    """One event as the provider's list gave it: its id as listed ("?" if none), to name it, and its bytes of record,
-    which are read as a delivery's body is."""
-
-    id: str
-    body: bytes
-
-
-class EventList(Protocol):
-    """What a provider's adapter implements (docs/design.md, "Reconciliation")."""
-
-    name: str  # for the summary: "Stripe"
-    horizon_days: int  # how far back the provider lists
-    account: str | None  # whose events: a connected account's id, or None for the key's own account
-
-    def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
-        """The events created in [since, until) (Unix seconds), oldest first, a page at a time."""
-        ...
 
 
 class RunStatus(StrEnum):
@@ -381,12 +359,6 @@ def _type_of(body: bytes) -> str:
     except InvalidJSONError:
         return "?"
     return excerpt(event_type, MAX_TYPE_CHARS) if isinstance(event_type, str) else "?"
-
-
-def excerpt(received: str, limit: int = EXCERPT_CHARS) -> str:
-    """At most limit characters of received, on one printable line (others escaped), and how many more there were."""
-    shown = "".join(char if char.isprintable() and char != "\\" else ascii(char)[1:-1] for char in received[:limit])
-    return shown + (f"... ({len(received) - limit} more characters)" if len(received) > limit else "")
 
 
 def _count(tally: Tally, event: Event, result: Result) -> None:

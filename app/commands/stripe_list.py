@@ -12,9 +12,9 @@ from typing import Any
 import stripe
 
 from ..core.errors import OverBudgetError, ProviderError, ProviderRefusedError
-from ..core.vocabulary import is_id
+from ..core.records import ListedEvent
+from ..core.vocabulary import excerpt, is_id
 from ..providers.budget import Budget
-from .reconcile import ListedEvent, excerpt
 
 NAME = "Stripe"
 HORIZON_DAYS = 30  # "List events, going back up to 30 days"

@@ -13,7 +13,7 @@ import psycopg
 from flask import Flask, current_app
 from psycopg.rows import namedtuple_row
 
-from ..core.vocabulary import MAX_APP_KEY_CHARS, MAX_ID_CHARS, app_key_of
+from ..core.vocabulary import MAX_APP_KEY_CHARS, MAX_ID_CHARS, app_key_of, excerpt
 from ..intake.events import Kind
 from ..providers import stripe
 from ..settings.config import Needs
@@ -21,7 +21,6 @@ from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
 from ..store.ledger import Entry
 from .base import CENTS, Commands, os_user, table, unapplied, unit_name, utc
-from .reconcile import excerpt
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 

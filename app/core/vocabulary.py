@@ -357,3 +357,14 @@ def is_uuid(value: object) -> TypeGuard[str]:
         return isinstance(value, str) and str(uuid.UUID(value)) == value
     except ValueError:
         return False
+
+
+# What an error or a refusal quotes of what a provider or a user sent: enough to recognise it by, not a page of
+# customer data in a log line.
+EXCERPT_CHARS = 200
+
+
+def excerpt(received: str, limit: int = EXCERPT_CHARS) -> str:
+    """At most limit characters of received, on one printable line (others escaped), and how many more there were."""
+    shown = "".join(char if char.isprintable() and char != "\\" else ascii(char)[1:-1] for char in received[:limit])
+    return shown + (f"... ({len(received) - limit} more characters)" if len(received) > limit else "")

@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
 from ..core.vocabulary import InvalidJSONError, load
 from .budget import Budget, patiently
 from .outbound import Outbound

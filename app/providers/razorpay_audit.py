@@ -20,8 +20,8 @@ from typing import Any
 import requests
 from razorpay import Client  # type: ignore[import-untyped]  # no hints
 
-from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
 from ..core.vocabulary import InvalidJSONError, load
 from .budget import Budget, patiently
 from .outbound import Outbound

@@ -19,9 +19,9 @@ What Stripe documents and this follows:
 from collections.abc import Iterator
 from typing import Any
 
-from ..commands.audit import Kind, PayoutRecord, ProviderRecord, Record
 from ..commands.stripe_list import NAME, PAGE_LIMIT, StripeAPI, _cursor
 from ..core.errors import ProviderError
+from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
 from .budget import Budget
 
 BALANCE = "/v1/balance_transactions"

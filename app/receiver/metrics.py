@@ -27,7 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..commands.audit import BreakClass
+from ..core.records import BreakClass
 from ..locking.lock import LockState
 from ..settings.config import Settings
 from ..store import waiting
