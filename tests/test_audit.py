@@ -1,4 +1,4 @@
-"""`flask audit` (app/commands/audit.py, app/providers/stripe_audit.py): the ledger held against Stripe's balance
+"""`flask audit` (app/commands/audit.py, app/providers/stripe/audit.py): the ledger held against Stripe's balance
 transactions. The real stripe-python lists them over HTTP from devservers/stripe_stand_in.py, which serves List all
 balance transactions as https://docs.stripe.com/api/balance_transactions/list documents it; the ledger is filled by
 `flask reconcile` from the same account's events. Nothing is mocked."""
@@ -13,7 +13,7 @@ import pytest
 import stripe
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.commands import stripe_list
+from app.providers.stripe import api as stripe_list
 from devservers.stripe_balance import charge, payout, transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.receiver import pages
+from app.providers.stripe import pages
 from devservers.stripe_stand_in import API_KEY
 
 from .helpers import (

@@ -1,4 +1,4 @@
-"""`flask reconcile` (app/commands/reconcile.py, app/commands/stripe_list.py): lost deliveries recovered from Stripe's
+"""`flask reconcile` (app/commands/reconcile.py, app/providers/stripe/api.py): lost deliveries recovered from Stripe's
 event list, applied exactly once beside live deliveries, retries and other runs. The real stripe-python talks over
 HTTP to devservers/stripe_stand_in.py, Stripe's List Events on loopback; nothing is mocked."""
 
@@ -443,7 +443,7 @@ def test_a_429_is_tried_again_after_a_second(app, stand_in):
     stand_in.add(*payments(3))
     stand_in.fail_next(429)
     assert run(app).exit_code == 0
-    # stripe-python does not retry a 429: app/commands/stripe_list.py waits 1 s, then 2 s, 4 s, ...
+    # stripe-python does not retry a 429: app/providers/stripe/api.py waits 1 s, then 2 s, 4 s, ...
     assert _gaps(stand_in)[0] >= 1.0
 
 

@@ -1,8 +1,8 @@
-"""`flask reconcile SOURCE --account acct_...` and `--all-accounts` (app/commands/reconcile.py, stripe_list.py): a
-Stripe Connect platform's connected accounts, each listed in its own context (Stripe-Account), its events checked
-against the account they were listed under, its run and watermark its own. The real stripe-python talks over HTTP to
-devservers/stripe_stand_in.py; nothing is mocked. Assertions read balances and what reconcile reports, never a
-payment's key (which may come to name its account)."""
+"""`flask reconcile SOURCE --account acct_...` and `--all-accounts` (app/commands/reconcile.py,
+app/providers/stripe/api.py): a Stripe Connect platform's connected accounts, each listed in its own context
+(Stripe-Account), its events checked against the account they were listed under, its run and watermark its own. The
+real stripe-python talks over HTTP to devservers/stripe_stand_in.py; nothing is mocked. Assertions read balances and
+what reconcile reports, never a payment's key (which may come to name its account)."""
 
 import time
 from datetime import UTC
@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.commands import stripe_list
+from app.providers.stripe import api as stripe_list
 from app.store.db import apply_schema
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
 

@@ -564,7 +564,7 @@ YIELDED_EXIT = 75
 def reconcile_command(source_name: str, account: str | None, all_accounts: bool, since: datetime | None,
                       until: datetime | None, dry_run: bool) -> None:
     """Recover the events of SOURCE whose deliveries were lost, from the provider's event list (Stripe's)."""
-    from .stripe_list import StripeAccounts, StripeEvents  # stripe-python is imported by this command alone
+    from ..providers.stripe.api import StripeAccounts, StripeEvents  # stripe-python is imported by this command alone
 
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)

@@ -3,7 +3,7 @@ app/providers/__init__.py, that intake, the receiver, the settings and the comma
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .errors import ProviderUnavailableError
 from .signing import Certificates
@@ -51,6 +51,16 @@ class Fetcher(Protocol):
     def get(self, event: Event) -> bytes | None: ...  # its bytes; None: the provider has no such record
 
     def read(self, event: Event, body: bytes) -> Event: ...  # event, its money as the record says
+
+
+@runtime_checkable
+class PagedFetcher(Fetcher, Protocol):
+    """A Fetcher whose provider lists its records, so that a drain that is behind reads many of them a page at a time
+    (app/receiver/pages.py)."""
+
+    def pageable(self, event: Event) -> bool: ...  # whether a page of its lists could carry event's record
+
+    def listed(self, events: Sequence[Event]) -> dict[str, bytes]: ...  # the records its pages carried, by event id
 
 
 class EventAPI(Protocol):

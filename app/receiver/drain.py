@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # between two claims.
 BATCH = 10
 # Claimed at once by a drain that found a full BATCH due (behind): enough for several pages of one source's records
-# (pages.PAGED_AFTER), few enough to apply within half a claim (each a short transaction, a few milliseconds).
+# (a page lists up to 100), few enough to apply within half a claim (each a short transaction, a few milliseconds).
 BEHIND_BATCH = 500
 # A batch's claim: BATCH calls at the provider's deadline each would take longer, but the budget paces a drain
 # well below that; a claim that expires while its drain still works is only a wasted call (the ledger's unique keys
@@ -83,9 +83,9 @@ class Drain:
         claimed = waiting.claim(pool, BATCH, CLAIM_SECONDS)
         calls, listed = fetch.of(self.app), {}
         if len(claimed) == BATCH and any(pages.pageable(calls, item) for item in claimed):
-            # Behind, on a source whose records Stripe lists: claim enough to read them in pages.
+            # Behind, on a source whose provider lists its records: claim enough to read them in pages.
             claimed += waiting.claim(pool, BEHIND_BATCH - BATCH, CLAIM_SECONDS)
-            listed = pages.read(calls, claimed) if len(claimed) >= pages.PAGED_AFTER else {}
+            listed = pages.read(calls, claimed)
             if not listed:  # nothing read in pages: the rest are other drains' again, each round a BATCH as before
                 for rest in claimed[BATCH:]:
                     waiting.release(pool, rest)

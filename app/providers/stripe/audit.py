@@ -1,28 +1,30 @@
 """Stripe's money records for `flask audit`: its balance transactions by `created` window, each with its `source`
-expanded, in the platform's account or a connected one's, turned into the ledger's keys (docs/providers.md,
-"Auditing against Stripe's balance").
+expanded, in the platform's account or a connected one's, turned into the ledger's keys (docs/providers/stripe.md,
+"Reconcile and audit")."""
 
-What Stripe documents and this follows:
-- https://docs.stripe.com/api/balance_transactions/list: newest first, `created[gte|lt]`, `limit` up to 100,
-  `starting_after`; https://docs.stripe.com/expand: `expand[]=data.source` gives each transaction's source object;
-- https://docs.stripe.com/api/balance_transactions/object: `type`, `reporting_category`, `amount` (gross, minor
-  units, negative for money sent), `fee`, `net`, `currency`;
-- https://docs.stripe.com/reports/balance-transaction-types and https://docs.stripe.com/reports/reporting-categories:
-  a charge or payment is a Charge's money (its `payment_intent` the ledger's payment key), a refund a Refund's, a
-  failed refund (`refund_failure`, `payment_failure_refund`, or an adjustment of category `refund_failure`) that
-  Refund given back, and adjustments of category `dispute` and `dispute_reversal` a Dispute's funds withdrawn and
-  reinstated; the other types are not a user's money (fees, payouts, transfers, top-ups, reserves, ...).
-- Connect: a connected account's transactions are listed with `Stripe-Account`
-  (https://docs.stripe.com/connect/authentication), and its objects keyed acct_X/pi_Y as its events are.
-"""
+# What Stripe documents and this follows:
+# - https://docs.stripe.com/api/balance_transactions/list: newest first, `created[gte|lt]`, `limit` up to 100,
+#   `starting_after`; https://docs.stripe.com/expand: `expand[]=data.source` gives each transaction's source object;
+# - https://docs.stripe.com/api/balance_transactions/object: `type`, `reporting_category`, `amount` (gross, minor
+#   units, negative for money sent), `fee`, `net`, `currency`;
+# - https://docs.stripe.com/reports/balance-transaction-types and https://docs.stripe.com/reports/reporting-categories:
+#   a charge or payment is a Charge's money (its `payment_intent` the ledger's payment key), a refund a Refund's, a
+#   failed refund (`refund_failure`, `payment_failure_refund`, or an adjustment of category `refund_failure`) that
+#   Refund given back, and adjustments of category `dispute` and `dispute_reversal` a Dispute's funds withdrawn and
+#   reinstated; the other types are not a user's money (fees, payouts, transfers, top-ups, reserves, ...).
+# - Connect: a connected account's transactions are listed with `Stripe-Account`
+#   (https://docs.stripe.com/connect/authentication), and its objects keyed acct_X/pi_Y as its events are.
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..commands.stripe_list import NAME, PAGE_LIMIT, StripeAPI, _cursor
-from ..core.errors import ProviderError
-from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
-from .budget import Budget
+from ...core.errors import ProviderError
+from ...core.records import Kind, PayoutRecord, ProviderRecord, Record
+from .api import PAGE_LIMIT, StripeAPI, _cursor
+from .scheme import NAME
+
+if TYPE_CHECKING:
+    from ..budget import Budget
 
 BALANCE = "/v1/balance_transactions"
 # Types whose source is a Charge: the payment's captured money (https://docs.stripe.com/reports/balance-transaction-types).
@@ -58,7 +60,7 @@ class StripeBalance(StripeAPI):
     endpoint = "balance_transactions"
 
     def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None,
-                 user_key: str = "user_id", budget: Budget | None = None) -> None:
+                 user_key: str = "user_id", budget: "Budget | None" = None) -> None:
         super().__init__(api_key, api_base, key_setting, budget)
         self.account = account
         self.user_key = user_key  # the metadata key that names a user (WEBHOOK_<NAME>_USER_METADATA_KEY)

@@ -1,53 +1,123 @@
-"""Stripe's List Events, oldest first, a page at a time, in the platform's account or a connected one's, and a
-platform's connected accounts, through stripe-python's `raw_request`: the provider part of `flask reconcile`
-(docs/design.md, "Reconciliation")."""
+"""Stripe's API, one client for every caller: the service retrieves an event or a thin event's object and reads a
+backlog's pages (one request each, within the call's deadline), and `flask reconcile` and `flask audit` list events,
+accounts and balance transactions (stripe-python's requests, retried; docs/providers/stripe.md, "Reconcile and
+audit")."""
 
 import json
 import logging
 import re
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
 
-import stripe
+from ...core.errors import OverBudgetError, ProviderError, ProviderRefusedError, ProviderUnavailableError
+from ...core.records import ListedEvent
+from ...core.vocabulary import Event, excerpt, is_id
+from ..outbound import MAX_ANSWER_BYTES, Outbound, Reply, record
+from .accounts import account_of, is_account
+from .scheme import NAME, SCHEME
+from .thin import THIN_FETCH_VERSION, THIN_OBJECTS, Related
 
-from ..core.errors import OverBudgetError, ProviderError, ProviderRefusedError
-from ..core.records import ListedEvent
-from ..core.vocabulary import excerpt, is_id
-from ..providers.budget import Budget
+if TYPE_CHECKING:
+    from ..budget import Budget, Spend
 
-NAME = "Stripe"
+API_BASE = "https://api.stripe.com"  # STRIPE_API_BASE's default
+# The lists the service reads a backlog from (pages.py): List Events (https://docs.stripe.com/api/events/list) and
+# each thin event's object type's list (https://docs.stripe.com/api/payment_intents/list, /api/charges/list,
+# /api/refunds/list, /api/disputes/list, /api/checkout/sessions/list), 100 a page at most, newest first,
+# `created[gte|lte]` and `starting_after` in each.
+LISTS = {"event": "/v1/events", **{kind: path.rstrip("/") for kind, path in THIN_OBJECTS.items()}}
+# An answer's bound for a page: 100 records, each an event or object of some kilobytes (one answer's bound is
+# outbound.MAX_ANSWER_BYTES); a larger page is refused as unavailable, and its records are read one by one.
+MAX_PAGE_BYTES = 8 * 1024 * 1024
+
 HORIZON_DAYS = 30  # "List events, going back up to 30 days"
-PAGE_LIMIT = 100  # the most List Events gives per page
+PAGE_LIMIT = 100  # the most a command's list gives per page
 # stripe-python's retries of connection errors and 5xx (0.5 s, 1 s, 2 s, ... up to 5 s between them).
 NETWORK_RETRIES = 5
 # A 429, retried here: 1 s, 2 s, 4 s, ... up to 16 s, about a minute in all, then the run fails.
 RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
 # A key in a message Stripe wrote (it shows a key's first characters): never repeated.
 _KEY = re.compile(r"\b(sk|rk|pk)_(live|test)_\S*")
-
-
 # Stripe counts each named operation as an endpoint: List Events is one (https://docs.stripe.com/rate-limits).
 LIST_ENDPOINT = "list"
 
 
 class StripeAPI:
-    """Stripe's API with a restricted key: a list's pages, Stripe's failures as ProviderError in one line."""
+    """Stripe's API at api_base with api_key (never in a repr, a log line or an answer), spending the account's
+    budget: the service's calls go through outbound, a command's through stripe-python."""
 
-    endpoint = LIST_ENDPOINT  # what its requests spend of the account's budget
+    name = NAME
+    endpoint = LIST_ENDPOINT  # what a command's requests spend of the account's budget
 
-    def __init__(self, api_key: str, api_base: str, key_setting: str, budget: "Budget | None" = None) -> None:
-        self._budget = budget  # the account's, shared with the service's fetches (app/providers/budget.py)
-        self._client = stripe.StripeClient(api_key, base_addresses={"api": api_base},
-                                           max_network_retries=NETWORK_RETRIES)
+    def __init__(self, api_key: str, api_base: str, key_setting: str = "", budget: "Budget | None" = None,
+                 outbound: Outbound | None = None) -> None:
+        self.base = api_base.rstrip("/")  # the one address rule: base, then the documented path ("/v1/events")
+        self._api_key = api_key
         self._key_setting = key_setting  # named in a refusal, never the key itself
-        self._context: dict[str, str] = {}  # a connected account's: {"stripe_account": "acct_..."}
-        # stripe-python logs each request at INFO: one line per page would drown the run's summary.
-        logging.getLogger("stripe").setLevel(logging.WARNING)
+        self.budget = budget  # the account's, shared by every host and command (budget.py); None: unmetered
+        self.outbound = outbound  # the service's calls; None: a command's client, which lists through stripe-python
+        self._client: Any = None  # stripe-python's, made by a command's first request
+        self._context: dict[str, str] = {}  # a command's connected account: {"stripe_account": "acct_..."}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base!r})"
+
+    # -- the service's calls: one request each, in a slot, within the call's deadline ----------------------------
+
+    def event(self, event: Event) -> bytes | None:
+        """The event's bytes as Stripe's API returns them, in the connected account it names (Stripe-Account) or the
+        platform's own, or None when Stripe has no such event there (404)."""
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        account = account_of(event)
+        if is_account(account):  # parse checked a delivery's; a stored one's, replayed, is checked here
+            headers["Stripe-Account"] = account
+        return record(self._get(f"/v1/events/{quote(event.id, safe='')}", headers, "events"), NAME, "its event")
+
+    def related(self, related: Related) -> bytes | None:
+        """A thin event's related object as Stripe's API returns it now, in the event's account context
+        (Stripe-Context), or None when Stripe has no such object there (404)."""
+        headers = {"Authorization": f"Bearer {self._api_key}", "Stripe-Version": THIN_FETCH_VERSION}
+        if related.context is not None:
+            headers["Stripe-Context"] = related.context
+        reply = self._get(f"{THIN_OBJECTS[related.type]}{quote(related.id, safe='')}", headers, related.type)
+        return record(reply, NAME, f"its {related.type}")
+
+    def page(self, listed: str, params: Sequence[tuple[str, str]], account: str | None = None,
+             context: str | None = None) -> bytes:
+        """One page of a LISTS list (`listed` its key) as account (Stripe-Account, List Events) or in context
+        (Stripe-Context, a thin event's objects, in THIN_FETCH_VERSION); ProviderUnavailableError unless 200."""
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        if listed != "event":
+            headers["Stripe-Version"] = THIN_FETCH_VERSION
+        if context is not None:
+            headers["Stripe-Context"] = context
+        elif account is not None:
+            headers["Stripe-Account"] = account
+        reply = self._get(f"{LISTS[listed]}?{urlencode(params)}", headers, f"{listed}_list", MAX_PAGE_BYTES)
+        body = record(reply, NAME, f"a page of {LISTS[listed]}")
+        if body is None:
+            raise ProviderUnavailableError(f"{NAME} answered 404 for {LISTS[listed]}")
+        return body
+
+    def _get(self, path: str, headers: dict[str, str], endpoint: str, max_bytes: int = MAX_ANSWER_BYTES) -> Reply:
+        """One GET, spending endpoint's share of the budget: Stripe counts each named operation as an endpoint (GET
+        /v1/payment_intents/{id} for any id is one)."""
+        if self.outbound is None:
+            raise AssertionError("a command's StripeAPI makes no service calls")
+        spend: Spend | None = None if self.budget is None else self.budget.on(endpoint)
+        deadline = self.outbound.deadline()
+        with self.outbound.slot(SCHEME):
+            return self.outbound.request(SCHEME, "GET", f"{self.base}{path}", deadline, headers=headers,
+                                         max_bytes=max_bytes, spend=spend)
+
+    # -- a command's calls: stripe-python's requests, retried, waiting for the budget ---------------------------
 
     def _list_page(self, path: str, what: str, params: dict[str, Any]) -> tuple[list[Any], bool]:
         """One page of a list (StripeClient.raw_request: the client's requests, retries): its data and has_more."""
-        answer = self._call(lambda: self._client.raw_request("get", path, **params), what)
+        client = self._stripe_client()
+        answer = self._call(lambda: client.raw_request("get", path, **params), what)
         page = answer.data
         if not (isinstance(page, dict) and isinstance(page.get("data"), list) and
                 isinstance(page.get("has_more"), bool)):
@@ -57,24 +127,36 @@ class StripeAPI:
                                 "cannot go on from it")
         return page["data"], page["has_more"]
 
+    def _stripe_client(self) -> Any:
+        if self._client is None:
+            import stripe  # stripe-python: imported by a command's first request, never by the service
+
+            self._client = stripe.StripeClient(self._api_key, base_addresses={"api": self.base},
+                                               max_network_retries=NETWORK_RETRIES)
+            # stripe-python logs each request at INFO: one line per page would drown the run's summary.
+            logging.getLogger("stripe").setLevel(logging.WARNING)
+        return self._client
+
     def _wait_for_budget(self) -> None:
         """Spend one request of the account's budget, waiting as long as it says (a command may wait)."""
-        while self._budget is not None:
+        while self.budget is not None:
             try:
-                self._budget.take(self.endpoint)
+                self.budget.take(self.endpoint)
                 return
             except OverBudgetError as exc:
                 time.sleep(exc.wait_seconds)
 
     def _call(self, request: Any, what: str) -> Any:
+        import stripe
+
         delay = RATE_LIMIT_FIRST_DELAY
         for attempt in range(RATE_LIMIT_RETRIES + 1):
             self._wait_for_budget()
             try:
                 return request()
             except stripe.RateLimitError as exc:
-                if self._budget is not None:  # every host of the service slows down with this command
-                    self._budget.slow_down(exc.headers or {})
+                if self.budget is not None:  # every host of the service slows down with this command
+                    self.budget.slow_down(exc.headers or {})
                 if attempt == RATE_LIMIT_RETRIES:
                     raise ProviderError(f"{NAME} kept answering 429 (rate limited) after {attempt} retries") from None
                 time.sleep(delay)
@@ -99,10 +181,8 @@ class StripeAccounts(StripeAPI):
     """A Connect platform's connected accounts (https://docs.stripe.com/api/accounts/list)."""
 
     def ids(self) -> list[str]:
-        """The id of every account listed, all pages, once each, as listed ("?" for one that is not a string).
-
-        Raises ProviderError as StripeEvents.pages does when a page cannot be followed.
-        """
+        """The id of every account listed, all pages, once each, as listed ("?" for one that is not a string);
+        ProviderError as StripeEvents.pages when a page cannot be followed."""
         ids: dict[str, None] = {}  # in the list's order, an account listed twice once
         cursors: set[str] = set()
         params: dict[str, Any] = {"limit": PAGE_LIMIT}
@@ -120,22 +200,18 @@ class StripeEvents(StripeAPI):
     """One Stripe account's events, listed with a restricted key that may read Events: the platform's own, or,
     with account, a connected account's (its `Stripe-Account` header: https://docs.stripe.com/connect/authentication)."""
 
-    name = NAME
     horizon_days = HORIZON_DAYS
 
     def __init__(self, api_key: str, api_base: str, key_setting: str, account: str | None = None,
-                 budget: Budget | None = None) -> None:
+                 budget: "Budget | None" = None) -> None:
         super().__init__(api_key, api_base, key_setting, budget)
         self.account = account
         if account:
             self._context = {"stripe_account": account}
 
     def pages(self, since: int, until: int) -> Iterator[list[ListedEvent]]:
-        """The events created in [since, until) (Unix seconds), oldest first, a page at a time.
-
-        Raises ProviderError when a page cannot be followed: not a page, empty but saying it has more, or naming as
-        its cursor an event that cannot be one or that an earlier page of the pass named (the list is not moving).
-        """
+        """The events created in [since, until) (Unix seconds), oldest first, a page at a time; ProviderError when a
+        page cannot be followed (not a page, empty but saying it has more, or a cursor that cannot be or repeats)."""
         window = {"created": {"gte": since, "lt": until}, "limit": PAGE_LIMIT}
         oldest = self._oldest(window)
         if oldest is None:
