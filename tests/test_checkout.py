@@ -1,4 +1,4 @@
-"""Checkout top-ups (app/providers/stripe.py's Checkout rules, money.sql's credit_payment): a paid Session credits
+"""Checkout top-ups (app/providers/stripe/rules.py's Checkout rules, money.sql's credit_payment): a paid Session credits
 its PaymentIntent once, whichever of the two events comes first, to the user its metadata or client_reference_id
 names. Real PostgreSQL and Redis (gunicorn for concurrency); events built by stripe-python and signed by its signer,
 Sessions shaped as https://docs.stripe.com/api/checkout/sessions/object shows them."""

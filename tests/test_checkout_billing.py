@@ -1,4 +1,4 @@
-"""Stripe Billing through Checkout (app/providers/stripe.py's subscription Session, money.sql's link_session): a
+"""Stripe Billing through Checkout (app/providers/stripe/rules.py's subscription Session, money.sql's link_session): a
 completed `mode=subscription` Session that names a user and a customer links that customer to that user, as
 `flask users link` would, moving no money; its invoices' PaymentIntents (customer, no metadata) then credit that
 user, whichever comes first. Real PostgreSQL and Redis; Sessions shaped as

@@ -1,4 +1,4 @@
-"""Stripe Connect (app/providers/stripe.py's keys in an account, money.sql's account link, migration 005): a
+"""Stripe Connect (app/providers/stripe/rules.py's keys in an account, money.sql's account link, migration 005): a
 connected account's events carry a top-level `account` (https://docs.stripe.com/connect/webhooks), a thin event
 its `context`; its money is keyed in that account (acct_X/pi_Y, acct_X/re_Y, acct_X/du_Y, acct_X/cus_Y), so
 that two accounts' ids never collide, and its event is fetched as that account (Stripe-Account, against

@@ -1,4 +1,4 @@
-"""A stripe source that fetches (WEBHOOK_FETCH=true, app/providers/stripe.py): each delivery's event is retrieved
+"""A stripe source that fetches (WEBHOOK_FETCH=true, app/providers/stripe/api.py): each delivery's event is retrieved
 from Stripe's API ("Retrieve an event", https://docs.stripe.com/api/events/retrieve, here
 devservers/stripe_stand_in.py, which stripe-python itself reads) and its money read from Stripe's copy.
 Real PostgreSQL and Redis."""

@@ -1,4 +1,4 @@
-"""Stripe's thin events (object v2.core.event, app/providers/stripe.py): verified as snapshot events are, then
+"""Stripe's thin events (object v2.core.event, app/providers/stripe/thin.py): verified as snapshot events are, then
 the related object fetched from Stripe's API (devservers/stripe_stand_in.py, which stripe-python itself reads)
 in the event's account context, and the money read from its current state, keyed as its snapshot twin's.
 Thin bodies as https://docs.stripe.com/api/v2/core/events/object shows them, signed by stripe-python's signer.

@@ -1,4 +1,4 @@
-"""Checkout through a thin destination (app/providers/stripe.py's thin Session types): the Session's
+"""Checkout through a thin destination (app/providers/stripe/thin.py's thin Session types): the Session's
 `v1.checkout.session.completed` and `.async_payment_succeeded` fetched (GET /v1/checkout/sessions/{id}, in the
 event's account context) and read as their snapshots are, so that a thin-only integrator's Checkout payment is
 credited once, whichever of the Session's and the PaymentIntent's thin events comes first; and twins that read

@@ -163,7 +163,7 @@ def _sha256(values: list[object]) -> bytes:
 def _problem(rule: Rule, fields: Fields) -> str | None:
     """Why an effect with these fields cannot apply whatever the settings (a 422's message), or None."""
     labels = rule.labels
-    # A connected account's keys are its id, "/" and the object's id, which stripe._in_account bounded.
+    # A connected account's keys are its id, "/" and the object's id, which its provider's rule bounded.
     key_chars = MAX_ID_CHARS if fields.account is None else MAX_KEY_CHARS
     if rule.kind == Kind.LINK:  # no money: a customer, and a user the metadata names
         return None if is_id(fields.customer, key_chars) else \

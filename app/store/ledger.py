@@ -347,7 +347,7 @@ def move_payment_to_account(conn: psycopg.Connection[Any], source: str, payment_
                             actor: str) -> Moved:
     """Key source's payment_id, keyed in no account, in the Stripe connected account (money.sql's
     move_payment_to_account), journaled as actor's move, in conn's transaction; MoveRefusedError when refused."""
-    # A key in an account is held to what the live rule holds it to (app/providers/stripe.py's _in_account): an
+    # A key in an account is held to what the live rule holds it to (app/providers/stripe/rules.py's in_account): an
     # account id, "/" and an id, each MAX_ID_CHARS at most.
     params = {"source": source, "payment": payment_id, "account": account, "max_chars": MAX_KEY_CHARS, "by": actor}
     try:
