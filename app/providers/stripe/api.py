@@ -1,7 +1,6 @@
 """Stripe's API, one client for every caller: the service retrieves an event or a thin event's object and reads a
-backlog's pages (one request each, within the call's deadline), and `flask reconcile` and `flask audit` list events,
-accounts and balance transactions (stripe-python's requests, retried; docs/providers/stripe.md, "Reconcile and
-audit")."""
+backlog's pages; `flask reconcile` and `flask audit` list events, accounts and balance transactions through
+stripe-python (docs/providers/stripe.md, "Reconcile and audit")."""
 
 import json
 import logging

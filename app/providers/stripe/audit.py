@@ -68,10 +68,8 @@ class StripeBalance(StripeAPI):
             self._context = {"stripe_account": account}
 
     def pages(self, since: int, until: int) -> Iterator[list[Record]]:
-        """The transactions created in [since, until) (Unix seconds), newest first, a page at a time, as Records.
-
-        Raises ProviderError when Stripe cannot be read (after its retries) or answers a page that cannot be followed.
-        """
+        """The transactions created in [since, until) (Unix seconds), newest first, a page at a time, as Records;
+        ProviderError when Stripe cannot be read (after its retries) or answers a page that cannot be followed."""
         params: dict[str, Any] = {"created": {"gte": since, "lt": until}, "limit": PAGE_LIMIT,
                                   "expand": ["data.source"]}
         for data in self._pages(BALANCE, "balance transactions", params):
