@@ -1,5 +1,5 @@
 """The README and the settings table stay true: every setting in docs/configuration.md's table, with the code's
-default; the README's curl is make run's."""
+default; the README's curl is make run's; every test docs/design.md and tests/proofs.py name exists."""
 
 import re
 
