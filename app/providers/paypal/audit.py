@@ -17,12 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
-from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
-from ..core.vocabulary import InvalidJSONError, load
-from .budget import Budget, patiently
-from .outbound import Outbound
-from .paypal import API, API_BASE, NAME, _money
+from ...core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from ...core.records import Kind, PayoutRecord, ProviderRecord, Record
+from ...core.vocabulary import InvalidJSONError, load
+from ..budget import Budget, patiently
+from ..outbound import Outbound
+from .api import API, API_BASE
+from .rules import money_of
+from .scheme import NAME
 
 SEARCH_DAYS = 31  # the most one query may span
 PAGE_SIZE = 500  # the most one page gives
@@ -123,7 +125,7 @@ def _signed(money: Any, label: str) -> tuple[int, object, str | None]:
     negative = isinstance(value, str) and value.startswith("-")
     if isinstance(value, str) and negative:
         value = value[1:]
-    amount, currency, problem = _money({**money, "value": value}, label)
+    amount, currency, problem = money_of({**money, "value": value}, label)
     if problem or not isinstance(amount, int):
         return 0, currency, problem or f"{label}.value is not an amount"
     return (-amount if negative else amount), currency, None
