@@ -1,17 +1,6 @@
 """Razorpay's money records for `flask audit`: what each day settled (the settlement recon API) and the payments
 captured but not settled yet (pending), through Razorpay's own client (docs/providers.md, "Auditing against
-Razorpay's settlements").
-
-- https://razorpay.com/docs/api/settlements/fetch-recon: `GET /v1/settlements/recon/combined?year=&month=&day=`,
-  `count` up to 1000 and `skip`: each transaction settled that day, its `type` (payment, refund, adjustment,
-  transfer), `entity_id`, `amount`, `fee`, `tax`, `currency`, `settled_at`, `payment_id`, `dispute_id`;
-- https://razorpay.com/docs/api/payments/fetch-all-payments: `GET /v1/payments?from=&to=`, `count` up to 100 and
-  `skip`: a captured payment that no recon of the window lists is pending, not broken (Razorpay settles on its
-  cycle, days after the capture: https://razorpay.com/docs/payments/settlements).
-
-The ledger's keys are Razorpay's own ids (app/providers/razorpay/rules.py): a payment's `pay_...`, a refund's
-`rfnd_...`, a dispute's `disp_...` (what it deducted).
-"""
+Razorpay's settlements")."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,6 +13,17 @@ from ..budget import Budget, patiently
 from ..outbound import Outbound
 from .api import API_BASE
 from .scheme import NAME, SCHEME
+
+# Sources:
+# - https://razorpay.com/docs/api/settlements/fetch-recon: `GET /v1/settlements/recon/combined?year=&month=&day=`,
+#   `count` up to 1000 and `skip`: each transaction settled that day, its `type` (payment, refund, adjustment,
+#   transfer), `entity_id`, `amount`, `fee`, `tax`, `currency`, `settled_at`, `payment_id`, `dispute_id`;
+# - https://razorpay.com/docs/api/payments/fetch-all-payments: `GET /v1/payments?from=&to=`, `count` up to 100 and
+#   `skip`: a captured payment that no recon of the window lists is pending, not broken (Razorpay settles on its
+#   cycle, days after the capture: https://razorpay.com/docs/payments/settlements).
+
+# The ledger's keys are Razorpay's own ids (app/providers/razorpay/rules.py): a payment's `pay_...`, a refund's
+# `rfnd_...`, a dispute's `disp_...` (what it deducted).
 
 RECON_COUNT = 1000  # the most one recon request gives
 PAYMENTS_COUNT = 100  # the most Fetch Multiple Payments gives
