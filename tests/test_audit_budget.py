@@ -12,7 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.commands import stripe_list
-from app.providers import budget, paypal_audit, razorpay_audit, stripe_audit
+from app.providers import budget, stripe_audit
+from app.providers.paypal import audit as paypal_audit
+from app.providers.razorpay import audit as razorpay_audit
 from devservers.paypal_local import WEBHOOK_ID
 from devservers.razorpay_stand_in import RazorpayStandIn
 from devservers.stripe_balance import transaction

@@ -1,7 +1,7 @@
 """Unsigned requests naming new PayPal certificate URLs (issue 44): on a real gunicorn host, while genuine PayPal,
 Stripe-fetch and Razorpay-fetch deliveries flow, an attacker POSTs made-up signatures, each naming a new
 certificate URL on an allowed host in PayPal's shape. Certificate fetches for requests not yet verified spend
-their own budget (app/providers/paypal.py), never PROVIDER_SLOTS, so no genuine delivery is starved. The
+their own budget (app/providers/paypal/certificates.py), never PROVIDER_SLOTS, so no genuine delivery is starved. The
 measurement (`CERT_FLOOD_MEASURE=1`, run by hand) prints the share of genuine deliveries answered 503 with 1, 4
 and 12 attacker threads. Real PostgreSQL, Redis and gunicorn; PayPal's, Stripe's and Razorpay's APIs on loopback."""
 

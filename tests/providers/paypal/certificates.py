@@ -23,7 +23,7 @@ CERTS = "/v1/notifications/certs/"
 
 def cert_name(label):
     """The stand-in's name for a certificate the tests call label, in PayPal's shape (CERT- and three groups of
-    eight hex digits, as PayPal's own URLs: app/providers/paypal.py, CERT_NAME)."""
+    eight hex digits, as PayPal's own URLs: app/providers/paypal/certificates.py, CERT_NAME)."""
     return f"CERT-360caa42-fca2a594-{binascii.crc32(label.encode()):08x}"
 
 

@@ -1,4 +1,4 @@
-"""`flask audit` of a paypal source (app/providers/paypal_audit.py): PayPal's Transaction Search on
+"""`flask audit` of a paypal source (app/providers/paypal/audit.py): PayPal's Transaction Search on
 devservers/paypal_stand_in.py (an OAuth 2.0 token, then `GET /v1/reporting/transactions`, 31 days a query); the
 ledger filled by deliveries signed as PayPal signs them. A dispute, which Transaction Search names by no dispute id,
 is matched_by_amount_only, never missing."""

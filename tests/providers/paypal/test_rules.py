@@ -1,4 +1,4 @@
-"""app/providers/paypal.py's scheme, shape and rules, offline: a signature made by its signer verifies and one
+"""The scheme, shape and rules of app/providers/paypal/, offline: a signature made by its signer verifies and one
 over another body does not (the certificate's key given; tests/providers/paypal/test_scheme.py fetches it, and holds
 the signed string to PayPal's SDK); the envelope; and each PayPal event type the rule table knows, an event
 as PayPal sends it (tests/providers/paypal/events.py), with the effect docs/providers.md's table says it has. The

@@ -494,7 +494,7 @@ def test_a_spent_budget_is_logged_once_per_interval_with_how_many_it_refused(pki
 
 
 def test_deliveries_over_the_budget_are_503_counted_with_no_line_each(app, client, db, pki, cert_host, seen, caplog):
-    certificates = fetch.of(app).certificates
+    certificates = fetch.of(app).certificates["paypal"]
     with certificates.budget.spend(f"localhost:{cert_host.port}"):
         for n in range(5):
             body = encode(capture_completed(new_id(), user=BOB))

@@ -1,4 +1,4 @@
-"""`flask audit` of a razorpay source (app/providers/razorpay_audit.py): Razorpay's own client reads the settlement
+"""`flask audit` of a razorpay source (app/providers/razorpay/audit.py): Razorpay's own client reads the settlement
 recon API and Fetch Multiple Payments from devservers/razorpay_stand_in.py; the ledger is filled by signed
 deliveries. Three settlement days match; a payment captured on day 3 and settled on day 4 is pending in day 3's
 run and matched in day 4's."""

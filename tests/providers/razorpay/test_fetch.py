@@ -1,4 +1,4 @@
-"""A razorpay source that fetches (WEBHOOK_RAZORPAY_FETCH=true, app/providers/razorpay.py): the payment, refund or
+"""A razorpay source that fetches (WEBHOOK_RAZORPAY_FETCH=true, app/providers/razorpay/): the payment, refund or
 dispute an event moves money by is fetched from Razorpay's API with its official client (razorpay.Client, here
 talking to devservers/razorpay_stand_in.py over HTTP) and the money read from Razorpay's copy. Real PostgreSQL and
 Redis."""

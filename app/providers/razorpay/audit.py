@@ -1,31 +1,29 @@
 """Razorpay's money records for `flask audit`: what each day settled (the settlement recon API) and the payments
 captured but not settled yet (pending), through Razorpay's own client (docs/providers.md, "Auditing against
-Razorpay's settlements").
-
-- https://razorpay.com/docs/api/settlements/fetch-recon: `GET /v1/settlements/recon/combined?year=&month=&day=`,
-  `count` up to 1000 and `skip`: each transaction settled that day, its `type` (payment, refund, adjustment,
-  transfer), `entity_id`, `amount`, `fee`, `tax`, `currency`, `settled_at`, `payment_id`, `dispute_id`;
-- https://razorpay.com/docs/api/payments/fetch-all-payments: `GET /v1/payments?from=&to=`, `count` up to 100 and
-  `skip`: a captured payment that no recon of the window lists is pending, not broken (Razorpay settles on its
-  cycle, days after the capture: https://razorpay.com/docs/payments/settlements).
-
-The ledger's keys are Razorpay's own ids (app/providers/razorpay.py): a payment's `pay_...`, a refund's
-`rfnd_...`, a dispute's `disp_...` (what it deducted).
-"""
+Razorpay's settlements")."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import requests
-from razorpay import Client  # type: ignore[import-untyped]  # no hints
+from ...core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from ...core.records import Kind, PayoutRecord, ProviderRecord, Record
+from ...core.vocabulary import InvalidJSONError, load
+from ..budget import Budget, patiently
+from ..outbound import Outbound
+from .api import API_BASE
+from .scheme import NAME, SCHEME
 
-from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
-from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
-from ..core.vocabulary import InvalidJSONError, load
-from .budget import Budget, patiently
-from .outbound import Outbound
-from .razorpay import API_BASE, NAME, SCHEME, _NoRecordError, _Transport
+# Sources:
+# - https://razorpay.com/docs/api/settlements/fetch-recon: `GET /v1/settlements/recon/combined?year=&month=&day=`,
+#   `count` up to 1000 and `skip`: each transaction settled that day, its `type` (payment, refund, adjustment,
+#   transfer), `entity_id`, `amount`, `fee`, `tax`, `currency`, `settled_at`, `payment_id`, `dispute_id`;
+# - https://razorpay.com/docs/api/payments/fetch-all-payments: `GET /v1/payments?from=&to=`, `count` up to 100 and
+#   `skip`: a captured payment that no recon of the window lists is pending, not broken (Razorpay settles on its
+#   cycle, days after the capture: https://razorpay.com/docs/payments/settlements).
+
+# The ledger's keys are Razorpay's own ids (app/providers/razorpay/rules.py): a payment's `pay_...`, a refund's
+# `rfnd_...`, a dispute's `disp_...` (what it deducted).
 
 RECON_COUNT = 1000  # the most one recon request gives
 PAYMENTS_COUNT = 100  # the most Fetch Multiple Payments gives
@@ -86,23 +84,19 @@ class RazorpaySettlements:
     def _call(self, resource: str, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """One request (every call the audit makes to Razorpay is this one): razorpay.Client's resource.method(params)
         over the outbound calls, within the budget (a 429 asked again); its items, or ProviderError."""
+        from .client import NoRecordError, calling  # razorpay and requests, on the first call
 
         def once() -> bytes | None:
-            transport = _Transport(self._outbound, self._outbound.deadline(), f"its {resource}s",
-                                   None if self._budget is None else self._budget.on(f"{resource}-{method}"),
-                                   MAX_PAGE_BYTES)
-            session = requests.Session()
-            session.trust_env = False  # no proxy or .netrc from the environment: the call is the outbound's alone
-            session.mount("https://", transport)
-            session.mount("http://", transport)
+            client, transport = calling(self._outbound, self._outbound.deadline(), f"its {resource}s",
+                                        None if self._budget is None else self._budget.on(f"{resource}-{method}"),
+                                        self._auth, self._base, MAX_PAGE_BYTES)
             with self._outbound.slot(SCHEME):
-                getattr(getattr(Client(session=session, auth=self._auth, base_url=self._base), resource), method)(
-                    params)
+                getattr(getattr(client, resource), method)(params)
             return transport.body
 
         try:
             answer = load(patiently(once) or b"")
-        except (_NoRecordError, ProviderRefusedError):
+        except (NoRecordError, ProviderRefusedError):
             raise ProviderError(f"{NAME} refused the request: is {self._key_setting} right?") from None
         except RateLimitedError:
             raise ProviderError(f"{NAME} kept answering 429 (rate limited) for about a minute") from None

@@ -1,28 +1,30 @@
 """PayPal's money records for `flask audit`: Transaction Search, at most 31 days a query and up to 3 hours behind,
 through PayPal's documented REST calls (an OAuth 2.0 token, then the search) (docs/providers.md, "Auditing against
-PayPal's transactions").
-
-- https://developer.paypal.com/docs/api/transaction-search/v1/: `GET /v1/reporting/transactions` with
-  `start_date`, `end_date` (31 days at most), `fields=all`, `page_size` (up to 500) and `page`; "it takes a maximum
-  of three hours for executed transactions to appear in the list transactions call";
-- https://developer.paypal.com/docs/transaction-search/transaction-event-codes/: `T00xx` are payments received
-  (the capture `transaction_id`, the ledger's payment key), `T1107` a refund (its own id; `paypal_reference_id` the
-  capture), `T1106` a reversal and `T1201` a chargeback: a dispute's money, which names no dispute id, so it is
-  matched to the ledger's dispute of that capture by amount (`matched_by_amount_only`); fees, transfers, bank
-  deposits and withdrawals, reserves and conversions (`T01`..`T09`, `T15`, `T16`, `T21`, `T22`) are not a user's.
-"""
+PayPal's transactions")."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from ..core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
-from ..core.records import Kind, PayoutRecord, ProviderRecord, Record
-from ..core.vocabulary import InvalidJSONError, load
-from .budget import Budget, patiently
-from .outbound import Outbound
-from .paypal import API, API_BASE, NAME, _money
+from ...core.errors import ProviderError, ProviderRefusedError, ProviderUnavailableError, RateLimitedError
+from ...core.records import Kind, PayoutRecord, ProviderRecord, Record
+from ...core.vocabulary import InvalidJSONError, load
+from ..budget import Budget, patiently
+from ..outbound import Outbound
+from .api import API, API_BASE
+from .rules import money_of
+from .scheme import NAME
+
+# Sources:
+# - https://developer.paypal.com/docs/api/transaction-search/v1/: `GET /v1/reporting/transactions` with
+#   `start_date`, `end_date` (31 days at most), `fields=all`, `page_size` (up to 500) and `page`; "it takes a maximum
+#   of three hours for executed transactions to appear in the list transactions call";
+# - https://developer.paypal.com/docs/transaction-search/transaction-event-codes/: `T00xx` are payments received
+#   (the capture `transaction_id`, the ledger's payment key), `T1107` a refund (its own id; `paypal_reference_id` the
+#   capture), `T1106` a reversal and `T1201` a chargeback: a dispute's money, which names no dispute id, so it is
+#   matched to the ledger's dispute of that capture by amount (`matched_by_amount_only`); fees, transfers, bank
+#   deposits and withdrawals, reserves and conversions (`T01`..`T09`, `T15`, `T16`, `T21`, `T22`) are not a user's.
 
 SEARCH_DAYS = 31  # the most one query may span
 PAGE_SIZE = 500  # the most one page gives
@@ -123,7 +125,7 @@ def _signed(money: Any, label: str) -> tuple[int, object, str | None]:
     negative = isinstance(value, str) and value.startswith("-")
     if isinstance(value, str) and negative:
         value = value[1:]
-    amount, currency, problem = _money({**money, "value": value}, label)
+    amount, currency, problem = money_of({**money, "value": value}, label)
     if problem or not isinstance(amount, int):
         return 0, currency, problem or f"{label}.value is not an amount"
     return (-amount if negative else amount), currency, None
