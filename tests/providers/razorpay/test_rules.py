@@ -1,6 +1,6 @@
 """The shape and rules of app/providers/razorpay/: the event id Razorpay's envelope gets, and each Razorpay event
 type the rule table knows, an event as Razorpay sends it (tests/providers/razorpay/events.py), and the effect
-docs/providers.md's table says it has. Razorpay's scheme is tests/test_signature.py's, and its library's in
+docs/providers.md's table says it has. Razorpay's scheme is tests/intake/test_signature.py's, and its library's in
 tests/providers/razorpay/test_delivery.py."""
 
 import hashlib

@@ -1,6 +1,6 @@
 """app/providers/stripe.py's rules: each Stripe event type the rule table knows, an Event as Stripe sends it
 (tests/providers/stripe/events.py, built by stripe-python), and the effect docs/providers.md's table says it has.
-Stripe's scheme (verify, sign) is tests/test_signature.py's, against stripe-python."""
+Stripe's scheme (verify, sign) is tests/intake/test_signature.py's, against stripe-python."""
 
 import pytest
 
