@@ -579,5 +579,12 @@ def _api(base: str, key: str, outbound: Outbound, budget: "shared.Budget | None"
     return EventById(API(base, key, outbound, budget), _parse) if every_event else None
 
 
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "shared.Budget | None") -> Any:
+    from .paypal_audit import PayPalTransactions
+    return PayPalTransactions(api_key, base, key_setting, budget)
+
+
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, None, parse=_parse,
-                    rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE)
+                    rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE,
+                    money_records=_money_records, money_key="PayPal's REST app's <client id>:<secret>")
