@@ -109,12 +109,14 @@ def is_account(text: str) -> bool:
 
 def meant_as_account(text: str) -> bool:
     """Whether text begins as a connected account's id does (a typo of one, not a customer's id)."""
-    return any(text.startswith(provider.account_prefix) for provider in with_accounts())
+    return any(provider.account_prefix and text.startswith(provider.account_prefix) for provider in with_accounts())
 
 
-def account_words() -> str:
-    """A connected account's id in a refusal's words: "acct_ then letters and digits"."""
-    return " or ".join(provider.account_words for provider in with_accounts())
+def account_words(customer: bool = False) -> str:
+    """A connected account's id in a refusal's words ("acct_ then letters and digits"), or its customer's
+    ("acct_.../<customer id>")."""
+    return " or ".join(f"{provider.account_prefix}.../<customer id>" if customer else provider.account_words
+                       for provider in with_accounts())
 
 
 # An adjustment's amount: any that a balance (BIGINT) can hold.

@@ -200,7 +200,7 @@ def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str 
     if (slash or meant_as_account(customer_id)) and not (
             is_account(within) and (not slash or _ID.fullmatch(customer))):
         raise click.BadParameter(f"a connected account is {account_words()} ({MAX_ID_CHARS} characters at most), "
-                                 "its customer the account's id, a slash and the customer's", param_hint="CUSTOMER_ID")
+                                 f"its customer {account_words(customer=True)}", param_hint="CUSTOMER_ID")
     # A provider's id, the customer's; in a connected account, after the account's (a key of MAX_KEY_CHARS at most).
     if not 1 <= len(customer if slash else customer_id) <= MAX_ID_CHARS:
         raise click.BadParameter(f"a customer id is 1 to {MAX_ID_CHARS} characters", param_hint="CUSTOMER_ID")
