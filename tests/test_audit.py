@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.commands import stripe_list
 from devservers.stripe_balance import charge, payout, transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from tests.providers.stripe.audit_seed import seeded
+from tests.providers.stripe.events import intent_succeeded, send_stripe
 
 from .helpers import ALICE, assert_ledger_consistent
-from .stripe_audit_seed import seeded
-from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 

@@ -17,10 +17,10 @@ from devservers.paypal_local import WEBHOOK_ID
 from devservers.razorpay_stand_in import RazorpayStandIn
 from devservers.stripe_balance import transaction
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from tests.providers.paypal.test_audit import detail
+from tests.providers.razorpay.test_audit import recon
 
 from .helpers import SECRETS, db_url, sources_config
-from .test_audit_paypal import detail
-from .test_audit_razorpay import recon
 
 pytestmark = pytest.mark.core
 

@@ -17,15 +17,15 @@ import pytest
 
 from devservers.razorpay_stand_in import RazorpayStandIn
 from devservers.stripe_stand_in import API_KEY as STRIPE_API_KEY
+from tests.providers.paypal.certificates import PKI, CertHost, cert_path, paypal_headers
+from tests.providers.paypal.events import capture_completed
+from tests.providers.paypal.events import new_id as paypal_id
+from tests.providers.razorpay.events import new_id as razorpay_id
+from tests.providers.razorpay.events import payment_captured
+from tests.providers.razorpay.test_delivery import razorpay_headers
+from tests.providers.stripe.events import intent_succeeded, stripe_signed
 
 from .helpers import BOB, UNMETERED, db_url, encode, samples, send, source_secret, sources_config
-from .paypal_certificates import PKI, CertHost, cert_path, paypal_headers
-from .paypal_events import capture_completed
-from .paypal_events import new_id as paypal_id
-from .razorpay_events import new_id as razorpay_id
-from .razorpay_events import payment_captured
-from .stripe_events import intent_succeeded, stripe_signed
-from .test_razorpay import razorpay_headers
 
 pytestmark = pytest.mark.core
 

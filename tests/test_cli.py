@@ -16,6 +16,7 @@ from app.commands import base
 from app.store.ledger import Entry
 from devservers import ROOT, free_port
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from tests.providers.stripe.events import intent_succeeded
 
 from .helpers import (
     ALICE,
@@ -30,7 +31,6 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
-from .stripe_events import intent_succeeded
 
 pytestmark = pytest.mark.core
 

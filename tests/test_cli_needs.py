@@ -13,9 +13,9 @@ from app import create_app
 from app.commands.base import Commands
 from app.settings.config import Needs
 from devservers import ROOT
+from tests.providers.stripe.events import intent_succeeded, send_stripe
 
 from .helpers import BOB, UNKNOWN_USER, db_url, payment, send
-from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 

@@ -29,6 +29,7 @@ from app.store.db import DEFAULT_SCHEMA_PATH, TCP_SETTINGS, apply_schema, get_po
 from app.store.deadline import MARGIN_MS
 from app.store.schema import BASELINE, BEFORE_1_0, LOCK_KEY, MONEY, SchemaError, newer, other_currency
 from devservers import ROOT, free_port, wait_until
+from tests.providers.stripe.events import refund
 
 from .helpers import (
     ALICE,
@@ -41,7 +42,6 @@ from .helpers import (
     payment,
     send,
 )
-from .stripe_events import refund
 
 pytestmark = pytest.mark.core
 

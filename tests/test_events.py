@@ -10,11 +10,11 @@ import json
 import pytest
 
 from app.intake.events import MAX_CENTS, Event, InvalidEventError, InvalidJSONError, Kind, Policy, effect_of, parse
+from tests.providers.razorpay.events import refund_event as razorpay_refund
+from tests.providers.stripe.events import refund as stripe_refund
 
 from .helpers import ALICE, BOB
 from .providers.effects import NOTHING, credit, refused, refused_by, running_total, seen
-from .razorpay_events import refund_event as razorpay_refund
-from .stripe_events import refund as stripe_refund
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit

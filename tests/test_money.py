@@ -21,9 +21,9 @@ from app.intake.events import Kind, State
 from app.providers import stripe
 from app.store.ledger import Change, Entry, GiveBackOutcome, HoldOutcome, HoldState, SpendOutcome, Status
 from app.store.outcome import Outcome
+from tests.providers.stripe.events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, send
-from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe, stripe_signed
 
 pytestmark = pytest.mark.core
 

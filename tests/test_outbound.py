@@ -8,7 +8,6 @@ import time
 import pytest
 
 from app.core.errors import DeadlinePassedError, ProviderUnavailableError
-
 from app.providers.outbound import Outbound
 from devservers.paypal_stand_in import TOKEN_PATH
 

@@ -15,6 +15,7 @@ from app.receiver.drain import Drain
 from app.store import waiting
 from app.store.db import get_pool
 from devservers.stripe_stand_in import API_KEY
+from tests.providers.stripe.events import intent_succeeded, refund, thin, thin_signed
 
 from .helpers import (
     ALICE,
@@ -32,7 +33,6 @@ from .helpers import (
     waiting_row,
     waiting_rows,
 )
-from .stripe_events import intent_succeeded, refund, thin, thin_signed
 
 pytestmark = pytest.mark.core
 

@@ -19,6 +19,10 @@ import stripe
 from devservers import Redis
 from devservers.paypal_stand_in import EVENTS_PATH
 from devservers.stripe_stand_in import API_KEY, ENDPOINT_LIMIT
+from tests.providers.paypal.certificates import WEBHOOK_ID, paypal_headers
+from tests.providers.paypal.events import capture_completed, new_id
+from tests.providers.paypal.test_scheme import cert_host, pki  # noqa: F401 - PayPal's certificate host and its PKI
+from tests.providers.stripe.events import intent_succeeded, thin, thin_signed
 
 from .helpers import (
     ALICE,
@@ -33,10 +37,6 @@ from .helpers import (
     wait_drained,
     waiting_rows,
 )
-from .paypal_certificates import WEBHOOK_ID, paypal_headers
-from .paypal_events import capture_completed, new_id
-from .stripe_events import intent_succeeded, thin, thin_signed
-from .test_paypal_scheme import cert_host, pki  # noqa: F401 - PayPal's certificate host and its PKI
 
 pytestmark = pytest.mark.core
 

@@ -12,6 +12,7 @@ import pytest
 
 from app.receiver import pages
 from devservers.stripe_stand_in import API_KEY
+from tests.providers.stripe.events import intent_succeeded, stripe_signed, thin, thin_signed
 
 from .helpers import (
     ALICE,
@@ -27,7 +28,6 @@ from .helpers import (
     send,
     waiting_rows,
 )
-from .stripe_events import intent_succeeded, stripe_signed, thin, thin_signed
 
 pytestmark = pytest.mark.core
 

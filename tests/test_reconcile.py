@@ -20,9 +20,9 @@ from app.commands import reconcile as reconcile_module
 from app.settings import config as config_module
 from devservers import ROOT, wait_until
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from tests.providers.stripe.events import charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
 from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, scrape
-from .stripe_events import charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
 pytestmark = pytest.mark.core
 

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from tests.providers.stripe.events import intent_succeeded, send_stripe
+
 from .helpers import ALICE, BOB, UNKNOWN_USER, assert_ledger_consistent, balance, payment, send, stored_event_row
-from .stripe_events import intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 

@@ -12,7 +12,7 @@ import stripe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# paypal needs a certificate and a private key besides: tests/test_paypal_scheme.py.
+# paypal needs a certificate and a private key besides: tests/providers/paypal/test_scheme.py.
 from app.intake.signature import HMAC_SCHEMES as SCHEMES
 from app.intake.signature import SignatureError, sign, verify
 

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from app.intake import events
+from tests.providers.stripe.events import checkout_session, intent_succeeded, send_stripe
 
 from .application import call
 from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, db_url, payment, send
-from .stripe_events import checkout_session, intent_succeeded, send_stripe
 
 pytestmark = pytest.mark.core
 STRIPE = pytest.mark.parametrize("scheme", ["stripe"])

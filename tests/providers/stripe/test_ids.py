@@ -9,9 +9,8 @@ import pytest
 
 from app.intake import events
 from app.settings.config import Settings
-
-from .helpers import ALICE, OPENING, assert_ledger_consistent, balance, event_rows
-from .stripe_events import checkout_session, deliver, intent_succeeded, refund, thin
+from tests.helpers import ALICE, OPENING, assert_ledger_consistent, balance, event_rows
+from tests.providers.stripe.events import checkout_session, deliver, intent_succeeded, refund, thin
 
 pytestmark = pytest.mark.core
 

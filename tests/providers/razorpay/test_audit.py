@@ -10,10 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devservers.razorpay_stand_in import RazorpayStandIn
-
-from .helpers import assert_ledger_consistent, db_url, record_currency, sources_config
-from .razorpay_events import payment_captured, payment_entity, refund_event
-from .test_razorpay import SOURCE, send_razorpay
+from tests.helpers import assert_ledger_consistent, db_url, record_currency, sources_config
+from tests.providers.razorpay.events import payment_captured, payment_entity, refund_event
+from tests.providers.razorpay.test_delivery import SOURCE, send_razorpay
 
 pytestmark = pytest.mark.core
 

@@ -14,8 +14,7 @@ import razorpay
 from app.settings import config as app_config
 from devservers import ROOT
 from devservers.razorpay_stand_in import RazorpayStandIn
-
-from .helpers import (
+from tests.helpers import (
     BOB,
     assert_ledger_consistent,
     balance,
@@ -30,8 +29,8 @@ from .helpers import (
     waiting_row,
     waiting_rows,
 )
-from .razorpay_events import dispute_event, new_id, payment_captured, payment_entity, refund_event
-from .test_razorpay import INR, SOURCE, razorpay_event_id, razorpay_headers, send_razorpay
+from tests.providers.razorpay.events import dispute_event, new_id, payment_captured, payment_entity, refund_event
+from tests.providers.razorpay.test_delivery import INR, SOURCE, razorpay_event_id, razorpay_headers, send_razorpay
 
 pytestmark = pytest.mark.core
 

@@ -7,11 +7,10 @@ import itertools
 from dataclasses import dataclass, field
 
 from devservers.stripe_balance import charge, dispute, refund, transaction
-
-from .helpers import ALICE, BOB
-from .stripe_events import dispute as dispute_event
-from .stripe_events import intent_succeeded
-from .stripe_events import refund as refund_event
+from tests.helpers import ALICE, BOB
+from tests.providers.stripe.events import dispute as dispute_event
+from tests.providers.stripe.events import intent_succeeded
+from tests.providers.stripe.events import refund as refund_event
 
 # Non-user transactions: (type, reporting_category, sign of the amount)
 # (https://docs.stripe.com/reports/balance-transaction-types, https://docs.stripe.com/reports/reporting-categories).

@@ -8,12 +8,11 @@ import pytest
 
 from app.intake.events import State, effect_of, parse
 from app.providers import stripe
-
-from .helpers import ALICE, SECRETS, assert_ledger_consistent, balance, send, stored_event_row
-from .providers.effects import NOTHING, credit, running_total, seen
-from .providers.effects import dispute as disputed
-from .providers.effects import refund as refunded
-from .stripe_events import (
+from tests.helpers import ALICE, SECRETS, assert_ledger_consistent, balance, send, stored_event_row
+from tests.providers.effects import NOTHING, credit, running_total, seen
+from tests.providers.effects import dispute as disputed
+from tests.providers.effects import refund as refunded
+from tests.providers.stripe.events import (
     charge_refunded,
     checkout_session,
     dispute,

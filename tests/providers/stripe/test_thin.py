@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from app.providers.stripe import THIN_RULES
 from devservers import ROOT, readme
 from devservers.stripe_stand_in import API_KEY
-
-from .helpers import (
+from tests.helpers import (
     ALICE,
     OPENING,
     SECRETS,
@@ -38,7 +37,16 @@ from .helpers import (
     waiting_row,
     waiting_rows,
 )
-from .stripe_events import charge_refunded, deliver, dispute, intent_succeeded, refund, stripe_signed, thin, thin_signed
+from tests.providers.stripe.events import (
+    charge_refunded,
+    deliver,
+    dispute,
+    intent_succeeded,
+    refund,
+    stripe_signed,
+    thin,
+    thin_signed,
+)
 
 pytestmark = pytest.mark.core
 

@@ -8,7 +8,7 @@ import uuid
 
 import stripe
 
-from .helpers import ALICE, SECRETS, send
+from tests.helpers import ALICE, SECRETS, send
 
 API_VERSION = "2025-03-31.basil"  # the default: the version whose charges no longer count released authorisations
 BEFORE_BASIL = "2024-06-20"

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from .paypal_events import capture_completed, dispute_event, new_dispute_id, refund_event
-from .test_paypal_scheme import cert_host, config, pki, send_paypal  # noqa: F401 - the fixtures PayPal's tests use
+from tests.providers.paypal.events import capture_completed, dispute_event, new_dispute_id, refund_event
+from tests.providers.paypal.test_scheme import cert_host, config, pki, send_paypal  # noqa: F401 - the fixtures PayPal's tests use
 
 pytestmark = pytest.mark.core
 

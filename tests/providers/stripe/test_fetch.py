@@ -7,8 +7,7 @@ import pytest
 import stripe
 
 from devservers.stripe_stand_in import API_KEY
-
-from .helpers import (
+from tests.helpers import (
     ALICE,
     OPENING,
     SECRETS,
@@ -20,7 +19,7 @@ from .helpers import (
     samples,
     send,
 )
-from .stripe_events import intent_succeeded, stripe_signed
+from tests.providers.stripe.events import intent_succeeded, stripe_signed
 
 pytestmark = pytest.mark.core
 

@@ -14,9 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.commands import stripe_list
 from app.store.db import apply_schema
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
-
-from .helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, db_url
-from .stripe_events import intent_succeeded, refund, send_stripe
+from tests.helpers import ALICE, BOB, OPENING, assert_ledger_consistent, balance, db_url
+from tests.providers.stripe.events import intent_succeeded, refund, send_stripe
 
 pytestmark = pytest.mark.core
 

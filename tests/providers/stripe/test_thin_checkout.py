@@ -15,9 +15,8 @@ import stripe
 
 from app.settings.config import Settings
 from devservers.stripe_stand_in import API_KEY
-
-from .helpers import ALICE, BOB, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, samples, send
-from .stripe_events import (
+from tests.helpers import ALICE, BOB, OPENING, SECRETS, assert_ledger_consistent, balance, db_url, samples, send
+from tests.providers.stripe.events import (
     checkout_session,
     deliver,
     intent_succeeded,

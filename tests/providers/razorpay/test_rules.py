@@ -1,7 +1,7 @@
 """app/providers/razorpay.py's shape and rules: the event id Razorpay's envelope gets, and each Razorpay event
-type the rule table knows, an event as Razorpay sends it (tests/razorpay_events.py), and the effect
+type the rule table knows, an event as Razorpay sends it (tests/providers/razorpay/events.py), and the effect
 docs/providers.md's table says it has. Razorpay's scheme is tests/test_signature.py's, and its library's in
-tests/test_razorpay.py."""
+tests/providers/razorpay/test_delivery.py."""
 
 import hashlib
 import json
@@ -10,12 +10,11 @@ import pytest
 
 from app.intake.events import Event, InvalidEventError, Policy, State, effect_of, parse
 from app.providers import razorpay
-
-from ..helpers import ALICE
-from ..razorpay_events import dispute_event, order_paid, payment_captured, refund_event
-from .effects import NOTHING, credit, refused, refused_by, seen
-from .effects import dispute as disputed
-from .effects import refund as refunded
+from tests.helpers import ALICE
+from tests.providers.effects import NOTHING, credit, refused, refused_by, seen
+from tests.providers.effects import dispute as disputed
+from tests.providers.effects import refund as refunded
+from tests.providers.razorpay.events import dispute_event, order_paid, payment_captured, refund_event
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit

@@ -1,14 +1,16 @@
 """app/providers/stripe.py's rules: each Stripe event type the rule table knows, an Event as Stripe sends it
-(tests/stripe_events.py, built by stripe-python), and the effect docs/providers.md's table says it has.
+(tests/providers/stripe/events.py, built by stripe-python), and the effect docs/providers.md's table says it has.
 Stripe's scheme (verify, sign) is tests/test_signature.py's, against stripe-python."""
 
 import pytest
 
 from app.intake.events import Policy, State, Users, effect_of, parse
 from app.providers import stripe
-
-from ..helpers import ALICE, BOB
-from ..stripe_events import (
+from tests.helpers import ALICE, BOB
+from tests.providers.effects import NOTHING, credit, link, refused, refused_by, running_total, seen
+from tests.providers.effects import dispute as disputed
+from tests.providers.effects import refund as refunded
+from tests.providers.stripe.events import (
     ASYNC_FAILED,
     ASYNC_SUCCEEDED,
     BEFORE_BASIL,
@@ -20,9 +22,6 @@ from ..stripe_events import (
     invoice_intent_succeeded,
     refund,
 )
-from .effects import NOTHING, credit, link, refused, refused_by, running_total, seen
-from .effects import dispute as disputed
-from .effects import refund as refunded
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ the ledger reads among them. Amounts are in the currency's subunits (paise for I
 import time
 import uuid
 
-from .helpers import ALICE
+from tests.helpers import ALICE
 
 CURRENCY = "INR"
 

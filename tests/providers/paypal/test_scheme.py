@@ -22,16 +22,15 @@ from cryptography.hazmat.primitives.asymmetric import padding
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.core.errors import BudgetSpentError
 from app.intake.events import Policy
 from app.intake.signature import SignatureError, sign, verify
-from app.core.errors import BudgetSpentError
 from app.providers.outbound import Budget, Outbound
 from app.providers.paypal import CERT_FETCHES_PER_MINUTE, Certificates, CertificateUnavailableError
 from app.receiver import fetch
 from app.settings import config as app_config
 from devservers import ROOT
-
-from .helpers import (
+from tests.helpers import (
     ALICE,
     BOB,
     OPENING,
@@ -52,8 +51,15 @@ from .helpers import (
     waiting_row,
     waiting_rows,
 )
-from .paypal_certificates import PKI, WEBHOOK_ID, CertHost, cert_name, cert_path, paypal_headers
-from .paypal_events import capture_completed, dispute_event, new_dispute_id, new_event_id, new_id, refund_event
+from tests.providers.paypal.certificates import PKI, WEBHOOK_ID, CertHost, cert_name, cert_path, paypal_headers
+from tests.providers.paypal.events import (
+    capture_completed,
+    dispute_event,
+    new_dispute_id,
+    new_event_id,
+    new_id,
+    refund_event,
+)
 
 pytestmark = pytest.mark.core
 

@@ -1,5 +1,5 @@
 """Razorpay end to end on a named source (WEBHOOK_SOURCES=razorpay): deliveries signed as Razorpay signs them,
-the signature checked against Razorpay's own library, events in Razorpay's shape (tests/razorpay_events.py),
+the signature checked against Razorpay's own library, events in Razorpay's shape (tests/providers/razorpay/events.py),
 and a payment credited once however many events or event ids announce it. Real PostgreSQL and Redis."""
 
 import hashlib
@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from app.intake.events import Policy
 from app.intake.signature import SignatureError, sign, verify
-
-from .helpers import (
+from tests.helpers import (
     BOB,
     assert_ledger_consistent,
     balance,
@@ -29,7 +28,7 @@ from .helpers import (
     sources_config,
     stored_event_row,
 )
-from .razorpay_events import dispute_event, new_id, order_paid, payment_captured, refund_event
+from tests.providers.razorpay.events import dispute_event, new_id, order_paid, payment_captured, refund_event
 
 pytestmark = pytest.mark.core
 

@@ -1,8 +1,8 @@
 """app/providers/paypal.py's scheme, shape and rules, offline: a signature made by its signer verifies and one
-over another body does not (the certificate's key given; tests/test_paypal_scheme.py fetches it, and holds
+over another body does not (the certificate's key given; tests/providers/paypal/test_scheme.py fetches it, and holds
 the signed string to PayPal's SDK); the envelope; and each PayPal event type the rule table knows, an event
-as PayPal sends it (tests/paypal_events.py), with the effect docs/providers.md's table says it has. The
-decimal amounts themselves: tests/test_paypal.py."""
+as PayPal sends it (tests/providers/paypal/events.py), with the effect docs/providers.md's table says it has. The
+decimal amounts themselves: tests/providers/paypal/test_amounts.py."""
 
 import json
 
@@ -12,12 +12,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from app.core.signing import SignatureError
 from app.intake.events import InvalidEventError, Kind, Policy, State, effect_of, parse
 from app.providers import paypal
-
-from ..helpers import ALICE
-from ..paypal_events import capture_completed, dispute_event, refund_event
-from .effects import NOTHING, credit, refused, refused_by, seen
-from .effects import dispute as disputed
-from .effects import refund as refunded
+from tests.helpers import ALICE
+from tests.providers.effects import NOTHING, credit, refused, refused_by, seen
+from tests.providers.effects import dispute as disputed
+from tests.providers.effects import refund as refunded
+from tests.providers.paypal.events import capture_completed, dispute_event, refund_event
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit

@@ -21,8 +21,7 @@ from app.settings.config import Settings
 from app.store import ledger
 from app.store.db import apply_schema, get_pool
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
-
-from .helpers import (
+from tests.helpers import (
     ALICE,
     BOB,
     OPENING,
@@ -37,7 +36,15 @@ from .helpers import (
     source_secret,
     sources_config,
 )
-from .stripe_events import checkout_session, deliver, dispute, intent_succeeded, refund, thin, thin_signed
+from tests.providers.stripe.events import (
+    checkout_session,
+    deliver,
+    dispute,
+    intent_succeeded,
+    refund,
+    thin,
+    thin_signed,
+)
 
 pytestmark = pytest.mark.core
 

@@ -14,7 +14,7 @@ import string
 import time
 import uuid
 
-from .helpers import ALICE
+from tests.helpers import ALICE
 
 API = "https://api.paypal.com"
 

@@ -9,10 +9,9 @@ import itertools
 import pytest
 
 from app.settings.config import Settings
-
-from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance
-from .stripe_events import ASYNC_SUCCEEDED, invoice_intent_succeeded, send_stripe
-from .stripe_events import checkout_session as session
+from tests.helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance
+from tests.providers.stripe.events import ASYNC_SUCCEEDED, invoice_intent_succeeded, send_stripe
+from tests.providers.stripe.events import checkout_session as session
 
 pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 

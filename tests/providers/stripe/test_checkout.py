@@ -10,10 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.settings.config import Settings
-
-from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, send
-from .stripe_events import ASYNC_FAILED, ASYNC_SUCCEEDED, intent_succeeded, refund, send_stripe, stripe_signed
-from .stripe_events import checkout_session as session
+from tests.helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, send
+from tests.providers.stripe.events import (
+    ASYNC_FAILED,
+    ASYNC_SUCCEEDED,
+    intent_succeeded,
+    refund,
+    send_stripe,
+    stripe_signed,
+)
+from tests.providers.stripe.events import checkout_session as session
 
 pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 
