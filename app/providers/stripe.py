@@ -558,9 +558,29 @@ def _api(base: str, key: str, outbound: Outbound, budget: "Budget | None", every
     return Records(API(base, key, outbound, budget), every_event)
 
 
+def _event_list(api_key: str, base: str, key_setting: str, account: str | None, budget: "Budget | None") -> Any:
+    from ..commands.stripe_list import StripeEvents  # stripe-python: imported by the commands that list alone
+    return StripeEvents(api_key, base, key_setting, account, budget)
+
+
+def _accounts(api_key: str, base: str, key_setting: str, budget: "Budget | None") -> list[str]:
+    from ..commands.stripe_list import StripeAccounts
+    return StripeAccounts(api_key, base, key_setting, budget).ids()
+
+
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> Any:
+    from .stripe_audit import StripeBalance
+    return StripeBalance(api_key, base, key_setting, account, metadata_key, budget)
+
+
 _RULES = {name: _subscription_or(rule) if name in CHECKOUT_SESSION_EVENTS else rule for name, rule in RULES.items()}
 _THIN_RULES = {name: (_subscription_or(rule) if name.removeprefix("v1.") in CHECKOUT_SESSION_EVENTS else rule)
                ._replace(compared_by=_compared_by) for name, rule in THIN_RULES.items()}
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
                     rules=with_statuses({**_RULES, **_THIN_RULES}, REFUND_STATES), stored=_stored, api=_api,
-                    api_base="https://api.stripe.com", needs_api=_needs_api)
+                    api_base="https://api.stripe.com", needs_api=_needs_api,
+                    event_list=_event_list, money_records=_money_records, accounts=_accounts, is_account=is_account,
+                    account_prefix="acct_", account_words="acct_ then letters and digits",
+                    events_key="a Stripe restricted key that may read Events",
+                    money_key="a Stripe restricted key that may read Balance", payouts=True)

@@ -13,6 +13,7 @@ from .scheme import NAME, SCHEME, SIGNATURE_HEADER, sign, verify
 
 if TYPE_CHECKING:
     from ..budget import Budget
+    from .audit import PayPalTransactions
 
 __all__ = ["API", "API_BASE", "CERT_FETCHES_PER_MINUTE", "DISPUTE_RESOLVED", "NAME", "PROVIDER", "REFUND_EVENTS",
            "RULES", "SCHEME", "CertificateUnavailableError", "Certificates", "parse", "sign", "verify"]
@@ -32,6 +33,13 @@ def _certificates(settings: Any, outbound: Outbound) -> Certificates:
     return Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
 
 
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> "PayPalTransactions":
+    from .audit import PayPalTransactions
+    return PayPalTransactions(api_key, base, key_setting, budget)
+
+
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, None, parse=_parse,
                     rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE,
-                    certificates=_certificates)
+                    certificates=_certificates,
+                    money_records=_money_records, money_key="PayPal's REST app's <client id>:<secret>")
