@@ -53,7 +53,7 @@ for i = 1, 2 do
 end
 return 0
 """
-# A command's 429s (the audit's, through outbound; reconcile's stripe-python ones in app/commands/stripe_list.py),
+# A command's 429s (the audit's, through outbound; reconcile's stripe-python ones in app/providers/stripe/api.py),
 # asked again after 1 s, 2 s, 4 s, ... up to 16 s, about a minute in all, then the run ends incomplete.
 RATE_LIMIT_RETRIES, RATE_LIMIT_FIRST_DELAY, RATE_LIMIT_MAX_DELAY = 6, 1.0, 16.0
 

@@ -5,10 +5,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.provider import EventById, Provider, envelope, with_statuses
+from ...core.records import EventList, MoneyRecords
 from ...core.vocabulary import Event, Headers, Rule, load
 from . import pages
 from .accounts import account_of, check_account, is_account, is_thin
-from .api import API_BASE, StripeAPI
+from .api import API_BASE, StripeAccounts, StripeAPI, StripeEvents
+from .audit import StripeBalance
 from .rules import (
     CHARGE_REFUNDED,
     CHECKOUT_SESSION_EVENTS,
@@ -36,9 +38,9 @@ if TYPE_CHECKING:
     from ..outbound import Outbound
 
 __all__ = ["CHARGE_REFUNDED", "CHECKOUT_SESSION_EVENTS", "DISPUTE_FUNDS_REINSTATED", "DISPUTE_FUNDS_WITHDRAWN",
-           "NAME", "PAYMENT_INTENT_SUCCEEDED", "PROVIDER", "REFUND_EVENTS", "RULES", "SCHEME", "SIGNATURE_HEADER",
-           "THIN_RULES", "Records", "StripeAPI", "account_of", "is_account", "is_thin", "parse", "related_object",
-           "sign", "verify", "with_related"]
+           "NAME", "PAYMENT_INTENT_SUCCEEDED", "PROVIDER", "REFUND_EVENTS", "REFUND_STATES", "RULES", "SCHEME",
+           "SIGNATURE_HEADER", "THIN_RULES", "Records", "StripeAPI", "account_of", "is_account", "is_thin", "parse",
+           "related_object", "sign", "verify", "with_related"]
 
 
 def parse(document: dict[str, Any], body: bytes, headers: Headers, source: str) -> Event:
@@ -114,9 +116,26 @@ def _api(base: str, key: str, outbound: "Outbound", budget: "Budget | None", eve
     return Records(StripeAPI(key, base, budget=budget, outbound=outbound), every_event)
 
 
+def _event_list(api_key: str, base: str, key_setting: str, account: str | None, budget: "Budget | None") -> EventList:
+    return StripeEvents(api_key, base, key_setting, account, budget)
+
+
+def _accounts(api_key: str, base: str, key_setting: str, budget: "Budget | None") -> list[str]:
+    return StripeAccounts(api_key, base, key_setting, budget).ids()
+
+
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> MoneyRecords:
+    return StripeBalance(api_key, base, key_setting, account, metadata_key, budget)
+
+
 _RULES = {name: _subscription_or(rule) if name in CHECKOUT_SESSION_EVENTS else rule for name, rule in RULES.items()}
 _THIN_RULES = {name: (_subscription_or(rule) if name.removeprefix("v1.") in CHECKOUT_SESSION_EVENTS else rule)
                ._replace(compared_by=_compared_by) for name, rule in THIN_RULES.items()}
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
                     rules=with_statuses({**_RULES, **_THIN_RULES}, REFUND_STATES), stored=_stored, api=_api,
-                    api_base=API_BASE, needs_api=_needs_api)
+                    api_base=API_BASE, needs_api=_needs_api,
+                    event_list=_event_list, money_records=_money_records, accounts=_accounts, is_account=is_account,
+                    account_prefix="acct_", account_words="acct_ then letters and digits",
+                    events_key="a Stripe restricted key that may read Events",
+                    money_key="a Stripe restricted key that may read Balance", payouts=True)
