@@ -1,5 +1,5 @@
 """Webhook signature checking: bytes and headers in, one exception type out, no Flask.
-Here are the generic schemes and the table of every scheme; each provider's own is in its module (docs/providers.md)."""
+Here are the generic schemes and the table of every scheme; each provider's own is in its module (docs/providers/)."""
 
 import base64
 import re

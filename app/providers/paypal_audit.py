@@ -1,6 +1,6 @@
 """PayPal's money records for `flask audit`: Transaction Search, at most 31 days a query and up to 3 hours behind,
-through PayPal's documented REST calls (an OAuth 2.0 token, then the search) (docs/providers.md, "Auditing against
-PayPal's transactions").
+through PayPal's documented REST calls (an OAuth 2.0 token, then the search) (docs/providers/paypal.md, "Reconcile and
+audit").
 
 - https://developer.paypal.com/docs/api/transaction-search/v1/: `GET /v1/reporting/transactions` with
   `start_date`, `end_date` (31 days at most), `fields=all`, `page_size` (up to 500) and `page`; "it takes a maximum

@@ -1,5 +1,5 @@
 """Razorpay: its signature scheme, its events' shape and money rules, and its API, the entity an event names.
-An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
+An event's id is its unsigned header bound to the body's digest (docs/providers/razorpay.md)."""
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
@@ -159,7 +159,7 @@ API_BASE = "https://api.razorpay.com"  # razorpay.Client's own
 # Where with_entity marks a document fetched: a key of ours, in no body Razorpay sends.
 _FETCHED = "_webhook_ledger_fetched"
 # The entity each event's money is read from (payload.<entity>.entity): the one fetched. Razorpay's API has no
-# event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers.md).
+# event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers/razorpay.md).
 ENTITIES = {**{paid: "payment" for paid in PAYMENT_EVENTS},
             **{refund: "refund" for refund in ("refund.created", *REFUND_EVENTS, "refund.failed")},
             DISPUTE_LOST: "dispute", DISPUTE_WON: "dispute"}

@@ -1,6 +1,6 @@
 """Razorpay's money records for `flask audit`: what each day settled (the settlement recon API) and the payments
-captured but not settled yet (pending), through Razorpay's own client (docs/providers.md, "Auditing against
-Razorpay's settlements").
+captured but not settled yet (pending), through Razorpay's own client (docs/providers/razorpay.md, "Reconcile
+and audit").
 
 - https://razorpay.com/docs/api/settlements/fetch-recon: `GET /v1/settlements/recon/combined?year=&month=&day=`,
   `count` up to 1000 and `skip`: each transaction settled that day, its `type` (payment, refund, adjustment,

@@ -1,6 +1,6 @@
 """app/providers/razorpay.py's shape and rules: the event id Razorpay's envelope gets, and each Razorpay event
 type the rule table knows, an event as Razorpay sends it (tests/razorpay_events.py), and the effect
-docs/providers.md's table says it has. Razorpay's scheme is tests/test_signature.py's, and its library's in
+docs/providers/razorpay.md's table says it has. Razorpay's scheme is tests/test_signature.py's, and its library's in
 tests/test_razorpay.py."""
 
 import hashlib
@@ -127,7 +127,7 @@ def test_every_type_the_rule_table_knows_has_a_row_above():
 
 
 def test_razorpay_has_no_test_mode_that_a_setting_refuses():
-    """Test and live keys differ; the body says neither (docs/providers.md)."""
+    """Test and live keys differ; the body says neither (docs/providers/razorpay.md)."""
     assert seen(effect(payment_captured("pay_1"), Policy("inr", accept_test_events=False))) == credit(
         "pay_1", ALICE, 50000, "inr")
 
