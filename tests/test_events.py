@@ -37,7 +37,7 @@ GITHUB_HEADERS = {"X-GitHub-Delivery": "d-1", "X-GitHub-Event": "ping"}
 
 
 def razorpay_id(header, document):
-    """docs/providers/razorpay.md: the x-razorpay-event-id header, a dot, the first 32 hex digits of the body's SHA-256."""
+    """docs/providers/razorpay.md: the x-razorpay-event-id header, a dot, 32 hex digits of the body's SHA-256."""
     return f"{header}.{hashlib.sha256(encode(document)).hexdigest()[:32]}"
 
 
