@@ -1,6 +1,6 @@
 """Stripe: its signature scheme, its snapshot and thin events' money rules (keyed in a Connect event's account),
-and its API: an event by id, a thin event's related object (docs/providers.md, "stripe", "Thin events", "Stripe
-Connect")."""
+and its API: an event by id, a thin event's related object (docs/providers/stripe.md, "Thin events",
+"Connect")."""
 
 import hashlib
 import json
@@ -42,11 +42,11 @@ NAME = "Stripe"
 SIGNATURE_HEADER = "Stripe-Signature"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
 CHARGE_REFUNDED = "charge.refunded"
-# Stripe's Refund object, in each event that carries it (docs/providers.md).
+# Stripe's Refund object, in each event that carries it (docs/providers/stripe.md).
 REFUND_EVENTS = ("refund.created", "refund.updated", "refund.failed", "charge.refund.updated")
 DISPUTE_FUNDS_WITHDRAWN = "charge.dispute.funds_withdrawn"
 DISPUTE_FUNDS_REINSTATED = "charge.dispute.funds_reinstated"
-# Checkout Sessions whose payment_status may say paid (docs/providers.md, "Checkout").
+# Checkout Sessions whose payment_status may say paid (docs/providers/stripe.md, "Checkout").
 CHECKOUT_SESSION_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
 # The first Stripe API version whose charge.refunded no longer counts an
 # authorisation released by a partial capture or a cancellation.
@@ -84,7 +84,7 @@ def sign(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) 
     return {SIGNATURE_HEADER: f"t={t},{v1}"}
 
 
-# -- Connect: a connected account's events (docs/providers.md, "Stripe Connect") ------------------
+# -- Connect: a connected account's events (docs/providers/stripe.md, "Connect") ------------------------
 
 # A connected account's id: a Connect event's top-level `account` (https://docs.stripe.com/api/events/object).
 ACCOUNT = re.compile(r"acct_[A-Za-z0-9]+")
@@ -291,7 +291,7 @@ RULES = {
 }
 
 
-# -- thin events (docs/providers.md, "Thin events") ---------------------------------------------
+# -- thin events (docs/providers/stripe.md, "Thin events") --------------------------------------
 
 THIN_OBJECT = "v2.core.event"
 # The API version a thin event's related object is fetched in (Stripe-Version): the one the rules above read.

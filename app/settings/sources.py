@@ -30,7 +30,7 @@ SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_K
                    "API_BASE", "FETCH", "API_RATE", "API_RATE_TOTAL")
 # The schemes whose provider's API can be asked for an event (Razorpay's: the entity it names; app/providers/),
 # and whether it must be: PayPal's signature covers only a CRC32 of the body, which anyone can match
-# (docs/providers.md).
+# (docs/providers/paypal.md).
 FETCHING_SCHEMES = {"paypal": True, "stripe": False, "razorpay": False}
 # Razorpay's API key as HTTP Basic takes it: the key id (rzp_live_..., rzp_test_...), a colon, the key secret.
 RAZORPAY_KEY = re.compile(r"[^:]+:.+")

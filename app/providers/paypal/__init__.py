@@ -1,5 +1,5 @@
 """PayPal: its signature scheme, its events' shape and money rules, its certificates and its REST API.
-Its signature covers only a CRC32 of the body, so each event is fetched from PayPal (docs/providers.md, "paypal")."""
+Its signature covers only a CRC32 of the body, so each event is fetched from PayPal (docs/providers/paypal.md)."""
 
 from typing import TYPE_CHECKING, Any
 

@@ -1,5 +1,5 @@
 """Razorpay: its signature scheme, its events' shape and money rules, and its API, the entity an event names.
-An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
+An event's id is its unsigned header bound to the body's digest (docs/providers/razorpay.md)."""
 
 from typing import TYPE_CHECKING, Any
 
