@@ -18,8 +18,6 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
 
     needs: the least it must read of the settings (wsgi.py: Needs.SERVICE), else ConfigError.
     """
-    # needs None, as `flask` calls it: as much as the settings allow, from DATABASE_URL alone up; each command
-    # declares its own (commands.base.needs).
     # Imported here, as flaskr imports its modules: `import app.settings.config` alone
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
@@ -33,7 +31,7 @@ def create_app(test_config: Mapping[str, object] | None = None, needs: config.Ne
     app = Flask(__name__)
     environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}
     with config_error_in_one_line():  # `flask` builds the app before any command of ours runs
-        if needs is None:
+        if needs is None:  # as `flask` calls it: from DATABASE_URL alone up; each command says what it needs
             settings, problems = config.from_env_as_far_as_it_goes(environ)
         else:
             settings, problems = config.from_env(environ, needs), {}
