@@ -275,7 +275,8 @@ def test_named_sources_are_parsed_with_their_own_settings():
                               "WEBHOOK_BILLING_EU_SCHEME": "github", "WEBHOOK_BILLING_EU_TOLERANCE_SECONDS": "9"})
     assert parsed.sources == {
         "default": Source("default", "hmac-sha256", (BASE["WEBHOOK_SECRET"].encode(),), 60),
-        "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60),
+        "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60,
+                         api_base="https://api.stripe.com"),  # STRIPE_API_BASE's default
         "billing-eu": Source("billing-eu", "github", (b"0042000000000000",), 9),
     }
 

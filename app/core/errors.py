@@ -2,6 +2,11 @@
 its own kind of failure)."""
 
 
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names it, never a secret (app/settings/parsers.py's is the one a
+    `flask` command prints)."""
+
+
 class ProviderError(RuntimeError):
     """A provider could not be read (after its retries): a command's run fails, in one line."""
 

@@ -579,5 +579,27 @@ def _api(base: str, key: str, outbound: Outbound, budget: "shared.Budget | None"
     return EventById(API(base, key, outbound, budget), _parse) if every_event else None
 
 
+# PayPal's webhook id (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's webhook_id:
+# letters and digits, at most 50), and WEBHOOK_ID, the id its simulator's mock events are signed for
+# (https://developer.paypal.com/api/rest/webhooks/rest/).
+WEBHOOK_ID_FORM = re.compile(rb"[A-Za-z0-9]{1,50}|WEBHOOK_ID")
+
+
+def _webhook_ids(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """A source's secrets are its webhook ids, not keys (PayPal's RSA key signs): no length to reach."""
+    from ..core.errors import ConfigError
+
+    for index, webhook_id in enumerate(secrets):
+        if not WEBHOOK_ID_FORM.fullmatch(webhook_id):
+            raise ConfigError(f"{name} entry {index} (counted from 0) is not a PayPal webhook id (1 to 50 letters "
+                              f"and digits, or WEBHOOK_ID) under the paypal scheme")
+    return secrets
+
+
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, None, parse=_parse,
-                    rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE)
+                    rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE,
+                    keys=_webhook_ids,
+                    must_fetch="its signature covers only a CRC32 of the body, so each event is fetched from "
+                               "PayPal's API",
+                    api_key_words="PayPal's REST app credentials", api_key_written="<client id>:<secret>",
+                    api_key_pattern="[^:]*:.*")

@@ -563,4 +563,5 @@ _THIN_RULES = {name: (_subscription_or(rule) if name.removeprefix("v1.") in CHEC
                ._replace(compared_by=_compared_by) for name, rule in THIN_RULES.items()}
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
                     rules=with_statuses({**_RULES, **_THIN_RULES}, REFUND_STATES), stored=_stored, api=_api,
-                    api_base="https://api.stripe.com", needs_api=_needs_api)
+                    api_base="https://api.stripe.com", needs_api=_needs_api,
+                    api_key_words="a key that may read Events", api_base_setting="STRIPE_API_BASE")

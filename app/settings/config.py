@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from urllib.parse import SplitResult, urlsplit
 
-from ..intake.events import DEFAULT_SOURCE, NoUser, Policy
+from ..core.vocabulary import DEFAULT_SOURCE, NoUser, Policy
 from . import parsers, sources
 from .parsers import ConfigError, Parser
 from .sources import Source
@@ -178,10 +178,6 @@ class Settings:
         """The settings create_app built the app from."""
         settings: Settings = app.extensions[EXTENSION]
         return settings
-
-    def api_base_of(self, scheme: str) -> str | None:
-        """The address a global setting gives a provider's API where a source names none (STRIPE_API_BASE)."""
-        return self.stripe_api_base if scheme == "stripe" else None
 
 
 # Each setting's name -> its declaration, in the order of Settings' fields.

@@ -12,12 +12,13 @@ import click
 from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
-from ..intake.events import NoUser
-from ..intake.signature import SCHEMES
+from ..core import errors
+from ..core.vocabulary import NoUser
+from ..providers import SCHEMES
 from . import conninfo
 
 
-class ConfigError(click.ClickException):
+class ConfigError(click.ClickException, errors.ConfigError):
     """A setting is missing or invalid; the message names it, never a secret.
 
     A ClickException, so that a `flask` command prints it as one line and
