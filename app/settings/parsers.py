@@ -19,12 +19,9 @@ from . import conninfo
 
 
 class ConfigError(click.ClickException, errors.ConfigError):
-    """A setting is missing or invalid; the message names it, never a secret.
-
-    A ClickException, so that a `flask` command prints it as one line and
-    exits with EX_CONFIG instead of a traceback (Flask builds the app before
-    the command runs, outside any code of ours).
-    """
+    """A setting is missing or invalid (app/core/errors.py's ConfigError, which a provider's check raises) as a
+    ClickException: a `flask` command prints it as one line and exits EX_CONFIG, not a traceback (Flask builds the
+    app before the command runs, outside any code of ours)."""
 
     # sysexits.h's EX_CONFIG: a supervisor tells a configuration error from a crash (1).
     exit_code = os.EX_CONFIG

@@ -1,5 +1,6 @@
 """The sources: who may send deliveries, each with its route, scheme, secrets and policy.
-The default source is configured by the global settings (config.py), each named one by WEBHOOK_<NAME>_<key>."""
+The default source is configured by the global settings (config.py), each named one by WEBHOOK_<NAME>_<key>; what a
+scheme asks of them (its keys, its API key, whether and where it fetches) is its Provider's (app/core/provider.py)."""
 
 import re
 from collections.abc import Collection, Mapping
