@@ -20,7 +20,7 @@ to it over HTTP, unmocked, as the service's own fetch does:
   exist", another path 404 "The requested URL was not found on the server"
   (https://razorpay.com/docs/errors/common).
 
-For `flask audit` (app/providers/razorpay_audit.py), through `client.settlement.report` and `client.payment.all`:
+For `flask audit` (app/providers/razorpay/audit.py), through `client.settlement.report` and `client.payment.all`:
 
 - `GET /v1/settlements/recon/combined?year=&month=&day=&count=&skip=` ("Fetch Settlement Recon Details",
   https://razorpay.com/docs/api/settlements/fetch-recon): the transactions settled that day (or month), each a

@@ -35,11 +35,12 @@ from app.store.db import apply_schema  # noqa: E402
 from devservers import Gunicorn, Postgres, Redis  # noqa: E402
 from devservers.paypal_stand_in import PayPalStandIn  # noqa: E402
 from devservers.razorpay_stand_in import RazorpayStandIn  # noqa: E402
-from tests import paypal_events, razorpay_events  # noqa: E402
 from tests.helpers import BOB, OPENING, encode, send, sources_config  # noqa: E402
-from tests.paypal_certificates import PKI, WEBHOOK_ID, CertHost, paypal_headers  # noqa: E402
-from tests.test_paypal_scheme import _crc32_forgery  # noqa: E402
-from tests.test_razorpay import razorpay_headers  # noqa: E402
+from tests.providers.paypal import events as paypal_events
+from tests.providers.paypal.certificates import PKI, WEBHOOK_ID, CertHost, paypal_headers  # noqa: E402
+from tests.providers.paypal.test_scheme import _crc32_forgery  # noqa: E402
+from tests.providers.razorpay import events as razorpay_events  # noqa: E402
+from tests.providers.razorpay.test_delivery import razorpay_headers  # noqa: E402
 
 THREADS = 8
 SETTLE_S = 10.0

@@ -5,9 +5,16 @@ dismissed. Real PostgreSQL and Redis; events built by stripe-python."""
 import pytest
 
 from app.settings.config import Settings
+from tests.providers.stripe.events import (
+    charge_refunded,
+    dispute,
+    intent_succeeded,
+    invoice_intent_succeeded,
+    refund,
+    send_stripe,
+)
 
 from .helpers import ALICE, BOB, OPENING, UNKNOWN_USER, assert_ledger_consistent, balance, samples, stored_event_row
-from .stripe_events import charge_refunded, dispute, intent_succeeded, invoice_intent_succeeded, refund, send_stripe
 
 pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 

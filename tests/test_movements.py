@@ -1,6 +1,6 @@
 """Every way money moves on a payment, on the real endpoint: refund objects that count, fail and come back,
 running totals beside them, disputes withdrawn and reinstated, and captures of any Stripe API version. Events
-are built by stripe-python as Stripe's API reference shows them (tests/stripe_events.py); real PostgreSQL and
+are built by stripe-python as Stripe's API reference shows them (tests/providers/stripe/events.py); real PostgreSQL and
 Redis."""
 
 import logging
@@ -9,9 +9,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from app.store.outcome import Outcome
+from tests.providers.stripe.events import BEFORE_BASIL, charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
 from .helpers import ALICE, BOB, assert_ledger_consistent, balance, samples, stored_event_row
-from .stripe_events import BEFORE_BASIL, charge_refunded, dispute, intent_succeeded, refund, send_stripe
 
 pytestmark = [pytest.mark.core, pytest.mark.parametrize("scheme", ["stripe"])]
 

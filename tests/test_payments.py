@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from app.store.outcome import Outcome
+from tests.providers.stripe.events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
 
 from .helpers import (
     ALICE,
@@ -28,7 +29,6 @@ from .helpers import (
     send,
     stored_event_row,
 )
-from .stripe_events import charge_refunded, intent_succeeded, send_stripe, stripe_signed
 
 pytestmark = pytest.mark.core
 

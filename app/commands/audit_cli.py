@@ -88,8 +88,8 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     """Audit SOURCE's ledger against the provider's money records (Stripe's balance transactions). Exit 0:
     reconciled (pending or not), 1: breaks, 2: incomplete."""
     from ..commands.stripe_list import StripeAccounts  # stripe-python is imported by these commands alone
-    from ..providers.paypal_audit import PayPalTransactions
-    from ..providers.razorpay_audit import RazorpaySettlements
+    from ..providers.paypal.audit import PayPalTransactions
+    from ..providers.razorpay.audit import RazorpaySettlements
     from ..providers.stripe_audit import StripeBalance
 
     settings = Settings.of(current_app)

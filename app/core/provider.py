@@ -154,6 +154,10 @@ class Provider:
     api: FetcherMaker | None = None  # its API, for a source with an API key
     api_base: str | None = None  # its API's address, where a source names none
     needs_api: Callable[[Event], bool] = _never  # an event whose money is read from the API whatever FETCH says
+    # -- what a scheme's verify needs beyond the secrets (issue 45, pprz) --
+    # (the process's Settings, Any here: core imports no settings; its outbound calls) -> what its verify is passed
+    # as `certificates`, made once per process by the fetch step (app/receiver/fetch.py). None: it needs nothing more.
+    certificates: Callable[[Any, "Outbound"], Certificates] | None = None
 
     # -- what the settings ask of a source of the scheme (issue 45, settings) --
     # (its secrets' setting, their entries) -> the secrets as its verify uses them, or ConfigError naming an entry

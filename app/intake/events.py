@@ -130,7 +130,7 @@ def _effect_of(event: Event, policy: Policy) -> Effect:
     # A refused effect never compares equal to one that applies, however
     # close their values (a null currency is refused, a missing one implied).
     # A connected account is hashed through the keys it scopes, not as a field of its own: an event without one
-    # hashes as the rule without accounts did (tests/test_stripe_connect.py pins it).
+    # hashes as the rule without accounts did (tests/providers/stripe/test_connect.py pins it).
     sha256 = _sha256([event.type, "refused" if problem else "applies",
                       *([fields] if isinstance(fields, str) else fields[:-1])])
     if problem:

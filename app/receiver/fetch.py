@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.errors import ProviderRefusedError
 from ..core.provider import Fetcher
+from ..core.signing import Certificates
 from ..intake.events import Effect, Event, Policy, effect_of
+from ..providers import PROVIDERS
 from ..providers import of as provider_of
 from ..providers.budget import Budget
 from ..providers.outbound import Outbound
-from ..providers.paypal import Certificates
 from ..settings.config import Settings
 from ..settings.sources import Source, api_key_setting
 from ..store import ledger
@@ -40,14 +41,15 @@ class NoAPIKeyError(ProviderRefusedError):
 
 
 class Providers:
-    """The process's calls to providers: the PayPal certificates and each source's API."""
+    """The process's calls to providers: each scheme's certificates, where its verify needs them, and each source's
+    API."""
 
-    def __init__(self, outbound: Outbound, certificates: Certificates, fetchers: dict[str, Fetcher],
+    def __init__(self, outbound: Outbound, certificates: dict[str, Certificates], fetchers: dict[str, Fetcher],
                  sources: "Mapping[str, Source]", budgets: "list[Budget]") -> None:
         self.sources = sources
         self.budgets = budgets  # one per provider account
         self.outbound = outbound
-        self.certificates = certificates
+        self.certificates = certificates  # by scheme: what its verify is passed beyond the secrets
         self.fetchers = fetchers  # by source name: the sources that ask their provider's API
 
     def serving(self, event_source: str) -> Source | None:
@@ -135,7 +137,8 @@ def init_app(app: "Flask") -> None:
         api = provider.api(base or "", source.api_key, outbound, budget, source.fetch)
         if api is not None:
             fetchers[source.name] = api
-    certificates = Certificates(settings.paypal_cert_hosts, outbound, settings.paypal_ca_file)
+    certificates = {scheme: provider.certificates(settings, outbound) for scheme, provider in PROVIDERS.items()
+                    if provider.certificates is not None}
     app.extensions[EXTENSION] = Providers(outbound, certificates, fetchers, settings.sources, list(budgets.values()))
 
 

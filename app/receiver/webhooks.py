@@ -45,7 +45,7 @@ def receive(name: str | None) -> tuple[dict[str, str], int]:
     body = _raw_json_body(settings.max_body_bytes)
     calls = fetch.of(current_app)
     delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
-                                             certificates=calls.certificates)
+                                             certificates=calls.certificates.get(source.scheme))
     delivery.event = parse(body, source.scheme, request.headers, source.event_source)
     body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
     step = pace.fetch_or_wait(current_app, source, delivery.event, body_sha256, settings.policy)

@@ -209,7 +209,7 @@ def _load(base, url, own_redis):
                             "data": {"object": obj}}) == 200
 
     # Two runs of `flask reconcile` (a timer, outside gunicorn: the metrics read their records): one
-    # recovered 3 events, one yielded to it. tests/test_reconcile.py runs the command itself.
+    # recovered 3 events, one yielded to it. tests/commands/test_reconcile.py runs the command itself.
     with psycopg.connect(url, autocommit=True) as conn:
         for status, applied in (("completed", 3), ("yielded", 0)):
             conn.execute("INSERT INTO reconcile_runs (source, since, until, status, pages, listed, applied,"

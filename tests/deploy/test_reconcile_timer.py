@@ -18,9 +18,9 @@ import pytest
 
 from devservers import packages
 from devservers.stripe_stand_in import API_KEY, StripeStandIn
+from tests.providers.stripe.events import intent_succeeded
 
 from ..helpers import ALICE, debian_program
-from ..stripe_events import intent_succeeded
 from .test_systemd import PREFIX, SYSTEMD_PATH, UNITS, read_unit
 
 # One worker of `make test` (pytest-xdist) builds the wheel and installs the host, once for the

@@ -1,7 +1,7 @@
 """The upgrade from release 1.0.0 as released: the commit tagged 1.0.0 (CHANGELOG.md names it), taken from git
 history by its hash, runs its own `flask init-db`, gunicorn and commands on a throwaway PostgreSQL; then today's
 `init-db` upgrades that database and today's gunicorn takes the later deliveries. Stripe events as Stripe sends them
-(tests/stripe_events.py); a connected account's carry `account` (https://docs.stripe.com/connect/webhooks)."""
+(tests/providers/stripe/events.py); a connected account's carry `account` (https://docs.stripe.com/connect/webhooks)."""
 
 import io
 import os
@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from devservers import ROOT, Gunicorn
+from tests.providers.stripe.events import deliver, dispute, intent_succeeded, invoice_intent_succeeded, refund
 
 from ..helpers import ALICE, BOB, SECRETS
-from ..stripe_events import deliver, dispute, intent_succeeded, invoice_intent_succeeded, refund
 
 pytestmark = pytest.mark.deploy
 

@@ -6,7 +6,7 @@ import dataclasses
 from app.intake.events import Kind
 
 # Left out of a comparison: the hash is compared by the tests of what two deliveries share, and users is the
-# per-source setting a Stripe credit was read under (tests/providers/test_stripe.py).
+# per-source setting a Stripe credit was read under (tests/providers/stripe/test_rules.py).
 _NOT_COMPARED = ("sha256", "users")
 
 
