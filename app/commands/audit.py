@@ -19,13 +19,13 @@ from .reconcile import PLATFORM
 # A run without --since reads this far back: a daily run (deploy/systemd/webhook-ledger-audit@.timer) overlaps the
 # previous one by 12 hours.
 DEFAULT_WINDOW = timedelta(hours=36)
-# Items younger than this are pending, not broken: Stripe sends an event seconds after the money moves, and a
-# delivery lost meanwhile is recovered by the hourly reconcile; an hour and a half covers one reconcile run and
-# its random delay (deploy/systemd/webhook-ledger-reconcile@.timer).
+# Items younger than this are pending, not broken: a provider sends an event seconds after the money moves (Stripe
+# does), and a delivery lost meanwhile is recovered by the hourly reconcile; an hour and a half covers one reconcile
+# run and its random delay (deploy/systemd/webhook-ledger-reconcile@.timer).
 DEFAULT_GRACE = timedelta(minutes=90)
 # The provider is read this much further back than --since, only to find the provider's record of a ledger item
-# made in the window: the ledger learns of a payment after the provider makes it, by up to Stripe's three days of
-# retries (a ledger item recovered later than that, by reconcile, shows as missing_at_provider: rerun wider).
+# made in the window: the ledger learns of a payment after the provider makes it, by up to its retries (Stripe's
+# three days; a ledger item recovered later than that, by reconcile, shows as missing_at_provider: rerun wider).
 LOOKBACK = timedelta(days=3)
 # Keys looked up in the ledger per query.
 BATCH = 1000

@@ -15,16 +15,15 @@ from flask.cli import with_appcontext
 from psycopg.rows import namedtuple_row
 
 from ..core.errors import ProviderError
-from ..core.records import MoneyRecords
 from ..core.vocabulary import excerpt
-from ..providers import paypal, razorpay, stripe
+from ..providers import PROVIDERS, of
 from ..providers.budget import Budget
 from ..settings.config import Needs, Settings
 from ..settings.parsers import ConfigError
 from ..settings.sources import api_key_setting
 from ..store.db import get_pool, transaction, unavailable_in_one_line
 from . import audit
-from .base import Commands, needs, table, utc
+from .base import Commands, api_base, either, needs, table, utc, with_accounts
 from .cli import When
 
 
@@ -62,10 +61,6 @@ class Duration(click.ParamType):
             self.fail(f"{value!r} is longer than a duration can be ({timedelta.max.days} days)", param, ctx)
 
 
-# The schemes whose money an audit can read (an adapter each: run_audit).
-AUDITED = (stripe.SCHEME, razorpay.SCHEME, paypal.SCHEME)
-
-
 def init_app(app: Flask) -> None:
     app.cli.add_command(audit_group)
 
@@ -74,7 +69,8 @@ def init_app(app: Flask) -> None:
 @click.argument("source_name", metavar="SOURCE")
 @click.option("--since", type=When(), help="Records created at or after WHEN [default: --until minus 36 hours].")
 @click.option("--until", type=When(), help="Records created before WHEN [default: now].")
-@click.option("--account", metavar="ACCT", help="A Stripe Connect account's id (acct_...): audit its balance.")
+@click.option("--account", metavar="ACCT", help="A connected account's id "
+              f"({', '.join(f'{provider.account_prefix}...' for provider in with_accounts())}): audit its balance.")
 @click.option("--all-accounts", is_flag=True, help="Audit, in turn, each connected account the platform lists.")
 @click.option("--grace", type=Duration(), default=f"{int(audit.DEFAULT_GRACE.total_seconds() // 60)}m",
               show_default=True, help="Items younger than this are pending, not breaks.")
@@ -85,31 +81,31 @@ def init_app(app: Flask) -> None:
 @needs(Needs.SERVICE)
 def run_audit(source_name: str, since: datetime | None, until: datetime | None, account: str | None,
               all_accounts: bool, grace: timedelta, payouts: bool, json_file: Path | None) -> None:
-    """Audit SOURCE's ledger against the provider's money records (Stripe's balance transactions). Exit 0:
-    reconciled (pending or not), 1: breaks, 2: incomplete."""
-    from ..commands.stripe_list import StripeAccounts  # stripe-python is imported by these commands alone
-    from ..providers.paypal.audit import PayPalTransactions
-    from ..providers.razorpay.audit import RazorpaySettlements
-    from ..providers.stripe_audit import StripeBalance
-
+    """Audit SOURCE's ledger against the provider's money records (its balance transactions, settlements or
+    transactions). Exit 0: reconciled (pending or not), 1: breaks, 2: incomplete."""
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)
     if source is None:
         raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
-    if source.scheme not in AUDITED:
-        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe, razorpay or "
-                               "paypal source's money can be audited")
-    if source.scheme != stripe.SCHEME and (account is not None or all_accounts or payouts):
-        raise click.UsageError("--account, --all-accounts and --payouts are Stripe's")
+    provider = of(source.scheme)
+    make_records, list_accounts = provider.money_records, provider.accounts
+    if make_records is None:
+        audited = either([scheme for scheme, each in PROVIDERS.items() if each.money_records is not None])
+        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a {audited} source's "
+                               "money can be audited")
+    lacking = [flag for flag, given, has in (("--account", account is not None, provider.is_account is not None),
+                                             ("--all-accounts", all_accounts, list_accounts is not None),
+                                             ("--payouts", payouts, provider.payouts)) if given and not has]
+    if lacking:
+        raise click.UsageError(f"{', '.join(lacking)}: not for a {provider.name} source")
     if account is not None and all_accounts:
         raise click.UsageError("--account and --all-accounts: give one or the other")
-    if account is not None and not stripe.is_account(account):
-        raise click.UsageError(f"--account '{excerpt(account, 64)}' is not a Stripe account id (acct_ then letters "
-                               "and digits)")
+    if account is not None and not (provider.is_account is not None and provider.is_account(account)):
+        raise click.UsageError(f"--account '{excerpt(account, 64)}' is not a {provider.name} account id "
+                               f"({provider.account_words})")
     key_setting, api_key = api_key_setting(source.name), source.api_key
     if api_key is None:
-        raise ConfigError(f"{key_setting} is not set: the audit needs the provider's API key (Stripe: a restricted "
-                          "key that may read Balance)")
+        raise ConfigError(f"{key_setting} is not set: the audit needs {provider.money_key}")
     if json_file is not None and (json_file.is_dir() or not os.access(json_file.parent, os.W_OK)):
         raise click.UsageError(f"--json {json_file}: not a file this user can write")
     now = datetime.now(UTC)  # not rounded: a ledger item made this second is in the window
@@ -124,24 +120,19 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
     # (app/providers/budget.py): every request the audit makes spends it, and a 429 pauses them all.
     budget = Budget(current_app.extensions.get("redis"), source.scheme, api_key, source.api_rate, source.api_rate_total)
 
-    def one(of: str | None) -> audit.Run:
-        records: MoneyRecords
-        if source.scheme == stripe.SCHEME:
-            records = StripeBalance(api_key, settings.stripe_api_base, key_setting, of, metadata_key, budget)
-        elif source.scheme == razorpay.SCHEME:
-            records = RazorpaySettlements(api_key, source.api_base, key_setting, budget)
-        else:
-            records = PayPalTransactions(api_key, source.api_base, key_setting, budget)
+    def one(whose: str | None) -> audit.Run:
+        records = make_records(api_key, api_base(source), key_setting, whose, metadata_key, budget)
         return audit.audit(get_pool(current_app), source.event_source, records, since, until, grace, now,
                            payouts=payouts)
 
     with unavailable_in_one_line():
         if all_accounts:
+            assert list_accounts is not None and provider.is_account is not None  # refused above
             try:
-                accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting, budget).ids()
+                accounts = list_accounts(api_key, api_base(source), key_setting, budget)
             except ProviderError as exc:
                 raise click.ClickException(str(exc)) from None
-            runs = [one(of) for of in accounts if stripe.is_account(of)]
+            runs = [one(whose) for whose in accounts if provider.is_account(whose)]
         else:
             runs = [one(account)]
     for run in runs:

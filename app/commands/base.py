@@ -16,11 +16,14 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from ..core.provider import Provider
 from ..core.vocabulary import minor_unit_name
 from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
+from ..providers import PROVIDERS
 from ..serving.logformat import json_formatter
 from ..settings.config import PROBLEMS, Needs, Settings
 from ..settings.parsers import ConfigError
+from ..settings.sources import Source
 from ..store.db import unavailable_in_one_line
 from ..store.schema import recorded_currency
 
@@ -80,6 +83,39 @@ class Commands(AppGroup):
 
 
 _needs = needs  # for Commands.command, whose keyword hides it
+
+
+def api_base(source: Source) -> str:
+    """The address of source's provider API, resolved when the settings were read (app/settings/sources.py)."""
+    assert source.api_base is not None, f"{source.scheme} has no API address"  # a provider with an API has one
+    return source.api_base
+
+
+def either(names: list[str]) -> str:
+    """names in words: "a", "a or b", "a, b or c"."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def with_accounts() -> list[Provider]:
+    """The providers whose platforms have connected accounts."""
+    return [provider for provider in PROVIDERS.values() if provider.is_account is not None]
+
+
+def is_account(text: str) -> bool:
+    """Whether text is a connected account's id, of any provider that has them (a ledger key's first part)."""
+    return any(provider.is_account is not None and provider.is_account(text) for provider in PROVIDERS.values())
+
+
+def meant_as_account(text: str) -> bool:
+    """Whether text begins as a connected account's id does (a typo of one, not a customer's id)."""
+    return any(provider.account_prefix and text.startswith(provider.account_prefix) for provider in with_accounts())
+
+
+def account_words(customer: bool = False) -> str:
+    """A connected account's id in a refusal's words ("acct_ then letters and digits"), or its customer's
+    ("acct_.../<customer id>")."""
+    return " or ".join(f"{provider.account_prefix}.../<customer id>" if customer else provider.account_words
+                       for provider in with_accounts())
 
 
 # An adjustment's amount: any that a balance (BIGINT) can hold.

@@ -17,12 +17,13 @@ from psycopg.rows import namedtuple_row
 from redis.exceptions import RedisClusterException, RedisError
 
 from ..core.errors import ProviderError, ProviderUnavailableError
+from ..core.provider import Provider
 from ..core.records import EventList, ListedEvent
 from ..core.vocabulary import excerpt
 from ..intake.events import DEFAULT_SOURCE, Effect, Policy, StoredBodyError, effect_of, stored_event
 from ..locking import lock
 from ..locking.redis_client import reason_of
-from ..providers import stripe
+from ..providers import PROVIDERS, of
 from ..providers.budget import Budget
 from ..receiver import fetch, metrics
 from ..settings import parsers
@@ -34,7 +35,7 @@ from ..store.db import NamedRow, Pool, apply_schema, get_pool, statement_timeout
 from ..store.outcome import Outcome
 from ..store.schema import SchemaError, one_line, other_currency, recorded_currency, set_currency, why_not_at_release
 from . import reconcile, replay
-from .base import CENTS, Commands, needs, os_user, progress, table, unit_name, utc
+from .base import CENTS, Commands, api_base, either, needs, os_user, progress, table, unit_name, utc, with_accounts
 
 events = Commands("events", help="Inspect, replay and purge stored webhook events.")
 ledger_group = Commands("ledger", help="Check the ledger, correct a balance.")
@@ -552,8 +553,9 @@ YIELDED_EXIT = 75
 
 @click.command("reconcile")
 @click.argument("source_name", metavar="SOURCE")
-@click.option("--account", metavar="ACCT", help="A Stripe Connect account's id (acct_...): reconcile its events, not "
-                                                "the platform's own.")
+@click.option("--account", metavar="ACCT", help="A connected account's id "
+              f"({', '.join(f'{provider.account_prefix}...' for provider in with_accounts())}): reconcile its events, "
+              "not the platform's own.")
 @click.option("--all-accounts", is_flag=True, help="Reconcile, in turn, each connected account the platform lists.")
 @click.option("--since", type=When(), help="Events created at or after WHEN [default: the watermark minus "
                                            f"{int(reconcile.OVERLAP.total_seconds() // 60)} min].")
@@ -563,24 +565,28 @@ YIELDED_EXIT = 75
 @needs(Needs.SERVICE)
 def reconcile_command(source_name: str, account: str | None, all_accounts: bool, since: datetime | None,
                       until: datetime | None, dry_run: bool) -> None:
-    """Recover the events of SOURCE whose deliveries were lost, from the provider's event list (Stripe's)."""
-    from .stripe_list import StripeAccounts, StripeEvents  # stripe-python is imported by this command alone
-
+    """Recover the events of SOURCE whose deliveries were lost, from the provider's event list."""
     settings = Settings.of(current_app)
     source = settings.sources.get(source_name)
     if source is None:
         raise click.UsageError(f"no source named {source_name!r} (WEBHOOK_SOURCES; `default` is WEBHOOK_SECRET's)")
-    if source.scheme != "stripe":
-        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a stripe source's events "
-                               "can be listed")
+    provider = of(source.scheme)
+    make_list = provider.event_list
+    if make_list is None:
+        listed = either([scheme for scheme, each in PROVIDERS.items() if each.event_list is not None])
+        raise click.UsageError(f"source {source_name!r} has the scheme {source.scheme}: only a {listed} source's "
+                               "events can be listed")
     if account is not None and all_accounts:
         raise click.ClickException("--account and --all-accounts: give one or the other")
-    if account is not None and not stripe.is_account(account):
-        raise click.ClickException(f"--account '{excerpt(account, 64)}' is not a Stripe account id (acct_ "
-                                   "then letters and digits)")
+    list_accounts = provider.accounts
+    if (account is not None and provider.is_account is None) or (all_accounts and list_accounts is None):
+        raise click.ClickException(f"--account and --all-accounts: {provider.name} has no connected accounts")
+    if account is not None and not _is_account(provider, account):
+        raise click.ClickException(f"--account '{excerpt(account, 64)}' is not a {provider.name} account id "
+                                   f"({provider.account_words})")
     key_setting, api_key = api_key_setting(source.name), source.api_key
     if api_key is None:
-        raise ConfigError(f"{key_setting} is not set: reconcile needs a Stripe restricted key that may read Events")
+        raise ConfigError(f"{key_setting} is not set: reconcile needs {provider.events_key}")
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be before --until")
     _in_the_ledgers_currency()
@@ -588,19 +594,20 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
     # The account's budget, shared with every host's fetches through Redis (app/providers/budget.py).
     budget = Budget(current_app.extensions.get("redis"), source.scheme, api_key, source.api_rate, source.api_rate_total)
 
-    def run(of: str | None, counts: metrics.CommandCounts, advance: Callable[[int], None]) -> reconcile.Summary:
-        listing = StripeEvents(api_key, settings.stripe_api_base, key_setting, of, budget)
+    def run(whose: str | None, counts: metrics.CommandCounts, advance: Callable[[int], None]) -> reconcile.Summary:
+        listing = make_list(api_key, api_base(source), key_setting, whose, budget)
         return reconcile.reconcile(get_pool(current_app), source.event_source, Counted(listing, advance),
                                    settings.policy, since, until, dry_run,
                                    on_result=lambda result: counts.observe(source.event_source, result),
-                                   max_body_bytes=settings.max_body_bytes)
+                                   max_body_bytes=settings.max_body_bytes, scheme=source.scheme)
 
     if all_accounts:
+        assert list_accounts is not None  # refused above
         try:
-            accounts = StripeAccounts(api_key, settings.stripe_api_base, key_setting, budget).ids()
+            accounts = list_accounts(api_key, api_base(source), key_setting, budget)
         except ProviderError as exc:
             raise click.ClickException(str(exc)) from None
-        raise click.exceptions.Exit(_reconcile_accounts(accounts, run))
+        raise click.exceptions.Exit(_reconcile_accounts(provider, accounts, run))
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         try:
             summary = run(account, counts, advance)
@@ -614,15 +621,19 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
         raise click.exceptions.Exit(1)
 
 
-def _reconcile_accounts(accounts: list[str], run: Callable[..., reconcile.Summary]) -> int:
+def _is_account(provider: Provider, text: str) -> bool:
+    return provider.is_account is not None and provider.is_account(text)
+
+
+def _reconcile_accounts(provider: Provider, accounts: list[str], run: Callable[..., reconcile.Summary]) -> int:
     """Reconcile each account in turn, one line each (and its refusals); return the exit status: 1 if any did not
     complete, else YIELDED_EXIT if one yielded to another run, else 0."""
     ended: list[reconcile.RunStatus] = []
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         for account in accounts:
-            if not stripe.is_account(account):
-                click.echo(f"{excerpt(account, 64)}: failed: Stripe listed it as an account, but it is no "
-                           "account id (acct_ then letters and digits): not reconciled")
+            if not _is_account(provider, account):
+                click.echo(f"{excerpt(account, 64)}: failed: {provider.name} listed it as an account, but it is no "
+                           f"account id ({provider.account_words}): not reconciled")
                 ended.append(reconcile.RunStatus.FAILED)
                 continue
             try:

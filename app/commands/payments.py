@@ -11,12 +11,11 @@ import click
 from flask import Flask, current_app
 
 from ..intake.events import DEFAULT_SOURCE, Kind
-from ..providers import stripe
 from ..settings.config import Needs, Settings
 from ..store import ledger
 from ..store.db import get_pool, transaction
 from ..store.outcome import Outcome
-from .base import EVERY_STATUS, Commands, audit, os_user, stored_effects, unapplied
+from .base import EVERY_STATUS, Commands, account_words, audit, is_account, os_user, stored_effects, unapplied
 
 payments = Commands("payments", help="Give a payment that names no user its user, or key a connected account's "
                                      "payment in its account, and apply its waiting events.")
@@ -95,18 +94,18 @@ def replay_waiting(source: str, waiting: Sequence[str]) -> None:
 @click.argument("account")
 @click.option("--by", "actor", help="Who moves it, logged with it [default: the OS user].")
 def move_to_account(source: str, payment_id: str, account: str, actor: str | None) -> None:
-    """Key SOURCE's PAYMENT_ID (pi_..., keyed in no account) in the Stripe connected ACCOUNT (acct_...), as
+    """Key SOURCE's PAYMENT_ID (pi_..., keyed in no account) in the connected ACCOUNT (acct_...), as
     migration 005 keys a connected account's payment, then replay its failed and ignored events.
 
     Refused when the payment is unknown or in an account already, when ACCOUNT/PAYMENT_ID exists (two rows of
     one payment), when a stored event of it names another account or none, or when a key would be too long.
     """
     actor = os_user() if actor is None else actor
-    if not stripe.is_account(account):
-        raise click.BadParameter("a connected account is acct_ and letters or digits", param_hint="ACCOUNT")
+    if not is_account(account):
+        raise click.BadParameter(f"a connected account is {account_words()}", param_hint="ACCOUNT")
     within, slash, _ = payment_id.partition("/")
     if slash:
-        where = f"account {within}" if stripe.is_account(within) else "an account"
+        where = f"account {within}" if is_account(within) else "an account"
         raise click.ClickException(f"payment {payment_id} is keyed in {where} already: nothing moved")
     # No statement timeout: whether a stored event names the payment is read from every stored event's bytes.
     with transaction(get_pool(current_app), statement_timeout=0) as conn:

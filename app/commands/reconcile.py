@@ -177,21 +177,17 @@ def window(listing: EventList, watermark: datetime | None, since: datetime | Non
 
 def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since: datetime | None = None,
               until: datetime | None = None, dry_run: bool = False, now: datetime | None = None,
-              on_result: Callable[[Result], object] = lambda result: None, *, max_body_bytes: int) -> Summary:
-    """List source's events of the window and apply each as a live delivery would; return the run's Summary.
-
-    source is the name its events are stored under (Source.event_source); listing.account the connected account
-    whose events, run and watermark these are (None: the platform's own); max_body_bytes the largest body a delivery
-    may have (MAX_BODY_BYTES); on_result is told what applying each event came to (for /metrics). Raises
-    ProviderError (the run recorded failed) when the provider cannot list the window or answers a page that cannot
-    be followed, psycopg's errors when PostgreSQL is unavailable (the next run marks this one interrupted).
-    """
+              on_result: Callable[[Result], object] = lambda result: None, *, max_body_bytes: int,
+              scheme: str) -> Summary:
+    """List the window's events of source (stored under that name; of listing.account, None: the platform's own)
+    and apply each as a live delivery of scheme would; return the run's Summary, or raise ProviderError (the run
+    recorded failed) when the provider cannot list the window or a page cannot be followed."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     key = _key(source, listing)
     if dry_run:
         with transaction(pool) as conn:
             row = conn.execute(READ_WATERMARK, key).fetchone()
-        return _dry_run(pool, source, listing, row[0] if row else None, since, until, now, max_body_bytes)
+        return _dry_run(pool, source, listing, row[0] if row else None, since, until, now, max_body_bytes, scheme)
     failure: ProviderError | None = None
     try:
         # The run's lock: the watermark row of the source's account, held FOR
@@ -208,7 +204,7 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
                 summary.run_id = conn.execute(START_RUN, {**key, "since": first, "until": last,
                                                           "status": RunStatus.RUNNING}).fetchone()[0]  # type: ignore
             try:
-                _apply_window(pool, source, listing, policy, summary, on_result, max_body_bytes)
+                _apply_window(pool, source, listing, policy, summary, on_result, max_body_bytes, scheme)
             except ProviderError as exc:
                 summary.status, summary.message = RunStatus.FAILED, str(exc)
                 summary.watermark, failure = watermark, exc
@@ -286,7 +282,7 @@ def _finish(holder: psycopg.Connection, summary: Summary) -> None:
 
 
 def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary,
-                  on_result: Callable[[Result], object], max_body_bytes: int) -> None:
+                  on_result: Callable[[Result], object], max_body_bytes: int, scheme: str) -> None:
     """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more.
 
     A page's events are applied by APPLIERS threads, each taking the events
@@ -301,7 +297,7 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.listed += len(page)
             lanes: dict[int, list[tuple[Event, Effect, ListedEvent]]] = {}
             for listed in page:
-                event = _read(listed, source, listing.account, max_body_bytes, tally)
+                event = _read(listed, source, scheme, listing.account, max_body_bytes, tally)
                 if event is not None:
                     effect = effect_of(event, policy)
                     lane = zlib.crc32((effect.payment_id or event.id).encode()) % APPLIERS
@@ -329,7 +325,8 @@ def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, s
             tally.refuse(refusal)
 
 
-def _read(listed: ListedEvent, source: str, account: str | None, max_body_bytes: int, tally: Tally) -> Event | None:
+def _read(listed: ListedEvent, source: str, scheme: str, account: str | None, max_body_bytes: int,
+          tally: Tally) -> Event | None:
     """The listed event read as a delivery's body is (its size, then events.parse); None, refused and counted but
     not stored, where a delivery of it would be refused 413 or 400, or where it is not of the account listed (its
     `account` other than account's, or, listed as the platform's own, any)."""
@@ -337,7 +334,7 @@ def _read(listed: ListedEvent, source: str, account: str | None, max_body_bytes:
         problem = too_large(max_body_bytes)
     else:
         try:
-            event = parse(listed.body, "stripe", None, source)
+            event = parse(listed.body, scheme, None, source)
         except (InvalidJSONError, InvalidEventError) as exc:
             problem = str(exc)
         else:
@@ -396,7 +393,7 @@ def _applied(pool: Pool, event: Event, listed: ListedEvent, policy: Policy, effe
 
 
 def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | None, since: datetime | None,
-             until: datetime | None, now: datetime, max_body_bytes: int) -> Summary:
+             until: datetime | None, now: datetime, max_body_bytes: int, scheme: str) -> Summary:
     """List the window and say what a run would do, writing nothing."""
     first, last, unprovable = window(listing, watermark, since, until, now)
     summary = Summary(source, listing.name, first, last, RunStatus.COMPLETED, Tally(), dry_run=True,
@@ -407,7 +404,7 @@ def _dry_run(pool: Pool, source: str, listing: EventList, watermark: datetime | 
         tally.pages += 1
         tally.listed += len(page)
         events = [event for listed in page
-                  if (event := _read(listed, source, listing.account, max_body_bytes, tally)) is not None]
+                  if (event := _read(listed, source, scheme, listing.account, max_body_bytes, tally)) is not None]
         with transaction(pool) as conn:
             stored = dict(conn.execute(STORED, {"source": source, "ids": [event.id for event in events]}).fetchall())
         for event in events:

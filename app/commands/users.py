@@ -15,12 +15,22 @@ from psycopg.rows import namedtuple_row
 
 from ..core.vocabulary import MAX_APP_KEY_CHARS, MAX_ID_CHARS, app_key_of, excerpt
 from ..intake.events import Kind
-from ..providers import stripe
 from ..settings.config import Needs
 from ..store import ledger
 from ..store.db import NamedRow, get_pool, transaction
 from ..store.ledger import Entry
-from .base import CENTS, Commands, os_user, table, unapplied, unit_name, utc
+from .base import (
+    CENTS,
+    Commands,
+    account_words,
+    is_account,
+    meant_as_account,
+    os_user,
+    table,
+    unapplied,
+    unit_name,
+    utc,
+)
 
 users = Commands("users", help="Create users, show their balance and journal, link a provider's customers to them.")
 
@@ -132,13 +142,14 @@ def show_user(name: str) -> None:
                [(utc(r.created_at), r.kind, f"{r.amount_cents:+}", _movement(r), _made_by(r)) for r in journal])
 
 
-# A connected account's customer's id, after acct_X/: a Stripe id (cus_...), as its events' keys end.
-_STRIPE_ID = re.compile(r"[A-Za-z0-9_]+")
+# A connected account's customer's id, after the account's and a slash: a provider's id (cus_...), as its events'
+# keys end.
+_ID = re.compile(r"[A-Za-z0-9_]+")
 
 
 def _linked(customer_id: str) -> str:
-    """What a link links, in words: a customer, or a Stripe connected account (acct_...)."""
-    return f"{'account' if stripe.is_account(customer_id) else 'customer'} {customer_id}"
+    """What a link links, in words: a customer, or a connected account."""
+    return f"{'account' if is_account(customer_id) else 'customer'} {customer_id}"
 
 
 def _movement(row: NamedRow) -> str:
@@ -180,20 +191,20 @@ def list_users(limit: int) -> None:
 def link_customer(source: str, customer_id: str, user_id: uuid.UUID, actor: str | None) -> None:
     """Credit SOURCE's payments of CUSTOMER_ID whose metadata names no user to USER_ID.
 
-    CUSTOMER_ID is Stripe's cus_..., a connected account's customer acct_.../cus_..., or a connected account
-    acct_... itself: then each of its payments that neither its metadata nor a linked customer gives a user.
+    CUSTOMER_ID is a customer's id (Stripe's cus_...), a connected account's customer (acct_.../cus_...), or a
+    connected account itself: then each of its payments that neither its metadata nor a linked customer gives a user.
     A link is never changed: a payment credited before it is not moved.
     """
     actor = os_user() if actor is None else actor
     within, slash, customer = customer_id.partition("/")
-    if (slash or customer_id.startswith("acct_")) and not (
-            stripe.is_account(within) and (not slash or _STRIPE_ID.fullmatch(customer))):
-        raise click.BadParameter(f"a connected account is acct_ and letters or digits ({MAX_ID_CHARS} characters at "
-                                 "most), its customer acct_.../cus_...", param_hint="CUSTOMER_ID")
+    if (slash or meant_as_account(customer_id)) and not (
+            is_account(within) and (not slash or _ID.fullmatch(customer))):
+        raise click.BadParameter(f"a connected account is {account_words()} ({MAX_ID_CHARS} characters at most), "
+                                 f"its customer {account_words(customer=True)}", param_hint="CUSTOMER_ID")
     # A provider's id, the customer's; in a connected account, after the account's (a key of MAX_KEY_CHARS at most).
     if not 1 <= len(customer if slash else customer_id) <= MAX_ID_CHARS:
         raise click.BadParameter(f"a customer id is 1 to {MAX_ID_CHARS} characters", param_hint="CUSTOMER_ID")
-    account = customer_id if stripe.is_account(customer_id) else None
+    account = customer_id if is_account(customer_id) else None
     with transaction(get_pool(current_app)) as conn:
         made = ledger.link_customer(conn, source, customer_id, user_id, actor)
         link: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(LINK, [source, customer_id]).fetchone()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ConfigError, ProviderUnavailableError
+from .records import EventList, MoneyRecords
 from .signing import Certificates
 from .vocabulary import (
     MAX_ID_CHARS,
@@ -111,6 +112,17 @@ def envelope(document: dict[str, Any], body: bytes, headers: Headers, source: st
     return Event(event_id, event_type, data, document, body, source)
 
 
+# (API key, API address, the key's setting, a connected account or None: the key's own, the account's budget) -> its
+# events, listed for `flask reconcile`.
+EventListMaker = Callable[[str, str, str, "str | None", "Budget | None"], EventList]
+# (API key, API address, the key's setting, a connected account or None, the users' metadata key, the budget) -> its
+# money records, for `flask audit`.
+MoneyRecordsMaker = Callable[[str, str, str, "str | None", str, "Budget | None"], MoneyRecords]
+# (API key, API address, the key's setting, the budget) -> the id of each connected account a platform lists, as listed;
+# ProviderError if the list cannot be read.
+AccountLister = Callable[[str, str, str, "Budget | None"], list[str]]
+
+
 def _never(event: Event) -> bool:
     return False
 
@@ -154,10 +166,20 @@ class Provider:
     api: FetcherMaker | None = None  # its API, for a source with an API key
     api_base: str | None = None  # its API's address, where a source names none
     needs_api: Callable[[Event], bool] = _never  # an event whose money is read from the API whatever FETCH says
-    # -- what a scheme's verify needs beyond the secrets (issue 45, pprz) --
+    # -- what a scheme's verify needs beyond the secrets --
     # (the process's Settings, Any here: core imports no settings; its outbound calls) -> what its verify is passed
     # as `certificates`, made once per process by the fetch step (app/receiver/fetch.py). None: it needs nothing more.
     certificates: Callable[[Any, "Outbound"], Certificates] | None = None
+    # -- what the commands ask: `flask reconcile`, `flask audit`, a connected account --
+    event_list: EventListMaker | None = None  # its event list, for reconcile; None: its events cannot be listed
+    money_records: MoneyRecordsMaker | None = None  # its money records, for the audit; None: not audited
+    accounts: AccountLister | None = None  # a platform's connected accounts (--all-accounts); None: it has none
+    is_account: Callable[[object], bool] | None = None  # a connected account's id; None: it has no connected accounts
+    account_prefix: str = ""  # how a connected account's id begins ("acct_"): a text that does is meant as one
+    account_words: str = ""  # a connected account's id, in a refusal's words: "acct_ then letters and digits"
+    events_key: str = "the provider's API key"  # the key reconcile needs, in words ("a Stripe restricted key ...")
+    money_key: str = "the provider's API key"  # the key the audit needs, in words
+    payouts: bool = False  # its audit checks each payout against its records (--payouts)
 
     # -- what the settings ask of a source of the scheme (issue 45, settings) --
     # (its secrets' setting, their entries) -> the secrets as its verify uses them, or ConfigError naming an entry

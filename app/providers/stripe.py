@@ -1,6 +1,6 @@
 """Stripe: its signature scheme, its snapshot and thin events' money rules (keyed in a Connect event's account),
-and its API: an event by id, a thin event's related object (docs/providers.md, "stripe", "Thin events", "Stripe
-Connect")."""
+and its API: an event by id, a thin event's related object (docs/providers/stripe.md, "Thin events",
+"Connect")."""
 
 import hashlib
 import json
@@ -42,11 +42,11 @@ NAME = "Stripe"
 SIGNATURE_HEADER = "Stripe-Signature"
 PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
 CHARGE_REFUNDED = "charge.refunded"
-# Stripe's Refund object, in each event that carries it (docs/providers.md).
+# Stripe's Refund object, in each event that carries it (docs/providers/stripe.md).
 REFUND_EVENTS = ("refund.created", "refund.updated", "refund.failed", "charge.refund.updated")
 DISPUTE_FUNDS_WITHDRAWN = "charge.dispute.funds_withdrawn"
 DISPUTE_FUNDS_REINSTATED = "charge.dispute.funds_reinstated"
-# Checkout Sessions whose payment_status may say paid (docs/providers.md, "Checkout").
+# Checkout Sessions whose payment_status may say paid (docs/providers/stripe.md, "Checkout").
 CHECKOUT_SESSION_EVENTS = ("checkout.session.completed", "checkout.session.async_payment_succeeded")
 # The first Stripe API version whose charge.refunded no longer counts an
 # authorisation released by a partial capture or a cancellation.
@@ -84,7 +84,7 @@ def sign(body: bytes, secrets: list[bytes], timestamp: int, msg_id: str | None) 
     return {SIGNATURE_HEADER: f"t={t},{v1}"}
 
 
-# -- Connect: a connected account's events (docs/providers.md, "Stripe Connect") ------------------
+# -- Connect: a connected account's events (docs/providers/stripe.md, "Connect") ------------------------
 
 # A connected account's id: a Connect event's top-level `account` (https://docs.stripe.com/api/events/object).
 ACCOUNT = re.compile(r"acct_[A-Za-z0-9]+")
@@ -291,7 +291,7 @@ RULES = {
 }
 
 
-# -- thin events (docs/providers.md, "Thin events") ---------------------------------------------
+# -- thin events (docs/providers/stripe.md, "Thin events") --------------------------------------
 
 THIN_OBJECT = "v2.core.event"
 # The API version a thin event's related object is fetched in (Stripe-Version): the one the rules above read.
@@ -558,10 +558,30 @@ def _api(base: str, key: str, outbound: Outbound, budget: "Budget | None", every
     return Records(API(base, key, outbound, budget), every_event)
 
 
+def _event_list(api_key: str, base: str, key_setting: str, account: str | None, budget: "Budget | None") -> Any:
+    from ..commands.stripe_list import StripeEvents  # stripe-python: imported by the commands that list alone
+    return StripeEvents(api_key, base, key_setting, account, budget)
+
+
+def _accounts(api_key: str, base: str, key_setting: str, budget: "Budget | None") -> list[str]:
+    from ..commands.stripe_list import StripeAccounts
+    return StripeAccounts(api_key, base, key_setting, budget).ids()
+
+
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> Any:
+    from .stripe_audit import StripeBalance
+    return StripeBalance(api_key, base, key_setting, account, metadata_key, budget)
+
+
 _RULES = {name: _subscription_or(rule) if name in CHECKOUT_SESSION_EVENTS else rule for name, rule in RULES.items()}
 _THIN_RULES = {name: (_subscription_or(rule) if name.removeprefix("v1.") in CHECKOUT_SESSION_EVENTS else rule)
                ._replace(compared_by=_compared_by) for name, rule in THIN_RULES.items()}
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
                     rules=with_statuses({**_RULES, **_THIN_RULES}, REFUND_STATES), stored=_stored, api=_api,
                     api_base="https://api.stripe.com", needs_api=_needs_api,
+                    event_list=_event_list, money_records=_money_records, accounts=_accounts, is_account=is_account,
+                    account_prefix="acct_", account_words="acct_ then letters and digits",
+                    events_key="a Stripe restricted key that may read Events",
+                    money_key="a Stripe restricted key that may read Balance", payouts=True,
                     api_key_words="a key that may read Events", api_base_setting="STRIPE_API_BASE")

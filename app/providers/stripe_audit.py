@@ -1,6 +1,6 @@
 """Stripe's money records for `flask audit`: its balance transactions by `created` window, each with its `source`
-expanded, in the platform's account or a connected one's, turned into the ledger's keys (docs/providers.md,
-"Auditing against Stripe's balance").
+expanded, in the platform's account or a connected one's, turned into the ledger's keys (docs/providers/stripe.md,
+"Reconcile and audit").
 
 What Stripe documents and this follows:
 - https://docs.stripe.com/api/balance_transactions/list: newest first, `created[gte|lt]`, `limit` up to 100,

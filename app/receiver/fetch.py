@@ -1,5 +1,5 @@
 """The fetch step: a provider's API asked on receipt for what a notification cannot prove
-(docs/providers.md, "What is signed and what is fetched")."""
+(docs/providers/README.md, "What is signed and what is fetched")."""
 
 import logging
 from collections.abc import Mapping

@@ -72,7 +72,7 @@ def receive(name: str | None) -> tuple[dict[str, str], int]:
 
 
 # 202 for accepted: recorded, its processing not done (RFC 9110, 15.3.3); every provider here stops retrying on any
-# 2xx (Stripe, PayPal, Razorpay: docs/providers.md).
+# 2xx (Stripe, PayPal, Razorpay: docs/providers/).
 ANSWERED = {Outcome.DUPLICATE: 200, Outcome.ACCEPTED: 202}
 
 

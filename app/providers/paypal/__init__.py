@@ -1,5 +1,5 @@
 """PayPal: its signature scheme, its events' shape and money rules, its certificates and its REST API.
-Its signature covers only a CRC32 of the body, so each event is fetched from PayPal (docs/providers.md, "paypal")."""
+Its signature covers only a CRC32 of the body, so each event is fetched from PayPal (docs/providers/paypal.md)."""
 
 import re
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from .scheme import NAME, SCHEME, SIGNATURE_HEADER, sign, verify
 
 if TYPE_CHECKING:
     from ..budget import Budget
+    from .audit import PayPalTransactions
 
 __all__ = ["API", "API_BASE", "CERT_FETCHES_PER_MINUTE", "DISPUTE_RESOLVED", "NAME", "PROVIDER", "REFUND_EVENTS",
            "RULES", "SCHEME", "CertificateUnavailableError", "Certificates", "parse", "sign", "verify"]
@@ -49,9 +50,17 @@ def _webhook_ids(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
     return secrets
 
 
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> "PayPalTransactions":
+    from .audit import PayPalTransactions
+    return PayPalTransactions(api_key, base, key_setting, budget)
+
+
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, None, parse=_parse,
                     rules=with_statuses(RULES, REFUND_STATES), sign_with_key=sign, api=_api, api_base=API_BASE,
-                    certificates=_certificates, keys=_webhook_ids,
+                    certificates=_certificates,
+                    money_records=_money_records, money_key="PayPal's REST app's <client id>:<secret>",
+                    keys=_webhook_ids,
                     must_fetch="its signature covers only a CRC32 of the body, so each event is fetched from "
                                "PayPal's API",
                     api_key_words="PayPal's REST app credentials", api_key_written="<client id>:<secret>",

@@ -1,5 +1,5 @@
 """Razorpay: its signature scheme, its events' shape and money rules, and its API, the entity an event names.
-An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
+An event's id is its unsigned header bound to the body's digest (docs/providers/razorpay.md)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +12,7 @@ from .scheme import NAME, SCHEME, SIGNATURE_HEADER, sign, verify
 
 if TYPE_CHECKING:
     from ..budget import Budget
+    from .audit import RazorpaySettlements
 
 __all__ = ["API", "API_BASE", "NAME", "PROVIDER", "RULES", "SCHEME", "is_razorpay", "parse", "sign", "verify",
            "with_entity"]
@@ -34,11 +35,18 @@ def _api(base: str, key: str, outbound: Outbound, budget: "Budget | None", every
     return API(base, key, outbound, budget) if every_event else None
 
 
+def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
+                   budget: "Budget | None") -> "RazorpaySettlements":
+    from .audit import RazorpaySettlements
+    return RazorpaySettlements(api_key, base, key_setting, budget)
+
+
 PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=_parse,
                     rules=with_statuses({**RULES, **{refund: Rule(Kind.REFUND, read_refund, REFUND_LABELS)
                                                      for refund in ("refund.created", "refund.failed")}},
                                         REFUND_STATES),
                     owns=is_razorpay, stored=_stored, api=_api, api_base=API_BASE,
+                    money_records=_money_records, money_key="a Razorpay API key, <key id>:<key secret>",
                     # HTTP Basic's: the key id (rzp_live_..., rzp_test_...), a colon, the key secret.
                     api_key_words="Razorpay's API key", api_key_written="<key id>:<key secret>",
                     api_key_pattern="[^:]+:.+")
