@@ -20,7 +20,7 @@ from ..core.errors import ConfigError
 from ..core.provider import Provider
 from ..core.vocabulary import minor_unit_name
 from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
-from ..providers import PROVIDERS, of
+from ..providers import PROVIDERS
 from ..serving.logformat import json_formatter
 from ..settings.config import PROBLEMS, Needs, Settings
 from ..settings.sources import Source
@@ -98,10 +98,9 @@ _needs = needs  # for Commands.command, whose keyword hides it
 
 
 def api_base(source: Source) -> str:
-    """The address of source's provider API: the source's own, else a global setting's, else the provider's."""
-    address = source.api_base or Settings.of(current_app).api_base_of(source.scheme) or of(source.scheme).api_base
-    assert address is not None, f"{source.scheme} has no API address"  # a provider with an API has one
-    return address
+    """The address of source's provider API, resolved when the settings were read (app/settings/sources.py)."""
+    assert source.api_base is not None, f"{source.scheme} has no API address"  # a provider with an API has one
+    return source.api_base
 
 
 def either(names: list[str]) -> str:

@@ -133,7 +133,7 @@ def init_app(app: "Flask") -> None:
         account = (source.scheme, source.api_key)
         budget = budgets[account] = budgets.get(account) or Budget(
             app.extensions.get("redis"), source.scheme, source.api_key, source.api_rate, source.api_rate_total)
-        base = source.api_base or settings.api_base_of(provider.scheme) or provider.api_base
+        base = source.api_base
         api = provider.api(base or "", source.api_key, outbound, budget, source.fetch)
         if api is not None:
             fetchers[source.name] = api

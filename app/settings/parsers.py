@@ -11,8 +11,8 @@ from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
 from ..core.errors import ConfigError as ConfigError  # where the settings' modules import it from
-from ..intake.events import NoUser
-from ..intake.signature import SCHEMES
+from ..core.vocabulary import NoUser
+from ..providers import SCHEMES
 from . import conninfo
 
 # A setting's parser: (its name, its raw text) -> its value, or ConfigError naming it.

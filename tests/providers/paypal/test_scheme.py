@@ -786,7 +786,7 @@ PAYPAL_ENVIRON = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "re
 @pytest.mark.unit
 def test_a_paypal_source_fetches_from_paypals_live_api_unless_told_another():
     source = app_config.from_env(PAYPAL_ENVIRON).sources["paypal"]
-    assert (source.fetch, source.api_base) == (True, None)  # None: app.providers.paypal.API_BASE
+    assert (source.fetch, source.api_base) == (True, "https://api-m.paypal.com")  # app.providers.paypal.API_BASE
     sandbox = app_config.from_env({**PAYPAL_ENVIRON, "WEBHOOK_PAYPAL_API_BASE": "https://api-m.sandbox.paypal.com"})
     assert sandbox.sources["paypal"].api_base == "https://api-m.sandbox.paypal.com"
 
