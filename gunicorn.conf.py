@@ -14,13 +14,8 @@ from gunicorn import glogging
 
 
 def _leaf(name):
-    """app/serving/<name>.py, loaded by its path under a name of its own, without the app package.
-
-    The master must import nothing of the app: a HUP forks the new workers
-    from it, and they would run the old code of any app module it holds
-    (tests/test_startup.py). app/serving/logformat.py and app/serving/gunicorn_worker.py
-    import nothing of the app, so each loads alone; a HUP reads them again.
-    """
+    """app/serving/<name>.py (it imports nothing of the app), loaded by its path under a name of its own."""
+    # Not imported as app.serving.<name>: the package `app` would enter the master, and a HUP's workers run old code.
     folder = Path(__file__).with_name("app")  # a checkout, or the image's /app
     if not folder.is_dir():  # an installed host: share/webhook-ledger/ holds this file, site-packages the app
         folder = Path(importlib.util.find_spec("app").submodule_search_locations[0])  # found, not imported

@@ -290,7 +290,7 @@ $$;
 -- Whether an event of this type is read from its object as the provider
 -- has it when fetched, not as it was when the event happened: Stripe's thin
 -- events of API v1 resources, 'v1.' and their snapshot twin's type
--- (docs/providers.md, "Thin events"). Its metadata may have changed since.
+-- (docs/providers/stripe.md, "Thin events"). Its metadata may have changed since.
 -- tests/test_money.py holds it to app/providers/stripe.py's THIN_RULES.
 CREATE OR REPLACE FUNCTION read_when_fetched(p_type text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$

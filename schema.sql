@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS webhook_events (
     completed_at     TIMESTAMPTZ,
     -- SHA-256 of body.
     payload_sha256   BYTEA NOT NULL CHECK (octet_length(payload_sha256) = 32),
-    -- SHA-256 of the event's effect (events.Event.effect_sha256): a later
+    -- SHA-256 of the event's effect (vocabulary.Effect.sha256): a later
     -- delivery of the id with another effect is refused (409
     -- payload_mismatch) and only counted; the same effect in other bytes is
     -- the same event. NULL only on a row whose stored bytes do not parse

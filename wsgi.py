@@ -3,8 +3,9 @@
 import sys
 
 from app import create_app
+from app.core.errors import ConfigError
 from app.receiver import drain
-from app.settings.config import ConfigError, Needs
+from app.settings.config import Needs
 
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker that exits with it makes the
 # master stop (any other status, and the master starts another worker, for

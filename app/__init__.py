@@ -16,24 +16,25 @@ if TYPE_CHECKING:
 def create_app(test_config: Mapping[str, object] | None = None, needs: config.Needs | None = None) -> "Flask":
     """Build the app from the environment, or from test_config (setting name -> value) when given.
 
-    needs: the least it must read of the settings, or ConfigError (wsgi.py: Needs.SERVICE). None, as
-    `flask` calls it: as much as they allow, from DATABASE_URL alone up; each command declares its own (commands.needs).
+    needs: the least it must read of the settings (wsgi.py: Needs.SERVICE), else ConfigError.
     """
     # Imported here, as flaskr imports its modules: `import app.settings.config` alone
     # stays light (no Flask), for gunicorn's master's check (gunicorn.conf.py).
     from flask import Flask
 
     from .commands import audit_cli, cli, payments, users
+    from .commands.base import config_error_in_one_line
     from .locking import lock
     from .receiver import delivery, errors, fetch, logs, metrics, openapi, release, webhooks
     from .store import db
 
     app = Flask(__name__)
     environ = os.environ if test_config is None else {name: str(value) for name, value in test_config.items()}
-    if needs is None:
-        settings, problems = config.from_env_as_far_as_it_goes(environ)
-    else:
-        settings, problems = config.from_env(environ, needs), {}
+    with config_error_in_one_line():  # `flask` builds the app before any command of ours runs
+        if needs is None:  # as `flask` calls it: from DATABASE_URL alone up; each command says what it needs
+            settings, problems = config.from_env_as_far_as_it_goes(environ)
+        else:
+            settings, problems = config.from_env(environ, needs), {}
     app.extensions[config.EXTENSION] = settings  # read with Settings.of(app)
     app.extensions[config.PROBLEMS] = problems  # why it was read below Needs.SERVICE (commands.needs says it)
     # Flask answers 413 past this; webhooks.py refuses the one byte more,

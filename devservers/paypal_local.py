@@ -1,4 +1,4 @@
-"""PayPal on this machine, for docs/providers.md's PayPal recipe: a test CA, a certificate issued to PayPal's
+"""PayPal on this machine, for docs/providers/paypal.md's recipe: a test CA, a certificate issued to PayPal's
 name and its key, a loopback stand-in of PayPal's certificate host serving it over HTTPS, and the stand-in of
 PayPal's REST API (devservers/paypal_stand_in.py); it prints the service's settings for them.
 

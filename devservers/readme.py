@@ -1,7 +1,7 @@
 """What the docs tell a user to type, read from the pages themselves, for
 the tests and checks that do as a user would: the README's Debian
 prerequisites and its signed curl smoke test, and every shell block of the
-README and docs/*.md with the answers shown after it
+README and docs/ with the answers shown after it
 (tests/test_docs_examples.py runs them; docs/testing.md says how)."""
 
 import re
@@ -38,7 +38,7 @@ def smoke_test(base_url=SMOKE_URL):
 
 # -- every example of the docs ---------------------------------------------------------
 
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]  # docs/providers/ holds a page per provider
 SHELLS = ("sh", "bash", "shell")  # the fences whose blocks are run
 ANSWER = "output"  # the fence of an answer: what the shell block before it prints
 # Before a block that is not run: `<!-- example: not run, because <why> -->`,

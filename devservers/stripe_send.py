@@ -23,7 +23,7 @@ import stripe
 
 from app.intake.events import DEFAULT_SOURCE
 
-API_VERSION = "2025-03-31.basil"  # the version the docs' events are shaped by (docs/providers.md, "API versions")
+API_VERSION = "2025-03-31.basil"  # the version the docs' events are shaped by (docs/providers/stripe.md, "Limits")
 TIMEOUT_S = 30  # one delivery on loopback
 
 

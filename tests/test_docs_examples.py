@@ -213,11 +213,21 @@ def run_page(session, page, first=False):
     return ran
 
 
+def _listed(page, text):
+    """The pages a list of links in text (of page) names, in order."""
+    return [page.parent / path for path in re.findall(r"^- \[[^]]+\]\(([^)#]+)\)", text, re.M)]
+
+
 def reading_order():
-    """The pages with examples as a reader meets them: the README, then those its "Where to read on" lists, in order."""
+    """The pages with examples as a reader meets them: the README, then those its "Where to read on" lists, in order,
+    an index among them (docs/providers/README.md) followed by the pages it lists."""
     section = readme.README.read_text().split("## Where to read on\n", 1)[1].split("\n## ", 1)[0]
-    listed = [ROOT / path for path in re.findall(r"^- \[[^]]+\]\(([^)]+)\)", section, re.M)]
-    return [page for page in [readme.README, *listed] if page in PAGES]
+    pages = []
+    for page in _listed(readme.README, section):
+        pages.append(page)
+        if page.name == "README.md":
+            pages += _listed(page, page.read_text())
+    return [page for page in [readme.README, *pages] if page in PAGES]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
@@ -272,7 +282,7 @@ def test_a_block_that_changes_the_host_is_marked_not_run(page):
 def _marker(example):
     """The match of a block's marker, group 2 the test module that runs it; None if the marker says neither
     `not run, because ...` nor `run by tests/...`."""
-    return re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:deploy/)?test_\w+\.py)\b.*", example.exempt,
+    return re.fullmatch(r"not run, because (.{12,})|run by (tests/(?:\w+/)*test_\w+\.py)\b.*", example.exempt,
                         re.S)
 
 
@@ -345,6 +355,9 @@ def test_a_block_that_starts_make_run_gives_its_settings():
 
 # -- the Stripe events to subscribe to ------------------------------------------------
 
+STRIPE_PAGE = ROOT / "docs" / "providers" / "stripe.md"
+
+
 def _stripe_types():
     """The Stripe snapshot event types RULES reads: those whose fields include Stripe's livemode."""
     return sorted(event_type for event_type, rule in RULES.items()
@@ -353,15 +366,15 @@ def _stripe_types():
 
 @pytest.mark.unit
 def test_providers_lists_every_stripe_event_that_rules_reads_for_the_dashboard():
-    text = (ROOT / "docs" / "providers.md").read_text()
-    section = text.split("### The Stripe events to subscribe to\n", 1)[1].split("\n#", 1)[0]
+    text = STRIPE_PAGE.read_text()
+    section = text.split("### The events to subscribe to\n", 1)[1].split("\n#", 1)[0]
     dashboard = re.search(r"^In the Dashboard.*?\n\n", section, re.S | re.M).group(0)
     assert sorted(re.findall(r"`([a-z_.]+\.[a-z_.]+)`", dashboard)) == _stripe_types()
 
 
 @pytest.mark.unit
 def test_providers_stripe_listen_forwards_every_stripe_event_that_rules_reads():
-    (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md")
+    (listen,) = [e for e in readme.examples(STRIPE_PAGE)
                  if "stripe listen" in e.script and "--thin-events" not in e.script]
     events = shlex.split(listen.script.replace("\\\n", " "))
     assert sorted(events[events.index("--events") + 1].split(",")) == _stripe_types()

@@ -301,7 +301,7 @@ ACACIA = "2024-10-28.acacia"  # the first version that sends refund.* for a char
 
 
 def test_a_failed_refund_reaches_the_ledger_under_the_subscription_for_partial_captures(client, db):
-    """docs/providers.md: a partially capturing account before basil subscribes to charge.refunded and
+    """docs/providers/stripe.md: a partially capturing account before basil subscribes to charge.refunded and
     refund.failed (acacia's event version): the refund the total took is given back when it fails."""
     send_stripe(client, intent_succeeded("pi_capf", cents=6000, authorized=10000))
     for total in (4000, 6000):  # the released authorisation, then a real refund of 2000

@@ -16,13 +16,13 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
+from ..core.errors import ConfigError
 from ..core.provider import Provider
 from ..core.vocabulary import minor_unit_name
 from ..intake.events import Effect, Policy, StoredBodyError, Users, effect_of, stored_event
-from ..providers import PROVIDERS, of
+from ..providers import PROVIDERS
 from ..serving.logformat import json_formatter
 from ..settings.config import PROBLEMS, Needs, Settings
-from ..settings.parsers import ConfigError
 from ..settings.sources import Source
 from ..store.db import unavailable_in_one_line
 from ..store.schema import recorded_currency
@@ -40,21 +40,36 @@ NEEDS_WORDS = {Needs.DATABASE: "DATABASE_URL", Needs.REDIS: "DATABASE_URL and RE
 
 
 def needs(level: Needs) -> Callable[[F], F]:
-    """Declare what a command reads of the settings: one that is missing or bad stops it in one line, before it runs.
-
-    `flask` builds the app from as much of the settings as there is, from
-    DATABASE_URL alone up (create_app); a command that needs more says so here.
-    """
+    """Declare what a command reads of the settings: one that is missing or bad stops it in one line, before it runs."""
+    # `flask` builds the app from as much of the settings as there is, from DATABASE_URL alone up (create_app).
     def declare(command: F) -> F:
         @functools.wraps(command)
         def checked(*args: Any, **kwargs: Any) -> Any:
-            if Settings.of(current_app).read < level:
-                problem = current_app.extensions[PROBLEMS][level]
-                raise ConfigError(f"{problem.message} ({name_of(click.get_current_context())} reads "
-                                  f"{NEEDS_WORDS[level]})")
-            return command(*args, **kwargs)
+            with config_error_in_one_line():
+                if Settings.of(current_app).read < level:
+                    problem = current_app.extensions[PROBLEMS][level]
+                    raise ConfigError(f"{problem.message} ({name_of(click.get_current_context())} reads "
+                                      f"{NEEDS_WORDS[level]})")
+                return command(*args, **kwargs)
         return checked  # type: ignore[return-value]
     return declare
+
+
+class ConfigExit(click.ClickException):
+    """A ConfigError as a `flask` command ends on it: `Error: configuration error: ...`, and exit status EX_CONFIG."""
+
+    exit_code = ConfigError.exit_code
+
+
+@contextmanager
+def config_error_in_one_line() -> Iterator[None]:
+    """Under a `flask` command, a ConfigError raised inside ends the command in one line, not a traceback."""
+    try:
+        yield
+    except ConfigError as exc:
+        if click.get_current_context(silent=True) is None:
+            raise  # no command runs (a test's create_app, wsgi.py): its caller reads it
+        raise ConfigExit(exc.format_message()) from None
 
 
 def name_of(ctx: click.Context) -> str:
@@ -68,10 +83,7 @@ def name_of(ctx: click.Context) -> str:
 
 class Commands(AppGroup):
     """A group of commands that end in one line, not a traceback, when PostgreSQL is unavailable.
-
-    Each command declares what it reads of the settings: `@group.command(name, needs=Needs.DATABASE)`;
-    a command that says nothing needs them all.
-    """
+    Each declares what it reads of the settings (`@group.command(name, needs=Needs.DATABASE)`); by default, all."""
 
     def invoke(self, ctx: click.Context) -> Any:
         with unavailable_in_one_line():
@@ -86,10 +98,9 @@ _needs = needs  # for Commands.command, whose keyword hides it
 
 
 def api_base(source: Source) -> str:
-    """The address of source's provider API: the source's own, else a global setting's, else the provider's."""
-    address = source.api_base or Settings.of(current_app).api_base_of(source.scheme) or of(source.scheme).api_base
-    assert address is not None, f"{source.scheme} has no API address"  # a provider with an API has one
-    return address
+    """The address of source's provider API, resolved when the settings were read (app/settings/sources.py)."""
+    assert source.api_base is not None, f"{source.scheme} has no API address"  # a provider with an API has one
+    return source.api_base
 
 
 def either(names: list[str]) -> str:
@@ -172,12 +183,10 @@ BAR_STEPS = 100
 
 
 class Progress:
-    """advance(n), told of each n items done; total(n), told of how many there are once that is known.
-
-    On a terminal (stderr): click's progress bar with the position, percentage and an estimate of the time left
-    when the total is known, else a count redrawn in place ("events listed: 1200"); off a terminal, a plain line
-    each PROGRESS_EVERY items ("events replayed: 2000 of 5000"), for a log.
-    """
+    """advance(n), told of each n items done; total(n), told of how many there are once that is known."""
+    # On a terminal (stderr): click's progress bar with the position, percentage and an estimate of the time left
+    # when the total is known, else a count redrawn in place ("events listed: 1200"); off a terminal, a plain line
+    # each PROGRESS_EVERY items ("events replayed: 2000 of 5000"), for a log.
 
     def __init__(self, done_what: str, total: int | None = None) -> None:
         self.done_what, self.of, self.done = done_what, total, 0
@@ -242,10 +251,10 @@ def stored_effects(conn: Any, source: str, statuses: Sequence[str], naming: str 
     oldest first, read as it was decided (by the metadata key recorded with it); one whose stored bytes cannot be
     read is left out."""
     params = {"source": source, "statuses": list(statuses), "naming": None if naming is None else naming.encode()}
-    for event_id, event_type, status, body, body_sha256, fetched, key in conn.execute(STORED_EVENTS, params):
+    for event_id, event_type, status, body, payload_sha256, fetched, key in conn.execute(STORED_EVENTS, params):
         policy = Policy(users={source: Users(metadata_key=key)})
         try:
-            yield event_id, status, effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256,
+            yield event_id, status, effect_of(stored_event(source, event_id, event_type, bytes(body), payload_sha256,
                                                             fetched), policy)
         except StoredBodyError:
             continue

@@ -20,7 +20,7 @@ from ..core.vocabulary import MAX_ID_CHARS, MAX_TYPE_CHARS, excerpt, load
 from ..intake.events import Effect, Event, InvalidEventError, InvalidJSONError, Policy, effect_of, parse
 from ..receiver.webhooks import too_large
 from ..store.db import Pool, transaction
-from ..store.ledger import Origin, Result, RetryLaterError, apply_event, replay
+from ..store.ledger import Origin, Result, apply_event, replay
 from ..store.outcome import Outcome
 
 # Events reach the list a little after they are created (their `created` is
@@ -37,7 +37,7 @@ HORIZON_MARGIN = timedelta(hours=1)
 # flushes concurrent commits together). Each holds a pooled connection.
 APPLIERS = 8
 # An event that meets a transient PostgreSQL refusal (a lock or statement
-# timeout: a live delivery of the same event holding its row, a deadlock) is
+# timeout: a live delivery of the same event holding its row, a deadlock, its row purged under it) is
 # tried again, this many times, 0.1 s apart, before the run fails.
 TRANSIENT_TRIES = 5
 # The refused events a run keeps, to try once more at its end and to name in
@@ -48,8 +48,8 @@ TRANSIENT_TRIES = 5
 REFUSED_KEPT = 1000
 # reconcile_runs.account and reconcile_watermarks.account of the platform's own (the API key's) account.
 PLATFORM = ""
-TRANSIENT = (RetryLaterError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled,
-             psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+TRANSIENT = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, psycopg.errors.SerializationFailure,
+             psycopg.errors.DeadlockDetected)
 
 
 class RunStatus(StrEnum):
@@ -179,9 +179,12 @@ def reconcile(pool: Pool, source: str, listing: EventList, policy: Policy, since
               until: datetime | None = None, dry_run: bool = False, now: datetime | None = None,
               on_result: Callable[[Result], object] = lambda result: None, *, max_body_bytes: int,
               scheme: str) -> Summary:
-    """List the window's events of source (stored under that name; of listing.account, None: the platform's own)
-    and apply each as a live delivery of scheme would; return the run's Summary, or raise ProviderError (the run
-    recorded failed) when the provider cannot list the window or a page cannot be followed."""
+    """List source's events of the window and apply each as a live delivery of scheme would; return the run's Summary.
+    ProviderError (the run recorded failed) when the window cannot be listed; psycopg's when PostgreSQL is down."""
+    # source is the name its events are stored under (Source.event_source); listing.account the connected account
+    # whose events, run and watermark these are (None: the platform's own); max_body_bytes the largest body a
+    # delivery may have (MAX_BODY_BYTES); on_result is told what applying each event came to (for /metrics). A page
+    # that cannot be followed is a ProviderError too; after a psycopg error, the next run marks this one interrupted.
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     key = _key(source, listing)
     if dry_run:
@@ -283,12 +286,9 @@ def _finish(holder: psycopg.Connection, summary: Summary) -> None:
 
 def _apply_window(pool: Pool, source: str, listing: EventList, policy: Policy, summary: Summary,
                   on_result: Callable[[Result], object], max_body_bytes: int, scheme: str) -> None:
-    """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more.
-
-    A page's events are applied by APPLIERS threads, each taking the events
-    of some payments in the list's order (a payment's refund after its
-    credit), the next page fetched meanwhile; a page is done before the next.
-    """
+    """Apply every event of the summary's window, oldest first per payment; then try the refused ones once more."""
+    # A page's events are applied by APPLIERS threads, each taking the events of some payments in the list's order
+    # (a payment's refund after its credit), the next page fetched meanwhile; a page is done before the next.
     tally = summary.tally
     pool.resize(pool.min_size, max(pool.max_size, APPLIERS + 2))  # the appliers, the run's lock and its record
     with ThreadPoolExecutor(APPLIERS, thread_name_prefix="reconcile") as appliers:
@@ -381,10 +381,10 @@ def _fetched_ahead(pages: Iterator[list[ListedEvent]]) -> Iterator[list[ListedEv
 
 def _applied(pool: Pool, event: Event, listed: ListedEvent, policy: Policy, effect: Effect) -> Result:
     """apply_event, as a live delivery calls it, tried again on a transient refusal (PostgreSQL decides)."""
-    body_sha256 = hashlib.sha256(listed.body).digest()
+    payload_sha256 = hashlib.sha256(listed.body).digest()
     for attempt in range(TRANSIENT_TRIES):
         try:
-            return apply_event(pool, event, effect, body_sha256, policy, origin=Origin.RECONCILE)
+            return apply_event(pool, event, effect, payload_sha256, policy, origin=Origin.RECONCILE)
         except TRANSIENT:
             if attempt == TRANSIENT_TRIES - 1:
                 raise

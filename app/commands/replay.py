@@ -13,7 +13,7 @@ from ..store.db import NamedRow, Pool, transaction
 
 # What the event was decided under (money.sql records it with the event; NULL on rows older than that).
 RECORDED = """
-    SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched, effect_sha256,
+    SELECT event_type, status, body, payload_sha256, fetched, effect_sha256,
            ledger_currency, test_events_accepted, user_metadata_key, no_user
     FROM webhook_events WHERE source = %s AND event_id = %s
 """
@@ -26,13 +26,10 @@ class Skip(NamedTuple):
 
 
 def policy_for(pool: Pool, source: str, event_id: str, shell: Policy, configured: set[str]) -> Policy | Skip:
-    """The policy event_id is replayed under, or why it is skipped (its row left as it is).
-
-    An event is decided again under the settings it was decided under. The
-    setting that refused it (Effect.setting), or for a payment that named no
-    user the source's metadata key and WEBHOOK_NO_USER, are this shell's: an
-    operator replays because they changed it.
-    """
+    """The policy event_id is replayed under, or why it is skipped (its row left as it is)."""
+    # An event is decided again under the settings it was decided under. The setting that refused it
+    # (Effect.setting), or for a payment that named no user the source's metadata key and WEBHOOK_NO_USER, are this
+    # shell's: an operator replays because they changed it.
     with transaction(pool) as conn:
         row: NamedRow | None = conn.cursor(row_factory=namedtuple_row).execute(RECORDED, [source, event_id]).fetchone()
     if row is None or row.status == ledger.Status.COMPLETED:
@@ -49,7 +46,7 @@ def policy_for(pool: Pool, source: str, event_id: str, shell: Policy, configured
     if unasked:
         return recorded
     try:
-        event = stored_event(source, event_id, row.event_type, row.body, row.body_sha256, row.fetched)
+        event = stored_event(source, event_id, row.event_type, row.body, row.payload_sha256, row.fetched)
     except StoredBodyError:
         return recorded  # ledger.replay says why it cannot
     refused = effect_of(event, recorded)

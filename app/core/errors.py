@@ -1,6 +1,23 @@
 """The errors every layer shares: a bad setting, and a provider that cannot be read (no provider module defines
 its own kind of failure)."""
 
+import os
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names it, never a secret."""
+
+    # sysexits.h's EX_CONFIG, what a process that stops on it exits with: a supervisor tells it from a crash (1).
+    exit_code = os.EX_CONFIG
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def format_message(self) -> str:
+        """The one line an operator reads: `configuration error: <message>`."""
+        return f"configuration error: {self.message}"
+
 
 class ProviderError(RuntimeError):
     """A provider could not be read (after its retries): a command's run fails, in one line."""

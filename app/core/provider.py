@@ -5,7 +5,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .errors import ProviderUnavailableError
+from .errors import ConfigError, ProviderUnavailableError
 from .records import EventList, MoneyRecords
 from .signing import Certificates
 from .vocabulary import (
@@ -137,6 +137,24 @@ def _never(event: Event) -> bool:
     return False
 
 
+# The shortest HMAC key accepted (under standard-webhooks, once decoded).
+# A captured delivery lets anyone search for the key offline (its signature
+# is an HMAC of bytes they have); 16 bytes can carry 128 bits, out of reach
+# of such a search. Providers issue longer ones: Stripe whsec_ + 32
+# characters, Standard Webhooks keys of 24 to 64 bytes, GitHub any string.
+MIN_SECRET_BYTES = 16
+
+
+def long_enough(name: str, keys: tuple[bytes, ...], unit: str = "bytes") -> tuple[bytes, ...]:
+    """keys, or ConfigError for one shorter than MIN_SECRET_BYTES (named by index, never by value)."""
+    for index, key in enumerate(keys):
+        if len(key) < MIN_SECRET_BYTES:
+            split = " (a comma always separates two secrets)" if len(keys) > 1 else ""
+            raise ConfigError(
+                f"{name} entry {index} (counted from 0) is shorter than {MIN_SECRET_BYTES} {unit}{split}")
+    return keys
+
+
 @dataclass(frozen=True)
 class Provider:
     """A signature scheme and what its provider sends, moves and answers; the hooks a provider without them lacks
@@ -172,6 +190,21 @@ class Provider:
     events_key: str = "the provider's API key"  # the key reconcile needs, in words ("a Stripe restricted key ...")
     money_key: str = "the provider's API key"  # the key the audit needs, in words
     payouts: bool = False  # its audit checks each payout against its records (--payouts)
+
+    # -- what the settings ask of a source of the scheme (issue 45, settings) --
+    # (its secrets' setting, their entries) -> the secrets as its verify uses them, or ConfigError naming an entry
+    # by index: HMAC keys of MIN_SECRET_BYTES unless it says otherwise.
+    keys: Callable[[str, tuple[bytes, ...]], tuple[bytes, ...]] = long_enough
+    # Why a source of the scheme fetches every event (its FETCH cannot be false); None: it chooses. Whether it can
+    # fetch at all is whether it has an `api`.
+    must_fetch: str | None = None
+    # A source's API key, to fetch events: in a message's words ("Razorpay's API key"), written as ("<key id>:<key
+    # secret>"; "": any form), and that form as a regular expression matched in full ("": not checked).
+    api_key_words: str = "the provider's API key"
+    api_key_written: str = ""
+    api_key_pattern: str = ""
+    # The global setting that gives its API's address where a source names none ("STRIPE_API_BASE"); None: api_base.
+    api_base_setting: str | None = None
 
 
 def with_statuses(rules: Mapping[str, Rule], statuses: Mapping[str, State]) -> dict[str, Rule]:

@@ -24,11 +24,8 @@ class MissingHeaderError(SignatureError):
 
 
 class Certificates(Protocol):
-    """Where the paypal scheme gets the public key of the certificate a PAYPAL-CERT-URL names.
-
-    It raises SignatureError for a URL or a certificate it refuses, and may
-    raise another error (answered 503) when the certificate cannot be had now.
-    """
+    """Where the paypal scheme gets the public key of the certificate a PAYPAL-CERT-URL names: SignatureError for
+    one it refuses, another error (answered 503) when the certificate cannot be had now."""
 
     def __call__(self, url: str, now: float) -> RSAPublicKey: ...
 

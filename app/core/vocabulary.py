@@ -88,14 +88,10 @@ class State(StrEnum):
 
 @dataclass(frozen=True)
 class Effect:
-    """What applying an event does to the ledger, read from its fields (effect_of).
+    """What applying an event does to the ledger, read from its fields (effect_of); two deliveries of one event id are
+    compared by its sha256."""
 
-    kind is None for an event with no balance effect, and for one whose
-    effect cannot apply (problem says why: answered 422). sha256 is what two
-    deliveries of one event id are compared by.
-    """
-
-    kind: Kind | None
+    kind: Kind | None  # None for an event with no balance effect, and for one whose effect cannot apply (problem: 422)
     payment_id: str | None = None
     user_id: uuid.UUID | None = None  # a credit's or a link's; every other movement's user is its payment's
     amount_cents: int | None = None  # a credit's amount, a running total, or a refund's or dispute's amount
@@ -304,13 +300,10 @@ _DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?|()\.([0-9]+)")
 
 
 def minor_units(value: object, currency: object) -> int | None:
-    """A decimal string in currency's minor units by its ISO 4217 exponent, exactly, or None.
-
-    Text arithmetic, never a float: "21.00" USD is 2100, "500" JPY is 500,
-    "1.234" KWD is 1234. A value with more significant decimals than the
-    currency has ("0.001" USD, "1.5" JPY), not a plain decimal string, or
-    beyond a BIGINT is None (refused).
-    """
+    """A decimal string in currency's minor units by its ISO 4217 exponent, exactly, or None (refused)."""
+    # Text arithmetic, never a float: "21.00" USD is 2100, "500" JPY is 500, "1.234" KWD is 1234. A value with more
+    # significant decimals than the currency has ("0.001" USD, "1.5" JPY), not a plain decimal string, or beyond
+    # a BIGINT is None.
     if not isinstance(value, str) or not isinstance(currency, str) or len(value) > 32:
         return None
     match = _DECIMAL.fullmatch(value)

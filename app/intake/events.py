@@ -1,5 +1,5 @@
 """Parsing an event body and what it does to the ledger (effect_of, by RULES): pure functions, no I/O.
-Each scheme's id, type and data are in docs/providers.md; the vocabulary (Event, Effect) is app/core/vocabulary.py's."""
+Each scheme's id, type and data are in docs/providers/; the vocabulary (Event, Effect) is app/core/vocabulary.py's."""
 
 import dataclasses
 import hashlib

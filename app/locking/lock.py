@@ -85,6 +85,12 @@ def init_app(app: Flask) -> None:
     app.extensions["locks"] = Locks(link, settings)
 
 
+def redis_of(app: Flask) -> RedisLink | None:
+    """The app's Redis link; None for a command that reads no REDIS_URL (config.Needs)."""
+    link: RedisLink | None = app.extensions.get("redis")
+    return link
+
+
 class Locks:
     """Each delivery's EventLock, on the app's Redis link, held and remembered as long as the settings say."""
 
@@ -98,22 +104,22 @@ class Locks:
         locks: Locks = app.extensions["locks"]
         return locks
 
-    def event_lock(self, event: Event, effect: Effect, body_sha256: bytes) -> EventLock:
+    def event_lock(self, event: Event, effect: Effect, payload_sha256: bytes) -> EventLock:
         """The lock of one delivery of event, whose effect and received bytes are given."""
-        return EventLock(self._link, event, effect.sha256, body_sha256, ttl_ms=self._ttl_ms,
+        return EventLock(self._link, event, effect.sha256, payload_sha256, ttl_ms=self._ttl_ms,
                          done_ttl_ms=self._done_ttl_ms)
 
 
 class EventLock:
     """The lock of one delivery of one event, with a fresh random token."""
 
-    def __init__(self, link: RedisLink, event: Event, effect_sha256: bytes, body_sha256: bytes, *, ttl_ms: int,
+    def __init__(self, link: RedisLink, event: Event, effect_sha256: bytes, payload_sha256: bytes, *, ttl_ms: int,
                  done_ttl_ms: int) -> None:
         self._link = link
         self._keys = [lock_key(event.id, event.source), done_key(event.id, event.source)]
         self._token = secrets.token_hex(16)
         self._effect_sha256 = effect_sha256.hex()
-        self._body_sha256 = body_sha256
+        self._payload_sha256 = payload_sha256
         self._ttl_ms, self._done_ttl_ms = ttl_ms, done_ttl_ms
         self.event_id = event.id
         self.state: LockState | None = None  # what acquire found; None before it ran
@@ -121,14 +127,10 @@ class EventLock:
         self.stored_sha256: bytes | None = None  # of the committed bytes, when the marker answered
 
     def apply_once(self, apply: Callable[[], Result]) -> Result:
-        """Run apply (one transaction) under the lock, or answer without it.
-
-        A done marker of this effect is a duplicate, answered without
-        PostgreSQL; a twin holding the lock is InProgressError (409, retry
-        later); without Redis (DEGRADED) apply runs unlocked and PostgreSQL
-        alone decides. A lock this delivery took is released, and marks the
-        event done only if apply committed (not if it raised).
-        """
+        """Run apply (one transaction) under the lock, or answer without it; the lock marks the event done only if
+        apply committed."""
+        # A done marker of this effect is a duplicate, answered without PostgreSQL; a twin holding the lock is
+        # InProgressError (409, retry later); without Redis (DEGRADED) apply runs unlocked and PostgreSQL alone decides.
         state = self.acquire()
         if state == LockState.DONE:
             return Result(Outcome.DUPLICATE, stored_sha256=self.stored_sha256)
@@ -164,7 +166,7 @@ class EventLock:
         marker = ""
         if result is not None and result.committed:
             # A duplicate leaves the bytes stored before; a processed event stored these.
-            stored = self._body_sha256
+            stored = self._payload_sha256
             if result.outcome == Outcome.DUPLICATE and result.stored_sha256:
                 stored = result.stored_sha256
             marker = self._effect_sha256 + ":" + stored.hex()
@@ -184,7 +186,8 @@ class EventLock:
 
 def is_done(app: Flask, event: Event) -> bool:
     """Whether Redis remembers event committed (any effect); False when Redis cannot say (PostgreSQL decides)."""
-    link: RedisLink = app.extensions["redis"]
+    link = redis_of(app)
+    assert link is not None  # the service reads REDIS_URL
     try:
         return bool(link.run(IS_DONE, [done_key(event.id, event.source)], []))
     except UnusableError:
@@ -206,11 +209,9 @@ def probe(link: RedisLink) -> str | None:
 
 
 def forget_done(link: RedisLink) -> int:
-    """Delete every done marker, on every primary of a cluster; return how many were deleted.
-
-    After PostgreSQL lost commits (a failover, a restore), a marker could
-    answer `duplicate` for an event that PostgreSQL no longer has.
-    """
+    """Delete every done marker, on every primary of a cluster; return how many were deleted."""
+    # After PostgreSQL lost commits (a failover, a restore), a marker could answer `duplicate` for an event that
+    # PostgreSQL no longer has.
     client = link.client()
     deleted, batch = 0, []
     # SCAN, not KEYS: the server answers other clients between two batches.

@@ -2,11 +2,13 @@
 Webhooks and GitHub's (docs/providers/generic.md)."""
 
 import base64
+import binascii
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.provider import Provider, envelope
+from ..core.errors import ConfigError
+from ..core.provider import Provider, envelope, long_enough
 from ..core.signing import Certificates, SignatureError, check_timestamp, hex_digest, mac, match, required
 from ..core.vocabulary import (
     LEDGERS_CURRENCY,
@@ -109,8 +111,35 @@ def _parse_standard_webhooks(document: dict[str, Any], body: bytes, headers: Hea
                     text(headers.get("webhook-id"), "the webhook-id header", MAX_ID_CHARS))
 
 
+# Standard Webhooks secrets are written whsec_<base64 of the key>.
+WHSEC_PREFIX = "whsec_"
+
+
+def _whsec_keys(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The keys of a secrets setting's whsec_ entries, each long enough once decoded."""
+    keys = tuple(_whsec_key(name, index, secret) for index, secret in enumerate(secrets))
+    return long_enough(name, keys, f"bytes once decoded from {WHSEC_PREFIX}<base64>")
+
+
+def _whsec_key(name: str, index: int, secret: bytes) -> bytes:
+    """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
+    where = f"{name} entry {index} (counted from 0)"
+    if not secret.startswith(WHSEC_PREFIX.encode()):
+        raise ConfigError(f"{where} must be written {WHSEC_PREFIX}<base64> under standard-webhooks")
+    encoded = secret[len(WHSEC_PREFIX):]
+    try:
+        # Padding is often left off; validate=True refuses anything outside the alphabet.
+        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ConfigError(f"{where} is not valid base64 after {WHSEC_PREFIX}") from None
+    if not key:
+        raise ConfigError(f"{where} has an empty key after {WHSEC_PREFIX}")
+    return key
+
+
 STANDARD_WEBHOOKS = Provider("standard-webhooks", "Standard Webhooks", "webhook-signature",
-                             _verify_standard_webhooks, _sign_standard_webhooks, parse=_parse_standard_webhooks)
+                             _verify_standard_webhooks, _sign_standard_webhooks, parse=_parse_standard_webhooks,
+                             keys=_whsec_keys)
 
 
 # -- GitHub's -----------------------------------------------------------------------------------

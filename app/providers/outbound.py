@@ -1,5 +1,5 @@
 """Calls to a provider's API: a total deadline per call, and a bounded number of calls at once per process
-(docs/providers.md, "What is signed and what is fetched")."""
+(docs/providers/README.md, "What is signed and what is fetched")."""
 
 import http.client
 import socket

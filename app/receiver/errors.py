@@ -15,7 +15,7 @@ from ..intake.events import InvalidEventError, InvalidJSONError, UnprocessableEr
 from ..intake.signature import SignatureError
 from ..locking.lock import InProgressError
 from ..settings.config import Settings
-from ..store.ledger import PayloadMismatchError, PaymentMismatchError, RetryLaterError
+from ..store.ledger import PayloadMismatchError, PaymentMismatchError
 from ..store.outcome import Outcome
 from .delivery import current_delivery
 from .release import NotAtReleaseError, OtherCurrencyError
@@ -54,14 +54,13 @@ ANSWERS: dict[type[Exception], Answer] = {
     MalformedRequest: Answer(400, "bad_request", Outcome.REJECTED, "malformed chunked request body"),
     # The body is the code alone (docs/design.md, Answers): nothing about what is configured.
     UnknownSourceError: Answer(404, "unknown_source", Outcome.REJECTED, message=""),
-    # Transient: nothing was committed, and the sender's retry will find the
-    # event as it was. A row purged under the delivery:
-    RetryLaterError: _UNAVAILABLE,
+    # Transient: nothing was committed, and the sender's retry will find the event as it was.
     # psycopg's OperationalError and its subclasses: connection refused or
     # lost (a server or PgBouncer restarting, AdminShutdown, CannotConnectNow,
     # a pooler's own errors, SQLSTATE class 08), PoolTimeout (no connection
     # within PG_POOL_TIMEOUT_MS), QueryCanceled (statement_timeout),
-    # LockNotAvailable (lock_timeout), SerializationFailure and DeadlockDetected.
+    # LockNotAvailable (lock_timeout), SerializationFailure (among them, an event's
+    # row purged under its delivery: money.sql's apply_event) and DeadlockDetected.
     psycopg.OperationalError: _UNAVAILABLE,
     # A failover's moment on a standby, or our own transaction idle past its
     # limit (the worker stalled): both end in a rollback, and a retry succeeds.

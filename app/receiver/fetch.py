@@ -1,5 +1,5 @@
 """The fetch step: a provider's API asked on receipt for what a notification cannot prove
-(docs/providers.md, "What is signed and what is fetched")."""
+(docs/providers/README.md, "What is signed and what is fetched")."""
 
 import logging
 from collections.abc import Mapping
@@ -133,7 +133,7 @@ def init_app(app: "Flask") -> None:
         account = (source.scheme, source.api_key)
         budget = budgets[account] = budgets.get(account) or Budget(
             app.extensions.get("redis"), source.scheme, source.api_key, source.api_rate, source.api_rate_total)
-        base = source.api_base or settings.api_base_of(provider.scheme) or provider.api_base
+        base = source.api_base
         api = provider.api(base or "", source.api_key, outbound, budget, source.fetch)
         if api is not None:
             fetchers[source.name] = api

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from flask import Flask, Response, current_app
@@ -31,10 +31,12 @@ from ..core.records import BreakClass
 from ..locking.lock import LockState
 from ..settings.config import Settings
 from ..store import waiting
-from ..store.db import Pool, get_pool, statement_timeout
+from ..store.db import Pool, get_pool, pool_as_it_is, statement_timeout
 from ..store.ledger import Change, Result
 from ..store.outcome import Outcome
-from .delivery import Delivery
+
+if TYPE_CHECKING:  # delivery.py counts each delivery here
+    from .delivery import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +153,7 @@ class Metrics:
                      for key, (name, text) in POOL_GAUGES.items()}
         self._pool_observed_at = 0.0
 
-    def observe_delivery(self, delivery: Delivery, seconds: float) -> None:
+    def observe_delivery(self, delivery: "Delivery", seconds: float) -> None:
         """Count one delivery by outcome, and its latency."""
         if delivery.source is None:
             self.unknown_source.inc()
@@ -391,11 +393,9 @@ def init_app(app: Flask) -> None:
 
 
 def of(app: Flask) -> Metrics:
-    """The app's metrics, made on first use: a `flask` command, which serves nothing, makes none.
-
-    Under multiprocess mode making them writes this process's files; a command's
-    would be left behind in the service's folder, one set per run.
-    """
+    """The app's metrics, made on first use: a `flask` command, which serves nothing, makes none."""
+    # Under multiprocess mode making them writes this process's files; a command's would be left behind in the
+    # service's folder, one set per run.
     if "metrics" not in app.extensions:
         with _made:
             if "metrics" not in app.extensions:
@@ -415,7 +415,7 @@ def scrape() -> Response:
         # scrape still answers, with what the workers write from now on.
         os.makedirs(path, mode=0o700, exist_ok=True)
     metrics = of(current_app)
-    metrics.observe_pool(current_app.extensions["db_pool"])
+    metrics.observe_pool(pool_as_it_is(current_app))
     if path:
         add_command_counts(metrics, path)
         registry = CollectorRegistry()
@@ -433,7 +433,7 @@ def _observe_pool(response: Response) -> Response:
     # After requests, so that each worker's figures are recent even when
     # another worker answers the scrapes; at most every POOL_INTERVAL, since
     # on every request they would be a large share of a duplicate's cost.
-    of(current_app).observe_pool(current_app.extensions["db_pool"], at_most_every=POOL_INTERVAL)
+    of(current_app).observe_pool(pool_as_it_is(current_app), at_most_every=POOL_INTERVAL)
     return response
 
 

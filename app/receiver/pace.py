@@ -26,15 +26,12 @@ class Step(NamedTuple):
     fetched: fetch.Fetched | None = None
 
 
-def fetch_or_wait(app: "Flask", source: Source, event: Event, body_sha256: bytes, policy: Policy) -> Step:
-    """The event's Fetched when its provider answers now; otherwise an answer, with nothing fetched.
-
-    A source that does not ask its provider about this event goes straight
-    on. One that does: a completed event is DUPLICATE and a waiting one
-    ACCEPTED, both before any call; an event the provider cannot be asked
-    about now is recorded (committed) and ACCEPTED; one the provider has no
-    record of is recorded bounded (no body) and UnprocessableError (422).
-    """
+def fetch_or_wait(app: "Flask", source: Source, event: Event, payload_sha256: bytes, policy: Policy) -> Step:
+    """The event's Fetched when its provider answers now; otherwise an answer, with nothing fetched."""
+    # A source that does not ask its provider about this event goes straight on. One that does: a completed event is
+    # DUPLICATE and a waiting one ACCEPTED, both before any call; an event the provider cannot be asked about now is
+    # recorded (committed) and ACCEPTED; one the provider has no record of is recorded bounded (no body) and
+    # UnprocessableError (422).
     calls = fetch.of(app)
     if not calls.asks(source, event):
         return Step(None, calls.fetch(source, event, policy))
@@ -51,9 +48,9 @@ def fetch_or_wait(app: "Flask", source: Source, event: Event, body_sha256: bytes
     except ProviderUnavailableError as exc:
         if isinstance(exc, ProviderRefusedError):  # our misconfiguration: said here, counted (the alert), not told
             log.warning("%s; event %s (source %s) waits for it", exc, event.id, source.name)
-        waiting.accept(pool, event, body_sha256, str(exc))  # why it waits: `flask events show`
+        waiting.accept(pool, event, payload_sha256, str(exc))  # why it waits: `flask events show`
         return Step(Outcome.ACCEPTED)
     if fetched.effect.sha256 == ledger.UNKNOWN_EFFECT:
-        waiting.unknown(pool, event, body_sha256, fetched.effect.problem or "the provider has no record of it")
+        waiting.unknown(pool, event, payload_sha256, fetched.effect.problem or "the provider has no record of it")
         raise UnprocessableError(fetched.effect.problem)
     return Step(None, fetched)

@@ -47,8 +47,8 @@ def receive(name: str | None) -> tuple[dict[str, str], int]:
     delivery.secret_index = signature.verify(source.scheme, body, request.headers, source.secrets, source.tolerance,
                                              certificates=calls.certificates.get(source.scheme))
     delivery.event = parse(body, source.scheme, request.headers, source.event_source)
-    body_sha256 = delivery.body_sha256 = hashlib.sha256(body).digest()
-    step = pace.fetch_or_wait(current_app, source, delivery.event, body_sha256, settings.policy)
+    payload_sha256 = delivery.payload_sha256 = hashlib.sha256(body).digest()
+    step = pace.fetch_or_wait(current_app, source, delivery.event, payload_sha256, settings.policy)
     if step.answered is not None:  # a duplicate, or accepted to wait for the provider: nothing fetched
         delivery.outcome = step.answered
         return {"status": step.answered, "event_id": delivery.event.id}, ANSWERED[step.answered]
@@ -56,14 +56,14 @@ def receive(name: str | None) -> tuple[dict[str, str], int]:
     assert fetched is not None
     event, effect = fetched.event, fetched.effect
     delivery.effect = effect  # what the money is decided by: the provider's record, for a fetching source
-    delivery.lock = Locks.of(current_app).event_lock(event, effect, body_sha256)
+    delivery.lock = Locks.of(current_app).event_lock(event, effect, payload_sha256)
     ends_wait = fetched.body is not None  # a fetched event may have waited too (accepted by a twin meanwhile)
 
     def apply() -> ledger.Result:
         # 503, nothing written, while the database is not at this release: a clock comparison per delivery,
         # a query once the process's answer is RECHECK_SECONDS old (release.py).
         ReleaseCheck.of(current_app).require(current_app)
-        return ledger.apply_event(get_pool(current_app), event, effect, body_sha256, settings.policy,
+        return ledger.apply_event(get_pool(current_app), event, effect, payload_sha256, settings.policy,
                                   fetched=fetched.body, ends_wait=ends_wait)
 
     delivery.result = delivery.lock.apply_once(apply)
@@ -72,7 +72,7 @@ def receive(name: str | None) -> tuple[dict[str, str], int]:
 
 
 # 202 for accepted: recorded, its processing not done (RFC 9110, 15.3.3); every provider here stops retrying on any
-# 2xx (Stripe, PayPal, Razorpay: docs/providers.md).
+# 2xx (Stripe, PayPal, Razorpay: docs/providers/).
 ANSWERED = {Outcome.DUPLICATE: 200, Outcome.ACCEPTED: 202}
 
 
@@ -113,7 +113,8 @@ def health() -> dict[str, str]:
 @bp.get("/ready")
 def ready() -> Mapping[str, str] | tuple[Mapping[str, str], int, Mapping[str, str]]:
     """Readiness: PostgreSQL must answer, at this release; Redis is reported (with why it is degraded), not required."""
-    link = current_app.extensions["redis"]
+    link = lock.redis_of(current_app)
+    assert link is not None  # the service reads REDIS_URL
     # Why Redis cannot be used now, or the fault that deliveries met lately
     # (OOM, say, refuses only writes, which the probe may not make).
     redis_reason = lock.probe(link) or link.recent_fault()

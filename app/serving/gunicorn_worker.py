@@ -70,12 +70,10 @@ def refusal(status: int, head: bytes = b"") -> bytes:
 
 
 class RequestTimeout(NoMoreData, TimeoutError):
-    """The request did not arrive within its deadline.
-
-    To gunicorn it is a client that went away (NoMoreData: closed without a
-    traceback); to the app reading the body (through Werkzeug, which turns it
-    into ClientDisconnected) a TimeoutError, which errors.py answers 408.
-    """
+    """The request did not arrive within its deadline: to gunicorn a client that went away, to the app a
+    TimeoutError (408)."""
+    # gunicorn closes on NoMoreData without a traceback; Werkzeug, reading the body, turns it into ClientDisconnected,
+    # a TimeoutError, which errors.py answers 408.
 
     def __str__(self) -> str:
         return "the request did not arrive in time"
@@ -220,11 +218,11 @@ def _head_limit(cfg: Any) -> int:
 
 
 class ThreadWorker(gthread.ThreadWorker):
-    """gthread, in which no thread waits for a request: the main loop reads its head and its body (up to
-    MAX_BODY_BYTES, by its Content-Length or its chunks) without blocking, and a thread takes a connection once
-    they have arrived. The whole request must arrive within REQUEST_READ_TIMEOUT_SECONDS of the connection's
-    opening (its first request) or of its first byte (the next ones on a kept-alive connection), its wait for a
-    free thread not counted."""
+    """gthread, in which no thread waits for a request: the main loop reads its head and body without blocking, and a
+    thread takes the connection once they have arrived (within REQUEST_READ_TIMEOUT_SECONDS)."""
+    # The body up to MAX_BODY_BYTES, by its Content-Length or its chunks. The deadline runs from the connection's
+    # opening (its first request) or from its first byte (the next ones on a kept-alive connection), its wait for a
+    # free thread not counted.
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -22,13 +22,9 @@ def json_formatter() -> logging.Formatter:
 
 
 class HumanFormatter(logging.Formatter):
-    """`12:00:01 INFO  app.receiver.webhooks: delivery event_id=evt_1 outcome=processed ...`
-
-    A sender controls some of what is logged (an event id, a header): control
-    characters are escaped as in the JSON lines, and a value with a space, a
-    quote or an `=` is quoted, so that no value can start a line of its own,
-    colour the terminal or pass for another field.
-    """
+    """`12:00:01 INFO  app.receiver.webhooks: delivery event_id=evt_1 outcome=processed ...`, each value written so
+    that none a sender controls can start a line, colour the terminal or pass for another field."""
+    # Control characters are escaped as in the JSON lines, and a value with a space, a quote or an `=` is quoted.
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-5s %(name)s: %(message)s", datefmt="%H:%M:%S")

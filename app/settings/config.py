@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from urllib.parse import SplitResult, urlsplit
 
-from ..intake.events import DEFAULT_SOURCE, NoUser, Policy
+from ..core.vocabulary import DEFAULT_SOURCE, NoUser, Policy
 from . import parsers, sources
 from .parsers import ConfigError, Parser
 from .sources import Source
@@ -118,9 +118,6 @@ class Settings:
     retry_after_seconds: int = field(metadata=setting(parsers.integer(1), "1", "Retry-After of a 409 or 503"))
     # Payments in another currency are refused (422), never credited as if in this one.
     ledger_currency: str = field(metadata=setting(parsers.currency, "usd", "the ledger's currency (ISO 4217)"))
-    # Stripe's test-mode events (livemode false) are refused (422) unless this is true.
-    stripe_accept_test_events: bool = field(metadata=setting(
-        parsers.boolean, "false", "credit Stripe's test-mode events"))
     # `flask reconcile`'s key for the default source: a Stripe restricted key
     # that may read Events. Unset (None): the command says so (serving needs none).
     webhook_api_key: str | None = field(repr=False, metadata=setting(
@@ -131,10 +128,12 @@ class Settings:
     # refuse (422: nothing is silently dropped) or ignore (2xx,
     # recorded). A named source's: WEBHOOK_<NAME>_NO_USER, default this one.
     webhook_no_user: NoUser = field(metadata=setting(parsers.no_user, "refuse", "what a payment naming no user gets"))
-    # Under a fetching source (sources.py), the default source's provider API address ("": the provider's own).
+    # The default source's provider API address; unset, the global setting its provider names, else the
+    # provider's own (sources.py reads each source's with the settings).
     webhook_api_base: str | None = field(metadata=setting(
         parsers.optional_api_base, "", "the default source's provider API address"))
-    # Under paypal always (its signature covers a CRC32 of the body); under stripe, a choice.
+    # Unset: its provider decides (one whose signature does not cover the body fetches always); refused where the
+    # provider has no API.
     webhook_fetch: bool | None = field(metadata=setting(
         parsers.optional_boolean, "", "fetch each event from the default source's provider API"))
     # The provider account's budget, shared by every host (app/providers/budget.py), for the default source and by
@@ -153,18 +152,24 @@ class Settings:
     # Fewer than a worker's threads (GUNICORN_THREADS, 4): a slow provider never holds them all.
     provider_slots: int = field(metadata=setting(
         parsers.integer(1), "2", "calls to providers' APIs at once per worker process; more are 503"))
-    # The tests point it at a loopback stand-in.
-    stripe_api_base: str = field(metadata=setting(parsers.api_base, "https://api.stripe.com", "Stripe's API address"))
     # An hourly timer runs reconcile: three hours without a success is two
     # runs missed and the third late, worth a ticket (the alert reads it).
     reconcile_max_age_seconds: int = field(metadata=setting(
         parsers.integer(60), "10800", "longest time without a successful reconcile before the alert"))
     # The package's own unless set.
     schema_path: Path = field(metadata=setting(_schema_path, "", "where `flask init-db` reads the schema"))
+    # -- one provider's own settings: declared here as every other, so that each is one typed field whose parser,
+    # default and meaning SETTINGS and docs/configuration.md's table read; its provider reads them from Settings.
+    # Stripe's test-mode events (livemode false) are refused (422) unless this is true.
+    stripe_accept_test_events: bool = field(metadata=setting(
+        parsers.boolean, "false", "credit Stripe's test-mode events"))
+    # Stripe's API for a source without its own _API_BASE (its Provider.api_base_setting); the tests point it at a
+    # loopback stand-in.
+    stripe_api_base: str = field(metadata=setting(parsers.api_base, "https://api.stripe.com", "Stripe's API address"))
     # PayPal's hosts (host:port); the tests name their loopback stand-in. Any other is 401, nothing fetched.
     paypal_cert_hosts: frozenset[str] = field(metadata=setting(
         parsers.cert_hosts, "api.paypal.com,api-m.paypal.com,api.sandbox.paypal.com,api-m.sandbox.paypal.com",
-        "the hosts a PAYPAL-CERT-URL may name (app/providers/paypal.py)"))
+        "the hosts a PAYPAL-CERT-URL may name (app/providers/paypal/)"))
     # None: certifi's bundle.
     paypal_ca_file: Path | None = field(metadata=setting(
         parsers.ca_file, "", "the roots PayPal's certificates and their host's TLS must chain to"))
@@ -178,10 +183,6 @@ class Settings:
         """The settings create_app built the app from."""
         settings: Settings = app.extensions[EXTENSION]
         return settings
-
-    def api_base_of(self, scheme: str) -> str | None:
-        """The address a global setting gives a provider's API where a source names none (STRIPE_API_BASE)."""
-        return self.stripe_api_base if scheme == "stripe" else None
 
 
 # Each setting's name -> its declaration, in the order of Settings' fields.

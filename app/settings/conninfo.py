@@ -107,13 +107,10 @@ LOGGERS = ("psycopg", "psycopg.pool", "psycopg_pool.sched")  # each logger: a fi
 
 
 class Redact(logging.Filter):
-    """Rewrites psycopg's and psycopg_pool's records to one line without the conninfo's values.
-
-    Filtered rather than silenced: "Connection refused" or "password
-    authentication failed" is what an operator needs while the pool
-    reconnects, and only the quoted values (and a connection's description,
-    which lists host, port, user and database) are at risk.
-    """
+    """Rewrites psycopg's and psycopg_pool's records to one line without the conninfo's values."""
+    # Filtered rather than silenced: "Connection refused" or "password authentication failed" is what an operator
+    # needs while the pool reconnects, and only the quoted values (and a connection's description, which lists host,
+    # port, user and database) are at risk.
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else (record.args,) if record.args else ()

@@ -1,36 +1,19 @@
-"""What a setting's raw text may be: one parser per kind of value, and ConfigError.
+"""What a setting's raw text may be: one parser per kind of value.
 A parser returns the value or raises ConfigError with a message that names the setting and never repeats a secret."""
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import click
 from psycopg import ProgrammingError, pq
 from psycopg.conninfo import conninfo_to_dict
 
-from ..intake.events import NoUser
-from ..intake.signature import SCHEMES
+from ..core.errors import ConfigError as ConfigError  # where the settings' modules import it from
+from ..core.vocabulary import NoUser
+from ..providers import SCHEMES
 from . import conninfo
-
-
-class ConfigError(click.ClickException):
-    """A setting is missing or invalid; the message names it, never a secret.
-
-    A ClickException, so that a `flask` command prints it as one line and
-    exits with EX_CONFIG instead of a traceback (Flask builds the app before
-    the command runs, outside any code of ours).
-    """
-
-    # sysexits.h's EX_CONFIG: a supervisor tells a configuration error from a crash (1).
-    exit_code = os.EX_CONFIG
-
-    def format_message(self) -> str:
-        return f"configuration error: {self.message}"
-
 
 # A setting's parser: (its name, its raw text) -> its value, or ConfigError naming it.
 Parser = Callable[[str, str], Any]
@@ -76,12 +59,9 @@ def scheme(name: str, raw: str) -> str:
 
 
 def secrets(name: str, raw: str) -> tuple[bytes, ...]:
-    """One secret, or several separated by commas (rotation); spaces around each are ignored.
-
-    A comma always separates: a secret cannot hold one. `\\,` is refused, not
-    read as an escape, and so is an empty entry, so that no list is read
-    otherwise than it was written.
-    """
+    """One secret, or several separated by commas (rotation); spaces around each are ignored."""
+    # A comma always separates: a secret cannot hold one. `\,` is refused, not read as an escape, and so is an empty
+    # entry, so that no list is read otherwise than it was written.
     # Read as a string, never JSON-parsed: a digits-only secret stays a secret.
     entries = [s.strip() for s in raw.split(",")]
     if not any(entries):

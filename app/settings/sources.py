@@ -1,39 +1,22 @@
 """The sources: who may send deliveries, each with its route, scheme, secrets and policy.
-The default source is configured by the global settings (config.py), each named one by WEBHOOK_<NAME>_<key>."""
+The default source is configured by the global settings (config.py), each named one by WEBHOOK_<NAME>_<key>; what a
+scheme asks of them (its keys, its API key, whether and where it fetches) is its Provider's (app/core/provider.py)."""
 
-import base64
-import binascii
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..intake.events import DEFAULT_SOURCE, Users
-from ..intake.signature import SCHEMES
+from ..core.vocabulary import DEFAULT_SOURCE, Users
+from ..providers import SCHEMES, of
 from . import parsers
 from .parsers import ConfigError
-
-# Standard Webhooks secrets are written whsec_<base64 of the key>.
-WHSEC_PREFIX = "whsec_"
-# The shortest HMAC key accepted (under standard-webhooks, once decoded).
-# A captured delivery lets anyone search for the key offline (its signature
-# is an HMAC of bytes they have); 16 bytes can carry 128 bits, out of reach
-# of such a search. Providers issue longer ones: Stripe whsec_ + 32
-# characters, Standard Webhooks keys of 24 to 64 bytes, GitHub any string.
-MIN_SECRET_BYTES = 16
-
 
 # Also in schema.sql's CHECK on webhook_events.source.
 SOURCE_NAME = re.compile(r"[a-z0-9-]{1,64}")
 # Each named source's settings: WEBHOOK_<NAME>_<key> (read says which default to the default source's).
 SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_KEY", "USER_METADATA_KEY", "NO_USER",
                    "API_BASE", "FETCH", "API_RATE", "API_RATE_TOTAL")
-# The schemes whose provider's API can be asked for an event (Razorpay's: the entity it names; app/providers/),
-# and whether it must be: PayPal's signature covers only a CRC32 of the body, which anyone can match
-# (docs/providers.md).
-FETCHING_SCHEMES = {"paypal": True, "stripe": False, "razorpay": False}
-# Razorpay's API key as HTTP Basic takes it: the key id (rzp_live_..., rzp_test_...), a colon, the key secret.
-RAZORPAY_KEY = re.compile(r"[^:]+:.+")
 
 
 @dataclass(frozen=True)
@@ -49,12 +32,12 @@ class Source:
     secrets: tuple[bytes, ...]
     tolerance: int
     moved_from: str | None = None
-    # The provider's API key, for `flask reconcile`, the fetch and a stripe source's thin events
-    # (WEBHOOK_<NAME>_API_KEY); never in a repr.
+    # The provider's API key, for `flask reconcile`, the audit and the fetch (WEBHOOK_<NAME>_API_KEY); never in a repr.
     api_key: str | None = field(default=None, repr=False)
     # How its payments name their user (WEBHOOK_<NAME>_USER_METADATA_KEY, WEBHOOK_<NAME>_NO_USER).
     users: Users = Users()
-    # Whether each event is fetched from the provider's API (WEBHOOK_<NAME>_FETCH), and where (_API_BASE).
+    # Whether each event is fetched from the provider's API (WEBHOOK_<NAME>_FETCH), and that API's address
+    # (_api_base: always set when its provider has an API).
     fetch: bool = False
     api_base: str | None = None
     # Its provider account's budget, requests a second per endpoint and in all (WEBHOOK_<NAME>_API_RATE, _TOTAL).
@@ -94,23 +77,9 @@ def prefix(source: str) -> str:
     return f"WEBHOOK_{source.upper().replace('-', '_')}_"
 
 
-def _long_enough(name: str, keys: tuple[bytes, ...], unit: str = "bytes") -> tuple[bytes, ...]:
-    """Refuse a key shorter than MIN_SECRET_BYTES; the message names it by index, never by value."""
-    for index, key in enumerate(keys):
-        if len(key) < MIN_SECRET_BYTES:
-            split = " (a comma always separates two secrets)" if len(keys) > 1 else ""
-            raise ConfigError(
-                f"{name} entry {index} (counted from 0) is shorter than {MIN_SECRET_BYTES} {unit}{split}")
-    return keys
-
-
 def keys(name: str, secrets: tuple[bytes, ...], scheme: str) -> tuple[bytes, ...]:
-    """The HMAC keys of a parsed secrets setting, as its scheme uses them (decoded under standard-webhooks)."""
-    if scheme == "paypal":  # webhook ids, not keys (PayPal's RSA key signs): no length to reach
-        return _webhook_ids(name, secrets)
-    if scheme == "standard-webhooks":
-        return _long_enough(name, _whsec_keys(name, secrets), f"bytes once decoded from {WHSEC_PREFIX}<base64>")
-    return _long_enough(name, secrets)
+    """The entries of a parsed secrets setting as its scheme's verify uses them (its provider's keys)."""
+    return of(scheme).keys(name, secrets)
 
 
 def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, Source]:
@@ -121,14 +90,15 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
     """
     sources = {}
     if values["WEBHOOK_SECRET"] is not None:
-        secrets = keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], values["WEBHOOK_SIGNATURE_SCHEME"])
         scheme = values["WEBHOOK_SIGNATURE_SCHEME"]
+        secrets = keys("WEBHOOK_SECRET", values["WEBHOOK_SECRET"], scheme)
         sources[DEFAULT_SOURCE] = Source(DEFAULT_SOURCE, scheme, secrets, values["WEBHOOK_TOLERANCE_SECONDS"],
                                          api_key=values["WEBHOOK_API_KEY"],
                                          users=Users(values["WEBHOOK_USER_METADATA_KEY"], values["WEBHOOK_NO_USER"]),
                                          fetch=_fetch("WEBHOOK_", scheme, values["WEBHOOK_FETCH"],
                                                       values["WEBHOOK_API_KEY"]),
-                                         api_base=values["WEBHOOK_API_BASE"], api_rate=values["WEBHOOK_API_RATE"],
+                                         api_base=_api_base(values["WEBHOOK_API_BASE"], scheme, values),
+                                         api_rate=values["WEBHOOK_API_RATE"],
                                          api_rate_total=values["WEBHOOK_API_RATE_TOTAL"])
     for name in named:
         own = prefix(name)
@@ -155,7 +125,8 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
         sources[name] = Source(name, scheme, secrets, tolerance,
                                None if moved_from is None else _moved_from(own + "MOVED_FROM", moved_from, name),
                                api_key, users, _fetch(own, scheme, fetch, api_key),
-                               parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")),
+                               _api_base(parsers.optional_api_base(own + "API_BASE", environ.get(own + "API_BASE", "")),
+                                         scheme, values),
                                *rates)
     for source in sources.values():
         earlier = sources.get(source.moved_from) if source.moved_from is not None else None
@@ -168,23 +139,29 @@ def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str
 
 def _fetch(own: str, scheme: str, fetch: bool | None, api_key: str | None) -> bool:
     """Whether a source of scheme fetches each event (own: its settings' prefix), refusing what cannot be."""
-    required = FETCHING_SCHEMES.get(scheme)
+    provider = of(scheme)
     if fetch is None:
-        fetch = bool(required)
-    if fetch and required is None:
+        fetch = provider.must_fetch is not None
+    if fetch and provider.api is None:
         raise ConfigError(f"{own}FETCH: the {scheme} scheme has no provider API to fetch events from")
-    if required and not fetch:
-        raise ConfigError(f"{own}FETCH cannot be false under {scheme}: its signature covers only a CRC32 of the "
-                          f"body, so each event is fetched from PayPal's API")
+    if provider.must_fetch is not None and not fetch:
+        raise ConfigError(f"{own}FETCH cannot be false under {scheme}: {provider.must_fetch}")
     if fetch and api_key is None:
-        what = {"paypal": "PayPal's REST app credentials, <client id>:<secret>",
-                "razorpay": "Razorpay's API key, <key id>:<key secret>"}.get(scheme, "a key that may read Events")
-        raise ConfigError(f"{own}API_KEY is required to fetch events under {scheme}: {what}")
-    if fetch and scheme == "paypal" and api_key is not None and ":" not in api_key:
-        raise ConfigError(f"{own}API_KEY must be PayPal's REST app credentials written <client id>:<secret>")
-    if fetch and scheme == "razorpay" and api_key is not None and not RAZORPAY_KEY.fullmatch(api_key):
-        raise ConfigError(f"{own}API_KEY must be Razorpay's API key written <key id>:<key secret>")
+        written = f", {provider.api_key_written}" if provider.api_key_written else ""
+        raise ConfigError(f"{own}API_KEY is required to fetch events under {scheme}: {provider.api_key_words}{written}")
+    pattern = provider.api_key_pattern
+    if fetch and api_key is not None and pattern and not re.fullmatch(pattern, api_key):
+        raise ConfigError(f"{own}API_KEY must be {provider.api_key_words} written {provider.api_key_written}")
     return fetch
+
+
+def _api_base(own: str | None, scheme: str, values: Mapping[str, Any]) -> str | None:
+    """A source's provider API address: its own setting's, else the global setting its provider names
+    (STRIPE_API_BASE), else its provider's own (None: it has no API)."""
+    provider = of(scheme)
+    if own is not None:
+        return own
+    return values[provider.api_base_setting] if provider.api_base_setting is not None else provider.api_base
 
 
 def _moved_from(name: str, raw: str, source: str) -> str:
@@ -219,37 +196,3 @@ def api_key_setting(source: str) -> str:
 def secret_setting(source: str) -> str:
     """The setting that holds source's signing secrets."""
     return "WEBHOOK_SECRET" if source == DEFAULT_SOURCE else f"{prefix(source)}SECRET"
-
-
-# PayPal's webhook id (https://developer.paypal.com/api/webhooks/v1/, verify-webhook-signature's webhook_id:
-# letters and digits, at most 50), and WEBHOOK_ID, the id its simulator's mock events are signed for
-# (https://developer.paypal.com/api/rest/webhooks/rest/).
-PAYPAL_WEBHOOK_ID = re.compile(rb"[A-Za-z0-9]{1,50}|WEBHOOK_ID")
-
-
-def _webhook_ids(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    for index, webhook_id in enumerate(secrets):
-        if not PAYPAL_WEBHOOK_ID.fullmatch(webhook_id):
-            raise ConfigError(f"{name} entry {index} (counted from 0) is not a PayPal webhook id (1 to 50 letters "
-                              f"and digits, or WEBHOOK_ID) under the paypal scheme")
-    return secrets
-
-
-def _whsec_keys(name: str, secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
-    return tuple(_whsec_key(i, s, name) for i, s in enumerate(secrets))
-
-
-def _whsec_key(index: int, secret: bytes, name: str = "WEBHOOK_SECRET") -> bytes:
-    """Decode a Standard Webhooks secret to its key; the message names it by index, never by value."""
-    where = f"{name} entry {index} (counted from 0)"
-    if not secret.startswith(WHSEC_PREFIX.encode()):
-        raise ConfigError(f"{where} must be written {WHSEC_PREFIX}<base64> under standard-webhooks")
-    encoded = secret[len(WHSEC_PREFIX):]
-    try:
-        # Padding is often left off; validate=True refuses anything outside the alphabet.
-        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
-    except binascii.Error:
-        raise ConfigError(f"{where} is not valid base64 after {WHSEC_PREFIX}") from None
-    if not key:
-        raise ConfigError(f"{where} has an empty key after {WHSEC_PREFIX}")
-    return key

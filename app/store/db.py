@@ -21,9 +21,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ..core.errors import ConfigError
 from ..settings import conninfo
 from ..settings.config import DEFAULT_SCHEMA_PATH, Settings, check, from_env
-from ..settings.parsers import ConfigError
 from . import deadline
 from .schema import migrate, other_currency, recorded_currency
 
@@ -54,11 +54,9 @@ TCP_SETTINGS = {
 
 
 class Pool(ConnectionPool[deadline.Connection]):
-    """psycopg_pool's pool, with the timeouts that each of its transactions sets (in ms).
-
-    Its connections wait for an answer no longer than a pooler's queue, a
-    statement and a margin (deadline.py): a frozen server is a 503, not a hang.
-    """
+    """psycopg_pool's pool, with the timeouts (ms) that each of its transactions sets."""
+    # Its connections wait for an answer no longer than a pooler's queue, a statement and a margin (deadline.py):
+    # a frozen server is a 503, not a hang.
 
     connect_error: psycopg.OperationalError | None = None  # why the pool's last connection failed, if it did
 
@@ -139,12 +137,9 @@ def init_app(app: Flask) -> None:
 
 
 def _check_if_closed(conn: deadline.Connection) -> None:
-    """Ask a pooled connection whether it is alive (one empty query) only when its socket has something to say.
-
-    An idle connection has nothing to read unless its server closed it (a
-    restart, PgBouncer stopping, a terminated backend) or sent a notice: a
-    poll of the socket tells, with no round trip for the healthy ones.
-    """
+    """Ask a pooled connection whether it is alive (one empty query) only when its socket has something to say."""
+    # An idle connection has nothing to read unless its server closed it (a restart, PgBouncer stopping, a terminated
+    # backend) or sent a notice: a poll of the socket tells, with no round trip for the healthy ones.
     # poll(), not select(): select cannot watch a descriptor >= 1024
     # (FD_SETSIZE), which a host holding many connections hands out.
     poller = select.poll()
@@ -155,7 +150,7 @@ def _check_if_closed(conn: deadline.Connection) -> None:
 
 def get_pool(app: Flask) -> Pool:
     """Return the app's pool, opening it on first use in this process."""
-    pool: Pool = app.extensions["db_pool"]
+    pool = pool_as_it_is(app)
     if pool.closed:
         with _open_lock:
             if pool.closed:
@@ -163,14 +158,18 @@ def get_pool(app: Flask) -> Pool:
     return pool
 
 
+def pool_as_it_is(app: Flask) -> Pool:
+    """The app's pool, opened or not (get_pool opens it): for a look that must not open it (/metrics)."""
+    pool: Pool = app.extensions["db_pool"]
+    return pool
+
+
 @contextmanager
 def transaction(pool: Pool, read_only: bool = False, **timeouts: int) -> Iterator[deadline.Connection]:
-    """A pooled connection inside one transaction that has the pool's timeouts; commit, or roll back on error.
-
-    BEGIN and the SET LOCALs travel as one simple-protocol message, so
-    the timeouts cost no round trip over a bare BEGIN, and they end with the
-    transaction, whatever pooler is in between. timeouts overrides some (ms, 0: none).
-    """
+    """A pooled connection inside one transaction with the pool's timeouts (timeouts overrides some, in ms, 0: none);
+    commit, or roll back on error."""
+    # BEGIN and the SET LOCALs travel as one simple-protocol message: the timeouts cost no round trip over a bare
+    # BEGIN, and they end with the transaction, whatever pooler is in between.
     begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if read_only else "BEGIN"
     settings = sql.SQL("").join(
         sql.SQL("; SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(int(ms)))
@@ -199,14 +198,11 @@ def statement_timeout(pool: Pool, conn: deadline.Connection, ms: int) -> Iterato
 
 
 def one_query(pool: Pool, statement: str, params: Mapping[str, object] | Sequence[object]) -> TupleRow | None:
-    """Run statement with the pool's timeouts in ONE message to the server; return its first row.
-
-    The timeouts and the statement travel as one simple-protocol query (the
-    parameters bound on the client): PostgreSQL runs it as one implicit
-    transaction, committed when it ends or rolled back whole by any error,
-    one round trip, and nothing of it outlives it, whatever pooler is in
-    between. The timeouts are local to it, as transaction()'s are.
-    """
+    """Run statement with the pool's timeouts in ONE message to the server (one implicit transaction); return its
+    first row."""
+    # One simple-protocol query, the parameters bound on the client: PostgreSQL commits it when it ends or rolls it
+    # back whole, in one round trip, and nothing of it (its local timeouts included) outlives it, whatever pooler is
+    # in between.
     with pool.connection() as conn:
         cursor = psycopg.ClientCursor(conn)
         cursor.execute(pool.set_timeouts + statement, params)
@@ -229,11 +225,9 @@ def unavailable_in_one_line() -> Iterator[None]:
 
 
 def apply_schema(conn: psycopg.Connection[Any], path: Path = DEFAULT_SCHEMA_PATH, currency: str = "usd") -> Applied:
-    """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/store/schema.py).
-
-    Safe to run twice, and from two hosts at once. currency is the ledger's
-    (LEDGER_CURRENCY), for a migration that needs it. Returns schema.Applied.
-    """
+    """Bring the database to the schema: path on an empty one, else the migrations it lacks (app/store/schema.py);
+    return schema.Applied. Safe twice, and from two hosts at once."""
+    # currency is the ledger's (LEDGER_CURRENCY), for a migration that needs it.
     return migrate(conn, path, currency)
 
 

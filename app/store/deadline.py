@@ -21,11 +21,8 @@ class NotAnsweringError(psycopg.OperationalError):
 
 
 def seconds(queue_ms: float, statement_timeout_ms: int) -> float | None:
-    """The longest a healthy server takes to answer one round trip; None (no bound) when statements have none.
-
-    A wait in a pooler's queue first (PgBouncer's query_wait_timeout, set as
-    the app's own pool timeout, queue_ms), then the statement, then MARGIN_MS.
-    """
+    """The longest a healthy server takes to answer one round trip (a pooler's queue, queue_ms, then the statement,
+    then MARGIN_MS); None (no bound) when statements have none."""
     return (queue_ms + statement_timeout_ms + MARGIN_MS) / 1000 if statement_timeout_ms else None
 
 

@@ -28,10 +28,6 @@ from .outcome import Outcome
 log = logging.getLogger(__name__)
 
 
-class RetryLaterError(RuntimeError):
-    """Nothing was committed and a retry will succeed: answered 503."""
-
-
 class PayloadMismatchError(ValueError):
     """This event id was stored before with a different effect: answered 409."""
 
@@ -113,18 +109,15 @@ class GiveBackOutcome(StrEnum):
 
 
 class Result(NamedTuple):
-    """What applying an event came to, as apply_event returns it.
-
-    stored_sha256 is the SHA-256 of the bytes the event's row held when this delivery found it (None when it
-    inserted the row; on a PROCESSED retry of a failed event, those it replaced): when it differs from the
-    delivery's own, the same effect came in other bytes. balance_after is the user's balance after a CREDIT or a REFUND.
-    """
+    """What applying an event came to, as apply_event returns it."""
 
     outcome: Outcome
     problem: str | None = None
+    # The SHA-256 of the bytes the event's row held when this delivery found it (None when it inserted the row; on a
+    # PROCESSED retry of a failed event, those it replaced): unlike the delivery's own, the same effect in other bytes.
     stored_sha256: bytes | None = None
     change: Change | None = None
-    balance_after: int | None = None
+    balance_after: int | None = None  # the user's balance after a CREDIT or a REFUND
 
     @property
     def committed(self) -> bool:
@@ -142,7 +135,8 @@ class Result(NamedTuple):
         return self
 
 
-# money.sql's ledger_delivery, attribute by attribute in its order: apply_event's one input.
+# money.sql's ledger_delivery, attribute by attribute in its order: apply_event's one input. Its sha256 is the
+# body's, payload_sha256 here (a type's attribute is renamed only by a migration: docs/design.md, Names kept).
 DELIVERY = (("source", "text"), ("event_id", "text"), ("type", "text"), ("body", "bytea"), ("sha256", "bytea"),
             ("effect", "bytea"), ("problem", "text"), ("kind", "text"), ("payment", "text"), ("user_id", "uuid"),
             ("amount", "bigint"), ("currency", "text"), ("movement", "text"), ("state", "text"),
@@ -160,19 +154,16 @@ KEEP_FETCHED = """;
 """
 
 
-def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
+def apply_event(pool: Pool, event: Event, effect: Effect, payload_sha256: bytes, policy: Policy,
                 origin: Origin | None = Origin.DELIVERY, fetched: bytes | None = None,
                 ends_wait: bool = False) -> Result:
-    """Record event (whose effect is effect_of(event, policy)) and apply its effect atomically; return a Result.
-
-    body_sha256 is the SHA-256 of the bytes received; policy is recorded with
-    the event, and origin with its bytes (None: a replay of the stored bytes
-    keeps the row's); fetched, the provider's bytes that event was read from
-    (app/providers/), with them. A failure is committed (attempts, last_error)
-    with no balance change, a payload mismatch as a count and nothing else.
-    ends_wait: the event's waiting notification, if any, is deleted in the same statement (app/store/waiting.py).
-    """
-    params = apply_event_params(event, effect, body_sha256, policy, origin)
+    """Record event (its effect effect_of(event, policy), the received bytes' hash payload_sha256) and apply the
+    effect atomically; return a Result."""
+    # A failure is committed (attempts, last_error) with no balance change, a payload mismatch as a count alone.
+    # policy is recorded with the event, origin with its bytes (None: a replay of the stored bytes keeps the row's),
+    # fetched (the provider's bytes that event was read from) beside them; ends_wait: the event's waiting
+    # notification, if any, is deleted in the same statement (app/store/waiting.py).
+    params = apply_event_params(event, effect, payload_sha256, policy, origin)
     if fetched is not None:
         params["fetched"] = fetched
     statement = APPLY_EVENT + (KEEP_FETCHED if fetched is not None else "") + (waiting.DONE if ends_wait else "")
@@ -184,12 +175,12 @@ def apply_event(pool: Pool, event: Event, effect: Effect, body_sha256: bytes, po
     return Result(Outcome(outcome), problem, stored_sha256, change and Change(change), balance_after)
 
 
-def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy: Policy,
+def apply_event_params(event: Event, effect: Effect, payload_sha256: bytes, policy: Policy,
                        origin: Origin | None) -> dict[str, object]:
     """APPLY_EVENT's parameters (DELIVERY's names), for apply_event's arguments."""
     users = policy.users_of(event.source)
     return {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-            "sha256": body_sha256, "effect": effect.sha256, "problem": effect.problem, "kind": effect.kind,
+            "sha256": payload_sha256, "effect": effect.sha256, "problem": effect.problem, "kind": effect.kind,
             "payment": effect.payment_id, "user_id": effect.user_id, "amount": effect.amount_cents,
             "currency": effect.currency, "movement": effect.movement_id, "state": effect.state,
             "ledger_currency": policy.currency, "test_events": policy.accept_test_events, "origin": origin,
@@ -199,7 +190,7 @@ def apply_event_params(event: Event, effect: Effect, body_sha256: bytes, policy:
 
 
 STORED_EVENT = """
-    SELECT event_type, status, body, payload_sha256 AS body_sha256, fetched, effect_sha256 FROM webhook_events
+    SELECT event_type, status, body, payload_sha256, fetched, effect_sha256 FROM webhook_events
     WHERE source = %s AND event_id = %s
 """
 # The effect stored for an event whose provider had no record of it (app/receiver/fetch.py): 32 zero bytes, no
@@ -221,32 +212,28 @@ class Refetch(Protocol):
 
 def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLICY,
            refetch: Refetch | None = None) -> Result | None:
-    """Re-apply a stored event from its stored bytes, as a new delivery of them would; None if none is stored.
-
-    A completed event is left as it is: Result(DUPLICATE, "already completed").
-    Stored bytes that cannot be replayed are a FAILED result saying why. An
-    event of a fetching source is read from the provider's bytes kept with
-    it; when there are none (the provider had no record of it), refetch asks
-    the provider again.
-    """
+    """Re-apply a stored event from its stored bytes, as a new delivery of them would; None if none is stored."""
+    # A completed event is left as it is (DUPLICATE, "already completed"); stored bytes that cannot be replayed are
+    # a FAILED result saying why. A fetching source's event is read from the provider's bytes kept with it; when
+    # there are none (the provider had no record of it), refetch asks the provider again.
     with transaction(pool) as conn:
         row = conn.execute(STORED_EVENT, [source, event_id]).fetchone()
     if row is None:
         return None
-    event_type, status, body, body_sha256, fetched, effect_sha256 = row
+    event_type, status, body, payload_sha256, fetched, effect_sha256 = row
     if status == Status.COMPLETED:
         return Result(Outcome.DUPLICATE, "already completed")
     if refetch is None and unvouched(fetched, effect_sha256):
         return Result(Outcome.FAILED, "not replayed: its provider had no record of it, and this command cannot ask "
                                       "again (the source is not served here with its API key)")
     try:
-        event = stored_event(source, event_id, event_type, body, body_sha256, fetched)
+        event = stored_event(source, event_id, event_type, body, payload_sha256, fetched)
     except StoredBodyError as exc:
         return Result(Outcome.FAILED, f"not replayed: {exc}")
     effect = effect_of(event, policy)
     if fetched is None and refetch is not None:
         event, effect, fetched = refetch(event)
-    result = apply_event(pool, event, effect, bytes(body_sha256), policy, origin=None,
+    result = apply_event(pool, event, effect, bytes(payload_sha256), policy, origin=None,
                          fetched=None if fetched is None else bytes(fetched))
     if result.outcome == Outcome.DUPLICATE and result.change is None:
         return result._replace(problem="completed meanwhile by another delivery")
@@ -256,7 +243,7 @@ def replay(pool: Pool, source: str, event_id: str, policy: Policy = DEFAULT_POLI
 # Rows whose effect an older rule computed, a batch at a time; SKIP LOCKED
 # leaves a row that a delivery holds now to that delivery, which rewrites it.
 OLD_EFFECTS = """
-    SELECT id, source, event_id, event_type, body, payload_sha256 AS body_sha256, fetched,
+    SELECT id, source, event_id, event_type, body, payload_sha256, fetched,
            effect_sha256
     FROM webhook_events
     WHERE effect_version IS DISTINCT FROM %(version)s
@@ -265,22 +252,19 @@ OLD_EFFECTS = """
 SET_EFFECT = "UPDATE webhook_events SET effect_sha256 = %s, effect_version = %s WHERE id = %s"
 EFFECTS_BATCH = 1000
 def recompute_effects(pool: Pool, policy: Policy = DEFAULT_POLICY) -> int:
-    """Recompute, from their stored bytes, the effects that another rule hashed; return how many.
-
-    Run by `flask init-db` after the schema: until then a re-delivery of such
-    an event would not compare equal to its own stored effect. Safe to run
-    twice, and from two hosts at once.
-    """
+    """Recompute, from their stored bytes, the effects that another rule hashed; return how many."""
+    # Run by `flask init-db` after the schema: until then a re-delivery of such an event would not compare equal to
+    # its own stored effect. Safe to run twice, and from two hosts at once.
     done = 0
     while True:
         with transaction(pool) as conn:
             rows = conn.execute(OLD_EFFECTS, {"version": EFFECT_VERSION, "batch": EFFECTS_BATCH}).fetchall()
-            for row_id, source, event_id, event_type, body, body_sha256, fetched, stored in rows:
+            for row_id, source, event_id, event_type, body, payload_sha256, fetched, stored in rows:
                 if unvouched(fetched, stored):
                     conn.execute(SET_EFFECT, [stored, EFFECT_VERSION, row_id])  # still only a fetch decides it
                     continue
                 try:
-                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), body_sha256, fetched),
+                    effect = effect_of(stored_event(source, event_id, event_type, bytes(body), payload_sha256, fetched),
                                        policy)
                 except StoredBodyError:
                     effect = None  # unreadable bytes: verify reports them; compared by bytes meanwhile
@@ -389,13 +373,9 @@ class Adjustment(NamedTuple):
 
 def adjust(pool: Pool, user_id: uuid.UUID, cents: int, reason: str, actor: str,
            payment: tuple[str, str] | None = None) -> Adjustment:
-    """Add cents (either sign, not 0) to user_id's balance, journaled as an adjustment with reason and actor.
-
-    payment is (source, payment id) of the payment whose credit it corrects,
-    if any. One statement (money.sql's adjust), so the balance and its
-    journal row change together or not at all. Raises AdjustmentError when
-    it is refused.
-    """
+    """Add cents (either sign, not 0) to user_id's balance, journaled as an adjustment with reason and actor (and
+    payment, the (source, payment id) whose credit it corrects); AdjustmentError when refused."""
+    # One statement (money.sql's adjust): the balance and its journal row change together or not at all.
     source, payment_id = payment or (None, None)
     params = {"user_id": user_id, "cents": cents, "reason": reason, "actor": actor, "source": source,
               "payment_id": payment_id}

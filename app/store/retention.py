@@ -45,11 +45,9 @@ DELETE_ROWS = """
 def purge(pool: Pool, days: int, include_failed: bool = False, batch_size: int = BATCH_SIZE,
           source: str | None = None, on_total: Callable[[int], object] = lambda n: None,
           on_deleted: Callable[[int], object] = lambda n: None) -> tuple[int, datetime]:
-    """Delete the events received more than days ago; return (rows deleted, cutoff).
-
-    Completed events only, and failed ones too when include_failed; every
-    source's, or source's only. on_total(n) is told how many rows are to go, then on_deleted(n) of each batch's.
-    """
+    """Delete the completed events (failed ones too when include_failed) of source (None: every source's)
+    received more than days ago; return (rows deleted, cutoff)."""
+    # on_total(n) is told how many rows are to go, then on_deleted(n) of each batch's.
     statuses = [Status.COMPLETED, Status.FAILED] if include_failed else [Status.COMPLETED]
     deleted = 0
     with transaction(pool) as conn:

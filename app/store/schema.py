@@ -56,13 +56,11 @@ class Applied(NamedTuple):
 
 
 def migrate(conn: psycopg.Connection[Any], schema_path: Path, currency: str) -> Applied:
-    """Bring conn's database to schema_path's schema, under the lock, in one transaction (then validate what it
-    added NOT VALID); return what was done.
-
-    The migrations are the folder `migrations` beside schema_path, the rule its `money.sql`; currency is
-    LEDGER_CURRENCY, which a migration may read as `webhook_ledger.currency`. Raises SchemaError, changing
-    nothing, on a database this release does not know how to bring to its schema.
-    """
+    """Bring conn's database to schema_path's schema (the migrations beside it), under the lock, in one transaction;
+    return what was done, or raise SchemaError, changing nothing, for a database this release cannot bring there."""
+    # The migrations are the folder `migrations` beside schema_path, the rule its `money.sql`; currency is
+    # LEDGER_CURRENCY, which a migration may read as `webhook_ledger.currency`. What a migration added NOT VALID is
+    # validated after its transaction.
     files = {path.name: path.read_bytes() for path in sorted((schema_path.parent / "migrations").glob("*.sql"))}
     sha256 = {name: hashlib.sha256(text).digest() for name, text in files.items()}
     created = False

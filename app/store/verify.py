@@ -112,7 +112,7 @@ WRONG_HOLDS = """
 # Each completed event of a type that moves money, still stored, with its journal row (if any): what it
 # did, to compare with what its bytes say.
 COMPLETED_EFFECTS = """
-    SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256 AS body_sha256,
+    SELECT e.source, e.event_id, e.event_type, e.body, e.payload_sha256,
            e.ledger_currency, e.test_events_accepted, e.user_metadata_key, e.fetched,
            j.kind, j.payment_id, j.movement_id, j.user_id, j.amount_cents
     FROM webhook_events e
@@ -275,18 +275,15 @@ def _payment_problem(row: NamedRow) -> str:
 
 def _effect_problem(cur: psycopg.Cursor[NamedRow], policy: Policy, row: NamedRow,
                     settings_changed: list[str]) -> str | None:
-    """Why a completed event's balance change (or its record) is not what its stored bytes say, or None.
-
-    An event that today's settings refuse is judged by the settings it was
-    decided under (recorded with it): one line in settings_changed if those
-    differ, a problem if they are today's.
-    """
+    """Why a completed event's balance change (or its record) is not what its stored bytes say, or None."""
+    # An event that today's settings refuse is judged by the settings it was decided under (recorded with it): one
+    # line in settings_changed if those differ, a problem if they are today's.
     name = _name(row.source, row.event_id)
     if row.user_metadata_key is not None:  # the metadata key it was decided under, not today's
         users = replace(policy.users_of(row.source), metadata_key=row.user_metadata_key)
         policy = replace(policy, users={**policy.users, row.source: users})
     try:
-        event = stored_event(row.source, row.event_id, row.event_type, row.body, row.body_sha256, row.fetched)
+        event = stored_event(row.source, row.event_id, row.event_type, row.body, row.payload_sha256, row.fetched)
         effect = effect_of(event, policy)
     except StoredBodyError as exc:
         return f"completed event {name}: {exc}"

@@ -42,7 +42,7 @@ def known(pool: Pool, source: str, event_id: str) -> Known:
 # replaced by this genuine delivery, which waits in its turn.
 ACCEPT = """
     INSERT INTO waiting_notifications (source, event_id, event_type, body, payload_sha256, last_error)
-    VALUES (%(source)s, %(event_id)s, %(type)s, %(body)s, %(sha256)s, %(reason)s)
+    VALUES (%(source)s, %(event_id)s, %(type)s, %(body)s, %(payload_sha256)s, %(reason)s)
     ON CONFLICT (source, event_id) DO UPDATE
     SET state = 'waiting', event_type = EXCLUDED.event_type, body = EXCLUDED.body,
         payload_sha256 = EXCLUDED.payload_sha256, last_error = EXCLUDED.last_error, attempts = 0,
@@ -52,17 +52,17 @@ ACCEPT = """
 """
 
 
-def accept(pool: Pool, event: Event, body_sha256: bytes, reason: str) -> None:
+def accept(pool: Pool, event: Event, payload_sha256: bytes, reason: str) -> None:
     """Record event as received (its exact bytes, committed) to wait for its provider's record; reason: why."""
     one_query(pool, ACCEPT, {"source": event.source, "event_id": event.id, "type": event.type, "body": event.body,
-                             "sha256": body_sha256, "reason": reason[:MAX_REASON_CHARS]})
+                             "payload_sha256": payload_sha256, "reason": reason[:MAX_REASON_CHARS]})
 
 
 # A bounded record of a notification its provider has no record of: no body (a forged one could be 1 MiB), no
 # failed event (no alert, no replay); a genuine delivery of the id later is fetched and applied as any other.
 UNKNOWN = """
     INSERT INTO waiting_notifications (source, event_id, event_type, state, payload_sha256, attempts, last_error)
-    VALUES (%(source)s, %(event_id)s, %(type)s, 'unknown', %(sha256)s, 1, %(reason)s)
+    VALUES (%(source)s, %(event_id)s, %(type)s, 'unknown', %(payload_sha256)s, 1, %(reason)s)
     ON CONFLICT (source, event_id) DO UPDATE
     SET state = 'unknown', body = NULL, payload_sha256 = EXCLUDED.payload_sha256, last_error = EXCLUDED.last_error,
         attempts = waiting_notifications.attempts + 1
@@ -70,10 +70,10 @@ UNKNOWN = """
 """
 
 
-def unknown(pool: Pool, event: Event, body_sha256: bytes, reason: str) -> None:
+def unknown(pool: Pool, event: Event, payload_sha256: bytes, reason: str) -> None:
     """Record that event's provider has no record of it: a bounded row, its bytes dropped."""
     one_query(pool, UNKNOWN, {"source": event.source, "event_id": event.id, "type": event.type,
-                              "sha256": body_sha256, "reason": reason[:MAX_REASON_CHARS]})
+                              "payload_sha256": payload_sha256, "reason": reason[:MAX_REASON_CHARS]})
 
 
 class Claimed(NamedTuple):

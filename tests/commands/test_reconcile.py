@@ -165,8 +165,8 @@ def test_a_refund_of_a_payment_outside_the_window_is_refused(app, db, stand_in):
 
 
 def test_a_listed_event_with_ids_of_255_characters_is_applied_and_one_of_256_is_not_stored(app, db, stand_in):
-    """Stripe's ids may be 255 characters long (docs/providers.md): a delivery of one over is refused 400, and so the
-    run does not store it."""
+    """Stripe's ids may be 255 characters long (docs/providers/stripe.md): a delivery of one over is refused 400, and so
+    the run does not store it."""
     longest = at(intent_succeeded("pi_" + "7" * 252, cents=40, event_id="evt_" + "7" * 251), 600)
     over = at(intent_succeeded("pi_over", cents=50, event_id="evt_" + "8" * 252), 500)
     stand_in.add(longest, over)

@@ -1,8 +1,8 @@
 """app/intake/events.py, pure: parse (each envelope shape, and what it refuses with which error and message), and
 effect_of under this service's own types (payment.succeeded, payment.refunded), a type no rule knows, and the
 422 of the refund events Stripe and Razorpay both send; what two deliveries of one event are compared by.
-The shapes are docs/design.md's ("The event and its bytes of record") and docs/providers.md's per scheme;
-the rules are docs/providers.md's table. Each provider's own rules: tests/providers/."""
+The shapes are docs/design.md's ("The event and its bytes of record") and docs/providers/'s per scheme;
+the rules are the provider pages' tables. Each provider's own rules: tests/providers/."""
 
 import hashlib
 import json
@@ -36,7 +36,7 @@ GITHUB_HEADERS = {"X-GitHub-Delivery": "d-1", "X-GitHub-Event": "ping"}
 
 
 def razorpay_id(header, document):
-    """docs/providers.md: the x-razorpay-event-id header, a dot, the first 32 hex digits of the body's SHA-256."""
+    """docs/providers/razorpay.md: the x-razorpay-event-id header, a dot, 32 hex digits of the body's SHA-256."""
     return f"{header}.{hashlib.sha256(encode(document)).hexdigest()[:32]}"
 
 

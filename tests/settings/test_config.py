@@ -11,6 +11,7 @@ import pytest
 
 from app import create_app
 from app.intake.events import Users
+from app.providers import PROVIDERS
 from app.settings import config
 from app.settings.config import ConfigError, Needs, Settings, Source
 from devservers import ROOT
@@ -275,9 +276,45 @@ def test_named_sources_are_parsed_with_their_own_settings():
                               "WEBHOOK_BILLING_EU_SCHEME": "github", "WEBHOOK_BILLING_EU_TOLERANCE_SECONDS": "9"})
     assert parsed.sources == {
         "default": Source("default", "hmac-sha256", (BASE["WEBHOOK_SECRET"].encode(),), 60),
-        "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60),
+        "stripe": Source("stripe", "stripe", (b"whsec_new_0123456789", b"whsec_old_0123456789"), 60,
+                         api_base="https://api.stripe.com"),  # STRIPE_API_BASE's default
         "billing-eu": Source("billing-eu", "github", (b"0042000000000000",), 9),
     }
+
+
+# A source's provider API address is read once, with the settings: its own setting's, else the global setting its
+# provider names (STRIPE_API_BASE), else the provider's own; a scheme without an API has none.
+@pytest.mark.parametrize("scheme, environ, api_base", [
+    ("hmac-sha256", {}, None),
+    ("stripe", {}, "https://api.stripe.com"),
+    ("stripe", {"STRIPE_API_BASE": "http://127.0.0.1:9/"}, "http://127.0.0.1:9"),
+    ("stripe", {"STRIPE_API_BASE": "http://127.0.0.1:9", "API_BASE": "https://own.test/v1/"}, "https://own.test/v1"),
+    ("razorpay", {"STRIPE_API_BASE": "http://127.0.0.1:9"}, "https://api.razorpay.com"),
+    ("razorpay", {"API_BASE": "https://own.test"}, "https://own.test"),
+])
+@pytest.mark.parametrize("prefix", ["WEBHOOK_", "WEBHOOK_SRC_"])
+def test_a_sources_api_address_is_read_with_the_settings(scheme, environ, api_base, prefix):
+    named = {"WEBHOOK_SOURCES": "src", "WEBHOOK_SRC_SCHEME": scheme} if prefix == "WEBHOOK_SRC_" \
+        else {"WEBHOOK_SIGNATURE_SCHEME": scheme}
+    own = {prefix + name if name == "API_BASE" else name: value for name, value in environ.items()}
+    parsed = config.from_env({**BASE, **named, f"{prefix}SECRET": LONG, **own})
+    assert parsed.sources["default" if prefix == "WEBHOOK_" else "src"].api_base == api_base
+
+
+def test_every_global_api_address_a_provider_names_is_a_declared_setting():
+    named = [provider.api_base_setting for provider in PROVIDERS.values() if provider.api_base_setting is not None]
+    assert named and set(named) <= set(config.SETTINGS)
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"WEBHOOK_FETCH": "true"}, "WEBHOOK_FETCH: the hmac-sha256 scheme has no provider API to fetch events from"),
+    ({"WEBHOOK_SIGNATURE_SCHEME": "stripe", "WEBHOOK_SECRET": LONG, "WEBHOOK_FETCH": "true"},
+     "WEBHOOK_API_KEY is required to fetch events under stripe: a key that may read Events"),
+])
+def test_a_fetch_that_cannot_be_is_refused_naming_the_setting(environ, message):
+    with pytest.raises(ConfigError) as refused:
+        config.from_env({**BASE, **environ})
+    assert refused.value.format_message() == f"configuration error: {message}"
 
 
 def test_without_its_secret_the_default_source_is_off_when_named_sources_are_set():

@@ -82,6 +82,19 @@ def test_master_never_imports_the_app_package(tmp_path):
     assert done.stdout.splitlines() == ["configuration error: PG_POOL_SIZE must be >= 1, got 0", "[]"], done
 
 
+def test_reading_the_settings_imports_no_providers_sdk():
+    """An SDK is imported on its provider's first call (STYLE 37), not by reading settings that name every provider."""
+    probe = ("import sys; from app.settings import config; config.from_env();"
+             "print(sorted(m for m in ('stripe', 'razorpay', 'requests', 'flask', 'redis') if m in sys.modules))")
+    env = _env(WEBHOOK_SOURCES="stripe,razorpay,paypal", WEBHOOK_STRIPE_SECRET="whsec_startup_test_0123",
+               WEBHOOK_STRIPE_FETCH="true", WEBHOOK_STRIPE_API_KEY="rk_test_startup",
+               WEBHOOK_RAZORPAY_SECRET="razorpay-startup-0123", WEBHOOK_RAZORPAY_FETCH="true",
+               WEBHOOK_RAZORPAY_API_KEY="rzp_test_key:secret", WEBHOOK_PAYPAL_SECRET="WEBHOOK_ID",
+               WEBHOOK_PAYPAL_API_KEY="client:secret")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert done.stdout.splitlines() == ["[]"], done
+
+
 @pytest.mark.parametrize("command", [["events", "list"], ["redis", "forget-done"], ["init-db"], ["run"]])
 def test_flask_commands_refuse_a_bad_setting_with_one_line(command):
     done = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *command], cwd=ROOT,

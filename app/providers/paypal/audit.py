@@ -1,6 +1,5 @@
-"""PayPal's money records for `flask audit`: Transaction Search, at most 31 days a query and up to 3 hours behind,
-through PayPal's documented REST calls (an OAuth 2.0 token, then the search) (docs/providers.md, "Auditing against
-PayPal's transactions")."""
+"""PayPal's money records for `flask audit`: Transaction Search, at most 31 days a query and up to 3 hours behind
+(docs/providers/paypal.md, "Reconcile and audit")."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta

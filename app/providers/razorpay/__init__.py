@@ -1,5 +1,5 @@
 """Razorpay: its signature scheme, its events' shape and money rules, and its API, the entity an event names.
-An event's id is its unsigned header bound to the body's digest (docs/providers.md, "razorpay")."""
+An event's id is its unsigned header bound to the body's digest (docs/providers/razorpay.md)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -46,4 +46,7 @@ PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=_parse,
                                                      for refund in ("refund.created", "refund.failed")}},
                                         REFUND_STATES),
                     owns=is_razorpay, stored=_stored, api=_api, api_base=API_BASE,
-                    money_records=_money_records, money_key="a Razorpay API key, <key id>:<key secret>")
+                    money_records=_money_records, money_key="a Razorpay API key, <key id>:<key secret>",
+                    # HTTP Basic's: the key id (rzp_live_..., rzp_test_...), a colon, the key secret.
+                    api_key_words="Razorpay's API key", api_key_written="<key id>:<key secret>",
+                    api_key_pattern="[^:]+:.+")

@@ -1,6 +1,5 @@
 """Razorpay's money records for `flask audit`: what each day settled (the settlement recon API) and the payments
-captured but not settled yet (pending), through Razorpay's own client (docs/providers.md, "Auditing against
-Razorpay's settlements")."""
+captured but not settled yet (docs/providers/razorpay.md, "Reconcile and audit")."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta

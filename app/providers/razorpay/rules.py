@@ -123,7 +123,7 @@ RULES = {
 # Where with_entity marks a document fetched: a key of ours, in no body Razorpay sends.
 _FETCHED = "_webhook_ledger_fetched"
 # The entity each event's money is read from (payload.<entity>.entity): the one fetched. Razorpay's API has no
-# event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers.md).
+# event by id; its Fetch a Payment, Fetch Refund and Fetch a Dispute With ID return these (docs/providers/razorpay.md).
 ENTITIES = {**{paid: "payment" for paid in PAYMENT_EVENTS},
             **{refund: "refund" for refund in ("refund.created", *REFUND_EVENTS, "refund.failed")},
             DISPUTE_LOST: "dispute", DISPUTE_WON: "dispute"}

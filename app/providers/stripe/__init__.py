@@ -138,4 +138,5 @@ PROVIDER = Provider(SCHEME, NAME, SIGNATURE_HEADER, verify, sign, parse=parse,
                     event_list=_event_list, money_records=_money_records, accounts=_accounts, is_account=is_account,
                     account_prefix="acct_", account_words="acct_ then letters and digits",
                     events_key="a Stripe restricted key that may read Events",
-                    money_key="a Stripe restricted key that may read Balance", payouts=True)
+                    money_key="a Stripe restricted key that may read Balance", payouts=True,
+                    api_key_words="a key that may read Events", api_base_setting="STRIPE_API_BASE")

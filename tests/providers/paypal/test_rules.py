@@ -1,7 +1,7 @@
 """The scheme, shape and rules of app/providers/paypal/, offline: a signature made by its signer verifies and one
 over another body does not (the certificate's key given; tests/providers/paypal/test_scheme.py fetches it, and holds
 the signed string to PayPal's SDK); the envelope; and each PayPal event type the rule table knows, an event
-as PayPal sends it (tests/providers/paypal/events.py), with the effect docs/providers.md's table says it has. The
+as PayPal sends it (tests/providers/paypal/events.py), with the effect docs/providers/paypal.md's table says it has. The
 decimal amounts themselves: tests/providers/paypal/test_amounts.py."""
 
 import json
@@ -183,7 +183,7 @@ def test_every_type_the_rule_table_knows_has_a_row_above():
 
 
 def test_paypal_has_no_test_mode_that_a_setting_refuses():
-    """Sandbox and live are separate webhooks; the body says neither (docs/providers.md)."""
+    """Sandbox and live are separate webhooks; the body says neither (docs/providers/paypal.md)."""
     assert seen(effect(capture_completed("CAP1"), Policy("usd", accept_test_events=False))) == credit(
         "CAP1", ALICE, 2100, "usd")
 

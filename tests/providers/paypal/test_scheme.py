@@ -612,10 +612,10 @@ def test_a_dispute_moves_money_only_when_resolved_lost_then_back_when_won(send_p
 @pytest.mark.parametrize("reversal_first", [True, False], ids=["reversal-first", "dispute-first"])
 def test_a_reversal_and_a_buyers_win_on_one_capture_are_two_movements_capped_at_the_capture(
         send_paypal, db, paid, reversal_first):
-    """What the ledger does, not what PayPal is known to mean (docs/providers.md, "paypal", "A reversal and a
-    dispute"): PayPal names no dispute in a reversal's Refund and no Refund in a dispute, so a PAYMENT.CAPTURE.REVERSED
-    and a CUSTOMER.DISPUTE.RESOLVED for the buyer are two movements, each debited once, in either order, and together
-    never more than the capture."""
+    """What the ledger does, not what PayPal is known to mean (docs/providers/paypal.md, "Limits"): PayPal names no
+    dispute in a reversal's Refund and no Refund in a dispute, so a PAYMENT.CAPTURE.REVERSED and a
+    CUSTOMER.DISPUTE.RESOLVED for the buyer are two movements, each debited once, in either order, and together never
+    more than the capture."""
     reversal_id, dispute_id = new_id(), new_dispute_id()
     reversed_ = refund_event("PAYMENT.CAPTURE.REVERSED", reversal_id, paid, "60.00")
     lost = dispute_event("CUSTOMER.DISPUTE.RESOLVED", dispute_id, paid, "60.00", "RESOLVED", "RESOLVED_BUYER_FAVOUR")
@@ -625,7 +625,7 @@ def test_a_reversal_and_a_buyers_win_on_one_capture_are_two_movements_capped_at_
     assert sum(cents for _, _, cents in _journal(db)) == -10000
     assert_ledger_consistent(db, USD)
     # The page's query finds the capture, for a person to check against PayPal's activity.
-    page = (ROOT / "docs" / "providers.md").read_text().partition("### A reversal and a dispute of one capture")[2]
+    page = (ROOT / "docs" / "providers" / "paypal.md").read_text().partition("## Limits")[2]
     query = re.search(r"```sql\n(.*?)```", page, re.S).group(1)
     assert (paid, -10000) in [(payment, taken) for _, payment, taken in db.execute(query).fetchall()]
 
@@ -786,7 +786,7 @@ PAYPAL_ENVIRON = {"DATABASE_URL": "postgresql://u@localhost/d", "REDIS_URL": "re
 @pytest.mark.unit
 def test_a_paypal_source_fetches_from_paypals_live_api_unless_told_another():
     source = app_config.from_env(PAYPAL_ENVIRON).sources["paypal"]
-    assert (source.fetch, source.api_base) == (True, None)  # None: app.providers.paypal.API_BASE
+    assert (source.fetch, source.api_base) == (True, "https://api-m.paypal.com")  # app.providers.paypal.API_BASE
     sandbox = app_config.from_env({**PAYPAL_ENVIRON, "WEBHOOK_PAYPAL_API_BASE": "https://api-m.sandbox.paypal.com"})
     assert sandbox.sources["paypal"].api_base == "https://api-m.sandbox.paypal.com"
 

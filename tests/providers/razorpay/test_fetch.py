@@ -157,8 +157,9 @@ def test_a_late_won_of_a_dispute_lost_in_pre_arbitration_does_what_razorpays_rec
     assert balance(db, BOB) == 85000
     assert [row for row in _journal(db) if row[0] != "credit"] == [("dispute_withdrawn", dispute_id, -15000)]
     assert_ledger_consistent(db, INR)
-    # docs/providers.md's query lists the won read from the lost record, for a person to check what it did before.
-    page = (ROOT / "docs" / "providers.md").read_text().partition("**Fetching, the record decides the state too.**")[2]
+    # docs/providers/razorpay.md's query lists the won read from the lost record, for a person to check what it did
+    # before.
+    page = (ROOT / "docs" / "providers" / "razorpay.md").read_text().partition("## Limits")[2]
     query = re.search(r"```sql\n(.*?)```", page, re.S).group(1)
     assert [(row[2], row[3]) for row in db.execute(query).fetchall()] == [("payment.dispute.won", "lost")]
 

@@ -1,7 +1,7 @@
 """The shape and rules of app/providers/razorpay/: the event id Razorpay's envelope gets, and each Razorpay event
 type the rule table knows, an event as Razorpay sends it (tests/providers/razorpay/events.py), and the effect
-docs/providers.md's table says it has. Razorpay's scheme is tests/intake/test_signature.py's, and its library's in
-tests/providers/razorpay/test_delivery.py."""
+docs/providers/razorpay.md's table says it has. Razorpay's scheme is tests/intake/test_signature.py's, and its
+library's in tests/providers/razorpay/test_delivery.py."""
 
 import hashlib
 import json
@@ -126,7 +126,7 @@ def test_every_type_the_rule_table_knows_has_a_row_above():
 
 
 def test_razorpay_has_no_test_mode_that_a_setting_refuses():
-    """Test and live keys differ; the body says neither (docs/providers.md)."""
+    """Test and live keys differ; the body says neither (docs/providers/razorpay.md)."""
     assert seen(effect(payment_captured("pay_1"), Policy("inr", accept_test_events=False))) == credit(
         "pay_1", ALICE, 50000, "inr")
 

@@ -1,5 +1,5 @@
 """app/providers/stripe/rules.py's rules: each Stripe event type the rule table knows, an Event as Stripe sends it
-(tests/providers/stripe/events.py, built by stripe-python), and the effect docs/providers.md's table says it has.
+(tests/providers/stripe/events.py, built by stripe-python), and the effect docs/providers/stripe.md's table says it has.
 Stripe's scheme (verify, sign) is tests/intake/test_signature.py's, against stripe-python."""
 
 import pytest
@@ -78,7 +78,7 @@ MOVES = [
     # A running total is in its payment's currency (apply_event checks): no setting refuses it.
     pytest.param(charge_refunded("pi_1", 100, currency="eur"), running_total("pi_1", 100, "eur"),
                  id="charge-refunded-another-currency"),
-    # Before basil, amount_refunded also counts the authorisation a partial capture released (providers.md's
+    # Before basil, amount_refunded also counts the authorisation a partial capture released (docs/providers/README.md's
     # third example: 10000 authorised, 6000 captured).
     pytest.param(charge_refunded("pi_1", 4000, cents=10000, captured=6000, api_version=BEFORE_BASIL), NOTHING,
                  id="charge-refunded-before-basil-only-the-released-authorisation"),
@@ -211,7 +211,7 @@ def test_a_payment_in_a_currency_not_the_ledgers_is_refused_by_the_setting():
     assert seen(effect(intent_succeeded("pi_1", currency="eur"), Policy("eur"))) == credit("pi_1", ALICE, 250, "eur")
 
 
-# -- which user a payment credits (providers.md, "Stripe: which user a payment credits") --------------------------
+# -- which user a payment credits (docs/providers/stripe.md, "Which user a payment credits") ----------------------
 
 # A source whose payments name their user under a key of its own, beside another product's user_id.
 OWN_KEY = Policy("usd", users={"stripe": Users("ledger_user_id", setting="WEBHOOK_STRIPE_USER_METADATA_KEY")})

@@ -356,7 +356,7 @@ def test_a_thin_event_that_names_no_object_it_could_move_money_by_is_400(client,
 
 @pytest.mark.unit
 def test_providers_stripe_listen_forwards_every_thin_event_that_moves_money():
-    (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers.md") if "--thin-events" in e.script]
+    (listen,) = [e for e in readme.examples(ROOT / "docs" / "providers" / "stripe.md") if "--thin-events" in e.script]
     events = shlex.split(listen.script.replace("\\\n", " "))
     assert sorted(events[events.index("--thin-events") + 1].split(",")) == sorted(THIN_RULES)
 

@@ -1,5 +1,5 @@
-"""Stripe's API versions from basil to endive against the fields the Stripe rules read (docs/providers.md, "Stripe API
-versions, basil to endive"): each version's events, with the fields each version added to them, move what basil's
+"""Stripe's API versions from basil to endive against the fields the Stripe rules read (docs/providers/stripe.md,
+"Limits"): each version's events, with the fields each version added to them, move what basil's
 do; a dispute Stripe prevented or one under appeal moves nothing until its funds move."""
 
 import json
@@ -24,7 +24,7 @@ from tests.providers.stripe.events import (
 
 pytestmark = pytest.mark.core  # one test needs PostgreSQL and Redis; the others are marked unit
 
-# Every version from basil to endive (docs/providers.md cites where each is listed).
+# Every version from basil to endive (docs/providers/stripe.md cites where each is listed).
 VERSIONS = [
     "2025-03-31.basil", "2025-04-30.basil", "2025-05-28.basil", "2025-06-30.basil", "2025-07-30.basil",
     "2025-08-27.basil", "2025-09-30.clover", "2025-10-29.clover", "2025-11-17.clover", "2025-12-15.clover",
