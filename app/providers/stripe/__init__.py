@@ -10,7 +10,6 @@ from ...core.vocabulary import Event, Headers, Rule, load
 from . import pages
 from .accounts import account_of, check_account, is_account, is_thin
 from .api import API_BASE, StripeAccounts, StripeAPI, StripeEvents
-from .audit import StripeBalance
 from .rules import (
     CHARGE_REFUNDED,
     CHECKOUT_SESSION_EVENTS,
@@ -126,6 +125,8 @@ def _accounts(api_key: str, base: str, key_setting: str, budget: "Budget | None"
 
 def _money_records(api_key: str, base: str, key_setting: str, account: str | None, metadata_key: str,
                    budget: "Budget | None") -> MoneyRecords:
+    from .audit import StripeBalance  # the audit's alone
+
     return StripeBalance(api_key, base, key_setting, account, metadata_key, budget)
 
 
