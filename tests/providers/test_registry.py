@@ -1,11 +1,14 @@
 """app/providers/__init__.py, the registry: every scheme's provider, and the rules of all of them merged by event
 type (a type two providers send read as the provider whose shape the body is in)."""
 
+import ast
+
 import pytest
 
 from app.intake import events
 from app.intake.events import State, effect_of, parse
 from app.providers import PROVIDERS, RULES, SCHEMES, of, razorpay, stripe
+from devservers import ROOT
 from tests.helpers import encode
 from tests.providers.razorpay.events import refund_event as razorpay_refund
 from tests.providers.stripe.events import refund as stripe_refund
@@ -68,3 +71,39 @@ def test_a_rule_compared_by_its_signed_body_is_read_when_fetched():
     assert thin and all(event_type.startswith("v1.") for event_type in thin)
     assert all(events.read_when_fetched(event_type) for event_type in thin)
     assert not any(events.read_when_fetched(event_type) for event_type in set(RULES) - thin)
+
+
+def _outside_providers():
+    """app/'s modules that are no provider's, parsed."""
+    app = ROOT / "app"
+    return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text()) for path in sorted(app.rglob("*.py"))
+            if not path.is_relative_to(app / "providers")}
+
+
+def _names_a_provider(tree):
+    """Where a module imports a provider's module or compares a scheme's name: (line, what)."""
+    modules = {provider.verify.__module__.split(".")[2] for provider in PROVIDERS.values()}  # stripe, generic, ...
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and "providers" in node.module.split("."):
+            parts = node.module.split(".")
+            below = parts[parts.index("providers") + 1:]
+            if below[:1] and below[0] in modules or not below and {alias.name for alias in node.names} & modules:
+                found.append((node.lineno, f"imports {node.module}"))
+        if isinstance(node, ast.Compare) and any(isinstance(side, ast.Constant) and side.value in SCHEMES
+                                                 for side in (node.left, *node.comparators)):
+            found.append((node.lineno, "compares a scheme's name"))
+    return found
+
+
+def test_no_module_outside_the_providers_names_one():
+    named = {path: found for path, tree in _outside_providers().items() if (found := _names_a_provider(tree))}
+    assert named == {}
+
+
+def test_the_check_finds_a_module_that_names_a_provider():
+    """The check above can fail."""
+    tree = ast.parse("from ..providers import of, stripe\nfrom ..providers.paypal.api import API\n"
+                     "from ..providers.budget import Budget\nif source.scheme == 'razorpay': pass\n")
+    assert _names_a_provider(tree) == [(1, "imports providers"), (2, "imports providers.paypal.api"),
+                                       (4, "compares a scheme's name")]
