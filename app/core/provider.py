@@ -191,7 +191,7 @@ class Provider:
     money_key: str = "the provider's API key"  # the key the audit needs, in words
     payouts: bool = False  # its audit checks each payout against its records (--payouts)
 
-    # -- what the settings ask of a source of the scheme (issue 45, settings) --
+    # -- what the settings ask of a source of the scheme --
     # (its secrets' setting, their entries) -> the secrets as its verify uses them, or ConfigError naming an entry
     # by index: HMAC keys of MIN_SECRET_BYTES unless it says otherwise.
     keys: Callable[[str, tuple[bytes, ...]], tuple[bytes, ...]] = long_enough
