@@ -25,8 +25,6 @@ from .vocabulary import (
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 
-    from ..providers.budget import Budget
-    from ..providers.outbound import Outbound
 
 # (body, lowered headers, secrets, tolerance, now, certificates) -> the index of the secret that signed body.
 Verifier = Callable[[bytes, Mapping[str, str], Sequence[bytes], int, float, "Certificates | None"], int]
@@ -105,9 +103,13 @@ def recorded(event_id: str, event_type: str, document: dict[str, Any], body: byt
     return Event(event_id, event_type, data, document, body, source)
 
 
-# (API address, API key, the process's outbound calls, the account's budget, whether every event is fetched) -> its
-# Fetcher, or None when such a source asks nothing.
-FetcherMaker = Callable[[str, str, "Outbound", "Budget | None", bool], "Fetcher | None"]
+# The process's outbound calls (app/providers/outbound.py's Outbound) and a provider account's budget (budget.py's
+# Budget, or None): Any here, as core imports nothing above it; each provider's hooks name their types.
+Outbound = Any
+Budget = Any
+# (API address, API key, the outbound calls, the account's budget, whether every event is fetched) -> its Fetcher, or
+# None when such a source asks nothing.
+FetcherMaker = Callable[[str, str, Outbound, Budget, bool], "Fetcher | None"]
 
 
 def envelope(document: dict[str, Any], body: bytes, headers: Headers, source: str,
@@ -124,13 +126,13 @@ def envelope(document: dict[str, Any], body: bytes, headers: Headers, source: st
 
 # (API key, API address, the key's setting, a connected account or None: the key's own, the account's budget) -> its
 # events, listed for `flask reconcile`.
-EventListMaker = Callable[[str, str, str, "str | None", "Budget | None"], EventList]
+EventListMaker = Callable[[str, str, str, "str | None", Budget], EventList]
 # (API key, API address, the key's setting, a connected account or None, the users' metadata key, the budget) -> its
 # money records, for `flask audit`.
-MoneyRecordsMaker = Callable[[str, str, str, "str | None", str, "Budget | None"], MoneyRecords]
+MoneyRecordsMaker = Callable[[str, str, str, "str | None", str, Budget], MoneyRecords]
 # (API key, API address, the key's setting, the budget) -> the id of each connected account a platform lists, as listed;
 # ProviderError if the list cannot be read.
-AccountLister = Callable[[str, str, str, "Budget | None"], list[str]]
+AccountLister = Callable[[str, str, str, Budget], list[str]]
 
 
 def _never(event: Event) -> bool:
@@ -179,7 +181,7 @@ class Provider:
     # -- what a scheme's verify needs beyond the secrets --
     # (the process's Settings, Any here: core imports no settings; its outbound calls) -> what its verify is passed
     # as `certificates`, made once per process by the fetch step (app/receiver/fetch.py). None: it needs nothing more.
-    certificates: Callable[[Any, "Outbound"], Certificates] | None = None
+    certificates: Callable[[Any, Outbound], Certificates] | None = None
     # -- what the commands ask: `flask reconcile`, `flask audit`, a connected account --
     event_list: EventListMaker | None = None  # its event list, for reconcile; None: its events cannot be listed
     money_records: MoneyRecordsMaker | None = None  # its money records, for the audit; None: not audited
