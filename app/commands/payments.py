@@ -1,7 +1,5 @@
-"""An operator's answer for a payment its events cannot place: `flask payments assign-user` gives one that names no
-user its user, `flask payments move-to-account` keys a connected account's payment in its account; each applies its
-waiting events (docs/operations.md, "A Checkout payment refused for want of a user", "A connected account's refund
-or dispute refused: unknown payment")."""
+"""`flask payments assign-user` and `move-to-account`: an operator places a payment its events cannot, and its waiting
+events apply (docs/operations.md)."""
 
 import uuid
 from collections.abc import Sequence

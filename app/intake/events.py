@@ -68,11 +68,8 @@ def parse(body: bytes, scheme: str = "hmac-sha256", headers: Headers | None = No
 
 def stored_event(source: str, event_id: str, event_type: str, body: bytes, body_sha256: bytes | None,
                  fetched: bytes | None = None) -> Event:
-    """Rebuild the Event of a stored row from its bytes (for replay and verify): parse's inverse.
-
-    The bytes are checked against their SHA-256 and read as the live path reads them; fetched, the provider's
-    bytes of the event when kept, is read in their place (body stays the bytes of record).
-    """
+    """The Event of a stored row, its bytes checked against their SHA-256 and read as the live path reads them
+    (for replay and verify); fetched, the provider's bytes when kept, is read in place of body."""
     if body_sha256 is not None and hashlib.sha256(body).digest() != bytes(body_sha256):
         raise StoredBodyError("its stored bytes do not match their SHA-256")
     try:
@@ -93,11 +90,9 @@ _CheckedFields = tuple[str, "str | Metadata | None", int, str, object, str | Non
 
 
 def effect_of(event: Event, policy: Policy = DEFAULT_POLICY) -> Effect:
-    """What applying event does to the ledger under policy (never raises: a refusal is the Effect's problem).
-
-    A thin event's copies compare by what their signed body names (Rule.compared_by), not by the money its
-    object had when each was fetched.
-    """
+    """What applying event does to the ledger under policy; never raises (a refusal is the Effect's problem)."""
+    # A thin event's copies compare by what their signed body names (Rule.compared_by), not by the money its
+    # object had when each was fetched.
     effect = _effect_of(event, policy)
     rule = RULES.get(event.type)
     compared_by = rule.compared_by(event) if rule is not None and rule.compared_by is not None else None
@@ -112,13 +107,10 @@ def read_when_fetched(event_type: str) -> bool:
 
 
 def _effect_of(event: Event, policy: Policy) -> Effect:
-    """effect_of's rule, by the event's fields.
-
-    A refusal by a setting (Effect.setting) hashes as the effect that
-    applies, so that the same bytes compare equal once the setting allows
-    them. (A currency the event leaves implied is the policy's, as if named:
-    the only value of the policy in a hash, and one no setting refuses.)
-    """
+    """effect_of's rule, by the event's fields."""
+    # A refusal by a setting (Effect.setting) hashes as the effect that applies, so that the same bytes compare equal
+    # once the setting allows them. (A currency the event leaves implied is the policy's, as if named: the only value
+    # of the policy in a hash, and one no setting refuses.)
     rule = _rule_of(event)
     fields = rule.read(event) if rule else None
     if rule is None or fields is None:  # a type, or an event, that moves no money

@@ -49,15 +49,13 @@ def _expected(scheme: str, headers: Mapping[str, str]) -> str:
 def sign(scheme: str, body: bytes, secrets: Iterable[bytes], *, timestamp: int | None = None,
          msg_id: str | None = None, private_key: RSAPrivateKey | None = None,
          cert_url: str | None = None) -> dict[str, str]:
-    """Return the signature headers a sender of scheme sends with body (the tests', the docs' recipes', `make
-    run`'s and `make bench`'s).
-
-    secrets are keys as configured (Standard Webhooks': the bytes after whsec_); the timestamped schemes sign one
-    v1 per secret, as a sender rolling its secret does, the others with the first. timestamp defaults to now; msg_id
-    is standard-webhooks' webhook-id (required there), razorpay's x-razorpay-event-id (sent when given) and paypal's
-    transmission id (default a new UUID). paypal signs for the first secret (the webhook id) with private_key, the
-    key of the certificate at cert_url (both required).
-    """
+    """The signature headers a sender of scheme sends with body: the tests', the docs' recipes', `make run`'s and
+    `make bench`'s signer."""
+    # secrets are keys as configured (Standard Webhooks': the bytes after whsec_); the timestamped schemes sign one v1
+    # per secret, as a sender rolling its secret does, the others with the first. timestamp defaults to now; msg_id is
+    # standard-webhooks' webhook-id (required there), razorpay's x-razorpay-event-id (sent when given) and paypal's
+    # transmission id (default a new UUID). paypal signs for the first secret (the webhook id) with private_key, the
+    # key of the certificate at cert_url (both required).
     stamp = int(time.time() if timestamp is None else timestamp)
     provider = of(scheme)
     if provider.sign is not None:

@@ -87,15 +87,11 @@ class Outbound:
                 headers: Mapping[str, str] | None = None, body: bytes | None = None,
                 context: ssl.SSLContext | None = None, max_bytes: int = MAX_ANSWER_BYTES,
                 unauthorized_as: str | None = None, spend: Spend | None = None) -> Reply:
-        """The status and body of one HTTP call made within deadline; no redirect is followed.
-
-        The caller holds a slot. spend, if any, is taken first (OverBudgetError:
-        no call) and told of a 429. ProviderUnavailableError when the call
-        cannot end in an answer by the deadline, or the answer is larger
-        than max_bytes; any status is returned as it came, and counted as
-        it came but a 401, counted as unauthorized_as when given (a token
-        about to be renewed: not yet a refusal of our credentials).
-        """
+        """The status and body of one HTTP call made within deadline, by a caller holding a slot; no redirect is
+        followed. ProviderUnavailableError when it cannot end in an answer of at most max_bytes by the deadline."""
+        # spend, if any, is taken first (OverBudgetError: no call) and told of a 429. Any status is returned as it came,
+        # and counted as it came but a 401, counted as unauthorized_as when given (a token about to be renewed: not
+        # yet a refusal of our credentials).
         if spend is not None:
             try:
                 spend.take()

@@ -63,15 +63,11 @@ class Providers:
         return provider_of(source.scheme).needs_api(event) if api is None else api.names(event) is not None
 
     def fetch(self, source: Source, event: Event, policy: Policy, listed: bytes | None = None) -> Fetched:
-        """event as its provider's API has it, when source asks it; event itself otherwise; and its effect.
-        listed: the record's bytes as a page of the provider's list carried them (app/receiver/pages.py), read
-        here as the API's answer for it would be, without asking again.
-
-        ProviderUnavailableError (503) when the provider cannot answer now, or
-        refuses our credentials (its subclass ProviderRefusedError: an alert).
-        An event the provider has no record of has the unknown effect, its
-        problem saying so (422, recorded).
-        """
+        """event as its provider's API has it when source asks it (else event itself), and its effect; listed: the
+        record's bytes as a page of the provider's list carried them, read as the API's answer would be."""
+        # ProviderUnavailableError (503) when the provider cannot answer now, or refuses our credentials (its subclass
+        # ProviderRefusedError: an alert). An event the provider has no record of has the unknown effect, its problem
+        # saying so (422, recorded).
         said = effect_of(event, policy)
         api = self.fetchers.get(source.name)
         provider = provider_of(source.scheme)

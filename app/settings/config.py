@@ -66,13 +66,11 @@ def setting(parse: Parser, default: str | None, meaning: str) -> dict[str, Setti
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting, parsed and checked, and what they make: the sources and the policy.
-
-    Each setting is declared once, as a field (its name in lower case, its type) whose setting() gives its parser,
-    default (None: required) and meaning; SETTINGS, from_env() and docs/configuration.md's table follow
-    from it. Read below Needs.SERVICE, the required settings left unread are None. The timeouts nest so that the
-    inner one fails first: lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
-    """
+    """Every setting, parsed and checked, and what they make: the sources and the policy."""
+    # Each setting is declared once, as a field (its name in lower case, its type) whose setting() gives its parser,
+    # default (None: required) and meaning; SETTINGS, from_env() and docs/configuration.md's table follow from it.
+    # Read below Needs.SERVICE, the required settings left unread are None. The timeouts nest so that the inner one
+    # fails first: lock wait < statement < pool acquire < Redis lock TTL <= gunicorn timeout.
 
     database_url: str = field(metadata=setting(parsers.database_url, None, "PostgreSQL, directly or through PgBouncer"))
     # None: not read (below Needs.REDIS).
@@ -198,10 +196,7 @@ PROBLEMS = "settings_problems"
 
 def from_env(environ: Mapping[str, str] | None = None, needs: Needs = Needs.SERVICE) -> Settings:
     """The settings that needs reads, parsed from environ (default os.environ); ConfigError names the first bad one.
-
-    Below Needs.SERVICE the required settings that level does not read are not
-    looked at (their fields are None, `sources` is empty), nor are the sources'.
-    """
+    Below Needs.SERVICE, what that level does not read is None (and `sources` empty)."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     named = sources.names("WEBHOOK_SOURCES", environ.get("WEBHOOK_SOURCES", ""), SETTINGS)
@@ -232,11 +227,8 @@ def from_env(environ: Mapping[str, str] | None = None, needs: Needs = Needs.SERV
 
 
 def from_env_as_far_as_it_goes(environ: Mapping[str, str]) -> tuple[Settings, dict[Needs, ConfigError]]:
-    """The settings at the highest level environ allows, and why each level above it failed.
-
-    For `flask` commands, each of which declares what it needs (commands.needs).
-    ConfigError when even Needs.DATABASE fails.
-    """
+    """The settings at the highest level environ allows and why each level above it failed, for `flask` commands
+    (commands.needs); ConfigError when even Needs.DATABASE fails."""
     problems: dict[Needs, ConfigError] = {}
     for needs in sorted(Needs, reverse=True):
         try:

@@ -21,16 +21,14 @@ SOURCE_SETTINGS = ("SECRET", "SCHEME", "TOLERANCE_SECONDS", "MOVED_FROM", "API_K
 
 @dataclass(frozen=True)
 class Source:
-    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window.
-
-    moved_from names the source whose events these are (WEBHOOK_<NAME>_MOVED_FROM):
-    a provider moved to this route keeps its events' identity, (source, id).
-    """
+    """One sender: its name, signature scheme, secrets (keys, as the scheme uses them) and replay window."""
 
     name: str
     scheme: str
     secrets: tuple[bytes, ...]
     tolerance: int
+    # The source whose events these are (WEBHOOK_<NAME>_MOVED_FROM): a provider moved to this route keeps its
+    # events' identity, (source, id).
     moved_from: str | None = None
     # The provider's API key, for `flask reconcile`, the audit and the fetch (WEBHOOK_<NAME>_API_KEY); never in a repr.
     api_key: str | None = field(default=None, repr=False)
@@ -83,11 +81,9 @@ def keys(name: str, secrets: tuple[bytes, ...], scheme: str) -> tuple[bytes, ...
 
 
 def read(values: Mapping[str, Any], named: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, Source]:
-    """Every source served, by name: the default one (when it has a secret), then the named ones.
-
-    values are the global settings, parsed (config.SETTINGS's names): the default source's, and the
-    defaults of a named source's own; environ is read for WEBHOOK_<NAME>_<key> of each name in named.
-    """
+    """Every source served, by name: the default one (when it has a secret), then the named ones."""
+    # values are the global settings, parsed (config.SETTINGS's names): the default source's, and the defaults of a
+    # named source's own; environ is read for WEBHOOK_<NAME>_<key> of each name in named.
     sources = {}
     if values["WEBHOOK_SECRET"] is not None:
         scheme = values["WEBHOOK_SIGNATURE_SCHEME"]
