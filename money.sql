@@ -291,7 +291,7 @@ $$;
 -- has it when fetched, not as it was when the event happened: Stripe's thin
 -- events of API v1 resources, 'v1.' and their snapshot twin's type
 -- (docs/providers/stripe.md, "Thin events"). Its metadata may have changed since.
--- tests/test_money.py holds it to app/providers/stripe.py's THIN_RULES.
+-- tests/store/test_money_sql.py holds it to the registry's rules read when fetched (events.read_when_fetched).
 CREATE OR REPLACE FUNCTION read_when_fetched(p_type text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_type LIKE 'v1.%'

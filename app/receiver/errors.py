@@ -81,8 +81,8 @@ ANSWERS: dict[type[Exception], Answer] = {
     # was written, and the provider retries.
     ProviderUnavailableError: Answer(503, "unavailable", Outcome.UNAVAILABLE,
                                      "the provider's API is unavailable; retry later", retry_after=True),
-    # PayPal's certificate host's budget for unverified requests spent (app/providers/paypal.py, which logs it
-    # once per interval: an unsigned flood must not write a line per request).
+    # PayPal's certificate host's budget for unverified requests spent (app/providers/paypal/certificates.py, which
+    # logs it once per interval: an unsigned flood must not write a line per request).
     BudgetSpentError: Answer(503, "unavailable", Outcome.UNAVAILABLE, "the provider's API is unavailable; retry later",
                              retry_after=True, logged=False),
     # Any other psycopg.Error (ProgrammingError, InterfaceError, ...) is a bug
