@@ -60,7 +60,7 @@ test-deploy: $(VENV)/.installed
 	$(BYTECODE)
 	$(PYTEST) -m 'deploy and not unit' $(XDIST) $(PYTEST_ARGS)
 
-# The fast tier, under 30 s: lint, then the unit tier.
+# The fast tier: lint, then the unit tier (docs/testing.md gives its time, as measured).
 check: lint test-unit
 
 # ruff, then mypy over app/ (their settings are in pyproject.toml), then

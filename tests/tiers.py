@@ -1,5 +1,5 @@
 """The test tiers, by what a test needs (docs/testing.md). A module declares its tier with `pytestmark`; a test
-of a core or deploy module that needs no server is marked `unit` itself. conftest.py applies these rules."""
+of a core or deploy module that starts no process is marked `unit` itself. conftest.py applies these rules."""
 
 import os
 
