@@ -51,15 +51,22 @@ def pytest_runtest_setup(item):
                     "(docs/testing.md)", pytrace=False)
 
 
-def _refuse_deploy_programs(event, args):
-    """A unit or core test that starts a program of the deploy tier fails before the program runs."""
-    if event == "subprocess.Popen":
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    """A test's teardown may stop what a test of another tier started (the session's servers: `pg_ctl stop`)."""
+    RUNNING["tier"] = None
+
+
+def _refuse_programs(event, args):
+    """A unit test that starts any program, or a core test that starts one of the deploy tier, fails before the
+    program runs."""
+    if event == "subprocess.Popen" and RUNNING["tier"]:
         refused = tiers.refused_program(RUNNING["tier"], tiers.program(args[0], args[1]))
         if refused:
             raise RuntimeError(refused)
 
 
-sys.addaudithook(_refuse_deploy_programs)
+sys.addaudithook(_refuse_programs)
 
 
 # -- pytest-xdist's groups (`make test`: -n 3 --dist loadgroup, docs/testing.md) ---

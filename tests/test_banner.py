@@ -100,7 +100,6 @@ def _in_a_shell(command):
                           text=True, timeout=60)
 
 
-@pytest.mark.unit
 def test_the_env_file_gives_the_services_url_and_runs_flask_while_its_make_run_serves(tmp_path):
     env = tmp_path / "env"
     running = _write_env(env, then_wait=True)
@@ -112,7 +111,6 @@ def test_the_env_file_gives_the_services_url_and_runs_flask_while_its_make_run_s
     assert done.stdout.startswith("http://127.0.0.1:8123\nPython "), done.stdout
 
 
-@pytest.mark.unit
 def test_a_terminal_with_a_stale_env_file_is_told_so_in_one_line(tmp_path):
     env = tmp_path / "env"
     running = _write_env(env, then_wait=True)
@@ -131,7 +129,6 @@ def test_a_terminal_with_a_stale_env_file_is_told_so_in_one_line(tmp_path):
     assert stopped.stderr == f"flask: the make run that wrote {env} has stopped: start it, then . {env} again\n"
 
 
-@pytest.mark.unit
 def test_the_env_file_defines_the_docs_stripe_send_from_any_folder(tmp_path):
     env = tmp_path / "env"
     running = _write_env(env, then_wait=True)

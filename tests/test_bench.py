@@ -9,7 +9,7 @@ import pytest
 
 from devservers import ROOT
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.core  # runs scripts/bench.py: a process of its own (docs/testing.md)
 
 
 def _bench_without_its_programs(tmp_path):

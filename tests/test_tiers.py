@@ -1,11 +1,12 @@
 """Every test is in one tier, and the tiers below deploy need nothing of it (tests/tiers.py, docs/testing.md):
 each module declares its tier; only `unit` is marked test by test; a unit or core module imports none of the
 deploy tier's servers, fixtures or modules; and the hooks of conftest.py refuse, for real, what a tier may not
-start."""
+start (a unit test, any process)."""
 
 import ast
 import functools
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -158,7 +159,12 @@ def test_a_unit_or_core_test_is_refused_a_deploy_program(tier, program):
     assert "deploy tier" in tiers.refused_program(tier, program)
 
 
-@pytest.mark.parametrize("tier, program", [("core", "redis-server"), ("deploy", "haproxy")])
+@pytest.mark.parametrize("program", ["python3", "gunicorn", "flask", "sh", "redis-server"])
+def test_a_unit_test_is_refused_any_program(program):
+    assert "a test that starts a process is core or deploy" in tiers.refused_program("unit", program)
+
+
+@pytest.mark.parametrize("tier, program", [("core", "redis-server"), ("core", "python3"), ("deploy", "haproxy")])
 def test_a_test_may_run_a_program_of_its_own_tier(tier, program):
     assert tiers.refused_program(tier, program) is None
 
@@ -167,6 +173,12 @@ def test_this_unit_test_may_not_start_haproxy():
     """conftest.py's audit hook stops the Popen before anything runs, whether or not haproxy is installed."""
     with pytest.raises(RuntimeError, match="a unit test runs haproxy, a program of the deploy tier"):
         subprocess.Popen(["haproxy", "-v"])
+
+
+def test_this_unit_test_may_not_start_python():
+    """Nor any other program: a unit test runs in pytest's process alone (`make check`'s budget)."""
+    with pytest.raises(RuntimeError, match="a unit test runs python.*: a test that starts a process is core"):
+        subprocess.Popen([sys.executable, "-c", "pass"])
 
 
 # -- `make test`'s workers (pytest-xdist, --dist loadgroup) ------------------------

@@ -1,9 +1,10 @@
 """The test tiers, by what a test needs (docs/testing.md). A module declares its tier with `pytestmark`; a test
-of a core or deploy module that needs no server is marked `unit` itself. conftest.py applies these rules."""
+of a core or deploy module that starts no process is marked `unit` itself. conftest.py applies these rules."""
 
 import os
 
-# unit: no server at all. core: a throwaway PostgreSQL and Redis. deploy: the deployment's servers and artefacts.
+# unit: no server and no process of its own: it runs in pytest's. core: processes of its own (a throwaway PostgreSQL
+# and Redis, gunicorn, `flask`, a script), no root and no apt. deploy: the deployment's servers and artefacts.
 TIERS = ("unit", "core", "deploy")
 
 # The fixtures that start a server. A unit test asks for none of them.
@@ -47,4 +48,6 @@ def refused_program(test_tier, name):
     """Why a test of this tier may not run the program, or None when it may."""
     if test_tier in ("unit", "core") and name in DEPLOY_PROGRAMS:
         return f"a {test_tier} test runs {name}, a program of the deploy tier: mark the module deploy (docs/testing.md)"
+    if test_tier == "unit":
+        return f"a unit test runs {name}: a test that starts a process is core or deploy (docs/testing.md)"
     return None

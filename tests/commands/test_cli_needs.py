@@ -88,7 +88,6 @@ def test_a_replay_names_the_service_setting_it_misses(db, env, message):
     assert done.stderr == f"Error: configuration error: {message} (flask events replay reads the service's settings)\n"
 
 
-@pytest.mark.unit
 def test_nothing_runs_without_database_url():
     done = flask({}, "events", "list")
     assert (done.returncode, done.stderr) == (EX_CONFIG, "Error: configuration error: DATABASE_URL is required but "

@@ -110,7 +110,6 @@ def test_the_services_settings_come_from_the_env_file_whose_example_is_documente
     assert "webhook-ledger.env" in (ROOT / ".gitignore").read_text().splitlines()  # it holds the secrets
 
 
-@pytest.mark.unit
 def test_the_daily_audit_is_off_by_default_and_shares_the_apps_settings_and_redis():
     audit = SERVICES["audit"]
     # `docker compose up` starts only the services of no profile: the audit is not one of them.

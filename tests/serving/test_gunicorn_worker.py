@@ -120,7 +120,6 @@ def test_the_deadline_is_per_request_not_per_connection(gunicorn, db):
     assert len(ports) == 1  # one connection served both
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("value", ["ten", "0", "-1", "nan", "inf"])
 def test_a_bad_read_timeout_stops_gunicorn_with_one_line(value):
     env = {"PATH": os.environ["PATH"], "DATABASE_URL": "postgresql://ledger@127.0.0.1:1/ledger",

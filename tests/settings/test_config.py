@@ -3,8 +3,6 @@
 import base64
 import dataclasses
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ from app.intake.events import Users
 from app.providers import PROVIDERS
 from app.settings import config
 from app.settings.config import ConfigError, Needs, Settings, Source
-from devservers import ROOT
 
 # Starts no server: in `make check` (docs/testing.md).
 pytestmark = pytest.mark.unit
@@ -354,24 +351,6 @@ def test_bad_sources_stop_create_app_with_one_line_naming_the_setting(override, 
 def test_timeouts_that_do_not_nest_are_reported():
     warnings = config.check_nesting(config.from_env({**BASE, "LOCK_TTL_MS": "500"}))
     assert warnings == ["PG_POOL_TIMEOUT_MS (3000) should be below LOCK_TTL_MS (500)"]
-
-
-@pytest.mark.parametrize("override, message", [
-    ({}, "WEBHOOK_SECRET is required but not set"),
-    ({"WEBHOOK_SECRET": BASE["WEBHOOK_SECRET"], "WEBHOOK_TOLERANCE_SECONDS": "0"},
-     "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
-    ({"WEBHOOK_SECRET": "plain", "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks"}, "must be written whsec_"),
-    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "whsec_0123456789abcdef"},
-     "WEBHOOK_GITHUB_SECRET is required"),
-    ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
-])
-def test_wsgi_refuses_to_load_with_gunicorns_boot_error_in_one_line(override, message):
-    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": BASE["DATABASE_URL"], "REDIS_URL": BASE["REDIS_URL"], **override}
-    result = subprocess.run([sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 3  # gunicorn's WORKER_BOOT_ERROR: its master stops (tests/settings/test_startup.py)
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
-    assert result.stderr.startswith("webhook-ledger: configuration error: ")
 
 
 # -- one secret, one source: a delivery verifies for one source's events only --

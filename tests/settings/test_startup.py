@@ -1,6 +1,6 @@
 """A configuration error stops the service: real gunicorn (the committed
-gunicorn.conf.py), its master included, and `flask` commands, each with one
-line naming the setting and no traceback."""
+gunicorn.conf.py), its master included, `flask` commands and wsgi.py alone,
+each with one line naming the setting and no traceback."""
 
 import os
 import subprocess
@@ -10,8 +10,8 @@ import pytest
 
 from devservers import ROOT, free_port
 
-# Starts no server: in `make check` (docs/testing.md).
-pytestmark = pytest.mark.unit
+# Starts gunicorn and `flask` (no PostgreSQL, no Redis): processes of their own, so not in `make check`.
+pytestmark = pytest.mark.core
 
 GOOD = {"DATABASE_URL": "postgresql://ledger:pg-s3cret@127.0.0.1:1/ledger", "REDIS_URL": "redis://127.0.0.1:1/0",
         "WEBHOOK_SECRET": "whsec-startup-test"}
@@ -102,3 +102,23 @@ def test_flask_commands_refuse_a_bad_setting_with_one_line(command):
     assert done.returncode == EX_CONFIG, done
     assert done.stderr.strip() == "Error: configuration error: LOCK_TTL_MS must be an integer, got '10s'", done
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("override, message", [
+    ({}, "WEBHOOK_SECRET is required but not set"),
+    ({"WEBHOOK_SECRET": "default-secret-0123456789", "WEBHOOK_TOLERANCE_SECONDS": "0"},
+     "WEBHOOK_TOLERANCE_SECONDS must be >= 1"),
+    ({"WEBHOOK_SECRET": "plain", "WEBHOOK_SIGNATURE_SCHEME": "standard-webhooks"}, "must be written whsec_"),
+    ({"WEBHOOK_SOURCES": "stripe,github", "WEBHOOK_STRIPE_SECRET": "whsec_0123456789abcdef"},
+     "WEBHOOK_GITHUB_SECRET is required"),
+    ({"WEBHOOK_SOURCES": "Stripe"}, "WEBHOOK_SOURCES: 'Stripe' is not a source name"),
+])
+def test_wsgi_refuses_to_load_with_gunicorns_boot_error_in_one_line(override, message):
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": "postgresql://x@127.0.0.1/x", "REDIS_URL": "redis://127.0.0.1:6379/0",
+           **override}
+    result = subprocess.run([sys.executable, "-c", "import wsgi"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=30)
+    # gunicorn's WORKER_BOOT_ERROR: its master stops (test_worker_config_error_stops_the_master_too)
+    assert result.returncode == 3
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert result.stderr.startswith("webhook-ledger: configuration error: ")
