@@ -100,7 +100,7 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
         raise click.UsageError(f"{', '.join(lacking)}: not for a {provider.name} source")
     if account is not None and all_accounts:
         raise click.UsageError("--account and --all-accounts: give one or the other")
-    if account is not None and not (provider.is_account is not None and provider.is_account(account)):
+    if account is not None and not provider.has_account(account):
         raise click.UsageError(f"--account '{excerpt(account, 64)}' is not a {provider.name} account id "
                                f"({provider.account_words})")
     key_setting, api_key = api_key_setting(source.name), source.api_key
@@ -127,12 +127,12 @@ def run_audit(source_name: str, since: datetime | None, until: datetime | None, 
 
     with unavailable_in_one_line():
         if all_accounts:
-            assert list_accounts is not None and provider.is_account is not None  # refused above
+            assert list_accounts is not None  # refused above
             try:
                 accounts = list_accounts(api_key, api_base(source), key_setting, budget)
             except ProviderError as exc:
                 raise click.ClickException(str(exc)) from None
-            runs = [one(whose) for whose in accounts if provider.is_account(whose)]
+            runs = [one(whose) for whose in accounts if provider.has_account(whose)]
         else:
             runs = [one(account)]
     for run in runs:

@@ -115,7 +115,7 @@ def with_accounts() -> list[Provider]:
 
 def is_account(text: str) -> bool:
     """Whether text is a connected account's id, of any provider that has them (a ledger key's first part)."""
-    return any(provider.is_account is not None and provider.is_account(text) for provider in PROVIDERS.values())
+    return any(provider.has_account(text) for provider in PROVIDERS.values())
 
 
 def meant_as_account(text: str) -> bool:

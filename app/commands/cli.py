@@ -581,7 +581,7 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
     list_accounts = provider.accounts
     if (account is not None and provider.is_account is None) or (all_accounts and list_accounts is None):
         raise click.ClickException(f"--account and --all-accounts: {provider.name} has no connected accounts")
-    if account is not None and not _is_account(provider, account):
+    if account is not None and not provider.has_account(account):
         raise click.ClickException(f"--account '{excerpt(account, 64)}' is not a {provider.name} account id "
                                    f"({provider.account_words})")
     key_setting, api_key = api_key_setting(source.name), source.api_key
@@ -621,17 +621,13 @@ def reconcile_command(source_name: str, account: str | None, all_accounts: bool,
         raise click.exceptions.Exit(1)
 
 
-def _is_account(provider: Provider, text: str) -> bool:
-    return provider.is_account is not None and provider.is_account(text)
-
-
 def _reconcile_accounts(provider: Provider, accounts: list[str], run: Callable[..., reconcile.Summary]) -> int:
     """Reconcile each account in turn, one line each (and its refusals); return the exit status: 1 if any did not
     complete, else YIELDED_EXIT if one yielded to another run, else 0."""
     ended: list[reconcile.RunStatus] = []
     with unavailable_in_one_line(), metrics.command_counts(_warn) as counts, progress("events listed") as advance:
         for account in accounts:
-            if not _is_account(provider, account):
+            if not provider.has_account(account):
                 click.echo(f"{excerpt(account, 64)}: failed: {provider.name} listed it as an account, but it is no "
                            f"account id ({provider.account_words}): not reconciled")
                 ended.append(reconcile.RunStatus.FAILED)

@@ -208,6 +208,10 @@ class Provider:
     # The global setting that gives its API's address where a source names none ("STRIPE_API_BASE"); None: api_base.
     api_base_setting: str | None = None
 
+    def has_account(self, text: object) -> bool:
+        """Whether text is the id of one of its connected accounts (never, for a provider that has none)."""
+        return self.is_account is not None and self.is_account(text)
+
 
 def with_statuses(rules: Mapping[str, Rule], statuses: Mapping[str, State]) -> dict[str, Rule]:
     """rules, each refund rule naming the statuses its provider spells (the 422 of one it does not send lists them)."""
