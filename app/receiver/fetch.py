@@ -68,7 +68,6 @@ class Providers:
         # ProviderUnavailableError (503) when the provider cannot answer now, or refuses our credentials (its subclass
         # ProviderRefusedError: an alert). An event the provider has no record of has the unknown effect, its problem
         # saying so (422, recorded).
-        said = effect_of(event, policy)
         api = self.fetchers.get(source.name)
         provider = provider_of(source.scheme)
         if api is None and provider.needs_api(event):
@@ -77,7 +76,7 @@ class Providers:
                                 f"{provider.name}'s API: set {api_key_setting(source.name)}")
         what = None if api is None else api.names(event)
         if api is None or what is None:
-            return Fetched(event, said)
+            return Fetched(event, effect_of(event, policy))
         body = api.get(event) if listed is None else listed
         if body is None:
             # Any later effect of the id replaces this one (money.sql): a body forged under a genuine event's id
@@ -87,8 +86,11 @@ class Providers:
                 f"applies it once {api.name} has it")))
         record = api.read(event, body)
         effect = effect_of(record, policy)
+        if provider.needs_api(event):  # a notification that names no money (a thin event) contradicts none
+            return Fetched(record, effect, body)
         # Another account is another record: its keys differ, and so would the money of a type that moves any.
-        contradicts = effect.sha256 != said.sha256 or record.document.get("account") != event.document.get("account")
+        contradicts = effect.sha256 != effect_of(event, policy).sha256 \
+            or record.document.get("account") != event.document.get("account")
         if contradicts:
             log.warning("%s's record of event %s (source %s) moves other money than its notification: it decides",
                         api.name, event.id, source.name)
