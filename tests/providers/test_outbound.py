@@ -39,7 +39,8 @@ def test_a_host_that_drips_hangs_or_is_slow_is_cut_at_the_deadline(paypal_api, f
     started = time.monotonic()
     with pytest.raises(DeadlinePassedError, match="no answer within 0.5 s"):
         _token(Outbound(1, 0.5), paypal_api)
-    assert 0.4 < time.monotonic() - started < 1.0
+    # The deadline, with a second of room for a loaded machine: uncut, the drip takes 10 s and the delay 5 s.
+    assert 0.4 < time.monotonic() - started < 1.5
 
 
 def test_a_host_that_refuses_connections_is_unavailable_not_an_error(paypal_api):
@@ -58,7 +59,7 @@ def test_a_call_past_its_slots_is_refused_at_once(paypal_api):
     started = time.monotonic()
     with pytest.raises(ProviderUnavailableError, match="all 1 calls to providers are in flight"):
         _token(outbound, paypal_api)
-    assert time.monotonic() - started < 0.2
+    assert time.monotonic() - started < 1.0  # at once: waiting for the slot would take the 3 s deadline
     paypal_api.reset()  # lets the held answer go
     holder.join()
 

@@ -1141,8 +1141,9 @@ def test_under_gunicorn_a_hanging_paypal_holds_only_its_slots(gunicorn, db, pki,
         shop = send(server.base, {"id": "evt_shop_1", "type": "payment.succeeded",
                                   "data": {"userId": str(BOB), "amountCents": 100}}, source="shop")
         answers = [future.result() for future in hanging]
-    assert third[0] == 202 and third[1] < 1.0, third  # no slot: accepted at once
-    assert health.status == 200 and health_took < 1.0, health_took
+    # Well under the 2 s deadline that the two hanging deliveries wait for, with room for a loaded machine.
+    assert third[0] == 202 and third[1] < 1.5, third  # no slot: accepted at once
+    assert health.status == 200 and health_took < 1.5, health_took
     assert shop.status == 200 and shop.json["status"] == "processed"
     assert all(status == 202 and 1.9 < took < 3.5 for status, took in answers), answers  # accepted at the deadline
     assert balance(db, BOB) == 100  # the shop's payment alone
