@@ -1091,9 +1091,9 @@ def test_an_event_paypal_does_not_have_is_422_kept_without_its_body_and_applied_
 @pytest.mark.parametrize("fault", ["drip", "hang"])
 def test_a_paypal_api_that_drips_or_hangs_is_accepted_within_the_deadline(make_app, config, db, pki, cert_host,
                                                                      paypal_api, fault):
-    client = make_app({**config, "PROVIDER_DEADLINE_MS": "500"}).test_client()
-    # PayPal's certificate is fetched (and cached) by a first delivery, so that the deadline below is the API's
-    # alone: on a loaded machine a certificate's TLS fetch can take 0.5 s by itself, which answers 503.
+    # 2 s, not less: CI's loaded machine took over 0.5 s for a first delivery's certificate fetch (30 ms idle).
+    client = make_app({**config, "PROVIDER_DEADLINE_MS": "2000"}).test_client()
+    # PayPal's certificate is fetched (and cached) by a first delivery, so that the deadline below is the API's alone.
     warm_up = capture_completed(new_id(), user=BOB, value="1.00")
     paypal_api.add(warm_up)
     warm_body = encode(warm_up)
@@ -1110,7 +1110,7 @@ def test_a_paypal_api_that_drips_or_hangs_is_accepted_within_the_deadline(make_a
     response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
     took = time.monotonic() - started
     assert (response.status, response.json["status"]) == (202, "accepted")
-    assert took < 1.5, took  # the deadline (0.5 s) and the rest of the delivery, not the provider's pace
+    assert took < 3.5, took  # the deadline (2 s) and the rest of the delivery, not the provider's pace (10 s or never)
     assert event_rows(db) == 1 and waiting_rows(db) == 1  # the warm-up's event alone is applied
 
 
