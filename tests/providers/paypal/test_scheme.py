@@ -1110,7 +1110,7 @@ def test_a_paypal_api_that_drips_or_hangs_is_accepted_within_the_deadline(make_a
     response = send(client, body, paypal_headers(body, pki, cert_host), source=SOURCE)
     took = time.monotonic() - started
     assert (response.status, response.json["status"]) == (202, "accepted")
-    assert took < 3.5, took  # the deadline (2 s) and the rest of the delivery, not the provider's pace (10 s or never)
+    assert took < 3.5, took  # the deadline (2 s) and the rest of the delivery, not the drip's minutes or the hang
     assert event_rows(db) == 1 and waiting_rows(db) == 1  # the warm-up's event alone is applied
 
 
