@@ -148,23 +148,20 @@ class StripeBalance(StripeAPI):
                               user if isinstance(user, str) else None, False)
 
     def _refund(self, refund: Any, reversed_: bool) -> ProviderRecord | str:
-        if not isinstance(refund, dict) or refund.get("object") != "refund":
-            return "a refund whose source is not a Refund"
-        key, payment = self._key(refund.get("id")), self._key(refund.get("payment_intent"))
-        if key is None or payment is None:
-            return "a Refund with no id or no payment_intent"
-        return ProviderRecord(Kind.REFUND, key, payment, _int(refund.get("amount")),
-                              _text(refund.get("currency")) or "?", None, reversed_)
+        return self._source(refund, Kind.REFUND, "refund", "a refund", reversed_)
 
     def _dispute(self, dispute: Any, reinstated: bool) -> ProviderRecord | str:
-        if not isinstance(dispute, dict) or dispute.get("object") != "dispute":
-            return "a dispute adjustment whose source is not a Dispute"
-        key, payment = self._key(dispute.get("id")), self._key(dispute.get("payment_intent"))
-        if key is None or payment is None:
-            return "a Dispute with no id or no payment_intent"
-        return ProviderRecord(Kind.DISPUTE, key, payment, _int(dispute.get("amount")),
-                              _text(dispute.get("currency")) or "?", None, reinstated)
+        return self._source(dispute, Kind.DISPUTE, "dispute", "a dispute adjustment", reinstated)
 
+    def _source(self, source: Any, kind: Kind, name: str, entry: str, reversed_: bool) -> ProviderRecord | str:
+        """The record of an entry's source (a Refund or a Dispute, named name), or why it cannot be read."""
+        if not isinstance(source, dict) or source.get("object") != name:
+            return f"{entry} whose source is not a {name.capitalize()}"
+        key, payment = self._key(source.get("id")), self._key(source.get("payment_intent"))
+        if key is None or payment is None:
+            return f"a {name.capitalize()} with no id or no payment_intent"
+        return ProviderRecord(kind, key, payment, _int(source.get("amount")), _text(source.get("currency")) or "?",
+                              None, reversed_)
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
